@@ -1,0 +1,27 @@
+"""The attention backend interface: `plan` once per step, then `forward` per layer."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from radixserve.cache.kv_pool import KVPool
+from radixserve.forward_batch import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    """Writes each step's new K/V into the pool and attends over prefix pages plus the new tokens, causally."""
+
+    def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None) -> None:
+        self.pool = pool
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = scale if scale is not None else head_dim**-0.5
+
+    @abstractmethod
+    def plan(self, batch: ForwardBatch) -> None:
+        """Prepare per-step metadata (page tables, lengths, indptrs) shared by every layer."""
+
+    @abstractmethod
+    def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q `[T, num_heads, head_dim]`, k/v `[T, kv_heads, head_dim]` -> output `[T, num_heads, head_dim]`."""

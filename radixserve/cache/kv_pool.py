@@ -1,0 +1,73 @@
+"""KV pool: preallocated K and V pages for every layer, and the free list of page ids."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+
+class KVPool:
+    """`k_buffers[layer]` / `v_buffers[layer]` are `[num_pages, page_size, kv_heads, head_dim]`.
+
+    Page 0 is the padding sink: it is never handed out, so padded page-table entries may point at it.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_pages < 2:
+            raise ValueError("the KV pool needs at least 2 pages (page 0 is reserved)")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Popping from the end hands out low page ids first, which keeps tests readable.
+        self._free: list[int] = list(range(num_pages - 1, 0, -1))
+        self._is_free = [False] + [True] * (num_pages - 1)
+
+    @property
+    def capacity(self) -> int:
+        """Pages that can ever be handed out (all but the sink)."""
+        return self.num_pages - 1
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list[int] | None:
+        """Take `n` free pages, or None (taking nothing) if fewer are free."""
+        if n > len(self._free):
+            return None
+        pages = self._free[len(self._free) - n :][::-1]
+        del self._free[len(self._free) - n :]
+        for p in pages:
+            self._is_free[p] = False
+        return pages
+
+    def free(self, pages: Iterable[int]) -> None:
+        for p in pages:
+            if p <= 0 or p >= self.num_pages or self._is_free[p]:
+                raise RuntimeError(f"double free or bad page id {p}")
+            self._is_free[p] = True
+            self._free.append(p)
+
+    def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write k, v `[T, kv_heads, head_dim]` into flat slots `loc` (= page * page_size + offset)."""
+        kb = self.k_buffers[layer_id].view(-1, *self.k_buffers[layer_id].shape[2:])
+        vb = self.v_buffers[layer_id].view(-1, *self.v_buffers[layer_id].shape[2:])
+        kb[loc] = k.to(self.dtype)
+        vb[loc] = v.to(self.dtype)
+
+    def bytes_per_token(self) -> int:
+        k = self.k_buffers[0]
+        return 2 * len(self.k_buffers) * k.shape[2] * k.shape[3] * k.element_size()

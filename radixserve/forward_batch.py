@@ -1,0 +1,85 @@
+"""The packed input of one model forward: prefill chunks and decode tokens of many requests at once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """Request i contributes `extend_lens[i]` new tokens after `prefix_lens[i]` tokens already in the KV pool.
+
+    Tokens are packed request after request: request i owns rows qo_indptr[i]:qo_indptr[i+1] of
+    `input_ids`/`positions`/`out_cache_loc`. A decode token is an extend of length 1.
+    `page_table[i, j]` is the pool page holding tokens j*page_size .. (j+1)*page_size-1 of request i,
+    covering all `seq_lens[i] = prefix_lens[i] + extend_lens[i]` tokens (padding entries are 0, the sink page).
+    `out_cache_loc[t]` = page * page_size + offset: the slot where token t's K/V is written.
+    """
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    out_cache_loc: torch.Tensor  # [T] int64
+    prefix_lens: torch.Tensor  # [B] int32, on CPU
+    extend_lens: torch.Tensor  # [B] int32, on CPU
+    seq_lens: torch.Tensor  # [B] int32, on CPU
+    qo_indptr: torch.Tensor  # [B+1] int32, on CPU
+    page_table: torch.Tensor  # [B, max_pages] int32
+    page_size: int
+    logits_indices: torch.Tensor  # [N] int64: rows of the packed batch whose logits are wanted
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.extend_lens.numel())
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def is_decode(self) -> bool:
+        """True when every request adds exactly one token (a pure decode step)."""
+        return self.num_tokens == self.batch_size
+
+    @staticmethod
+    def build(
+        token_chunks: list[list[int]],
+        prefix_lens: list[int],
+        page_tables: list[list[int]],
+        page_size: int,
+        logits_rows: list[int],
+        device: torch.device | str = "cpu",
+    ) -> "ForwardBatch":
+        """Pack per-request new tokens, their KV offsets and page tables into tensors.
+
+        `page_tables[i]` must cover prefix_lens[i] + len(token_chunks[i]) tokens; `logits_rows` index the packed rows.
+        """
+        extend = [len(c) for c in token_chunks]
+        seq = [p + e for p, e in zip(prefix_lens, extend)]
+        max_pages = max((len(pt) for pt in page_tables), default=1) or 1
+        table = torch.zeros((len(token_chunks), max_pages), dtype=torch.int32)
+        ids: list[int] = []
+        pos: list[int] = []
+        loc: list[int] = []
+        for i, (chunk, p, pt) in enumerate(zip(token_chunks, prefix_lens, page_tables)):
+            if len(pt) * page_size < seq[i]:
+                raise ValueError(f"page table of request {i} covers {len(pt) * page_size} tokens, needs {seq[i]}")
+            table[i, : len(pt)] = torch.tensor(pt, dtype=torch.int32)
+            ids.extend(chunk)
+            for t in range(p, p + len(chunk)):
+                pos.append(t)
+                loc.append(pt[t // page_size] * page_size + t % page_size)
+        indptr = torch.zeros(len(extend) + 1, dtype=torch.int32)
+        indptr[1:] = torch.cumsum(torch.tensor(extend, dtype=torch.int32), 0)
+        return ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(pos, dtype=torch.int64, device=device),
+            out_cache_loc=torch.tensor(loc, dtype=torch.int64, device=device),
+            prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32),
+            extend_lens=torch.tensor(extend, dtype=torch.int32),
+            seq_lens=torch.tensor(seq, dtype=torch.int32),
+            qo_indptr=indptr,
+            page_table=table.to(device),
+            page_size=page_size,
+            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
+        )
