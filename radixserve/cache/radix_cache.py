@@ -1,0 +1,386 @@
+"""Radix cache: a tree of full KV pages keyed by chained token hashes, with locking and LRU eviction.
+
+Page key h = hash(parent_h (8 bytes LE) || page tokens (int32 LE)), the chain starting at a key derived from the
+request's cache namespace. A node owns a run of consecutive pages; a parent finds a child by the key of the child's
+first page. Every key hit is confirmed by comparing tokens, so a hash collision is a miss, never another prompt's KV.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from radixserve.cache.kv_pool import KVPool
+
+_MASK64 = (1 << 64) - 1
+_SEED = 0
+_NS_PREFIX = b"radixserve-namespace:"
+
+
+@dataclass(eq=False, slots=True)
+class TreeNode:
+    """A run of full pages: `keys[i]`, `pages[i]` and tokens `token_bytes[i*page_bytes:(i+1)*page_bytes]` per page."""
+
+    id: int
+    parent: TreeNode | None
+    namespace: str
+    token_bytes: bytes  # int32 little-endian, len(pages) * page_size tokens
+    pages: list[int]
+    keys: list[int]
+    lock_ref: int = 0
+    last_access: int = 0
+    children: dict[int, TreeNode] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The node's tokens as Python ints (for debugging and tests; the hot path works on bytes)."""
+        return np.frombuffer(self.token_bytes, dtype="<i4").tolist()
+
+
+@dataclass
+class MatchResult:
+    node: TreeNode  # deepest node matched (root if nothing); pass to lock()/unlock()
+    pages: list[int]  # pool page ids of the matched full pages, in order
+    num_tokens: int  # len(pages) * page_size
+
+
+@dataclass
+class InsertResult:
+    node: TreeNode  # deepest node now holding the inserted run (lock it)
+    pages: list[int]  # the tree's page ids for the first len(pages) pages of the run; shorter only on a hash collision
+
+
+def _as_bytes(tokens: Sequence[int]) -> bytes:
+    return np.asarray(tokens, dtype="<i4").tobytes()
+
+
+def _first_diff_page(a: bytes, b: bytes, page_size: int) -> int:
+    """Index of the first page where two equal-length token byte strings differ (they must differ somewhere)."""
+    x = np.frombuffer(a, dtype="<i4")
+    y = np.frombuffer(b, dtype="<i4")
+    return int(np.flatnonzero(x != y)[0]) // page_size
+
+
+class RadixCache:
+    """Prefix cache over a KVPool: the tree owns the pages it holds and frees them on eviction or reset.
+
+    lock_ref counts locks on a node and its descendants; the root is never counted.
+    """
+
+    def __init__(self, pool: KVPool, page_size: int, hash_fn: Callable[[bytes, int], int] | None = None) -> None:
+        if page_size != pool.page_size:
+            raise ValueError(f"page_size {page_size} differs from the pool's {pool.page_size}")
+        self.pool = pool
+        self.page_size = page_size
+        self._page_bytes = 4 * page_size
+        self._hash_fn = hash_fn if hash_fn is not None else xxhash.xxh64_intdigest
+        self._ids = itertools.count()
+        self._clock = 0
+        self._heap: list[tuple[int, int, TreeNode]] = []  # (last_access, id, leaf); stale entries skipped lazily
+        self._num_nodes = 0
+        self._evictable = 0
+        self._protected = 0
+        self.root = self._new_root()
+
+    # ---- keys ----
+
+    def _hash(self, data: bytes) -> int:
+        return self._hash_fn(data, _SEED) & _MASK64
+
+    def root_key(self, namespace: str) -> int:
+        """Start of the key chain for a namespace: distinct namespaces start distinct chains."""
+        return self._hash(_NS_PREFIX + namespace.encode("utf-8"))
+
+    def _page_keys(self, parent_key: int, token_bytes: bytes) -> list[int]:
+        keys = []
+        pb = self._page_bytes
+        for off in range(0, len(token_bytes), pb):
+            parent_key = self._hash(parent_key.to_bytes(8, "little") + token_bytes[off : off + pb])
+            keys.append(parent_key)
+        return keys
+
+    def _parent_key(self, node: TreeNode) -> int:
+        parent = node.parent
+        assert parent is not None
+        return self.root_key(node.namespace) if parent is self.root else parent.keys[-1]
+
+    # ---- tree surgery ----
+
+    def _new_root(self) -> TreeNode:
+        return TreeNode(id=next(self._ids), parent=None, namespace="", token_bytes=b"", pages=[], keys=[])
+
+    def _split(self, node: TreeNode, n: int) -> TreeNode:
+        """Cut `node` after its first n pages and return the new upper node.
+
+        `node` keeps the tail, its children, its heap entries and its identity, so a caller holding it (locked)
+        still holds the whole path; the upper node inherits the same lock_ref since every lock below passes it.
+        """
+        parent = node.parent
+        assert parent is not None and 0 < n < len(node.pages)
+        cut = n * self._page_bytes
+        upper = TreeNode(
+            id=next(self._ids),
+            parent=parent,
+            namespace=node.namespace,
+            token_bytes=node.token_bytes[:cut],
+            pages=node.pages[:n],
+            keys=node.keys[:n],
+            lock_ref=node.lock_ref,
+            last_access=node.last_access,
+        )
+        upper.children[node.keys[n]] = node
+        parent.children[node.keys[0]] = upper
+        node.token_bytes = node.token_bytes[cut:]
+        node.pages = node.pages[n:]
+        node.keys = node.keys[n:]
+        node.parent = upper
+        self._num_nodes += 1
+        return upper
+
+    def _push_leaf(self, node: TreeNode) -> None:
+        heapq.heappush(self._heap, (node.last_access, node.id, node))
+        if len(self._heap) > 4 * self._num_nodes + 64:
+            self._rebuild_heap()
+
+    def _rebuild_heap(self) -> None:
+        self._heap = [(n.last_access, n.id, n) for n in self._nodes() if not n.children and n.lock_ref == 0]
+        heapq.heapify(self._heap)
+
+    def _nodes(self) -> list[TreeNode]:
+        """All nodes but the root, parents before children."""
+        out: list[TreeNode] = []
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    # ---- public API ----
+
+    def match_prefix(self, tokens: Sequence[int], namespace: str = "") -> MatchResult:
+        """Longest cached full-page prefix of `tokens`, at most (len(tokens)-1)//page_size pages; touches the path."""
+        ps, pb = self.page_size, self._page_bytes
+        n_pages = max(0, (len(tokens) - 1) // ps)
+        if n_pages == 0:
+            return MatchResult(self.root, [], 0)
+        tb = _as_bytes(tokens[: n_pages * ps])
+        self._clock += 1
+        now = self._clock
+        node, key, pos = self.root, self.root_key(namespace), 0
+        pages: list[int] = []
+        while pos < n_pages:
+            child = node.children.get(self._hash(key.to_bytes(8, "little") + tb[pos * pb : (pos + 1) * pb]))
+            if child is None or (node is self.root and child.namespace != namespace):
+                break
+            m = min(len(child.pages), n_pages - pos)
+            query = tb[pos * pb : (pos + m) * pb]
+            # Equal tokens under an equal first key imply equal keys for the whole run: no need to hash the rest.
+            n = m if query == child.token_bytes[: m * pb] else _first_diff_page(query, child.token_bytes[: m * pb], ps)
+            if n == 0:  # hash collision: another prompt's page under our key
+                break
+            if n < len(child.pages):
+                child = self._split(child, n)
+            child.last_access = now
+            pages.extend(child.pages)
+            node, key, pos = child, child.keys[-1], pos + n
+            if n < m:
+                break
+        if node is not self.root and not node.children:
+            self._push_leaf(node)
+        return MatchResult(node, pages, len(pages) * ps)
+
+    def insert(self, tokens: Sequence[int], pages: Sequence[int], namespace: str = "") -> InsertResult:
+        """Add full pages of `tokens` (len == len(pages) * page_size); free the caller's duplicates of tree pages.
+
+        Returns the tree's pages for the leading run it now holds; a hash collision stops the insert early and the
+        caller keeps owning pages[len(result.pages):].
+        """
+        ps, pb = self.page_size, self._page_bytes
+        if len(tokens) != len(pages) * ps:
+            raise ValueError(f"insert needs full pages: {len(tokens)} tokens for {len(pages)} pages of {ps}")
+        n_pages = len(pages)
+        if n_pages == 0:
+            return InsertResult(self.root, [])
+        tb = _as_bytes(tokens)
+        self._clock += 1
+        now = self._clock
+        node, key, pos = self.root, self.root_key(namespace), 0
+        out: list[int] = []
+        duplicates: list[int] = []
+        while pos < n_pages:
+            first_key = self._hash(key.to_bytes(8, "little") + tb[pos * pb : (pos + 1) * pb])
+            child = node.children.get(first_key)
+            if child is None:
+                rest = tb[pos * pb :]
+                keys = [first_key] + self._page_keys(first_key, rest[pb:])
+                leaf = TreeNode(
+                    id=next(self._ids),
+                    parent=node,
+                    namespace=namespace,
+                    token_bytes=rest,
+                    pages=[int(p) for p in pages[pos:]],
+                    keys=keys,
+                    last_access=now,
+                )
+                node.children[first_key] = leaf
+                self._num_nodes += 1
+                self._evictable += len(leaf.pages)
+                out.extend(leaf.pages)
+                node = leaf
+                break
+            if node is self.root and child.namespace != namespace:
+                break
+            m = min(len(child.pages), n_pages - pos)
+            query = tb[pos * pb : (pos + m) * pb]
+            n = m if query == child.token_bytes[: m * pb] else _first_diff_page(query, child.token_bytes[: m * pb], ps)
+            if n == 0:  # hash collision: stop, the caller keeps the rest
+                break
+            if n < len(child.pages):
+                child = self._split(child, n)
+            child.last_access = now
+            for mine, tree in zip(pages[pos : pos + n], child.pages):
+                if mine != tree:
+                    duplicates.append(mine)
+            out.extend(child.pages)
+            node, key, pos = child, child.keys[-1], pos + n
+        if duplicates:
+            self.pool.free(duplicates)
+        if node is not self.root and not node.children:
+            self._push_leaf(node)
+        return InsertResult(node, out)
+
+    def lock(self, node: TreeNode) -> None:
+        """Protect `node` and its ancestors from eviction (lock_ref += 1 up to, not including, the root)."""
+        if node is not self.root and node.parent is None:
+            raise RuntimeError("lock() on a node that was evicted")
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self._evictable -= len(node.pages)
+                self._protected += len(node.pages)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: TreeNode) -> None:
+        """Undo one lock(); raises if a lock count would go negative."""
+        if node is not self.root and node.parent is None:
+            raise RuntimeError("unlock() on a node that was evicted")
+        n: TreeNode | None = node
+        while n is not self.root:
+            assert n is not None
+            if n.lock_ref <= 0:
+                raise RuntimeError("unlock() without a matching lock(): lock_ref would go negative")
+            n = n.parent
+        while node is not self.root:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._protected -= len(node.pages)
+                self._evictable += len(node.pages)
+                if not node.children:
+                    self._push_leaf(node)
+            node = node.parent  # type: ignore[assignment]
+
+    def evict(self, num_pages: int) -> int:
+        """Free up to `num_pages` pages from unlocked leaves, least recently used first; returns pages freed.
+
+        A leaf longer than needed loses only its tail pages, so the rest of the prefix stays cached.
+        """
+        freed: list[int] = []
+        heap = self._heap
+        while len(freed) < num_pages and heap:
+            last_access, _, node = heapq.heappop(heap)
+            if node.parent is None or node.children or node.lock_ref or node.last_access != last_access:
+                continue  # stale entry
+            need = num_pages - len(freed)
+            if need < len(node.pages):
+                cut = len(node.pages) - need
+                freed.extend(node.pages[cut:])
+                node.pages = node.pages[:cut]
+                node.keys = node.keys[:cut]
+                node.token_bytes = node.token_bytes[: cut * self._page_bytes]
+                heapq.heappush(heap, (node.last_access, node.id, node))
+                break
+            freed.extend(node.pages)
+            parent = node.parent
+            del parent.children[node.keys[0]]
+            node.parent = None
+            self._num_nodes -= 1
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+        self._evictable -= len(freed)
+        self.pool.free(freed)
+        return len(freed)
+
+    @property
+    def evictable_pages(self) -> int:
+        """Pages in nodes with lock_ref == 0."""
+        return self._evictable
+
+    @property
+    def protected_pages(self) -> int:
+        """Pages in locked nodes."""
+        return self._protected
+
+    @property
+    def total_pages(self) -> int:
+        """All pages held by the tree."""
+        return self._evictable + self._protected
+
+    def reset(self) -> None:
+        """Drop every node and free its pages; raises if any node is locked."""
+        nodes = self._nodes()
+        if any(n.lock_ref for n in nodes):
+            raise RuntimeError("reset() while some node is locked")
+        self.pool.free([p for n in nodes for p in n.pages])
+        for n in nodes:
+            n.parent = None
+        self.root = self._new_root()
+        self._heap = []
+        self._num_nodes = self._evictable = self._protected = 0
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the first broken rule of the tree."""
+        root = self.root
+        assert root.parent is None and not root.pages and not root.keys, "root holds no pages"
+        assert root.lock_ref == 0, "root lock_ref stays 0 (root is never counted)"
+        pb = self._page_bytes
+        seen: set[int] = set()
+        evictable = protected = 0
+        in_heap = {(n.id, la) for la, _, n in self._heap}
+        nodes = self._nodes()
+        assert len(nodes) == self._num_nodes, f"node count {self._num_nodes} matches a recount {len(nodes)}"
+        for node in nodes:
+            parent = node.parent
+            assert parent is not None, "every node in the tree has a parent"
+            assert len(node.pages) > 0, "a node holds at least one page"
+            assert len(node.keys) == len(node.pages), "one key per page"
+            assert len(node.token_bytes) == len(node.pages) * pb, "page_size tokens per page"
+            assert parent.children.get(node.keys[0]) is node, "children dict key equals the child's first page key"
+            if parent is not root:
+                assert node.namespace == parent.namespace, "a node's namespace equals its parent's"
+            assert self._page_keys(self._parent_key(node), node.token_bytes) == node.keys, (
+                "page key = hash(parent key, page tokens), chained from the namespace root key"
+            )
+            assert node.lock_ref >= 0, "lock_ref >= 0"
+            assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), (
+                "a node's lock_ref >= the sum of its children's (every lock below passes through it)"
+            )
+            assert parent is root or parent.last_access >= node.last_access, "a parent is touched whenever a child is"
+            for p in node.pages:
+                assert p not in seen, f"page {p} appears twice in the tree"
+                seen.add(p)
+                assert 0 < p < self.pool.num_pages, f"page {p} is a valid, non-sink page id"
+                assert not self.pool._is_free[p], f"tree page {p} is not in the pool's free list"
+            if node.lock_ref:
+                protected += len(node.pages)
+            else:
+                evictable += len(node.pages)
+                if not node.children:
+                    assert (node.id, node.last_access) in in_heap, "every unlocked leaf is in the eviction heap"
+        assert evictable == self._evictable, f"evictable_pages {self._evictable} matches a recount {evictable}"
+        assert protected == self._protected, f"protected_pages {self._protected} matches a recount {protected}"
+        assert self.total_pages == len(seen), "total_pages equals the pages held by the tree"
