@@ -1,0 +1,153 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5 with QKV bias, Qwen3 with QK-norm) over a packed batch.
+
+q/k/v and gate/up are fused into one Linear each at load time; attention goes through an `AttentionBackend`,
+which owns the KV pool. Weight names follow Hugging Face (`model.layers.0.self_attn.q_proj.weight`, ...).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.attention.base import AttentionBackend
+from radixserve.config import ModelConfig
+from radixserve.forward_batch import ForwardBatch
+from radixserve.model.rope import RotaryEmbedding, apply_rope
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 and cast back before the weight multiply, as transformers does."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=_o_proj_bias(config))
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attn.forward(self.layer_id, q, k, v)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_id)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder stack plus LM head; `forward` runs one packed step, `compute_logits` projects chosen rows."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
+
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """Hidden states `[T, hidden]` after the final norm for every packed token; writes each layer's K/V via `attn`."""
+        h = self.embed_tokens(batch.input_ids)
+        cos, sin = self.rotary(batch.positions, h.dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin, attn)
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits `[N, vocab]` in float32 for hidden rows `[N, hidden]` (select `batch.logits_indices` first)."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors into the fused parameters; raise on unknown names or missing parameters."""
+        c = self.config
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        # HF name suffix -> (our suffix, row offset into the fused parameter)
+        fused = {
+            "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+            "self_attn.k_proj": ("self_attn.qkv_proj", q_size),
+            "self_attn.v_proj": ("self_attn.qkv_proj", q_size + kv_size),
+            "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+            "mlp.up_proj": ("mlp.gate_up_proj", c.intermediate_size),
+        }
+        params = dict(self.named_parameters())
+        # Rows still unfilled per parameter: a fused parameter is complete only when all its parts arrived.
+        missing_rows = {name: p.shape[0] for name, p in params.items()}
+        for hf_name, tensor in weights:
+            if hf_name.endswith("rotary_emb.inv_freq"):
+                continue  # old checkpoints save the RoPE buffer; we compute our own
+            name = hf_name.removeprefix("model.")
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # some tied checkpoints store a copy of the embedding
+            offset = 0
+            if name.startswith("layers."):
+                layer, rest = name.split(".", 2)[1], name.split(".", 2)[2]
+                module, _, kind = rest.rpartition(".")
+                if module in fused:
+                    target, offset = fused[module]
+                    name = f"layers.{layer}.{target}.{kind}"
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"unexpected weight {hf_name!r} for {c.architecture}")
+            if tensor.shape[1:] != param.shape[1:] or offset + tensor.shape[0] > param.shape[0]:
+                raise ValueError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, does not fit {tuple(param.shape)}")
+            param[offset : offset + tensor.shape[0]].copy_(tensor)
+            missing_rows[name] -= tensor.shape[0]
+        incomplete = sorted(n for n, rows in missing_rows.items() if rows != 0)
+        if incomplete:
+            raise ValueError(f"checkpoint has missing (or duplicated) weights for: {', '.join(incomplete[:8])}{' ...' if len(incomplete) > 8 else ''}")
+
+
+def _o_proj_bias(config: ModelConfig) -> bool:
+    """Qwen2 has bias on q/k/v only; Llama/Qwen3 with `attention_bias` put it on o_proj too."""
+    return config.architecture != "Qwen2ForCausalLM" and bool(config.hf_config.get("attention_bias", False))

@@ -1,0 +1,70 @@
+"""Load a Llama-family model from a Hugging Face folder: `config.json` plus memory-mapped `*.safetensors` shards."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from radixserve.config import ModelConfig
+from radixserve.model.llama import LlamaForCausalLM
+
+
+def read_config(path: Path) -> ModelConfig:
+    """Parse `path/config.json` into a ModelConfig; ValueError when it is absent, not JSON, or unsupported."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{path} has no config.json: not a Hugging Face model folder")
+    try:
+        raw = json.loads(config_file.read_text())
+        return ModelConfig.from_hf(raw)
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{config_file} is not a valid model config: {e!r}") from e
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight files of a folder: those named by `model.safetensors.index.json` if present, else `*.safetensors`."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index} is not a valid safetensors index: {e!r}") from e
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise ValueError(f"{index} names missing shard(s): {', '.join(absent)}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} has no *.safetensors weights")
+    return files
+
+
+def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) from each file, memory-mapped: a tensor is read only when it is copied."""
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except SafetensorError as e:
+            raise ValueError(f"cannot read weights from {file}: {e}") from e
+
+
+def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> tuple[ModelConfig, LlamaForCausalLM]:
+    """Build the model in `dtype` on `device` and fill it from the folder's weights; ValueError for a bad folder."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"model path {path} is not a directory")
+    config = read_config(path)
+    files = safetensors_files(path)
+    # Build on the meta device so no random init runs and no float32 copy of a bf16 model is ever allocated.
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to(dtype).to_empty(device=device)
+    model.load_weights(iter_safetensors(files))
+    model.rotary.reset_cache()  # to_empty left the non-persistent cos/sin buffers uninitialized
+    return config, model.eval()

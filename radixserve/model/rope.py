@@ -1,0 +1,105 @@
+"""Rotary position embedding (rotate-half / NeoX convention) with a cos/sin cache indexed by absolute position."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None, max_position: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies `[head_dim // 2]` (float32) and the cos/sin scale for a Hugging Face `rope_scaling` dict.
+
+    Supports default, linear, dynamic (NTK; equal to default inside the context window, which is all we cache),
+    llama3 and yarn. The formulas follow the published definitions so that float32 results match transformers bit for bit.
+    """
+    # Same expression as transformers, so the float32 rounding is identical.
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind in ("default", "dynamic"):
+        return inv_freq, 1.0
+    assert scaling is not None
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    if kind == "llama3":
+        low_ff, high_ff = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low_ff, old_len / high_ff
+        wavelen = 2 * math.pi / inv_freq
+        # Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated smoothly.
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low_ff) / (high_ff - low_ff)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(is_medium, smoothed, scaled), 1.0
+    if kind == "yarn":
+        return _yarn_inv_freq(head_dim, theta, scaling, factor, max_position)
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, dynamic, llama3, yarn)")
+
+
+def _yarn_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any], factor: float, max_position: int) -> tuple[torch.Tensor, float]:
+    """YaRN: interpolate low frequencies, keep high ones, blend over a ramp of dimensions; scale cos/sin by mscale."""
+    orig_len = scaling.get("original_max_position_embeddings") or max_position
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn_factor = scaling.get("attention_factor")
+    if attn_factor is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attn_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(orig_len / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2).to(torch.float32) / head_dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    return interpolation * (1 - keep) + extrapolation * keep, float(attn_factor)
+
+
+class RotaryEmbedding(nn.Module):
+    """Holds cos/sin `[max_position, head_dim // 2]`; `forward(positions)` looks them up once per model step."""
+
+    def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.max_position = max_position
+        self.theta = theta
+        self.scaling = scaling
+        self.register_buffer("cos_cache", torch.empty(max_position, head_dim // 2), persistent=False)
+        self.register_buffer("sin_cache", torch.empty(max_position, head_dim // 2), persistent=False)
+        self.reset_cache()
+
+    @torch.no_grad()
+    def reset_cache(self) -> None:
+        """(Re)compute the cache in float32 and store it in the buffers' dtype and device (needed after meta init)."""
+        if self.cos_cache.is_meta:
+            return
+        inv_freq, attn_factor = rope_inv_freq(self.head_dim, self.theta, self.scaling, self.max_position)
+        freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32), inv_freq)
+        self.cos_cache.copy_(freqs.cos() * attn_factor)
+        self.sin_cache.copy_(freqs.sin() * attn_factor)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin `[T, 1, head_dim // 2]` in `dtype` for absolute `positions` `[T]`, broadcastable over heads."""
+        cos = self.cos_cache[positions].to(dtype).unsqueeze(1)
+        sin = self.sin_cache[positions].to(dtype).unsqueeze(1)
+        return cos, sin
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x` `[T, heads, head_dim]`: the first half pairs with the second half (rotate-half convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
