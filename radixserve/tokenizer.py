@@ -1,0 +1,203 @@
+"""Tokenizer: a `tokenizers` model plus the Hugging Face config around it (special tokens, BOS rule, chat template)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _token_str(tok: Any) -> str | None:
+    """tokenizer_config.json writes special tokens as a string or as an AddedToken dict with "content"."""
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok if isinstance(tok, str) else None
+
+
+def _ids(value: Any) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int)]
+    return []
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for training masks; for serving it just renders."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # jinja's own tojson escapes HTML characters and sorts keys; chat templates expect plain json.dumps
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def _compile_template(source: str) -> jinja2.Template:
+    """Compile a chat template the way transformers does: sandboxed, trim_blocks + lstrip_blocks, loop controls."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols, _GenerationTag])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+def _content_text(content: Any) -> Any:
+    """OpenAI content parts -> one string (text parts joined by newlines); strings and None pass through."""
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ValueError(f"unsupported message content part {kind!r}: only text parts are supported")
+    return "\n".join(texts)
+
+
+class Tokenizer:
+    """Encode/decode text and render chat prompts for one model."""
+
+    def __init__(self, tokenizer: HFTokenizer, config: dict[str, Any] | None = None,
+                 extra_eos_ids: Sequence[int] = ()) -> None:
+        """Wrap a `tokenizers.Tokenizer`; config is the tokenizer_config.json dict (special tokens, chat_template, add_bos_token)."""
+        config = config or {}
+        self._tok = tokenizer
+        self.config = config
+        self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
+
+        self.bos_token: str | None = _token_str(config.get("bos_token"))
+        self.eos_token: str | None = _token_str(config.get("eos_token"))
+        self.pad_token: str | None = _token_str(config.get("pad_token"))
+        self.unk_token: str | None = _token_str(config.get("unk_token"))
+        self.bos_token_id: int | None = self.token_to_id(self.bos_token) if self.bos_token else None
+        eos_id = self.token_to_id(self.eos_token) if self.eos_token else None
+        eos_ids = {i for i in extra_eos_ids if 0 <= i < self.vocab_size}
+        if eos_id is not None:
+            eos_ids.add(eos_id)
+        self.eos_token_ids: frozenset[int] = frozenset(eos_ids)
+        if self.eos_token is None and self.eos_token_ids:
+            self.eos_token = self.id_to_token(min(self.eos_token_ids))
+
+        special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+        for i, t in (config.get("added_tokens_decoder") or {}).items():
+            if isinstance(t, dict) and t.get("special"):
+                special.add(int(i))
+        self.special_token_ids: frozenset[int] = frozenset(special | eos_ids
+                                                           | ({self.bos_token_id} if self.bos_token_id is not None else set()))
+
+        # Some tokenizer.json files add BOS in their post-processor (Llama 3); others rely on add_bos_token (Llama 2 via
+        # transformers' slow path). Prepend BOS ourselves only when the config asks and the post-processor did not.
+        self.add_bos_token: bool = bool(config.get("add_bos_token", False)) and self.bos_token_id is not None
+        self.add_eos_token: bool = bool(config.get("add_eos_token", False)) and eos_id is not None
+        self._eos_id = eos_id
+        self.chat_template: str | dict[str, str] | None = self._parse_templates(config.get("chat_template"))
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "Tokenizer":
+        """Load tokenizer.json + tokenizer_config.json (+ chat_template.jinja, generation_config.json/config.json eos ids)."""
+        path = Path(path)
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"no tokenizer.json in {path}")
+        tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        config = _read_json(path / "tokenizer_config.json")
+        # Newer transformers save the template beside the config instead of inside it.
+        if (path / "chat_template.jinja").is_file():
+            config["chat_template"] = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        elif "chat_template" not in config and (path / "chat_template.json").is_file():
+            config["chat_template"] = _read_json(path / "chat_template.json").get("chat_template")
+        extra_eos = _ids(_read_json(path / "generation_config.json").get("eos_token_id"))
+        extra_eos += _ids(_read_json(path / "config.json").get("eos_token_id"))
+        return cls(tok, config, extra_eos)
+
+    @staticmethod
+    def _parse_templates(value: Any) -> str | dict[str, str] | None:
+        if isinstance(value, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+            return {t["name"]: t["template"] for t in value}
+        return value if isinstance(value, (str, dict)) else None
+
+    # ---- ids <-> text ---------------------------------------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of text; with add_special_tokens, the post-processor's tokens plus BOS/EOS where the config says so."""
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens:
+            if self.add_bos_token and (not ids or ids[0] != self.bos_token_id):
+                ids = [self.bos_token_id, *ids]
+            if self.add_eos_token and (not ids or ids[-1] != self._eos_id):
+                ids = [*ids, self._eos_id]
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ids; special tokens dropped when skip_special_tokens."""
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a vocabulary token (its raw, e.g. byte-level, form), or None."""
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """Raw vocabulary form of an id, or None when out of range."""
+        return self._tok.id_to_token(token_id)
+
+    def token_to_str(self, token_id: int) -> str:
+        """Readable text of a single token (may hold U+FFFD when the token is part of a multi-byte character)."""
+        return self._tok.decode([token_id], skip_special_tokens=False)
+
+    # ---- chat ---------------------------------------------------------------------------------------------------------
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list | None = None, **kwargs: Any) -> str:
+        """Render messages with the model's chat template (as transformers renders it); ValueError on bad input."""
+        template = self.chat_template
+        if isinstance(template, dict):
+            template = template.get("tool_use") if tools and "tool_use" in template else template.get("default")
+        if not template:
+            raise ValueError("this model has no chat template; send a plain prompt instead")
+        chat = []
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m:
+                raise ValueError(f"each message must be an object with a 'role', got {m!r}")
+            chat.append({**m, "content": _content_text(m.get("content"))} if "content" in m else dict(m))
+        # Like transformers, only the special tokens the model has are defined (templates test `bos_token is defined`).
+        named = {"bos_token": self.bos_token, "eos_token": self.eos_token, "pad_token": self.pad_token,
+                 "unk_token": self.unk_token}
+        variables = {k: v for k, v in named.items() if v is not None} | kwargs
+        try:
+            return _compile_template(template).render(
+                messages=chat, tools=tools, add_generation_prompt=add_generation_prompt, **variables)
+        except jinja2.exceptions.TemplateError as e:
+            raise ValueError(f"chat template error: {e}") from e
