@@ -338,7 +338,7 @@ class RadixCache:
         self.pool.free([p for n in nodes for p in n.pages])
         for n in nodes:
             n.parent = None
-        self.root = self._new_root()
+        self.root.children = {}  # the same root object: a request holding it (nothing matched) stays valid
         self._heap = []
         self._num_nodes = self._evictable = self._protected = 0
 

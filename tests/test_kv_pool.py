@@ -1,0 +1,80 @@
+"""KVPool: the free list and the page slots."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixserve.cache.kv_pool import KVPool
+
+
+def make_pool(num_pages: int = 8, page_size: int = 4) -> KVPool:
+    return KVPool(num_layers=2, num_pages=num_pages, page_size=page_size, num_kv_heads=2, head_dim=3, dtype=torch.float32)
+
+
+def test_alloc_free_roundtrip() -> None:
+    pool = make_pool(8)
+    assert pool.capacity == 7 and pool.num_free_pages == 7
+    a = pool.alloc(3)
+    b = pool.alloc(4)
+    assert a is not None and b is not None
+    assert len(set(a) | set(b)) == 7 and pool.num_free_pages == 0
+    pool.free(a)
+    assert pool.num_free_pages == 3
+    c = pool.alloc(3)
+    assert c is not None and sorted(c) == sorted(a)
+
+
+def test_page_zero_never_handed_out() -> None:
+    pool = make_pool(5)
+    pages = pool.alloc(4)
+    assert pages is not None and 0 not in pages and sorted(pages) == [1, 2, 3, 4]
+    pool.free(pages)
+    again = pool.alloc(4)
+    assert again is not None and 0 not in again
+
+
+def test_alloc_beyond_free_takes_nothing() -> None:
+    pool = make_pool(6)
+    assert pool.alloc(3) is not None
+    assert pool.alloc(3) is None
+    assert pool.num_free_pages == 2
+    assert pool.alloc(2) is not None
+
+
+def test_double_free_and_bad_ids_raise() -> None:
+    pool = make_pool(6)
+    pages = pool.alloc(2)
+    assert pages is not None
+    pool.free(pages[:1])
+    with pytest.raises(RuntimeError):
+        pool.free(pages[:1])
+    with pytest.raises(RuntimeError):
+        pool.free([0])
+    with pytest.raises(RuntimeError):
+        pool.free([6])
+
+
+def test_too_small_pool_rejected() -> None:
+    with pytest.raises(ValueError):
+        make_pool(1)
+
+
+def test_store_writes_the_right_slots() -> None:
+    pool = make_pool(6, page_size=4)
+    loc = torch.tensor([2 * 4 + 1, 3 * 4 + 3, 5 * 4 + 0])  # page 2 offset 1, page 3 offset 3, page 5 offset 0
+    k = torch.arange(3 * 2 * 3, dtype=torch.float32).view(3, 2, 3) + 1
+    v = -k
+    pool.store(1, loc, k, v)
+    assert torch.equal(pool.k_buffers[1][2, 1], k[0])
+    assert torch.equal(pool.k_buffers[1][3, 3], k[1])
+    assert torch.equal(pool.v_buffers[1][5, 0], v[2])
+    # Nothing else was written, and the other layer is untouched.
+    assert int((pool.k_buffers[1] != 0).sum()) == k.numel()
+    assert int((pool.v_buffers[1] != 0).sum()) == v.numel()
+    assert not pool.k_buffers[0].any() and not pool.v_buffers[0].any()
+
+
+def test_store_casts_to_pool_dtype() -> None:
+    pool = KVPool(1, 4, 2, 1, 2, dtype=torch.float16)
+    pool.store(0, torch.tensor([3]), torch.ones(1, 1, 2, dtype=torch.float32), torch.ones(1, 1, 2, dtype=torch.float32))
+    assert pool.k_buffers[0].dtype == torch.float16 and pool.k_buffers[0][1, 1].tolist() == [[1.0, 1.0]]
