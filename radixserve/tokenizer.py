@@ -119,9 +119,16 @@ class Tokenizer:
         self.special_token_ids: frozenset[int] = frozenset(special | eos_ids
                                                            | ({self.bos_token_id} if self.bos_token_id is not None else set()))
 
-        # Some tokenizer.json files add BOS in their post-processor (Llama 3); others rely on add_bos_token (Llama 2 via
-        # transformers' slow path). Prepend BOS ourselves only when the config asks and the post-processor did not.
-        self.add_bos_token: bool = bool(config.get("add_bos_token", False)) and self.bos_token_id is not None
+        # BOS: tokenizer.json's post-processor may add it (Llama 3, Mistral). An explicit add_bos_token in the config
+        # wins, as transformers' Llama tokenizers rebuild the post-processor from it; absent, the post-processor decides.
+        post_ids = tokenizer.encode("", add_special_tokens=True).ids
+        bos_rule = config.get("add_bos_token")
+        if self.bos_token_id is None or bos_rule is None:
+            self.add_bos_token: bool = bool(post_ids) and post_ids[0] == self.bos_token_id
+        else:
+            self.add_bos_token = bool(bos_rule)
+        self._strip_post_bos = (not self.add_bos_token and self.bos_token_id is not None
+                                and bool(post_ids) and post_ids[0] == self.bos_token_id)
         self.add_eos_token: bool = bool(config.get("add_eos_token", False)) and eos_id is not None
         self._eos_id = eos_id
         self.chat_template: str | dict[str, str] | None = self._parse_templates(config.get("chat_template"))
@@ -155,6 +162,8 @@ class Tokenizer:
         """Token ids of text; with add_special_tokens, the post-processor's tokens plus BOS/EOS where the config says so."""
         ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens:
+            if self._strip_post_bos and ids and ids[0] == self.bos_token_id:
+                ids = ids[1:]
             if self.add_bos_token and (not ids or ids[0] != self.bos_token_id):
                 ids = [self.bos_token_id, *ids]
             if self.add_eos_token and (not ids or ids[-1] != self._eos_id):

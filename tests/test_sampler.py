@@ -1,0 +1,204 @@
+"""Sampler: greedy, seeded reproducibility inside any batch, filters, penalties and logprobs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixserve.sampling.penalties import apply_penalties
+from radixserve.sampling.sampler import SamplingInfo, make_generator, sample, token_logprobs
+from radixserve.sampling_params import SamplingParams
+
+V = 64
+
+
+def info(seed: int | None = None, prompt: list[int] | None = None, output: list[int] | None = None,
+         top_logprobs_num: int = 0, return_logprob: bool = False, **params: object) -> SamplingInfo:
+    sp = SamplingParams.from_dict({**params, "seed": seed})
+    gen = make_generator(seed) if seed is not None else None
+    return SamplingInfo(sp, gen, output or [], prompt or [], top_logprobs_num, return_logprob)
+
+
+def rand_logits(rows: int, seed: int, vocab: int = V) -> torch.Tensor:
+    # rounded through bfloat16 like real model logits, so exact ties occur at filter boundaries
+    return (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3).bfloat16().float()
+
+
+def test_greedy_is_argmax_and_uses_no_rng() -> None:
+    logits = rand_logits(6, 0)
+    rows = [info(temperature=0.0), info(seed=5, temperature=0.0), info(seed=6, top_k=1),
+            info(temperature=0.0, top_p=0.5), info(seed=7, top_k=1, temperature=2.0), info(temperature=0.0, min_p=0.3)]
+    states = [r.generator.get_state() for r in rows if r.generator is not None]
+    out = sample(logits, rows)
+    assert out.next_ids == logits.argmax(-1).tolist()
+    assert out.logprobs is None and out.top_logprobs is None
+    assert all(torch.equal(s, r.generator.get_state()) for s, r in zip(states, [r for r in rows if r.generator]))
+
+
+def test_top_k_1_equals_greedy_inside_a_random_batch() -> None:
+    logits = rand_logits(4, 1)
+    rows = [info(seed=1, top_k=1, temperature=1.5), info(seed=2), info(seed=3, top_k=1, top_p=0.3), info(seed=4)]
+    out = sample(logits, rows)
+    assert out.next_ids[0] == logits[0].argmax().item()
+    assert out.next_ids[2] == logits[2].argmax().item()
+
+
+SEEDED_SETTINGS = [
+    {"temperature": 0.8},
+    {"temperature": 1.0, "top_k": 7},
+    {"temperature": 0.9, "top_p": 0.8},
+    {"temperature": 1.2, "min_p": 0.05},
+    {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "frequency_penalty": 0.5,
+     "repetition_penalty": 1.2},
+]
+OTHERS = [
+    {"temperature": 1.0}, {"temperature": 0.0}, {"temperature": 0.5, "top_p": 0.5},
+    {"temperature": 1.3, "top_k": 3}, {"temperature": 1.0, "min_p": 0.2, "presence_penalty": 1.0},
+]
+
+
+@pytest.mark.parametrize("settings", SEEDED_SETTINGS)
+def test_seeded_row_same_alone_and_in_any_batch(settings: dict) -> None:
+    steps, seed = 16, 1234
+
+    def run(batch_size: int, position: int, mix: int) -> list[int]:
+        row = info(seed=seed, prompt=[1, 2, 3], **settings)
+        others = [info(seed=(100 + mix * 10 + j) if j % 2 else None, **OTHERS[(j + mix) % len(OTHERS)])
+                  for j in range(batch_size - 1)]
+        rows = others[:position] + [row] + others[position:]
+        tokens = []
+        for step in range(steps):
+            logits = rand_logits(batch_size, 10_000 + step)
+            logits[position] = rand_logits(1, step)[0]  # the seeded row sees the same logits in every run
+            tokens.append(sample(logits, rows).next_ids[position])
+            row.output_ids = [*row.output_ids, tokens[-1]]
+        return tokens
+
+    alone = run(1, 0, 0)
+    assert run(5, 2, 1) == alone
+    assert run(8, 7, 2) == alone
+    assert run(3, 0, 3) == alone
+    assert len(set(alone)) > 1  # actually random
+    other_seed = info(seed=seed + 1, **settings)
+    assert [sample(rand_logits(1, s), [other_seed]).next_ids[0] for s in range(steps)] != alone
+
+
+def empirical(logits_row: torch.Tensor, n: int, **params: object) -> torch.Tensor:
+    """Frequencies of n draws (one batch of n rows, each seeded) for one row of logits."""
+    rows = [info(seed=i, **params) for i in range(n)]
+    ids = sample(logits_row.expand(n, -1).contiguous(), rows).next_ids
+    return torch.bincount(torch.tensor(ids), minlength=logits_row.numel()).float() / n
+
+
+def close_to(freq: torch.Tensor, probs: torch.Tensor, n: int) -> bool:
+    # 5 standard deviations of a binomial frequency, per token
+    return bool(((freq - probs).abs() <= 5 * (probs * (1 - probs) / n).sqrt() + 1e-9).all())
+
+
+N_DRAWS = 4000
+
+
+def test_temperature_follows_softmax() -> None:
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(3))
+    freq = empirical(logits, N_DRAWS, temperature=0.7)
+    assert close_to(freq, (logits / 0.7).softmax(-1), N_DRAWS)
+
+
+def test_top_k_never_picks_filtered_token() -> None:
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(4))
+    keep = logits.topk(5).indices
+    freq = empirical(logits, N_DRAWS, top_k=5)
+    mask = torch.zeros(V, dtype=torch.bool)
+    mask[keep] = True
+    assert freq[~mask].sum() == 0
+    expected = torch.where(mask, logits, torch.tensor(float("-inf"))).softmax(-1)
+    assert close_to(freq, expected, N_DRAWS)
+
+
+def test_top_p_never_picks_filtered_token() -> None:
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(5)) * 2
+    probs = logits.softmax(-1)
+    sorted_p, order = probs.sort(descending=True)
+    n_keep = int((sorted_p.cumsum(0) < 0.6).sum()) + 1  # smallest prefix with mass >= 0.6
+    mask = torch.zeros(V, dtype=torch.bool)
+    mask[order[:n_keep]] = True
+    freq = empirical(logits, N_DRAWS, top_p=0.6)
+    assert freq[~mask].sum() == 0
+    assert close_to(freq, torch.where(mask, probs, 0.0) / probs[mask].sum(), N_DRAWS)
+
+
+def test_min_p_never_picks_filtered_token() -> None:
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(6)) * 2
+    probs = logits.softmax(-1)
+    mask = probs >= 0.1 * probs.max()
+    assert 1 < int(mask.sum()) < V
+    freq = empirical(logits, N_DRAWS, min_p=0.1)
+    assert freq[~mask].sum() == 0
+    assert close_to(freq, torch.where(mask, probs, 0.0) / probs[mask].sum(), N_DRAWS)
+
+
+def test_top_k_then_top_p_combined() -> None:
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(7)) * 2
+    top = logits.topk(10)
+    renorm = top.values.softmax(-1)  # top_p applies to the top-k renormalised distribution
+    n_keep = int((renorm.cumsum(0) < 0.5).sum()) + 1
+    allowed = set(top.indices[:n_keep].tolist())
+    freq = empirical(logits, 1000, top_k=10, top_p=0.5, temperature=1.0)
+    assert set(torch.nonzero(freq).flatten().tolist()) <= allowed
+
+
+def test_frequency_and_presence_penalties_openai_semantics() -> None:
+    logits = rand_logits(2, 8)
+    rows = [info(frequency_penalty=0.5, presence_penalty=0.25, output=[3, 3, 3, 9], prompt=[4, 4]), info()]
+    before = logits.clone()
+    out = apply_penalties(logits, rows)
+    assert torch.equal(logits, before)  # input untouched
+    expected = before.clone()
+    expected[0, 3] -= 3 * 0.5 + 0.25
+    expected[0, 9] -= 1 * 0.5 + 0.25
+    assert torch.allclose(out, expected)  # prompt tokens (4) are not penalised, row 1 unchanged
+
+
+def test_repetition_penalty_hf_semantics() -> None:
+    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]])
+    out = apply_penalties(logits, [info(repetition_penalty=2.0, prompt=[0, 1], output=[1, 3])])
+    assert torch.allclose(out, torch.tensor([[1.0, -4.0, 1.0, -2.0, 0.5]]))
+
+
+def test_penalties_change_the_greedy_choice() -> None:
+    logits = torch.zeros(1, V)
+    logits[0, 10], logits[0, 11] = 5.0, 4.0
+    assert sample(logits, [info(temperature=0.0)]).next_ids == [10]
+    assert sample(logits, [info(temperature=0.0, presence_penalty=1.5, output=[10])]).next_ids == [11]
+    assert sample(logits, [info(temperature=0.0, repetition_penalty=1.5, prompt=[10])]).next_ids == [11]
+
+
+def test_logprobs_are_raw_log_softmax() -> None:
+    logits = rand_logits(3, 9)
+    rows = [info(seed=1, temperature=0.5, top_k=3, return_logprob=True, frequency_penalty=1.0, output=[1, 2]),
+            info(temperature=0.0, top_logprobs_num=4),
+            info(seed=2)]
+    out = sample(logits, rows)
+    ref = torch.log_softmax(logits, -1)
+    assert out.logprobs == pytest.approx([ref[i, t].item() for i, t in enumerate(out.next_ids)], abs=1e-6)
+    assert out.top_logprobs[0] == [] and out.top_logprobs[2] == []
+    vals, ids = ref[1].topk(4)
+    assert [t for _, t in out.top_logprobs[1]] == ids.tolist()
+    assert [lp for lp, _ in out.top_logprobs[1]] == pytest.approx(vals.tolist(), abs=1e-6)
+
+
+def test_token_logprobs_for_prompts() -> None:
+    logits = rand_logits(5, 10)
+    targets = torch.tensor([0, 5, 63, 7, 7])
+    chosen, top = token_logprobs(logits, targets, top_k=2)
+    ref = torch.log_softmax(logits, -1)
+    assert chosen == pytest.approx(ref[torch.arange(5), targets].tolist(), abs=1e-6)
+    assert [[t for _, t in row] for row in top] == ref.topk(2).indices.tolist()
+    assert token_logprobs(logits, targets, top_k=0)[1] == [[]] * 5
+
+
+def test_make_generator_and_bad_batch() -> None:
+    a, b = make_generator(None), make_generator(None)
+    assert a.initial_seed() != b.initial_seed()
+    assert make_generator(7).initial_seed() == 7
+    with pytest.raises(ValueError, match="rows"):
+        sample(torch.zeros(2, V), [info()])
