@@ -1,0 +1,457 @@
+"""The Engine API: submit requests from any thread or event loop; one background thread runs the scheduler loop."""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from radixserve.detokenizer import IncrementalDetokenizer
+from radixserve.errors import EngineDeadError, QueueFullError
+from radixserve.model.resolve import resolve_model
+from radixserve.model.runner import ModelRunner
+from radixserve.request import Req
+from radixserve.sampling.sampler import SamplingInfo, make_generator
+from radixserve.sampling_params import SamplingParams
+from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixserve.tokenizer import Tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_IDLE_WAIT_S = 0.05
+_HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop silent this long counts as stuck
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """One request to submit: validated, tokenized, not yet queued."""
+
+    input_ids: list[int]
+    params: SamplingParams
+    rid: str
+    cache_salt: str
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+
+
+class Engine:
+    """In-process LLM engine with a radix prefix cache; thread-safe, usable from sync code and from event loops."""
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        dtype: str = "auto",
+        page_size: int = 16,
+        max_total_tokens: int | None = None,
+        enable_radix_cache: bool = True,
+        schedule_policy: str = "lpm",
+        chunked_prefill_size: int = 512,
+        attention_backend: str = "torch",
+        max_running_requests: int = 64,
+        max_queued_requests: int | None = None,
+        context_length: int | None = None,
+        device: str = "cpu",
+        init_new_token_ratio: float = 0.7,
+    ) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if dtype == "auto":
+            dtype = "bfloat16"  # the fast dtype on AVX-512-BF16 CPUs and on GPUs alike
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
+        self.model_path = resolve_model(None if model is None else str(model))
+        self.dtype_name = dtype
+        self.attention_backend = attention_backend
+        self.device = torch.device(device)
+        self.tokenizer = Tokenizer.from_dir(self.model_path)
+        self.runner = ModelRunner(
+            self.model_path, _DTYPES[dtype], self.device, page_size, max_total_tokens, attention_backend
+        )
+        cfg = self.runner.config
+        self.context_length = context_length or cfg.max_position_embeddings
+        self.max_queued_requests = max_queued_requests
+        sched_cfg = SchedulerConfig(
+            page_size=page_size,
+            context_length=self.context_length,
+            chunked_prefill_size=chunked_prefill_size,
+            max_running_requests=max_running_requests,
+            schedule_policy=schedule_policy,
+            enable_radix_cache=enable_radix_cache,
+            init_new_token_ratio=init_new_token_ratio,
+        )
+        eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
+        self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos, self.device)
+
+        self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._inflight = 0
+        self._inflight_lock = threading.Lock()
+        self._running_snapshot = 0
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._heartbeat = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="radixserve-loop", daemon=True)
+        self._thread.start()
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop the loop; requests still queued or running end with finish_reason abort."""
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self._error is None and time.monotonic() - self._heartbeat < _HEARTBEAT_LIMIT_S
+
+    # ---- the loop (its own thread; the only code that touches scheduler state) --------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_inbox(block=not self.scheduler.has_work())
+                batch = self.scheduler.schedule()
+                if batch is not None:
+                    logits = self.runner.forward(batch.forward)
+                    self.scheduler.process(batch, logits)
+                self._running_snapshot = len(self.scheduler.running)
+                self._heartbeat = time.monotonic()
+        except BaseException as exc:  # noqa: BLE001 - the loop must report any death to every waiting caller
+            self._error = exc
+            self._fail_all(EngineDeadError(f"engine loop died: {exc!r}"))
+            raise
+        self._drain_inbox(block=False)
+        for req in list(self.scheduler.waiting) + list(self.scheduler.running):
+            self.scheduler.abort(req.rid)
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            msg = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind = msg[0]
+            if kind == "add":
+                self.scheduler.add(msg[1])
+            elif kind == "abort":
+                self.scheduler.abort(msg[1])
+            elif kind == "call":
+                fn, fut = msg[1], msg[2]
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                    fut.set_exception(exc)
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _fail_all(self, exc: BaseException) -> None:
+        reqs = list(self.scheduler.waiting) + list(self.scheduler.running)
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if msg[0] == "add":
+                reqs.append(msg[1])
+            elif msg[0] == "call":
+                msg[2].set_exception(exc)
+        for req in reqs:
+            req.emit(exc)
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the loop thread between steps, so it sees consistent scheduler state."""
+        self._check_alive()
+        fut: Future[Any] = Future()
+        self._inbox.put(("call", fn, fut))
+        return fut.result()
+
+    def _check_alive(self) -> None:
+        if self._error is not None or not self._thread.is_alive():
+            raise EngineDeadError(f"engine is not running: {self._error!r}")
+
+    # ---- request preparation ------------------------------------------------------------------------------------
+    def _specs(
+        self,
+        prompt: str | list[str] | None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | SamplingParams | None,
+        input_ids: list[int] | list[list[int]] | None,
+        return_logprob: bool,
+        logprob_start_len: int,
+        top_logprobs_num: int,
+        cache_salt: str,
+        rid: str | list[str] | None,
+    ) -> tuple[list[_Spec], bool]:
+        """Validate and tokenize; returns the specs and whether the caller passed a single prompt."""
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("pass exactly one of prompt or input_ids")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            texts = [prompt] if single else list(prompt)
+            if not all(isinstance(t, str) for t in texts):
+                raise ValueError("prompt must be a string or a list of strings")
+            ids_list = [self.tokenizer.encode(t) for t in texts]
+        else:
+            assert input_ids is not None
+            single = not input_ids or not isinstance(input_ids[0], list)
+            ids_list = [list(input_ids)] if single else [list(x) for x in input_ids]  # type: ignore[arg-type]
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(ids_list):
+                raise ValueError("sampling_params list must have one entry per prompt")
+            params = [SamplingParams.from_dict(p) for p in sampling_params]
+        else:
+            params = [SamplingParams.from_dict(sampling_params)] * len(ids_list)
+        rids = [rid] if isinstance(rid, str) else (list(rid) if rid is not None else [None] * len(ids_list))
+        if len(rids) != len(ids_list):
+            raise ValueError("rid list must have one entry per prompt")
+        if top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
+        specs = []
+        for ids, p, r in zip(ids_list, params, rids):
+            self._validate_prompt(ids, p)
+            specs.append(
+                _Spec(ids, p, r or uuid.uuid4().hex, cache_salt, return_logprob, logprob_start_len, top_logprobs_num)
+            )
+        return specs, single and specs[0].params.n == 1
+
+    def _validate_prompt(self, ids: list[int], p: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("prompt is empty")
+        vocab = self.runner.config.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"input_ids must be integers in [0, {vocab})")
+        if len(ids) + p.max_new_tokens > self.context_length:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens + max_new_tokens {p.max_new_tokens} exceeds the context length "
+                f"{self.context_length}"
+            )
+        pool = self.runner.pool
+        if -(-(len(ids) + p.max_new_tokens) // pool.page_size) > pool.capacity:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens + max_new_tokens {p.max_new_tokens} cannot fit in the KV pool of "
+                f"{pool.capacity * pool.page_size} tokens"
+            )
+
+    def _submit(self, spec: _Spec, emit: Callable[[Any], None], stream: bool) -> Req:
+        self._check_alive()
+        with self._inflight_lock:
+            waiting = self._inflight - self._running_snapshot
+            if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
+                raise QueueFullError(f"{waiting} requests are already waiting (max_queued_requests)")
+            self._inflight += 1
+
+        def emit_and_count(item: Any) -> None:
+            if isinstance(item, BaseException) or item["meta_info"]["finish_reason"] is not None:
+                with self._inflight_lock:
+                    self._inflight -= 1
+            emit(item)
+
+        p = spec.params
+        req = Req(
+            rid=spec.rid,
+            input_ids=spec.input_ids,
+            params=p,
+            sampling=SamplingInfo(
+                params=p,
+                generator=None if p.is_greedy else make_generator(p.seed),
+                output_ids=[],
+                prompt_ids=spec.input_ids,
+                top_logprobs_num=spec.top_logprobs_num,
+                return_logprob=spec.return_logprob,
+            ),
+            detok=IncrementalDetokenizer(self.tokenizer, spec.input_ids, p.skip_special_tokens, p.stop),
+            emit=emit_and_count,
+            namespace=spec.cache_salt,
+            stream=stream,
+            return_logprob=spec.return_logprob,
+            logprob_start_len=spec.logprob_start_len if spec.return_logprob else -1,
+            top_logprobs_num=spec.top_logprobs_num,
+        )
+        req.sampling.output_ids = req.output_ids  # the sampler reads penalties from the live list
+        if req.logprob_start_len >= 0 and req.logprob_start_len < len(spec.input_ids):
+            req.next_prompt_logprob_pos = max(req.logprob_start_len, 1)
+            if req.logprob_start_len == 0:
+                req.input_token_logprobs.append((None, spec.input_ids[0]))
+                req.input_top_logprobs.append(None)
+        self._inbox.put(("add", req))
+        return req
+
+    # ---- async API ----------------------------------------------------------------------------------------------
+    def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        cache_salt: str = "",
+        rid: str | list[str] | None = None,
+        stream: bool = False,
+    ) -> Any:
+        """stream=False: an awaitable of a dict (list for list input or n > 1); stream=True: an async iterator of chunks.
+
+        Arguments are validated here, before anything is queued, so bad input raises ValueError at the call."""
+        specs, single = self._specs(
+            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, cache_salt, rid
+        )
+        if stream:
+            if len(specs) != 1 or specs[0].params.n != 1:
+                raise ValueError("stream=True takes a single prompt with n == 1")
+            return self._stream(specs[0])
+        return self._collect(specs, single)
+
+    async def _stream(self, spec: _Spec) -> AsyncIterator[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[Any] = asyncio.Queue()
+        req = self._submit(spec, lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c), stream=True)
+        done = False
+        try:
+            while not done:
+                chunk = await chunks.get()
+                if isinstance(chunk, BaseException):
+                    raise chunk
+                done = chunk["meta_info"]["finish_reason"] is not None
+                yield chunk
+        finally:
+            if not done:  # the caller left early (break, aclose, cancellation, disconnect)
+                self.abort(req.rid)
+
+    async def _run_one(self, spec: _Spec) -> dict[str, Any]:
+        """Submit one request that reports only its final result, and wait for it (cancelling aborts it)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def settle(item: Any) -> None:
+            if not fut.done():
+                fut.set_result(item)
+
+        req = self._submit(spec, lambda item: loop.call_soon_threadsafe(settle, item), stream=False)
+        try:
+            item = await fut
+        except asyncio.CancelledError:
+            self.abort(req.rid)
+            raise
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def _collect(self, specs: list[_Spec], single: bool) -> dict[str, Any] | list[dict[str, Any]]:
+        # n > 1: prefill each prompt once (a zero-token request), so the n samples all hit its pages in the tree.
+        multi = [s for s in specs if s.params.n > 1]
+        if multi:
+            await asyncio.gather(
+                *(self._run_one(replace(s, rid=uuid.uuid4().hex, params=replace(s.params, max_new_tokens=0, n=1),
+                                        return_logprob=False)) for s in multi)
+            )
+        expanded: list[_Spec] = []
+        for s in specs:
+            for i in range(s.params.n):
+                seed = s.params.seed + i if s.params.seed is not None else None
+                rid = s.rid if s.params.n == 1 else f"{s.rid}-{i}"
+                expanded.append(replace(s, rid=rid, params=replace(s.params, n=1, seed=seed)))
+        results = await asyncio.gather(*(self._run_one(s) for s in expanded))
+        return results[0] if single else list(results)
+
+    # ---- sync API -----------------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        cache_salt: str = "",
+        rid: str | list[str] | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """Blocking generate: a dict for one prompt (n == 1), else a list (prompt-major, then sample)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("Engine.generate blocks; inside an event loop use `await engine.async_generate(...)`")
+        coro = self.async_generate(
+            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, cache_salt, rid
+        )
+        return asyncio.run(coro)
+
+    def chat(self, messages: list[dict[str, Any]], sampling_params: dict[str, Any] | None = None, **kw: Any) -> Any:
+        return self.generate(input_ids=self.apply_chat_template(messages), sampling_params=sampling_params, **kw)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def abort(self, rid: str) -> None:
+        self._inbox.put(("abort", rid))
+
+    # ---- introspection ------------------------------------------------------------------------------------------
+    def cache_stats(self) -> dict[str, Any]:
+        return self._call(self._cache_stats)
+
+    def _cache_stats(self) -> dict[str, Any]:
+        s = self.scheduler.stats
+        cache = self.scheduler.cache
+        return {
+            "hit_tokens": s.hit_tokens,
+            "prompt_tokens": s.prompt_tokens,
+            "hit_rate": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
+            "total_pages": self.runner.pool.capacity,
+            "free_pages": self.runner.pool.num_free_pages,
+            "cached_pages": cache.total_pages,
+            "evictable_pages": cache.evictable_pages,
+            "page_size": self.runner.pool.page_size,
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        def snapshot() -> dict[str, Any]:
+            s = self.scheduler.stats
+            return {
+                **self._cache_stats(),
+                "num_running": len(self.scheduler.running),
+                "num_waiting": len(self.scheduler.waiting),
+                "num_retractions": s.retractions,
+                "prompt_tokens_total": s.prompt_tokens,
+                "generation_tokens_total": s.generation_tokens,
+                "cached_tokens_total": s.hit_tokens,
+                "computed_prefill_tokens_total": s.computed_prefill_tokens,
+            }
+
+        return self._call(snapshot)
+
+    def flush_cache(self) -> bool:
+        return self._call(self.scheduler.flush_cache)
+
+    def check_invariants(self) -> None:
+        self._call(self.scheduler.check_invariants)
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": str(self.model_path),
+            "model_name": Path(self.model_path).name,
+            "context_length": self.context_length,
+            "page_size": self.runner.pool.page_size,
+            "vocab_size": self.runner.config.vocab_size,
+            "dtype": self.dtype_name,
+            "attention_backend": self.attention_backend,
+        }

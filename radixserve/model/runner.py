@@ -1,0 +1,81 @@
+"""Model runner: the weights, the KV pool and the attention backend; one forward per scheduled step."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from radixserve.attention.base import AttentionBackend
+from radixserve.cache.kv_pool import KVPool
+from radixserve.config import ModelConfig
+from radixserve.forward_batch import ForwardBatch
+from radixserve.model.loader import load_model
+
+# Past this the pool only costs memory on CPU: tests and benchmarks here never hold more live tokens.
+MAX_AUTO_TOKENS = 1 << 17
+
+
+def make_backend(name: str, pool: KVPool, config: ModelConfig) -> AttentionBackend:
+    """Construct an attention backend by name; GPU-only backends are imported only when asked for."""
+    if name == "torch":
+        from radixserve.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend(pool, config.num_heads, config.head_dim)
+    if name == "triton":
+        from radixserve.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(pool, config.num_heads, config.head_dim)
+    if name == "flashinfer":
+        if pool.device.type != "cuda":
+            raise ValueError("attention_backend 'flashinfer' needs a CUDA device")
+        from radixserve.attention.flashinfer_backend import FlashInferAttentionBackend
+
+        return FlashInferAttentionBackend(pool, config.num_heads, config.head_dim)
+    raise ValueError(f"attention_backend must be one of torch, triton, flashinfer; got {name!r}")
+
+
+def _available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+class ModelRunner:
+    """Owns the model and its KV memory; `forward(batch)` returns float32 logits for `batch.logits_indices`."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        dtype: torch.dtype,
+        device: torch.device,
+        page_size: int,
+        max_total_tokens: int | None,
+        attention_backend: str,
+        mem_fraction: float = 0.3,
+    ) -> None:
+        self.device = device
+        self.config, self.model = load_model(model_path, dtype, device)
+        cfg = self.config
+        bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+        if max_total_tokens is None:
+            max_total_tokens = min(int(_available_memory(device) * mem_fraction) // bytes_per_token, MAX_AUTO_TOKENS)
+        num_pages = max_total_tokens // page_size + 1  # + the sink page
+        if num_pages < 2:
+            raise ValueError(f"max_total_tokens={max_total_tokens} is less than one page of {page_size} tokens")
+        self.pool = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+        self.attn = make_backend(attention_backend, self.pool, cfg)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        self.attn.plan(batch)
+        hidden = self.model(batch, self.attn)
+        return self.model.compute_logits(hidden[batch.logits_indices])

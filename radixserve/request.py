@@ -1,0 +1,80 @@
+"""One generation request as the scheduler sees it: tokens, KV pages, progress and results."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixserve.detokenizer import IncrementalDetokenizer
+from radixserve.sampling.sampler import SamplingInfo
+from radixserve.sampling_params import SamplingParams
+
+
+@dataclass
+class Req:
+    """KV for `fill_ids[:kv_len]` lives in `pages`; the first `num_tree_pages` of them belong to the radix tree.
+
+    `fill_ids` is the prompt plus what was generated, so a retracted request resumes by prefilling it again
+    (mostly from the cache). `emit` hands an output chunk back to the caller's thread or event loop.
+    """
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    sampling: SamplingInfo
+    detok: IncrementalDetokenizer
+    emit: Callable[[dict[str, Any]], None]
+    namespace: str = ""
+    stream: bool = False
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+
+    output_ids: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)
+    kv_len: int = 0
+    num_tree_pages: int = 0
+    node: Any = None  # the radix-tree node this request holds a lock on
+    admitted: bool = False  # first admission done (cache accounting happens once)
+    cached_tokens: int = 0
+    finish_reason: dict[str, Any] | None = None
+    aborted: bool = False
+
+    # logprobs gathered so far
+    output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    next_prompt_logprob_pos: int = -1  # next prompt position whose logprob is still owed (-1: none wanted)
+
+    created: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    sent_ids: int = 0  # output ids already emitted to a streaming caller
+    sent_text: int = 0  # characters of detok.text already emitted
+    sent_logprobs: int = 0
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def num_fill(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def pending(self) -> int:
+        """Tokens still to run through the model before the next token can be sampled."""
+        return self.num_fill - self.kv_len
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def match_ids(self) -> list[int]:
+        """The tokens to look up in the radix cache: prompt logprobs still owed must be computed, not looked up.
+
+        Position p's logprob comes from the logits of row p-1, so the cache may serve at most p-1 tokens."""
+        if self.next_prompt_logprob_pos >= 0:
+            return self.fill_ids[: self.next_prompt_logprob_pos]
+        return self.fill_ids

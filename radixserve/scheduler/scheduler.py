@@ -1,0 +1,402 @@
+"""Cache-aware continuous batching: admit, chunk, decode, retract; then sample and finish what the model produced."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixserve.cache.kv_pool import KVPool
+from radixserve.cache.radix_cache import RadixCache
+from radixserve.forward_batch import ForwardBatch
+from radixserve.request import Req
+from radixserve.sampling.sampler import sample, token_logprobs
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class SchedulerConfig:
+    page_size: int
+    context_length: int
+    chunked_prefill_size: int = 512  # prefill tokens per step, over all requests
+    max_running_requests: int = 64
+    schedule_policy: str = "lpm"  # "lpm" (longest cached prefix first) or "fcfs"
+    enable_radix_cache: bool = True
+    lpm_queue_limit: int = 128  # past this many waiting requests, lpm's per-step matching costs more than it saves
+    # Admission reserves pages for future decode tokens: remaining max_new_tokens * ratio. The ratio decays while
+    # nothing goes wrong (most requests stop early) and jumps back up after a retraction.
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.002
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in ("lpm", "fcfs"):
+            raise ValueError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        if self.chunked_prefill_size < 1:
+            raise ValueError("chunked_prefill_size must be >= 1")
+
+
+@dataclass
+class ScheduledBatch:
+    """What one step computes: request i runs `chunks[i]` tokens from its kv_len."""
+
+    reqs: list[Req]
+    chunks: list[int]
+    forward: ForwardBatch
+    sample_rows: list[int | None]  # per request: logits row to sample from (None: mid-prefill or prefill-only)
+    prompt_rows: list[tuple[int, int, int] | None]  # per request: (first logits row, count, first prompt position scored)
+
+
+@dataclass
+class SchedulerStats:
+    prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission only)
+    hit_tokens: int = 0  # of those, served from the radix cache
+    computed_prefill_tokens: int = 0  # tokens run through the model in prefill chunks (resumes included)
+    generation_tokens: int = 0
+    retractions: int = 0
+    finished: int = 0
+    steps: int = 0
+
+
+class Scheduler:
+    """Owns the waiting queue and the running set; every page a request holds is accounted for here."""
+
+    def __init__(self, cfg: SchedulerConfig, pool: KVPool, eos_ids: frozenset[int], device: torch.device) -> None:
+        self.cfg = cfg
+        self.pool = pool
+        self.cache = RadixCache(pool, cfg.page_size)
+        self.eos_ids = eos_ids
+        self.device = device
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.stats = SchedulerStats()
+        self.new_token_ratio = cfg.init_new_token_ratio
+
+    # ---- queue management -------------------------------------------------------------------------------------
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> None:
+        """Drop a request wherever it is; what it held goes back (its computed full pages stay cached)."""
+        for req in list(self.waiting):
+            if req.rid == rid:
+                self.waiting.remove(req)
+                self._finish(req, {"type": "abort", "matched": None, "message": "aborted"})
+        for req in list(self.running):
+            if req.rid == rid:
+                self.running.remove(req)
+                self._finish(req, {"type": "abort", "matched": None, "message": "aborted"})
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- memory -----------------------------------------------------------------------------------------------
+    def _alloc(self, n: int) -> list[int] | None:
+        """n pool pages, evicting unlocked radix-tree leaves if the free list is short."""
+        if n == 0:
+            return []
+        pages = self.pool.alloc(n)
+        if pages is None and self.cfg.enable_radix_cache:
+            self.cache.evict(n - self.pool.num_free_pages)
+            pages = self.pool.alloc(n)
+        return pages
+
+    def _available(self) -> int:
+        return self.pool.num_free_pages + (self.cache.evictable_pages if self.cfg.enable_radix_cache else 0)
+
+    def _reserve(self, req: Req) -> int:
+        """Pages this request will still want: the rest of its prefill plus an estimate of its decode."""
+        ps = self.cfg.page_size
+        prefill_pages = max(_cdiv(req.num_fill, ps) - len(req.pages), 0)
+        decode_left = max(req.params.max_new_tokens - len(req.output_ids), 0)
+        return prefill_pages + _cdiv(int(decode_left * self.new_token_ratio), ps)
+
+    def _insert(self, req: Req) -> None:
+        """Give the request's computed full pages to the tree and point its page table at the tree's copies."""
+        if not self.cfg.enable_radix_cache:
+            return
+        ps = self.cfg.page_size
+        n_full = req.kv_len // ps
+        if n_full <= req.num_tree_pages:
+            return
+        res = self.cache.insert(req.fill_ids[: n_full * ps], req.pages[:n_full], req.namespace)
+        req.pages[: len(res.pages)] = res.pages
+        self.cache.lock(res.node)
+        if req.node is not None:
+            self.cache.unlock(req.node)
+        req.node = res.node
+        req.num_tree_pages = len(res.pages)
+
+    def _release(self, req: Req) -> None:
+        """Cache what the request computed, free its private pages and its lock; it then holds nothing."""
+        self._insert(req)
+        private = req.pages[req.num_tree_pages :] if self.cfg.enable_radix_cache else req.pages
+        self.pool.free(private)
+        if req.node is not None:
+            self.cache.unlock(req.node)
+        req.pages, req.node, req.num_tree_pages, req.kv_len = [], None, 0, 0
+
+    def _retract(self, req: Req) -> None:
+        """Send a running request back to the front of the queue; its cached prefix makes resuming cheap."""
+        self.running.remove(req)
+        self._release(req)
+        self.waiting.appendleft(req)
+        self.stats.retractions += 1
+        self.new_token_ratio = min(1.0, max(self.new_token_ratio, self.cfg.init_new_token_ratio) + 0.1)
+
+    def _victim(self) -> Req:
+        """The least advanced running request: fewest generated tokens, newest first among equals."""
+        return min(self.running, key=lambda r: (len(r.output_ids), -r.created))
+
+    # ---- scheduling -------------------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        """Pick this step's work: every decode, unfinished prefill chunks, then new requests under the budget."""
+        self.stats.steps += 1
+        self.new_token_ratio = max(self.cfg.min_new_token_ratio, self.new_token_ratio - self.cfg.new_token_ratio_decay)
+        ps = self.cfg.page_size
+        chunks: dict[int, int] = {}  # id(req) -> tokens this step
+
+        # 1. Decodes (pending == 1) get their page first; under pressure the least advanced request is retracted.
+        for req in sorted((r for r in self.running if r.pending == 1), key=lambda r: -len(r.output_ids)):
+            if req not in self.running:
+                continue  # retracted as a victim earlier in this loop
+            need = _cdiv(req.kv_len + 1, ps) - len(req.pages)
+            pages = self._alloc(need)
+            while pages is None:
+                victim = self._victim()
+                self._retract(victim)
+                if victim is req:
+                    break
+                pages = self._alloc(need)
+            if pages is not None:
+                req.pages.extend(pages)
+                chunks[id(req)] = 1
+
+        # 2. Unfinished chunked prefills, then 3. new requests, share the prefill token budget.
+        budget = self.cfg.chunked_prefill_size
+        for req in [r for r in self.running if r.pending > 1]:
+            if budget <= 0:
+                break
+            chunk = min(req.pending, budget)
+            pages = self._alloc(_cdiv(req.kv_len + chunk, ps) - len(req.pages))
+            if pages is None:
+                continue
+            req.pages.extend(pages)
+            chunks[id(req)] = chunk
+            budget -= chunk
+
+        if budget > 0 and self.waiting:
+            budget = self._admit(budget, chunks)
+
+        if not chunks and self.running:
+            # Nothing could run (every prefill is short of pages): free room by retracting, then try again.
+            self._retract(self._victim())
+            return self.schedule()
+        if not chunks:
+            return None
+        return self._build([r for r in self.running if id(r) in chunks], chunks)
+
+    def _admit(self, budget: int, chunks: dict[int, int]) -> int:
+        ps = self.cfg.page_size
+        cache_on = self.cfg.enable_radix_cache
+        reserved = sum(self._reserve(r) for r in self.running)
+        candidates = list(self.waiting)
+        matches: dict[int, Any] = {}
+        if cache_on and self.cfg.schedule_policy == "lpm" and len(candidates) <= self.cfg.lpm_queue_limit:
+            for r in candidates:
+                matches[id(r)] = self.cache.match_prefix(r.match_ids(), r.namespace)
+            candidates.sort(key=lambda r: -matches[id(r)].num_tokens)  # stable: FCFS among equals
+        first_pages: set[tuple[str, int, tuple[int, ...]]] = set()
+        for req in candidates:
+            if budget <= 0 or len(self.running) >= self.cfg.max_running_requests:
+                break
+            # Re-match: an eviction while admitting an earlier candidate may have shortened this match.
+            m = self.cache.match_prefix(req.match_ids(), req.namespace) if cache_on else None
+            matched_pages = m.pages if m is not None else []
+            start = len(matched_pages) * ps
+            # Two requests admitted together would both compute a prefix they share; hold the later one back a
+            # step so it finds the first one's pages in the tree instead.
+            fill = req.fill_ids
+            nxt = (req.namespace, start, tuple(fill[start : start + ps]))
+            if cache_on and len(nxt[2]) == ps and nxt in first_pages:
+                continue
+            chunk = min(req.num_fill - start, budget)
+            need = _cdiv(start + chunk, ps) - len(matched_pages)
+            if m is not None:
+                self.cache.lock(m.node)
+            req.pages = list(matched_pages)
+            req.kv_len = start
+            reserve = self._reserve(req) - need
+            if self._available() < need + reserve + reserved:
+                if m is not None:
+                    self.cache.unlock(m.node)
+                req.pages, req.kv_len = [], 0
+                break
+            pages = self._alloc(need)
+            assert pages is not None, "available pages were counted, so allocation cannot fail"
+            req.pages.extend(pages)
+            req.node = m.node if m is not None else None
+            req.num_tree_pages = len(matched_pages)
+            if not req.admitted:
+                req.admitted = True
+                req.cached_tokens = start
+                self.stats.prompt_tokens += len(req.input_ids)
+                self.stats.hit_tokens += start
+            self.waiting.remove(req)
+            self.running.append(req)
+            chunks[id(req)] = chunk
+            budget -= chunk
+            reserved += reserve
+            first_pages.add(nxt)
+        return budget
+
+    def _build(self, reqs: list[Req], chunks: dict[int, int]) -> ScheduledBatch:
+        token_chunks, prefix_lens, tables, logit_rows = [], [], [], []
+        sample_rows: list[int | None] = []
+        prompt_rows: list[tuple[int, int, int] | None] = []
+        row = 0
+        for req in reqs:
+            n = chunks[id(req)]
+            fill = req.fill_ids
+            token_chunks.append(fill[req.kv_len : req.kv_len + n])
+            prefix_lens.append(req.kv_len)
+            tables.append(req.pages)
+            # Prompt logprobs: row at position q scores prompt token q+1.
+            pr = None
+            if req.next_prompt_logprob_pos >= 0:
+                lo = max(req.kv_len, req.next_prompt_logprob_pos - 1)
+                hi = min(req.kv_len + n, len(req.input_ids) - 1)
+                if hi > lo:
+                    pr = (len(logit_rows), hi - lo, lo + 1)
+                    logit_rows.extend(range(row + lo - req.kv_len, row + hi - req.kv_len))
+            prompt_rows.append(pr)
+            if req.kv_len + n == req.num_fill and req.params.max_new_tokens > 0:
+                sample_rows.append(len(logit_rows))
+                logit_rows.append(row + n - 1)
+            else:
+                sample_rows.append(None)
+            row += n
+        fb = ForwardBatch.build(token_chunks, prefix_lens, tables, self.cfg.page_size, logit_rows, self.device)
+        return ScheduledBatch(reqs, [chunks[id(r)] for r in reqs], fb, sample_rows, prompt_rows)
+
+    # ---- after the forward ------------------------------------------------------------------------------------
+    def process(self, batch: ScheduledBatch, logits: torch.Tensor) -> None:
+        """Advance every request by what was computed, sample, detokenize, finish and emit."""
+        now = time.perf_counter()
+        for req, n, pr in zip(batch.reqs, batch.chunks, batch.prompt_rows):
+            if pr is not None:
+                first, count, pos = pr
+                targets = torch.tensor(req.input_ids[pos : pos + count], device=logits.device)
+                lps, tops = token_logprobs(logits[first : first + count], targets, req.top_logprobs_num)
+                for i, (lp, top) in enumerate(zip(lps, tops)):
+                    req.input_token_logprobs.append((lp, req.input_ids[pos + i]))
+                    req.input_top_logprobs.append(top)
+                req.next_prompt_logprob_pos = pos + count
+                if req.next_prompt_logprob_pos >= len(req.input_ids):
+                    req.next_prompt_logprob_pos = -1
+            self.stats.computed_prefill_tokens += max(min(req.kv_len + n, len(req.input_ids)) - req.kv_len, 0)
+            req.kv_len += n
+            if n > 1 or req.pending > 0:
+                self._insert(req)  # after each prefill chunk
+
+        rows = [(req, r) for req, r in zip(batch.reqs, batch.sample_rows) if r is not None]
+        if rows:
+            out = sample(logits[[r for _, r in rows]], [req.sampling for req, _ in rows])
+            for i, (req, _) in enumerate(rows):
+                tok = out.next_ids[i]
+                req.output_ids.append(tok)
+                self.stats.generation_tokens += 1
+                if req.first_token_time is None:
+                    req.first_token_time = now
+                if req.return_logprob:
+                    assert out.logprobs is not None
+                    req.output_token_logprobs.append((out.logprobs[i], tok))
+                    if req.top_logprobs_num and out.top_logprobs is not None:
+                        req.output_top_logprobs.append(out.top_logprobs[i])
+                self._check_stop(req, tok)
+
+        for req in batch.reqs:
+            if not req.finished and req.params.max_new_tokens == 0 and req.pending == 0:
+                req.finish_reason = {"type": "length", "matched": None}
+            if req.finished:
+                self.running.remove(req)
+                self._finish(req, req.finish_reason)
+            elif req.stream and len(req.output_ids) > req.sent_ids:
+                req.emit(self._output(req, final=False))
+
+    def _check_stop(self, req: Req, tok: int) -> None:
+        p = req.params
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
+            req.finish_reason = {"type": "stop", "matched": tok}
+            return
+        _, matched = req.detok.step([tok])
+        if matched is not None:
+            req.finish_reason = {"type": "stop", "matched": matched}
+        elif len(req.output_ids) >= p.max_new_tokens or req.num_fill >= self.cfg.context_length:
+            req.finish_reason = {"type": "length", "matched": None}
+
+    def _finish(self, req: Req, reason: dict[str, Any] | None) -> None:
+        req.finish_reason = reason
+        self._release(req)
+        if not (reason and reason["type"] == "stop" and isinstance(reason["matched"], str)):
+            req.detok.flush()  # text held back for a possible stop string is the caller's after all
+        self.stats.finished += 1
+        req.emit(self._output(req, final=True))
+
+    def _output(self, req: Req, final: bool) -> dict[str, Any]:
+        """A result chunk: the whole result, or for a stream only what is new since the last chunk."""
+        now = time.perf_counter()
+        if req.stream:
+            ids = req.output_ids[req.sent_ids :]
+            text = req.detok.text[req.sent_text :]
+            req.sent_ids, req.sent_text = len(req.output_ids), len(req.detok.text)
+        else:
+            ids, text = list(req.output_ids), req.detok.text
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.cached_tokens,
+            "finish_reason": req.finish_reason if final else None,
+            "ttft": (req.first_token_time - req.created) if req.first_token_time else None,
+            "e2e_latency": now - req.created,
+        }
+        if req.return_logprob:
+            lo = req.sent_logprobs if req.stream else 0
+            meta["output_token_logprobs"] = req.output_token_logprobs[lo:]
+            if req.top_logprobs_num:
+                meta["output_top_logprobs"] = req.output_top_logprobs[lo:]
+            if req.logprob_start_len >= 0 and (not req.stream or lo == 0):
+                meta["input_token_logprobs"] = req.input_token_logprobs
+                if req.top_logprobs_num:
+                    meta["input_top_logprobs"] = req.input_top_logprobs
+            if req.stream:
+                req.sent_logprobs = len(req.output_token_logprobs)
+        return {"text": text, "output_ids": ids, "meta_info": meta}
+
+    # ---- maintenance ------------------------------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        if self.running or self.waiting:
+            return False
+        self.cache.reset()
+        return True
+
+    def check_invariants(self) -> None:
+        """Every page is free, in the tree, or private to exactly one running request; lock counts add up."""
+        self.cache.check_invariants()
+        private = [p for r in self.running for p in (r.pages[r.num_tree_pages :] if self.cfg.enable_radix_cache else r.pages)]
+        assert len(private) == len(set(private)), "a private page is held by two requests"
+        total = self.pool.num_free_pages + self.cache.total_pages + len(private)
+        assert total == self.pool.capacity, (
+            f"page leak: free {self.pool.num_free_pages} + tree {self.cache.total_pages} + private {len(private)} "
+            f"!= capacity {self.pool.capacity}"
+        )
+        for r in self.waiting:
+            assert not r.pages and r.node is None, f"waiting request {r.rid} holds pages"
+        if not self.running:
+            assert self.cache.protected_pages == 0, "no request runs, yet tree pages are locked"

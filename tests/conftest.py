@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny Hugging Face model folders (random weights + a tiny BPE tokenizer), built once per session."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import make_tiny_checkpoint  # noqa: E402
+from tiny_tokenizer import build_tokenizer  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """make(arch="qwen2", **overrides) -> a folder with config.json, model.safetensors, tokenizer files (cached)."""
+    made: dict[tuple, Path] = {}
+
+    def make(arch: str = "qwen2", **overrides: object) -> Path:
+        key = (arch, tuple(sorted(overrides.items())))
+        if key not in made:
+            out = tmp_path_factory.mktemp(f"tiny-{arch}")
+            make_tiny_checkpoint(out, arch, **overrides)
+            build_tokenizer(out)
+            made[key] = out
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model_factory: Callable[..., Path]) -> Path:
+    """The default tiny model: Qwen2 architecture (QKV bias, tied embeddings), vocab 512, context 1024."""
+    return tiny_model_factory("qwen2")
+
+
+@pytest.fixture
+def make_engine() -> Iterator[Callable[..., object]]:
+    """Build engines for a test; at the end each must be at rest with no page leaked, and a flush frees everything."""
+    from radixserve import Engine
+
+    engines: list[Engine] = []
+
+    def make(model: Path, **kw: object) -> Engine:
+        kw.setdefault("dtype", "float32")
+        eng = Engine(model=model, **kw)
+        engines.append(eng)
+        return eng
+
+    yield make
+    for eng in engines:
+        try:
+            if eng.is_alive():
+                eng.check_invariants()
+                assert eng.flush_cache(), "requests still running at the end of the test"
+                stats = eng.cache_stats()
+                assert stats["free_pages"] == stats["total_pages"], stats
+        finally:
+            eng.shutdown()
