@@ -1,0 +1,210 @@
+"""Engine behaviour on a tiny model: cache accounting, memory pressure, aborts, sampling, namespaces, streaming."""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from radixserve import Engine
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+
+
+def rand_ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+def wait_idle(eng: Engine, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = eng.metrics()
+        if m["num_running"] == 0 and m["num_waiting"] == 0:
+            return
+        time.sleep(0.02)
+    raise AssertionError("engine did not become idle")
+
+
+def test_repeated_prompt_reports_full_pages_cached(tiny_model_dir: Path, make_engine) -> None:
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=2048)
+    prompt = rand_ids(random.Random(1), 70)
+    first = eng.generate(input_ids=prompt, sampling_params=GREEDY)
+    second = eng.generate(input_ids=prompt, sampling_params=GREEDY)
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert second["meta_info"]["cached_tokens"] == 64  # 4 full pages; the rest is always computed
+    assert second["output_ids"] == first["output_ids"]
+    exact = eng.generate(input_ids=prompt[:64], sampling_params=GREEDY)
+    assert exact["meta_info"]["cached_tokens"] == 48  # never the whole prompt: at least one token is computed
+
+
+def test_cache_stats_match_hand_count(tiny_model_dir: Path, make_engine) -> None:
+    """A scripted workload whose hits are known: A, A, A+tail, B, then B's prefix with another tail."""
+    eng = make_engine(tiny_model_dir, page_size=8, max_total_tokens=2048)
+    rng = random.Random(2)
+    a, b = rand_ids(rng, 35), rand_ids(rng, 20)
+    script = [(a, 0), (a, 32), (a + rand_ids(rng, 10), 32), (b, 0), (b[:17] + rand_ids(rng, 9), 16)]
+    for ids, hit in script:
+        out = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 2, "temperature": 0})
+        assert out["meta_info"]["cached_tokens"] == hit
+    stats = eng.cache_stats()
+    prompt_tokens = sum(len(ids) for ids, _ in script)
+    hits = sum(h for _, h in script)
+    assert stats["prompt_tokens"] == prompt_tokens and stats["hit_tokens"] == hits
+    assert stats["hit_rate"] == pytest.approx(hits / prompt_tokens)
+
+
+def test_memory_pressure_evicts_then_retracts_and_outputs_stay_the_same(tiny_model_dir: Path, make_engine) -> None:
+    rng = random.Random(3)
+    prompts = [rand_ids(rng, 40) for _ in range(6)]
+    params = {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}
+    alone_eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=4096)
+    alone = [alone_eng.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
+
+    # 20 pages of 16 tokens; the six requests need 6 x 100 tokens. A low decode reservation over-admits on purpose.
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=320, init_new_token_ratio=0.05)
+    junk = rand_ids(rng, 200)
+    eng.generate(input_ids=junk, sampling_params={"max_new_tokens": 1})
+    assert eng.cache_stats()["cached_pages"] == 12
+    outs = eng.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == alone
+    m = eng.metrics()
+    assert m["num_retractions"] > 0
+    again = eng.generate(input_ids=junk, sampling_params={"max_new_tokens": 1})
+    assert again["meta_info"]["cached_tokens"] < 192, "the junk prefix should have been evicted"
+
+
+def test_request_that_can_never_fit_fails_clearly(tiny_model_dir: Path, make_engine) -> None:
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=320)
+    with pytest.raises(ValueError, match="cannot fit in the KV pool"):
+        eng.generate(input_ids=list(range(3, 403)), sampling_params={"max_new_tokens": 4})
+    with pytest.raises(ValueError, match="context length"):
+        eng.generate(input_ids=[5] * 1000, sampling_params={"max_new_tokens": 100})
+    with pytest.raises(ValueError, match="temperature"):
+        eng.generate("hi", sampling_params={"temperature": -1})
+    with pytest.raises(ValueError, match="empty"):
+        eng.generate(input_ids=[], sampling_params=GREEDY)
+    ok = eng.generate(input_ids=[5, 6, 7], sampling_params=GREEDY)  # still serving
+    assert len(ok["output_ids"]) == 8
+
+
+async def test_abort_at_random_moments_leaks_nothing(tiny_model_dir: Path, make_engine) -> None:
+    eng = make_engine(tiny_model_dir, page_size=4, max_total_tokens=1024, chunked_prefill_size=16,
+                      max_running_requests=3)
+    rng = random.Random(4)
+
+    async def consume(ids: list[int], stop_after: int) -> None:
+        it = eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "ignore_eos": True},
+                                stream=True)
+        n = 0
+        async for _ in it:
+            n += 1
+            if n >= stop_after:
+                break  # leaving the stream early aborts the request
+        await it.aclose()
+
+    async def abort_by_rid(ids: list[int], delay: float, rid: str) -> None:
+        task = asyncio.ensure_future(eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 30},
+                                                        rid=rid))
+        await asyncio.sleep(delay)
+        eng.abort(rid)
+        out = await task
+        assert out["meta_info"]["finish_reason"]["type"] in ("abort", "length", "stop")
+
+    jobs = []
+    for i in range(12):
+        ids = rand_ids(rng, rng.choice([5, 40, 120]))
+        if i % 2:
+            jobs.append(consume(ids, rng.randrange(1, 6)))
+        else:  # queued (max_running_requests=3), mid-prefill (chunks of 16) or mid-decode, depending on timing
+            jobs.append(abort_by_rid(ids, rng.random() * 0.05, f"r{i}"))
+    await asyncio.gather(*jobs)
+    await asyncio.to_thread(wait_idle, eng)
+    eng.check_invariants()
+
+
+def test_same_seed_same_tokens_alone_and_in_a_busy_batch(tiny_model_dir: Path, make_engine) -> None:
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=4096)
+    rng = random.Random(5)
+    prompt = rand_ids(rng, 30)
+    seeded = {"max_new_tokens": 16, "temperature": 1.0, "top_p": 0.9, "seed": 1234, "ignore_eos": True}
+    alone = eng.generate(input_ids=prompt, sampling_params=seeded)["output_ids"]
+    others = [rand_ids(rng, rng.randrange(5, 60)) for _ in range(5)]
+    batch = eng.generate(
+        input_ids=others[:3] + [prompt] + others[3:],
+        sampling_params=[{"max_new_tokens": 16, "temperature": 1.3, "ignore_eos": True}] * 3 + [seeded]
+        + [{"max_new_tokens": 16, "temperature": 0.7, "ignore_eos": True}] * 2,
+    )
+    assert batch[3]["output_ids"] == alone
+    greedy = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 16, "temperature": 0, "ignore_eos": True})
+    top1 = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 16, "temperature": 0.8, "top_k": 1,
+                                                           "ignore_eos": True})
+    assert top1["output_ids"] == greedy["output_ids"]
+
+
+def test_stop_token_ids_and_stop_strings(tiny_model_dir: Path, make_engine) -> None:
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=2048)
+    prompt = rand_ids(random.Random(6), 25)
+    full = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
+    ids, text = full["output_ids"], full["text"]
+    stop_tok = ids[5]
+    first = ids.index(stop_tok)
+    out = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True,
+                                                          "stop_token_ids": [stop_tok]})
+    assert out["output_ids"] == ids[: first + 1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_tok}
+    # A stop string taken from the middle of the text: output ends right before its first occurrence.
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop.strip(), text
+    out = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True,
+                                                          "stop": [stop]})
+    assert out["text"] == text[: text.index(stop)]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+
+
+def test_namespaces_never_share_pages(tiny_model_dir: Path, make_engine) -> None:
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=2048)
+    prompt = rand_ids(random.Random(8), 50)
+    a1 = eng.generate(input_ids=prompt, sampling_params=GREEDY, cache_salt="tenant-a")
+    b1 = eng.generate(input_ids=prompt, sampling_params=GREEDY, cache_salt="tenant-b")
+    a2 = eng.generate(input_ids=prompt, sampling_params=GREEDY, cache_salt="tenant-a")
+    plain = eng.generate(input_ids=prompt, sampling_params=GREEDY)
+    assert (a1["meta_info"]["cached_tokens"], b1["meta_info"]["cached_tokens"]) == (0, 0)
+    assert a2["meta_info"]["cached_tokens"] == 48 and plain["meta_info"]["cached_tokens"] == 0
+    assert eng.cache_stats()["cached_pages"] == 3 * 3  # one copy of the 3 full pages per namespace
+
+
+def test_n_samples_share_the_prompt_pages(tiny_model_dir: Path, make_engine) -> None:
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=2048)
+    prompt = rand_ids(random.Random(9), 64)
+    outs = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 8, "temperature": 1.0, "n": 4,
+                                                           "seed": 7, "ignore_eos": True})
+    assert len(outs) == 4
+    assert all(o["meta_info"]["cached_tokens"] == 48 for o in outs)
+    assert len({tuple(o["output_ids"]) for o in outs}) > 1
+    assert eng.metrics()["computed_prefill_tokens_total"] == 64 + 4 * 16
+
+
+async def test_streaming_chunks_add_up(tiny_model_dir: Path, make_engine) -> None:
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=2048)
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    whole = await eng.async_generate("hello world, 你好 🌍", sampling_params=params)
+    chunks = [c async for c in eng.async_generate("hello world, 你好 🌍", sampling_params=params, stream=True)]
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert [t for c in chunks for t in c["output_ids"]] == whole["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_chat_encode_decode_and_prefill_only(tiny_model_dir: Path, make_engine) -> None:
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=2048)
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}]
+    ids = eng.apply_chat_template(msgs)
+    assert eng.decode(ids) .startswith("<|im_start|>system") is False  # special tokens are skipped when decoding
+    assert eng.tokenizer.decode(ids, skip_special_tokens=False).startswith("<|im_start|>system")
+    out = eng.chat(msgs, sampling_params={"max_new_tokens": 4, "temperature": 0})
+    assert out["meta_info"]["prompt_tokens"] == len(ids)
+    pre = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})
+    assert pre["output_ids"] == [] and pre["meta_info"]["finish_reason"]["type"] == "length"
+    assert eng.encode("abc") == eng.tokenizer.encode("abc")
