@@ -1,0 +1,68 @@
+"""The starlette app: routes, middleware (request counting, API keys) and error handlers around one Engine."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from radixserve.server import native_api, openai_api
+from radixserve.server.auth import ApiKeyAuth
+from radixserve.server.chat_prompt import ChatPromptBuilder
+from radixserve.server.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
+from radixserve.server.metrics import RequestCounter, ServerMetrics
+from radixserve.server.serving import ClientGone, ServerState
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)  # nobody reads it: the client left and its request was aborted
+
+
+def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int | None = None,
+              served_model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+    """The HTTP app over `engine`. api_key may list several keys separated by commas (one cache namespace each);
+    max_queued_requests bounds the waiting queue (429 past it); the app's ServerState is at app.state.server."""
+    if max_queued_requests is not None and max_queued_requests < 0:
+        raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    info = engine.model_info()
+    stats = engine.cache_stats()
+    metrics = ServerMetrics(engine)
+    state = ServerState(
+        engine=engine,
+        model_name=served_model_name or info["model_name"],
+        model_path=info["model_path"],
+        context_length=info["context_length"],
+        pool_tokens=stats["total_pages"] * stats["page_size"],
+        created=int(time.time()),
+        max_queued_requests=max_queued_requests,
+        max_body_bytes=max_body_bytes,
+        metrics=metrics,
+        prompts=ChatPromptBuilder(engine.tokenizer),
+    )
+    routes = [
+        Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", openai_api.completions, methods=["POST"]),
+        Route("/v1/models", openai_api.models, methods=["GET"]),
+        Route("/generate", native_api.generate_endpoint, methods=["POST"]),
+        Route("/flush_cache", native_api.flush_cache, methods=["POST", "GET"]),
+        Route("/get_model_info", native_api.get_model_info, methods=["GET"]),
+        Route("/health", native_api.health, methods=["GET"]),
+        Route("/metrics", native_api.metrics, methods=["GET"]),
+    ]
+    middleware = [Middleware(RequestCounter, metrics=metrics)]
+    if api_key:
+        middleware.append(Middleware(ApiKeyAuth, keys=[k.strip() for k in api_key.split(",")]))
+    handlers = {ApiError: api_error_handler, HTTPException: http_exception_handler, ClientGone: _client_gone,
+                Exception: internal_error_handler}
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
+    app.state.server = state
+    return app

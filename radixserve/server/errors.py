@@ -1,0 +1,92 @@
+"""HTTP errors with OpenAI-style bodies: {"error": {"message", "type", "param", "code"}}."""
+from __future__ import annotations
+
+import re
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    """An error the client should see: an HTTP status and an OpenAI-style body naming the bad parameter."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type
+        self.headers = headers or {}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    """A 400 invalid_request_error naming `param`."""
+    return ApiError(400, message, param=param, code=code)
+
+
+def error_response(err: ApiError) -> Response:
+    """The JSON response for an ApiError."""
+    body = ErrorBody(ErrorDetail(err.message, err.type, err.param, err.code))
+    return Response(msgspec.json.encode(body), status_code=err.status, headers=err.headers,
+                    media_type="application/json")
+
+
+async def api_error_handler(request: Request, exc: Exception) -> Response:
+    """Starlette exception handler for ApiError."""
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def http_exception_handler(request: Request, exc: Exception) -> Response:
+    """Starlette's own HTTPExceptions (404, 405) with an OpenAI-style body instead of plain text."""
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", None) or "error"
+    kind = "not_found_error" if status == 404 else "invalid_request_error"
+    return error_response(ApiError(status, f"{detail}: {request.method} {request.url.path}", type=kind))
+
+
+async def internal_error_handler(request: Request, exc: Exception) -> Response:
+    """Any unexpected exception: a 500 with a body, so clients never see a dropped connection."""
+    return error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="internal_error"))
+
+
+_AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`")
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
+
+
+def from_decode_error(exc: msgspec.MsgspecError) -> ApiError:
+    """Turn a msgspec decode/validation error into a 400 naming the offending parameter path (e.g. messages[0].role)."""
+    text = str(exc)
+    path = ""
+    m = _AT_PATH.search(text)
+    if m:
+        path = m.group("path").lstrip(".")
+        text = text[: m.start()]
+    unknown = _UNKNOWN.match(text)
+    if unknown:
+        field = unknown.group("field")
+        param = f"{path}.{field}" if path else field
+        return bad_request(f"unsupported parameter: {param}", param=param, code="unsupported_parameter")
+    missing = _MISSING.match(text)
+    if missing:
+        field = missing.group("field")
+        param = f"{path}.{field}" if path else field
+        return bad_request(f"missing required parameter: {param}", param=param, code="missing_required_parameter")
+    if isinstance(exc, msgspec.ValidationError):
+        return bad_request(f"{path or 'body'}: {text}", param=path or None)
+    return bad_request(f"malformed JSON body: {text}", code="invalid_json")

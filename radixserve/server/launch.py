@@ -1,0 +1,60 @@
+"""`radixserve serve`: build the Engine and the app, run uvicorn, drain gracefully on SIGTERM."""
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from radixserve.server.app import build_app
+
+log = logging.getLogger("radixserve.server")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, except that SIGTERM means: stop admitting, let running requests finish within the grace period
+    (uvicorn's timeout_graceful_shutdown, after which their tasks are cancelled and the engine aborts them), exit 0.
+    uvicorn would re-raise the signal after shutting down, which kills the process with -SIGTERM instead."""
+
+    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_drain = on_drain
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.on_drain()
+        if sig == signal.SIGTERM:
+            if self.should_exit:  # a second SIGTERM: stop waiting for running requests
+                self.force_exit = True
+            self.should_exit = True
+            return
+        super().handle_exit(sig, frame)
+
+
+def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None,
+               max_queued_requests: int | None = None, served_model_name: str | None = None,
+               grace_period_s: float = 30.0) -> None:
+    """Serve Engine(**engine_kwargs) over HTTP until SIGTERM/SIGINT; returns after a graceful drain."""
+    from radixserve import Engine
+
+    kwargs = dict(engine_kwargs)
+    if max_queued_requests is not None:
+        kwargs["max_queued_requests"] = max_queued_requests  # the engine enforces it without a round trip
+    engine = Engine(**kwargs)
+    try:
+        app = build_app(engine, api_key=api_key, max_queued_requests=max_queued_requests,
+                        served_model_name=served_model_name)
+        state = app.state.server
+
+        def drain() -> None:
+            if not state.draining:
+                log.info("draining: no new requests; running ones get %.0f s to finish", grace_period_s)
+            state.draining = True
+
+        config = uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="off",
+                                timeout_graceful_shutdown=grace_period_s, timeout_keep_alive=5)
+        DrainingServer(config, drain).run()
+    finally:
+        engine.shutdown()

@@ -1,0 +1,99 @@
+"""Prometheus metrics: engine gauges and counters read at scrape time, request latency histograms, HTTP counts."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+PREFIX = "radixserve_"
+ENGINE_GAUGES = {  # engine.metrics() key -> help
+    "hit_rate": "fraction of prompt tokens served from the radix cache since start",
+    "num_running": "requests running (prefill or decode)",
+    "num_waiting": "requests waiting in the queue",
+    "total_pages": "KV pages in the pool",
+    "free_pages": "KV pages on the free list",
+    "cached_pages": "KV pages held by the radix tree",
+    "evictable_pages": "radix tree pages no running request uses (evictable)",
+}
+ENGINE_COUNTERS = {  # engine.metrics() key (ending in _total) -> help
+    "num_retractions": "running requests retracted to the queue on memory shortage",
+    "prompt_tokens_total": "prompt tokens received",
+    "generation_tokens_total": "tokens generated",
+    "cached_tokens_total": "prompt tokens served from the radix cache",
+    "computed_prefill_tokens_total": "prompt tokens computed by prefill",
+}
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate", "/flush_cache", "/get_model_info",
+          "/health", "/metrics"}
+
+
+class EngineCollector(Collector):
+    """Reads engine.metrics() once per scrape, so the gauges are never stale and the engine pushes nothing."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.engine.metrics()
+        for key, doc in ENGINE_GAUGES.items():
+            yield GaugeMetricFamily(PREFIX + key, doc, value=m[key])
+        for key, doc in ENGINE_COUNTERS.items():
+            yield CounterMetricFamily(PREFIX + key.removesuffix("_total"), doc, value=m[key])
+
+
+class ServerMetrics:
+    """One registry per app (nothing global): engine state plus what the HTTP layer measures."""
+
+    def __init__(self, engine: Any) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(engine))
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "time from submission to the first output token",
+                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
+                             "mean time between consecutive output tokens of a request",
+                             buckets=ITL_BUCKETS, registry=self.registry)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "time from submission to the last output token",
+                             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.http_requests = Counter(PREFIX + "http_requests", "HTTP requests answered, by route and status",
+                                     ["route", "status"], registry=self.registry)
+
+    def observe(self, meta: dict) -> None:
+        """Record one finished generation from its meta_info (engine-measured ttft and e2e_latency)."""
+        if meta.get("finish_reason", {}) and meta["finish_reason"]["type"] == "abort":
+            return
+        ttft, e2e, n = meta.get("ttft"), meta.get("e2e_latency"), meta.get("completion_tokens", 0)
+        if ttft is not None and n > 0:
+            self.ttft.observe(ttft)
+        if e2e is not None:
+            self.e2e.observe(e2e)
+        if ttft is not None and e2e is not None and n > 1:
+            self.itl.observe(max(e2e - ttft, 0.0) / (n - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestCounter:
+    """ASGI middleware counting answered requests by route and status code."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.http_requests.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

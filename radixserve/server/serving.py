@@ -1,0 +1,266 @@
+"""Plumbing every endpoint shares: server state, body limits, tenants, admission, engine errors and calls, SSE.
+
+Engine calls run as tasks raced against the client's disconnect: a client that goes away while its request waits in the
+queue or decodes gets the request aborted (its pages freed), whether it streams or not.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from radixserve.errors import QueueFullError
+from radixserve.sampling_params import SamplingParams
+from radixserve.server.chat_prompt import ChatPromptBuilder
+from radixserve.server.errors import ApiError, bad_request
+from radixserve.server.metrics import ServerMetrics
+from radixserve.server.protocol import decode_body
+
+T = TypeVar("T")
+SAMPLING_FIELDS = {f for f in SamplingParams.__dataclass_fields__}
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class ServerState:
+    """What the handlers share, kept on app.state.server (one per app, nothing global)."""
+    engine: Any  # radixserve.Engine
+    model_name: str
+    model_path: str
+    context_length: int
+    pool_tokens: int  # KV pool capacity in tokens: a prompt plus its answer must fit
+    created: int
+    max_queued_requests: int | None
+    max_body_bytes: int
+    metrics: ServerMetrics
+    prompts: ChatPromptBuilder
+    draining: bool = False  # set on SIGTERM: admit nothing new, let running requests finish
+    json: msgspec.json.Encoder = field(default_factory=msgspec.json.Encoder)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def read_json(request: Request, type_: type[T]) -> T:
+    """Read the body under the size limit (413 past it) and decode it into `type_` (400 naming the bad field)."""
+    limit = server_state(request).max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+                       code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
+        chunks.append(chunk)
+    return decode_body(b"".join(chunks), type_)
+
+
+def cache_salt(request: Request, requested: str | None) -> str:
+    """The request's cache namespace: its API key's tenant (set by the auth middleware) and its own cache_salt."""
+    tenant = request.scope.get("state", {}).get("tenant", "")
+    if not tenant:
+        return requested or ""
+    return f"{tenant}|{requested}" if requested else tenant
+
+
+async def admit(state: ServerState, count: int = 1) -> None:
+    """Refuse new work while draining (503) or when the waiting queue is full (429 with Retry-After).
+
+    An engine built with a limit at least as strict enforces it itself (QueueFullError, no round trip to its loop);
+    otherwise the server asks the engine how many requests wait."""
+    if state.draining:
+        raise ApiError(503, "server is shutting down", type="service_unavailable", headers={"Retry-After": "5"})
+    limit = state.max_queued_requests
+    own = state.engine.max_queued_requests
+    if limit is None or (own is not None and own <= limit):
+        return
+    waiting = (await asyncio.to_thread(state.engine.metrics))["num_waiting"]
+    if waiting + count > limit:
+        raise queue_full(f"{waiting} requests are already waiting (limit {limit})")
+
+
+def queue_full(why: str) -> ApiError:
+    return ApiError(429, f"server busy: {why}; retry later", type="rate_limit_error", code="queue_full",
+                    headers={"Retry-After": "1"})
+
+
+_PARAM = re.compile(r"^(?:unknown sampling parameter\(s\): )?(?P<name>[a-z_]+)\b")
+
+
+@contextlib.contextmanager
+def engine_errors(default_param: str, renames: dict[str, str] | None = None) -> Iterator[None]:
+    """Map engine exceptions to HTTP: ValueError -> 400 naming the parameter, QueueFullError -> 429, dead loop -> 503."""
+    try:
+        yield
+    except QueueFullError as exc:
+        raise queue_full(str(exc)) from None
+    except ValueError as exc:
+        text = str(exc)
+        m = _PARAM.match(text)
+        param = m.group("name") if m and m.group("name") in SAMPLING_FIELDS else default_param
+        param = (renames or {}).get(param, param)
+        code = "context_length_exceeded" if param == default_param and "context" in text else None
+        raise bad_request(text, param=param, code=code) from None
+    except RuntimeError as exc:
+        raise ApiError(503, f"engine unavailable: {exc}", type="service_unavailable") from None
+
+
+async def _until_disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        continue
+
+
+async def unless_disconnected(request: Request, aw: Awaitable[T], on_gone: Any = None) -> T:
+    """Await `aw` as a task; if the client disconnects first, cancel it, call on_gone() and raise ClientGone."""
+    task = asyncio.ensure_future(aw)
+    watcher = asyncio.ensure_future(_until_disconnected(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            if on_gone is not None:
+                on_gone()
+            with contextlib.suppress(BaseException):
+                await task
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+def abort_all(engine: Any, rids: list[str | list[str]]) -> None:
+    for rid in rids:
+        for r in [rid] if isinstance(rid, str) else rid:
+            engine.abort(r)
+
+
+async def generate(request: Request, state: ServerState, calls: list[dict[str, Any]]) -> list[list[dict]]:
+    """Run engine calls (each an async_generate kwargs dict with a rid) concurrently; one list of outputs per call."""
+    eng = state.engine
+
+    async def one(kwargs: dict[str, Any]) -> list[dict]:
+        out = await eng.async_generate(**kwargs)
+        return out if isinstance(out, list) else [out]
+
+    rids = [kw["rid"] for kw in calls]
+    return await unless_disconnected(request, asyncio.gather(*(one(kw) for kw in calls)),
+                                     on_gone=lambda: abort_all(eng, rids))
+
+
+@dataclass
+class Stream:
+    """One engine stream whose first chunk has arrived (so its input was accepted)."""
+    rid: str
+    first: dict
+    rest: AsyncIterator[dict]
+    finished: bool = False
+
+
+async def _open(eng: Any, kwargs: dict[str, Any]) -> Stream:
+    it = eng.async_generate(**kwargs, stream=True)
+    try:
+        first = await it.__anext__()
+    except BaseException:
+        eng.abort(kwargs["rid"])
+        await it.aclose()
+        raise
+    return Stream(kwargs["rid"], first, it, finished=first["meta_info"]["finish_reason"] is not None)
+
+
+async def open_streams(request: Request, state: ServerState, calls: list[dict[str, Any]]) -> list[Stream]:
+    """Start one engine stream per call and wait for every first chunk, so bad input fails before any byte is sent."""
+    eng = state.engine
+    tasks = [asyncio.ensure_future(_open(eng, kw)) for kw in calls]
+    rids = [kw["rid"] for kw in calls]
+    try:
+        return await unless_disconnected(request, asyncio.gather(*tasks), on_gone=lambda: abort_all(eng, rids))
+    except BaseException:
+        for t in tasks:  # a sibling failed: close the ones that opened
+            if t.done() and not t.cancelled() and t.exception() is None:
+                await close_streams(eng, [t.result()])
+            else:
+                t.cancel()
+        raise
+
+
+async def close_streams(eng: Any, streams: list[Stream]) -> None:
+    """Abort what has not finished and close the iterators (idempotent)."""
+    for s in streams:
+        if not s.finished:
+            eng.abort(s.rid)
+            s.finished = True
+        await s.rest.aclose()
+
+
+async def merged(streams: list[Stream]) -> AsyncIterator[tuple[int, dict]]:
+    """Chunks of all streams as (stream index, chunk), first chunks first, then in arrival order."""
+    for i, s in enumerate(streams):
+        yield i, s.first
+    if len(streams) == 1:
+        s = streams[0]
+        if not s.finished:
+            async for chunk in s.rest:
+                s.finished = chunk["meta_info"]["finish_reason"] is not None
+                yield 0, chunk
+        return
+    queue: asyncio.Queue[tuple[int, dict | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, s: Stream) -> None:
+        try:
+            async for chunk in s.rest:
+                await queue.put((i, chunk))
+        except Exception as exc:  # surfaced to the consumer below
+            await queue.put((i, exc))
+        await queue.put((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams) if not s.finished]
+    try:
+        live = len(tasks)
+        while live:
+            i, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                streams[i].finished = item["meta_info"]["finish_reason"] is not None
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # the iterators must be idle before anyone closes them
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events whose generator is always closed (so its engine requests are aborted), even on disconnect."""
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._events.aclose()  # type: ignore[attr-defined]
+
+
+def sse(state: ServerState, obj: Any) -> bytes:
+    return b"data: " + state.json.encode(obj) + b"\n\n"
