@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from radixserve.sampling.penalties import apply_penalties
-from radixserve.sampling.sampler import SamplingInfo, make_generator, sample, token_logprobs
+from radixserve.sampling.sampler import (
+    TOP_P_CANDIDATES, SamplingInfo, _top_p_filter, make_generator, sample, token_logprobs,
+)
 from radixserve.sampling_params import SamplingParams
 
 V = 64
@@ -202,3 +204,42 @@ def test_make_generator_and_bad_batch() -> None:
     assert make_generator(7).initial_seed() == 7
     with pytest.raises(ValueError, match="rows"):
         sample(torch.zeros(2, V), [info()])
+
+
+def test_top_p_candidates_and_full_sort_fallback_match_reference() -> None:
+    # vocab > TOP_P_CANDIDATES: peaked rows find the cut among the candidates, flat rows need the full sort
+    vocab = TOP_P_CANDIDATES * 4
+    scales = torch.tensor([8.0, 4.0, 2.0, 1.0, 0.3, 0.05, 0.0, 6.0])[:, None]
+    logits = (torch.randn(8, vocab, generator=torch.Generator().manual_seed(11)) * scales).bfloat16().float()
+    top_ps = [0.9, 0.5, 0.95, 0.8, 0.7, 0.99, 0.5, 1.0]
+    got = _top_p_filter(logits, top_ps).isfinite()
+    for i, p in enumerate(top_ps):
+        vals, order = logits[i].sort(descending=True)
+        probs = logits[i].softmax(-1)[order]
+        kept = (probs.cumsum(0) - probs) < p if p < 1 else torch.ones(vocab, dtype=torch.bool)
+        cut = vals[kept].min()
+        assert torch.equal(got[i], logits[i] >= cut), i
+    assert got[6].all()  # all ties: the nucleus keeps every id tied with its last one
+    assert 0 < int(got[0].sum()) < TOP_P_CANDIDATES < int(got[4].sum())  # both paths were exercised
+
+
+def test_seeded_rows_with_large_vocab_same_alone_and_in_batch() -> None:
+    vocab = TOP_P_CANDIDATES * 3
+    settings = [{"top_p": 0.9}, {"top_p": 0.95, "temperature": 3.0}, {"top_k": 600, "top_p": 0.97},
+                {"min_p": 0.01, "temperature": 2.0}]
+    logits = rand_logits(len(settings), 21, vocab)
+    logits[0] *= 4  # peaked: cut among candidates; the hot rows need the full sort
+    for _ in range(3):
+        batch = sample(logits, [info(seed=50 + j, **s) for j, s in enumerate(settings)]).next_ids
+        alone = [sample(logits[j:j + 1], [info(seed=50 + j, **s)]).next_ids[0] for j, s in enumerate(settings)]
+        assert batch == alone
+        logits = logits.roll(1, dims=1)
+
+
+def test_penalties_ignore_ids_outside_the_logits() -> None:
+    logits = torch.tensor([[1.0, -1.0, 2.0]])
+    out = apply_penalties(logits, [info(repetition_penalty=2.0, prompt=[7, -1, 0], output=[5],
+                                        frequency_penalty=1.0, presence_penalty=0.5)])
+    assert torch.allclose(out, torch.tensor([[0.5, -1.0, 2.0]]))
+    out = apply_penalties(logits, [info(frequency_penalty=1.0, output=[9, 9])])
+    assert torch.equal(out, logits)

@@ -10,18 +10,21 @@ if TYPE_CHECKING:
     from radixserve.sampling.sampler import SamplingInfo
 
 
-def _scatter_rows(rows: Sequence[int], id_lists: Sequence[Sequence[int]], vocab: int, device: torch.device,
-                  dtype: torch.dtype) -> torch.Tensor:
-    """[len(rows), vocab] table with 1 added at (r, id) for every id of id_lists[r] (so repeated ids count up)."""
-    lengths = [len(ids) for ids in id_lists]
-    table = torch.zeros((len(rows), vocab), dtype=dtype, device=device)
-    if sum(lengths) == 0:
-        return table
-    flat = torch.tensor([t for ids in id_lists for t in ids], dtype=torch.long, device=device)
-    row_of = torch.repeat_interleave(torch.arange(len(rows), device=device),
-                                     torch.tensor(lengths, device=device))
-    table.index_put_((row_of, flat), torch.ones((), dtype=dtype, device=device).expand(flat.numel()), accumulate=True)
-    return table
+def _padded_ids(id_lists: Sequence[Sequence[int]], vocab: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[R, L] ids, [R, L] bool (a real entry), [R, 1] bool (the row has one); every list must be non-empty.
+
+    Padding and ids >= vocab (a tokenizer larger than the model's head: they cannot be sampled) are not real entries;
+    they point at the row's smallest real id, so a scatter of per-id values writes that id's value again, never another.
+    """
+    width = max(len(ids) for ids in id_lists)
+    rows = [[*ids, *([ids[0]] * (width - len(ids)))] for ids in id_lists]
+    ids = torch.tensor(rows, dtype=torch.long, device=device)
+    valid = torch.arange(width, device=device)[None, :] < torch.tensor([len(x) for x in id_lists], device=device)[:, None]
+    valid &= (ids >= 0) & (ids < vocab)
+    first = torch.where(valid, ids, vocab).amin(dim=1, keepdim=True)
+    any_valid = first < vocab
+    return torch.where(valid, ids, first.clamp_(max=vocab - 1)), valid, any_valid
 
 
 def apply_penalties(logits: torch.Tensor, infos: Sequence["SamplingInfo"]) -> torch.Tensor:
@@ -29,27 +32,36 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence["SamplingInfo"]) -> to
 
     repetition_penalty (HF): every token in prompt + output has its logit divided by p when positive, multiplied when not.
     frequency/presence (OpenAI): logit -= count_in_output * frequency_penalty + (count_in_output > 0) * presence_penalty.
+    Work is O(tokens seen), not O(vocab): gathers and scatters at the seen ids only.
     """
-    rep_rows = [i for i, info in enumerate(infos) if info.params.repetition_penalty != 1.0]
-    fp_rows = [i for i, info in enumerate(infos)
-               if info.params.frequency_penalty != 0.0 or info.params.presence_penalty != 0.0]
+    rep_rows = [i for i, info in enumerate(infos)
+                if info.params.repetition_penalty != 1.0 and (info.prompt_ids or info.output_ids)]
+    fp_rows = [i for i, info in enumerate(infos) if info.output_ids
+               and (info.params.frequency_penalty != 0.0 or info.params.presence_penalty != 0.0)]
     if not rep_rows and not fp_rows:
         return logits
     logits = logits.clone()
     vocab, device = logits.shape[1], logits.device
 
     if rep_rows:
-        seen = _scatter_rows(rep_rows, [[*infos[i].prompt_ids, *infos[i].output_ids] for i in rep_rows],
-                             vocab, device, torch.float32) > 0
+        ids, _, any_valid = _padded_ids([[*infos[i].prompt_ids, *infos[i].output_ids] for i in rep_rows], vocab, device)
         p = torch.tensor([infos[i].params.repetition_penalty for i in rep_rows], device=device)[:, None]
-        idx = torch.tensor(rep_rows, device=device)
-        rows = logits[idx]
-        logits[idx] = torch.where(seen, torch.where(rows > 0, rows / p, rows * p), rows)
+        rows = torch.tensor(rep_rows, device=device)
+        sub = logits[rows]
+        seen = sub.gather(1, ids)
+        # a repeated id writes the same value twice, so each token is penalised once however often it occurs
+        new = torch.where(any_valid, torch.where(seen > 0, seen / p, seen * p), seen)
+        logits[rows] = sub.scatter_(1, ids, new)
 
     if fp_rows:
-        counts = _scatter_rows(fp_rows, [infos[i].output_ids for i in fp_rows], vocab, device, torch.float32)
+        ids, valid, any_valid = _padded_ids([infos[i].output_ids for i in fp_rows], vocab, device)
         freq = torch.tensor([infos[i].params.frequency_penalty for i in fp_rows], device=device)[:, None]
         pres = torch.tensor([infos[i].params.presence_penalty for i in fp_rows], device=device)[:, None]
-        idx = torch.tensor(fp_rows, device=device)
-        logits[idx] = logits[idx] - counts * freq - (counts > 0).float() * pres
+        rows = torch.tensor(fp_rows, device=device)
+        sub = logits[rows]
+        # presence: idempotent write (once per distinct id); frequency: one subtraction per occurrence
+        seen = sub.gather(1, ids)
+        sub.scatter_(1, ids, torch.where(any_valid, seen - pres, seen))
+        sub.scatter_add_(1, ids, torch.where(valid, -freq, 0.0).expand_as(ids).contiguous())
+        logits[rows] = sub
     return logits

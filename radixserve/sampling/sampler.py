@@ -9,6 +9,9 @@ import torch
 from radixserve.sampling.penalties import apply_penalties
 from radixserve.sampling_params import SamplingParams
 
+# Top-p finds its cut among this many best ids per row; a row whose nucleus is wider falls back to a full sort.
+TOP_P_CANDIDATES = 512
+
 
 @dataclass
 class SamplingInfo:
@@ -39,68 +42,79 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return gen
 
 
-def _exponential_noise(shape: tuple[int, int], infos: Sequence[SamplingInfo], device: torch.device) -> torch.Tensor:
-    """Exp(1) noise [R, V]; a row with a generator draws its own V values, so its tokens do not depend on the batch."""
-    noise = torch.empty(shape, device=device)
-    unseeded = [j for j, info in enumerate(infos) if info.generator is None]
-    if len(unseeded) == len(infos):
-        return noise.exponential_()
-    if unseeded:
-        noise[unseeded] = torch.empty((len(unseeded), shape[1]), device=device).exponential_()
+def _uniforms(infos: Sequence[SamplingInfo]) -> torch.Tensor:
+    """One uniform draw per row on the CPU, in [0, 1 - 2**-22]: from the row's generator, else torch's global RNG.
+
+    One scalar per row keeps a seeded row's stream independent of the batch and costs no device launch per row.
+    """
+    u = torch.rand(len(infos)) if any(info.generator is None for info in infos) else torch.empty(len(infos))
     for j, info in enumerate(infos):
         gen = info.generator
-        if gen is None:
-            continue
-        if gen.device == noise.device:
-            noise[j].exponential_(generator=gen)
-        else:  # a CPU generator for device logits: correct but slower, make generators on the logits' device
-            noise[j] = torch.empty(shape[1], device=gen.device).exponential_(generator=gen).to(device)
-    return noise
+        if gen is not None:
+            # a device generator works but syncs here; make_generator's default (CPU) avoids that
+            u[j] = torch.rand((), generator=gen, device=gen.device).item()
+    # scaled by a float32 total, u must stay far enough below 1 that the target never rounds up to the total
+    return u.clamp_(max=1.0 - 2.0**-22)
+
+
+def _top_k_filter(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """Mask ids below each row's k-th best logit (ties with it stay); k == 0 leaves the row alone."""
+    kth = logits.topk(max(ks), dim=-1).values.gather(1, (torch.tensor(ks, device=logits.device).clamp_min(1) - 1)[:, None])
+    kth = kth.masked_fill(torch.tensor(ks, device=logits.device)[:, None] == 0, float("-inf"))
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _nucleus_cut(sorted_logits: torch.Tensor, sorted_probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[R, 1] lowest logit kept by top-p, given a row's best ids in order: keep while the mass ranked above is < top_p."""
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    return sorted_logits.masked_fill(mass_before >= top_p, float("inf")).amin(dim=-1, keepdim=True)
+
+
+def _top_p_filter(logits: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
+    """Mask ids outside each row's nucleus (ties with its last id stay); top_p == 1 leaves the row alone.
+
+    The cut is looked for among a fixed number of best ids (TOP_P_CANDIDATES, so a row's arithmetic never depends on
+    the batch); only rows whose nucleus is wider than that pay for a full sort.
+    """
+    rows, vocab = logits.shape
+    top_p = torch.tensor(top_ps, device=logits.device)[:, None]
+    probs = logits.softmax(dim=-1)
+    cand_logits, cand_ids = logits.topk(min(TOP_P_CANDIDATES, vocab), dim=-1)
+    cand_probs = probs.gather(1, cand_ids)
+    cut = _nucleus_cut(cand_logits, cand_probs, top_p)
+    if cand_ids.shape[1] < vocab:
+        wide = (cand_probs.sum(dim=-1, keepdim=True) < top_p).squeeze(1).nonzero().squeeze(1)
+        if wide.numel():
+            sorted_logits, order = logits[wide].sort(dim=-1, descending=True)
+            cut[wide] = _nucleus_cut(sorted_logits, probs[wide].gather(1, order), top_p[wide])
+    cut = cut.masked_fill(top_p >= 1.0, float("-inf"))
+    return logits.masked_fill(logits < cut, float("-inf"))
 
 
 def _sample_rows(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.Tensor:
-    """Sample one id per row of logits [R, V] (all rows non-greedy): temperature, top-k, top-p, min-p, then draw."""
-    rows, vocab = logits.shape
-    device = logits.device
+    """Sample one id per row of logits [R, V] (all rows non-greedy): temperature, top-k, top-p, min-p, then draw.
+
+    Every step of a row depends only on that row (fixed sizes, value thresholds), so a seeded row draws the same id
+    whatever else is in the batch.
+    """
+    vocab, device = logits.shape[1], logits.device
     params = [info.params for info in infos]
-    temps = torch.tensor([p.temperature for p in params], device=device)
-    logits = logits / temps[:, None]
-
-    # Filters keep every token tied with the boundary value, so the fast top-k path and the sort path agree exactly
-    # and a row's result does not depend on which path the rest of the batch needs.
+    logits = logits / torch.tensor([p.temperature for p in params], device=device)[:, None]
     ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
-    need_k = any(ks)
-    need_p = any(p.top_p < 1.0 for p in params)
-    if need_p:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        if need_k:
-            kth = sorted_logits.gather(1, (torch.tensor(ks, device=device).clamp_min(1) - 1)[:, None])
-            kth[torch.tensor([k == 0 for k in ks], device=device)] = float("-inf")
-            sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-        top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
-        probs = sorted_logits.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs
-        # keep a token while the mass ranked above it is below top_p; rows with top_p == 1 filter nothing
-        drop = (mass_before >= top_p) & (top_p < 1.0)
-        # a token tied in value with a kept token stays kept
-        cut = sorted_logits.masked_fill(drop, float("inf")).amin(dim=-1, keepdim=True)
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < cut, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
-    elif need_k:
-        kmax = max(ks)
-        top_vals = logits.topk(kmax, dim=-1).values
-        kth = top_vals.gather(1, (torch.tensor(ks, device=device).clamp_min(1) - 1)[:, None])
-        kth[torch.tensor([k == 0 for k in ks], device=device)] = float("-inf")
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-
-    probs = logits.softmax(dim=-1)
+    if any(ks):
+        logits = _top_k_filter(logits, ks)
+    if any(p.top_p < 1.0 for p in params):
+        logits = _top_p_filter(logits, [p.top_p for p in params])  # on the top-k renormalised distribution, as HF
     if any(p.min_p > 0.0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
-        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p): no softmax needed, and min_p = 0 masks nothing
+        log_min_p = torch.tensor([p.min_p for p in params], device=device).log()[:, None]
+        logits = logits.masked_fill(logits < logits.amax(dim=-1, keepdim=True) + log_min_p, float("-inf"))
 
-    # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) picks i with probability p_i (no renormalising needed).
-    noise = _exponential_noise((rows, vocab), infos, device).clamp_min_(torch.finfo(torch.float32).tiny)
-    return (probs / noise).argmax(dim=-1)
+    # Inverse CDF in vocabulary order: the first id whose running mass passes u * total. A filtered id adds no mass,
+    # so it can never be the first to pass.
+    cdf = logits.softmax(dim=-1).cumsum(dim=-1)
+    target = _uniforms(infos).to(device)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=vocab - 1)
 
 
 def sample(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> SampleOutput:
