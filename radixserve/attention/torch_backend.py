@@ -1,9 +1,8 @@
 """Reference attention backend in plain PyTorch: gather each request's KV pages, one SDPA call per request group.
 
-Requests are split into a decode group (one new token each: the hot path) and an extend group (prefill chunks),
-so a long prefill chunk does not pad every decode token to its length. Index and mask tensors are built once in
-`plan` and reused by every layer. Grouped-query attention folds the query heads that share a KV head into the
-query-length axis, so K/V are never repeated in memory.
+Requests are split into a decode group (one new token each: the hot path) and an extend group (prefill chunks,
+padded to the longest), so a long prefill chunk does not pad every decode token to its length. Index and mask
+tensors are built once in `plan` and reused by every layer.
 """
 from __future__ import annotations
 
@@ -18,12 +17,12 @@ from radixserve.forward_batch import ForwardBatch
 
 @dataclass
 class _Group:
-    """Requests attended together: `q_len` padded queries each, keys gathered from `pages` `[G, P]`."""
+    """Requests attended together: `q_len` (padded) queries each, keys gathered from `pages` `[G, P]`."""
 
     rows: torch.Tensor | None  # packed rows of the group's tokens, request by request; None: all rows, in order
     pad_index: torch.Tensor | None  # each token's slot in the padded [G * q_len] query layout; None when q_len == 1
-    pages: torch.Tensor  # [G, P] pool pages holding keys 0 .. P * page_size - 1
-    mask: torch.Tensor  # [G, 1, q_len * gqa_ratio, P * page_size] bool, True = may attend
+    pages: torch.Tensor  # [G * P] pool pages holding keys 0 .. P * page_size - 1 of each request
+    bias: torch.Tensor  # [G, 1, q_len, P * page_size] additive mask: 0 = may attend, -inf = may not
     num_reqs: int
     q_len: int
 
@@ -35,7 +34,6 @@ class TorchAttentionBackend(AttentionBackend):
         """Build the gather indices and masks of this step's decode and extend groups."""
         self.out_cache_loc = batch.out_cache_loc
         self.num_kv_heads = self.pool.k_buffers[0].shape[2]
-        self.gqa_ratio = self.num_heads // self.num_kv_heads
         ext = batch.extend_lens.long()
         decode = torch.nonzero(ext == 1).flatten()
         extend = torch.nonzero(ext > 1).flatten()
@@ -57,17 +55,17 @@ class TorchAttentionBackend(AttentionBackend):
         ps = batch.page_size
         device = batch.page_table.device
         num_pages = (int(batch.seq_lens[reqs].max()) + ps - 1) // ps
-        key_pos = torch.arange(num_pages * ps)
         # Query i of request r sits at position prefix_lens[r] + i and sees keys 0 .. prefix_lens[r] + i.
         # Padded queries (i >= extend_len) see only real-or-stale finite keys; their output is discarded.
         last = batch.prefix_lens[reqs].long()[:, None] + torch.arange(q_len)[None, :]
-        mask = key_pos[None, None, :] <= last[:, :, None]  # [G, q_len, K]
-        mask = mask.repeat_interleave(self.gqa_ratio, dim=1).unsqueeze(1)
+        mask = torch.arange(num_pages * ps)[None, None, :] <= last[:, :, None]  # [G, q_len, keys]
+        # Additive, in the pool's dtype: SDPA would otherwise convert a boolean mask in every layer.
+        bias = torch.zeros(mask.shape, dtype=self.pool.dtype).masked_fill_(~mask, float("-inf")).unsqueeze(1)
         return _Group(
             rows=None if rows is None else rows.to(device),
             pad_index=None if pad_index is None else pad_index.to(device),
-            pages=batch.page_table[reqs.to(device), :num_pages].long(),
-            mask=mask.to(device),
+            pages=batch.page_table[reqs.to(device), :num_pages].long().flatten(),
+            bias=bias.to(device),
             num_reqs=int(reqs.numel()),
             q_len=q_len,
         )
@@ -81,21 +79,30 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         for g in self.groups:
             assert g.rows is not None
-            out[g.rows] = self._attend(g, q[g.rows], k_pages, v_pages)
+            # index_select / index_copy_: advanced indexing is many times slower on CPU, in bf16 above all.
+            out.index_copy_(0, g.rows, self._attend(g, q.index_select(0, g.rows), k_pages, v_pages))
         return out
 
     def _attend(self, g: _Group, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
         """Attention for one group; q holds the group's tokens `[n, H, D]` in request order."""
         n, heads, dim = q.shape
-        kv, ratio = self.num_kv_heads, self.gqa_ratio
-        if g.pad_index is not None:
-            padded = q.new_zeros(g.num_reqs * g.q_len, heads, dim)
-            padded[g.pad_index] = q
-            q = padded
-        # [G, q_len, KV, ratio, D] -> [G, KV, q_len * ratio, D]: heads sharing a KV head become extra queries.
-        q = q.view(g.num_reqs, g.q_len, kv, ratio, dim).permute(0, 2, 1, 3, 4).reshape(g.num_reqs, kv, g.q_len * ratio, dim)
-        keys = k_pages[g.pages].flatten(1, 2).transpose(1, 2).to(q.dtype)  # [G, KV, P * page_size, D]
-        values = v_pages[g.pages].flatten(1, 2).transpose(1, 2).to(q.dtype)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=g.mask, scale=self.scale)
-        o = o.view(g.num_reqs, kv, g.q_len, ratio, dim).permute(0, 2, 1, 3, 4).reshape(g.num_reqs * g.q_len, heads, dim)
-        return o if g.pad_index is None else o[g.pad_index]
+        kv = self.num_kv_heads
+        keys = self._gather(k_pages, g).to(q.dtype)  # [G, KV, P * page_size, D]
+        values = self._gather(v_pages, g).to(q.dtype)
+        bias = g.bias.to(q.dtype)
+        if g.pad_index is None:
+            # Decode: the query heads sharing a KV head become that head's queries (q_len = gqa ratio), which is
+            # ~10x faster on CPU than SDPA's enable_gqa with one query per head.
+            o = F.scaled_dot_product_attention(q.view(n, kv, heads // kv, dim), keys, values, attn_mask=bias, scale=self.scale)
+            return o.reshape(n, heads, dim)
+        padded = q.new_zeros(g.num_reqs * g.q_len, heads, dim).index_copy_(0, g.pad_index, q)
+        padded = padded.view(g.num_reqs, g.q_len, heads, dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(padded, keys, values, attn_mask=bias, scale=self.scale, enable_gqa=True)
+        return o.transpose(1, 2).reshape(g.num_reqs * g.q_len, heads, dim).index_select(0, g.pad_index)
+
+    @staticmethod
+    def _gather(pages: torch.Tensor, g: _Group) -> torch.Tensor:
+        """Pool pages `[num_pages, page_size, KV, D]` -> the group's keys `[G, KV, P * page_size, D]` (strided view)."""
+        # index_select copies whole pages; advanced indexing (pages[idx]) is ~20x slower on CPU in bf16.
+        flat = pages.index_select(0, g.pages)
+        return flat.view(g.num_reqs, -1, *pages.shape[2:]).transpose(1, 2)

@@ -94,8 +94,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin `[T, 1, head_dim // 2]` in `dtype` for absolute `positions` `[T]`, broadcastable over heads."""
-        cos = self.cos_cache[positions].to(dtype).unsqueeze(1)
-        sin = self.sin_cache[positions].to(dtype).unsqueeze(1)
+        cos = self.cos_cache.index_select(0, positions).to(dtype).unsqueeze(1)
+        sin = self.sin_cache.index_select(0, positions).to(dtype).unsqueeze(1)
         return cos, sin
 
 
