@@ -72,6 +72,18 @@ def _compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of the byte-level BPE alphabet: printable Latin-1 bytes stand for themselves, the other bytes were
+    moved, in order, to code points 256 and up."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(moved)}
+
+
+# Names a message's reasoning comes under; templates read "reasoning_content" (most) or "thinking" (gpt-oss).
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
 def _content_text(content: Any) -> Any:
     """OpenAI content parts -> one string (text parts joined by newlines); strings and None pass through."""
     if not isinstance(content, list):
@@ -132,6 +144,10 @@ class Tokenizer:
         self.add_eos_token: bool = bool(config.get("add_eos_token", False)) and eos_id is not None
         self._eos_id = eos_id
         self.chat_template: str | dict[str, str] | None = self._parse_templates(config.get("chat_template"))
+        decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+        kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
+        self._byte_level = "ByteLevel" in kinds
+        self._byte_decoder = _byte_decoder() if self._byte_level else {}
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "Tokenizer":
@@ -186,6 +202,19 @@ class Tokenizer:
         """Readable text of a single token (may hold U+FFFD when the token is part of a multi-byte character)."""
         return self._tok.decode([token_id], skip_special_tokens=False)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes a token stands for (a part of a UTF-8 character stays a part), e.g. for OpenAI logprobs."""
+        token = self._tok.id_to_token(token_id)
+        if token is None:
+            raise ValueError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
+        if token_id in self.special_token_ids:
+            return token.encode()
+        if self._byte_level and all(c in self._byte_decoder for c in token):
+            return bytes(self._byte_decoder[c] for c in token)
+        if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):  # SentencePiece byte fallback
+            return bytes([int(token[3:5], 16)])
+        return token.replace("\u2581", " ").encode()  # SentencePiece marks spaces with U+2581
+
     # ---- chat ---------------------------------------------------------------------------------------------------------
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
@@ -200,13 +229,19 @@ class Tokenizer:
         for m in messages:
             if not isinstance(m, dict) or "role" not in m:
                 raise ValueError(f"each message must be an object with a 'role', got {m!r}")
-            chat.append({**m, "content": _content_text(m.get("content"))} if "content" in m else dict(m))
+            m = {**m, "content": _content_text(m["content"])} if "content" in m else dict(m)
+            # as transformers does: reasoning sent under any of its names reaches templates under each of them
+            reasoning = next((m[k] for k in _REASONING_KEYS if m.get(k) is not None), None)
+            if reasoning is not None:
+                m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+            chat.append(m)
         # Like transformers, only the special tokens the model has are defined (templates test `bos_token is defined`).
         named = {"bos_token": self.bos_token, "eos_token": self.eos_token, "pad_token": self.pad_token,
                  "unk_token": self.unk_token}
-        variables = {k: v for k, v in named.items() if v is not None} | kwargs
+        variables = {k: v for k, v in named.items() if v is not None} | {"documents": None} | kwargs
         try:
             return _compile_template(template).render(
                 messages=chat, tools=tools, add_generation_prompt=add_generation_prompt, **variables)
-        except jinja2.exceptions.TemplateError as e:
+        except (jinja2.exceptions.TemplateError, TypeError, KeyError, IndexError) as e:
+            # a template refusing the conversation (raise_exception) or tripping on its shape is the caller's error
             raise ValueError(f"chat template error: {e}") from e

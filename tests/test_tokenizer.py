@@ -163,3 +163,29 @@ def test_eos_ids_from_generation_config_and_template_variants(tok_dir: Path, tmp
     assert t.apply_chat_template([{"role": "user", "content": "x"}], tools=[{"name": "f"}]) == "tools:1 4"
     (d / "chat_template.jinja").write_text("jinja file wins: {{ messages | length }}")
     assert Tokenizer.from_dir(d).apply_chat_template([{"role": "user", "content": "x"}]) == "jinja file wins: 1"
+
+
+def test_reasoning_fields_and_documents_like_transformers(tok_dir: Path, tmp_path: Path,
+                                                          hf: PreTrainedTokenizerFast) -> None:
+    template = ("{% for m in messages %}{{ m.role }}:{{ m.reasoning_content }}/{{ m.thinking }}/{{ m.content }};"
+                "{% endfor %}{{ documents is none }}")
+    t = Tokenizer.from_dir(_copy_with(tok_dir, tmp_path / "r", chat_template=template))
+    chat = [{"role": "assistant", "content": "a", "reasoning": "why"}, {"role": "user", "content": "u"}]
+    ours = t.apply_chat_template(chat)
+    assert ours == "assistant:why/why/a;user://u;True"
+    assert ours == hf.apply_chat_template(chat, chat_template=template, tokenize=False, add_generation_prompt=True)
+
+
+def test_token_bytes_are_exact_for_partial_characters(tok: Tokenizer) -> None:
+    text = "你好 😀 café <|im_end|>"
+    ids = tok.encode(text)
+    pieces = [tok.token_bytes(i) for i in ids]
+    assert b"".join(pieces) == text.encode()
+    assert any(len(p) == 1 and p[0] >= 0x80 for p in pieces)  # a lone UTF-8 byte, not U+FFFD's three bytes
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.token_bytes(tok.vocab_size + 5)
+
+
+def test_template_tripping_on_message_shape_is_value_error(tok: Tokenizer) -> None:
+    with pytest.raises(ValueError, match="chat template error"):
+        tok.apply_chat_template([{"role": "tool", "content": None}])
