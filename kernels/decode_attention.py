@@ -3,7 +3,7 @@
 Stage 1 gives each (request, KV head, split) one program, which attends the query heads of the whole GQA group
 to one contiguous range of the request's tokens and writes a partial output plus its log-sum-exp. Stage 2
 merges the splits of each (request, head). Splitting the keys keeps the GPU busy when the batch is small and
-the sequences are long.
+the sequences are long; with a single split, stage 1 writes the final output and stage 2 is skipped.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from kernels.online_softmax import attend_block
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K_buf, V_buf, PageTable, SeqLens, PartialOut, PartialLse,
+    Q, K_buf, V_buf, PageTable, SeqLens, Out, PartialOut, PartialLse,
     sm_scale_log2, num_splits,
-    stride_qb, stride_qh,
+    stride_qb, stride_qh, stride_outb, stride_outh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
     stride_pt,
@@ -29,14 +29,15 @@ def _decode_split_kernel(
     stride_lb, stride_lh,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(SeqLens + b)
     # Splits start on BLOCK_N boundaries so only the last block of a split is partial; trailing splits may be empty.
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    # (Plain integer ceil-divisions: tl.cdiv is a nested jit call, which the interpreter makes costly.)
+    split_len = ((seq_len + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
@@ -66,6 +67,10 @@ def _decode_split_kernel(
                     mask=kv_mask, other=0.0).to(q.dtype)
         m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_PRECISION)
 
+    if SINGLE_SPLIT:
+        tl.store(Out + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :],
+                 (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
+        return
     # An empty split leaves l_i == 0: it writes a zero output with lse -inf, which the merge weighs by 0.
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -119,21 +124,24 @@ def decode_attention(
     """Write into `out` `[B, H, D]` the attention of q `[B, H, D]` over the first seq_lens[b] tokens of request b.
 
     k_buf/v_buf are one layer's pool pages `[num_pages, page_size, kv_heads, head_dim]`; page_table `[B, max_pages]`
-    and seq_lens `[B]` are int32 on q's device. Every seq_len must be >= 1. Returns `out`.
+    and seq_lens `[B]` are int32 on q's device. Every seq_len must be >= 1. `workspace` (from `decode_workspace`)
+    is needed only for num_splits > 1 and allocated here if not given. Returns `out`.
     """
     batch, heads, dim = q.shape
     _, page_size, kv_heads, _ = k_buf.shape
     group = heads // kv_heads
-    if workspace is None:
-        workspace = decode_workspace(batch, heads, dim, num_splits, q.device)
-    part, lse = workspace
-    assert part.shape == (batch, heads, num_splits, dim) and lse.shape == (batch, heads, num_splits)
+    single = num_splits == 1
+    if single:
+        part, lse = out, out  # not touched: stage 1 writes `out` directly
+    else:
+        part, lse = workspace if workspace is not None else decode_workspace(batch, heads, dim, num_splits, q.device)
+        assert part.shape == (batch, heads, num_splits, dim) and lse.shape == (batch, heads, num_splits)
     assert q.stride(-1) == 1 and k_buf.stride(-1) == 1 and v_buf.stride(-1) == 1 and out.stride(-1) == 1
     block_d = next_pow2(dim)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
-        q, k_buf, v_buf, page_table, seq_lens, part, lse,
+        q, k_buf, v_buf, page_table, seq_lens, out, part, lse,
         scale * math.log2(math.e), num_splits,
-        q.stride(0), q.stride(1),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_buf.stride(0), k_buf.stride(1), k_buf.stride(2),
         v_buf.stride(0), v_buf.stride(1), v_buf.stride(2),
         page_table.stride(0),
@@ -141,8 +149,10 @@ def decode_attention(
         lse.stride(0), lse.stride(1),
         PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=dim,
         BLOCK_H=next_pow2(group), BLOCK_N=block_n, BLOCK_D=block_d,
-        UPCAST=needs_upcast(_decode_split_kernel, q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        SINGLE_SPLIT=single, UPCAST=needs_upcast(_decode_split_kernel, q.dtype), DOT_PRECISION=dot_precision(q.dtype),
     )
+    if single:
+        return out
     _decode_merge_kernel[(batch, heads)](
         part, lse, out, num_splits,
         part.stride(0), part.stride(1), part.stride(2),

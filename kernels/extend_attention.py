@@ -1,9 +1,11 @@
 """Paged extend (prefill) attention: each request's new tokens attend to its cached prefix and to themselves.
 
-One program handles BLOCK_M new tokens of one request for one query head. It first streams the request's
-prefix pages from the pool (every new token sees every prefix token, so no mask beyond the length), then the
-new tokens' own K/V straight from the packed k/v inputs with the causal mask, all in one online-softmax state.
-A cache hit only shortens the new-token part; the prefix part reads pages and computes no K/V.
+One program handles a block of new tokens of one request for all the query heads of one GQA group: its
+BLOCK_M rows are (token, head) pairs, so each K/V block it loads serves the whole group. It first streams the
+request's prefix pages from the pool (every new token sees every prefix token, so no mask beyond the length),
+then the new tokens' own K/V straight from the packed k/v inputs with the causal mask, all in one
+online-softmax state. On a cache hit the prefix is long and the new part short: the prefix costs only page
+reads, shared by the group's heads.
 """
 from __future__ import annotations
 
@@ -26,33 +28,35 @@ def _extend_kernel(
     stride_bvp, stride_bvs, stride_bvh,
     stride_pt,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_TOK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
-    h = tl.program_id(1)
-    start_m = tl.program_id(2) * BLOCK_M
+    kvh = tl.program_id(1)
+    start_m = tl.program_id(2) * BLOCK_TOK
     q_start = tl.load(QoIndptr + b)
     ext_len = tl.load(QoIndptr + b + 1) - q_start
     if start_m >= ext_len:  # the grid covers the longest request; shorter ones have nothing here
         return
     prefix_len = tl.load(PrefixLens + b)
-    kvh = h // GROUP
 
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    # Row r is query token start_m + r // BLOCK_G of head kvh * GROUP + r % BLOCK_G (the group padded to BLOCK_G).
+    offs_r = tl.arange(0, BLOCK_TOK * BLOCK_G)
+    tok = start_m + offs_r // BLOCK_G
+    head = kvh * GROUP + offs_r % BLOCK_G
+    mask_r = (tok < ext_len) & (offs_r % BLOCK_G < GROUP)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_m = offs_m < ext_len
     mask_d = offs_d < HEAD_DIM
-    rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(Q + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    rows = (q_start + tok).to(tl.int64)
+    q = tl.load(Q + (rows * stride_qt + head * stride_qh)[:, None] + offs_d[None, :],
+                mask=mask_r[:, None] & mask_d[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_TOK * BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_TOK * BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_TOK * BLOCK_G, BLOCK_D], dtype=tl.float32)
 
     # Cached prefix: pages from the pool, visible to every new token.
     for n0 in range(0, prefix_len, BLOCK_N):
@@ -67,8 +71,8 @@ def _extend_kernel(
                     mask=kv_mask, other=0.0).to(q.dtype)
         m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_PRECISION)
 
-    # New tokens: causal, so this block of queries needs keys only up to its last row.
-    end_n = tl.minimum(ext_len, start_m + BLOCK_M)
+    # New tokens: causal, so this block of queries needs keys only up to its last token.
+    end_n = tl.minimum(ext_len, start_m + BLOCK_TOK)
     for n0 in range(0, end_n, BLOCK_N):
         n = n0 + offs_n
         mask_n = n < end_n
@@ -78,32 +82,36 @@ def _extend_kernel(
                     mask=kv_mask, other=0.0).to(q.dtype)
         v = tl.load(V + kv_rows[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                     mask=kv_mask, other=0.0).to(q.dtype)
-        causal = (offs_m[:, None] >= n[None, :]) & mask_n[None, :]
+        causal = (tok[:, None] >= n[None, :]) & mask_n[None, :]
         m_i, l_i, acc = attend_block(q, k, v, causal, m_i, l_i, acc, sm_scale_log2, DOT_PRECISION)
 
     out = acc / l_i[:, None]
-    tl.store(Out + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(Out.dtype.element_ty),
-             mask=mask_m[:, None] & mask_d[None, :])
+    tl.store(Out + (rows * stride_ot + head * stride_oh)[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=mask_r[:, None] & mask_d[None, :])
 
 
 def extend_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     k_buf: torch.Tensor, v_buf: torch.Tensor, page_table: torch.Tensor,
     qo_indptr: torch.Tensor, prefix_lens: torch.Tensor, max_extend_len: int, scale: float,
-    block_m: int = 32, block_n: int = 32,
+    block_m: int = 64, block_n: int = 32,
 ) -> torch.Tensor:
     """Write into `out` `[T, H, D]` the causal attention of the packed new tokens q `[T, H, D]`.
 
     Request b owns rows qo_indptr[b]:qo_indptr[b+1] (k/v `[T, kv_heads, D]` are their keys and values) and sees
     first its prefix_lens[b] cached tokens through page_table `[B, max_pages]` into k_buf/v_buf
     `[num_pages, page_size, kv_heads, D]`. Index tensors are int32 on q's device; `max_extend_len` bounds the
-    grid. Returns `out`.
+    grid; `block_m` is the (token, head) rows per program. Returns `out`.
     """
     _, heads, dim = q.shape
     _, page_size, kv_heads, _ = k_buf.shape
     batch = prefix_lens.numel()
+    group = heads // kv_heads
     assert all(t.stride(-1) == 1 for t in (q, k, v, out, k_buf, v_buf))
-    grid = (batch, heads, triton.cdiv(max_extend_len, block_m))
+    assert block_m >= 16 and block_m & (block_m - 1) == 0, "block_m must be a power of two >= 16 (tl.dot rows)"
+    block_g = next_pow2(group, at_least=1)
+    block_tok = max(1, block_m // block_g)  # rows = max(block_m, block_g) >= 16
+    grid = (batch, kv_heads, triton.cdiv(max_extend_len, block_tok))
     _extend_kernel[grid](
         q, k, v, out, k_buf, v_buf, page_table, qo_indptr, prefix_lens,
         scale * math.log2(math.e),
@@ -111,8 +119,8 @@ def extend_attention(
         k_buf.stride(0), k_buf.stride(1), k_buf.stride(2),
         v_buf.stride(0), v_buf.stride(1), v_buf.stride(2),
         page_table.stride(0),
-        PAGE_SIZE=page_size, GROUP=heads // kv_heads, HEAD_DIM=dim,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(dim),
+        PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=dim,
+        BLOCK_G=block_g, BLOCK_TOK=block_tok, BLOCK_N=block_n, BLOCK_D=next_pow2(dim),
         UPCAST=needs_upcast(_extend_kernel, q.dtype), DOT_PRECISION=dot_precision(q.dtype),
     )
     return out

@@ -1,20 +1,22 @@
-"""Triton kernels (kernels/) against a float64 PyTorch reference, run by the Triton interpreter on CPU.
+"""Triton kernels (kernels/) against a float64 PyTorch reference: on a GPU when there is one, else on the CPU
+through the Triton interpreter.
 
 Inputs are fresh random values each run (the seed is in every failure message); outputs and the split-KV
 workspace are poisoned with NaN first, so an element a kernel forgets to write fails the comparison.
 """
 from __future__ import annotations
 
+import math
 import os
+import random
+
+import pytest
+import torch
 
 # The kernels are decorated at import: interpreter mode must be chosen before `kernels` is imported.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import math  # noqa: E402
-import random  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 pytest.importorskip("triton")
 # The interpreter itself trips this numpy deprecation when it turns a scalar tensor into a loop bound.
@@ -25,6 +27,10 @@ from kernels.extend_attention import extend_attention  # noqa: E402
 from kernels.kv_store import store_kv  # noqa: E402
 
 NUM_KV_HEADS = 2
+
+
+def on_device(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.to(DEVICE) for t in tensors]
 # Outputs are compared elementwise as |out - ref| <= atol + rtol * |ref|. float32 is exact up to summation order;
 # float16 and bfloat16 round the output once (and on a GPU also the softmax weights fed to the P @ V product).
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -117,8 +123,8 @@ def test_extend_attention(dtype: torch.dtype, page_size: int, group: int, head_d
     scale = head_dim**-0.5
 
     # The pool slots of the new tokens still hold random values: the kernel must take new K/V from k and v.
-    extend_attention(q, k, v, out, k_buf, v_buf, table, indptr, torch.tensor(prefix, dtype=torch.int32),
-                     max(extend), scale)
+    args = on_device(q, k, v, out, k_buf, v_buf, table, indptr, torch.tensor(prefix, dtype=torch.int32))
+    out = extend_attention(*args, max(extend), scale).cpu()
 
     for i, (p, e) in enumerate(lens):
         rows = slice(int(indptr[i]), int(indptr[i + 1]))
@@ -142,13 +148,13 @@ def test_decode_attention(dtype: torch.dtype, page_size: int, group: int, head_d
     # 3 splits of 16-token blocks: the 40-token request merges three partial results, the 17-token one two
     # and an empty split, the 1-token one a single split and two empty ones.
     splits = 3
-    workspace = decode_workspace(len(seq_lens), heads, head_dim, splits, "cpu")
+    workspace = decode_workspace(len(seq_lens), heads, head_dim, splits, DEVICE)
     for w in workspace:
         w.fill_(float("nan"))
     scale = head_dim**-0.5
 
-    decode_attention(q, k_buf, v_buf, table, torch.tensor(seq_lens, dtype=torch.int32), out, scale,
-                     num_splits=splits, workspace=workspace, block_n=16)
+    args = on_device(q, k_buf, v_buf, table, torch.tensor(seq_lens, dtype=torch.int32), out)
+    out = decode_attention(*args, scale, num_splits=splits, workspace=workspace, block_n=16).cpu()
 
     for i, s in enumerate(seq_lens):
         ref = reference_attention(q[i : i + 1], gather_tokens(k_buf, table[i], s), gather_tokens(v_buf, table[i], s),
@@ -165,7 +171,9 @@ def test_store_kv_writes_only_its_slots(dtype: torch.dtype, seed: int) -> None:
     k = torch.randn(11, NUM_KV_HEADS, 64, generator=gen).to(dtype)
     v = torch.randn(11, NUM_KV_HEADS, 64, generator=gen).to(dtype)
 
-    store_kv(k_buf, v_buf, loc, k, v)
+    k_dev, v_dev = on_device(k_buf, v_buf)
+    store_kv(k_dev, v_dev, *on_device(loc, k, v))
+    k_buf, v_buf = k_dev.cpu(), v_dev.cpu()
 
     expect_k, expect_v = before_k.flatten(0, 1), before_v.flatten(0, 1)
     expect_k[loc], expect_v[loc] = k, v
@@ -179,7 +187,9 @@ def test_store_kv_casts_to_pool_dtype(seed: int) -> None:
     loc = torch.tensor([5, 0, 11])
     k = torch.randn(3, NUM_KV_HEADS, 16, generator=gen)
     v = torch.randn(3, NUM_KV_HEADS, 16, generator=gen)
-    store_kv(k_buf, v_buf, loc, k, v)
+    k_dev, v_dev = on_device(k_buf, v_buf)
+    store_kv(k_dev, v_dev, *on_device(loc, k, v))
+    k_buf, v_buf = k_dev.cpu(), v_dev.cpu()
     assert torch.equal(k_buf.flatten(0, 1)[loc], k.half()) and torch.equal(v_buf.flatten(0, 1)[loc], v.half())
 
 
@@ -211,8 +221,8 @@ def test_random_ragged_batches_default_blocks(dtype: torch.dtype, seed: int) -> 
     v = torch.randn(tokens, NUM_KV_HEADS, head_dim, generator=gen).to(dtype)
     indptr = torch.tensor([0, *torch.tensor(extend).cumsum(0).tolist()], dtype=torch.int32)
     out = torch.full_like(q, float("nan"))
-    extend_attention(q, k, v, out, k_buf, v_buf, table, indptr, torch.tensor([p for p, _ in lens], dtype=torch.int32),
-                     max(extend), scale)
+    args = on_device(q, k, v, out, k_buf, v_buf, table, indptr, torch.tensor([p for p, _ in lens], dtype=torch.int32))
+    out = extend_attention(*args, max(extend), scale).cpu()
     for i, (p, e) in enumerate(lens):
         rows = slice(int(indptr[i]), int(indptr[i + 1]))
         ref = reference_attention(q[rows], torch.cat([gather_tokens(k_buf, table[i], p), k[rows]]),
@@ -223,7 +233,8 @@ def test_random_ragged_batches_default_blocks(dtype: torch.dtype, seed: int) -> 
     q = torch.randn(len(lens), heads, head_dim, generator=gen).to(dtype)
     out = torch.full_like(q, float("nan"))
     splits = rnd.randrange(1, 5)
-    decode_attention(q, k_buf, v_buf, table, torch.tensor(seq_lens, dtype=torch.int32), out, scale, num_splits=splits)
+    args = on_device(q, k_buf, v_buf, table, torch.tensor(seq_lens, dtype=torch.int32), out)
+    out = decode_attention(*args, scale, num_splits=splits).cpu()
     for i, s in enumerate(seq_lens):
         ref = reference_attention(q[i : i + 1], gather_tokens(k_buf, table[i], s), gather_tokens(v_buf, table[i], s),
                                   s - 1, scale)
