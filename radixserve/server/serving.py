@@ -99,7 +99,7 @@ def queue_full(why: str) -> ApiError:
                     headers={"Retry-After": "1"})
 
 
-_PARAM = re.compile(r"^(?:unknown sampling parameter\(s\): )?(?P<name>[a-z_]+)\b")
+_PARAM = re.compile(r"^(?P<unknown>unknown sampling parameter\(s\): )?(?P<name>[a-z_]+)\b")
 
 
 @contextlib.contextmanager
@@ -112,7 +112,8 @@ def engine_errors(default_param: str, renames: dict[str, str] | None = None) -> 
     except ValueError as exc:
         text = str(exc)
         m = _PARAM.match(text)
-        param = m.group("name") if m and m.group("name") in SAMPLING_FIELDS else default_param
+        known = m is not None and (m.group("unknown") is not None or m.group("name") in SAMPLING_FIELDS)
+        param = m.group("name") if known else default_param
         param = (renames or {}).get(param, param)
         code = "context_length_exceeded" if param == default_param and "context" in text else None
         raise bad_request(text, param=param, code=code) from None

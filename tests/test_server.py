@@ -1,0 +1,452 @@
+"""The HTTP server against a live uvicorn on 127.0.0.1 (random port), one tiny engine for the module.
+
+Clients: the real `openai` SDK for the OpenAI endpoints, httpx for raw bodies, SSE and disconnects.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from radixserve import Engine
+from radixserve.server.app import build_app
+from radixserve.server.background import BackgroundServer
+
+PAGE = 4
+MAX_BODY = 256 * 1024
+GREEDY = {"temperature": 0.0}
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a fast fox."}]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> Iterator[Engine]:
+    eng = Engine(model=tiny_model_dir, dtype="float32", page_size=PAGE, max_total_tokens=8192)
+    yield eng
+    try:
+        wait_idle(eng)
+        eng.check_invariants()
+        assert eng.flush_cache()
+        stats = eng.cache_stats()
+        assert stats["free_pages"] == stats["total_pages"], stats
+    finally:
+        eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(engine: Engine) -> Iterator[BackgroundServer]:
+    with BackgroundServer(build_app(engine, max_body_bytes=MAX_BODY)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server: BackgroundServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def http(server: BackgroundServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def model(engine: Engine) -> str:
+    return engine.model_info()["model_name"]
+
+
+def wait_idle(engine: Engine, timeout: float = 20.0) -> None:
+    """Block until nothing runs or waits (aborts reach the engine loop asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while (m := engine.metrics())["num_running"] or m["num_waiting"]:
+        assert time.monotonic() < deadline, f"engine still busy: {m}"
+        time.sleep(0.02)
+
+
+def sse_events(lines: Iterator[str]) -> list[Any]:
+    """Parse `data:` lines; the last event must be [DONE]."""
+    events = [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    assert events and events[-1] == "[DONE]", events[-3:]
+    return [json.loads(e) for e in events[:-1]]
+
+
+def page_floor(n: int) -> int:
+    return n // PAGE * PAGE
+
+
+# ---------------------------------------------------------------- OpenAI SDK
+
+def test_chat_matches_engine(client: openai.OpenAI, engine: Engine, model: str) -> None:
+    r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, temperature=0,
+                                       extra_body={"cache_salt": "chat-eq"})
+    ref = engine.generate(input_ids=engine.apply_chat_template(MESSAGES),
+                          sampling_params={"max_new_tokens": 8, **GREEDY}, cache_salt="chat-eq-ref")
+    assert r.object == "chat.completion" and r.model == model and len(r.choices) == 1
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == ref["text"]
+    assert r.choices[0].finish_reason == ref["meta_info"]["finish_reason"]["type"]
+    assert r.usage.prompt_tokens == ref["meta_info"]["prompt_tokens"]
+    assert r.usage.completion_tokens == ref["meta_info"]["completion_tokens"]
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.usage.prompt_tokens_details.cached_tokens == 0  # first time in its namespace
+
+
+def test_chat_stream_matches_non_stream(client: openai.OpenAI, model: str) -> None:
+    kw = dict(model=model, messages=MESSAGES, max_tokens=10, temperature=0)
+    full = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [full.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+    assert all(c.id == chunks[0].id for c in chunks)
+
+
+def test_chat_content_parts(client: openai.OpenAI, model: str) -> None:
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name a"}, {"type": "text", "text": "fast fox."}]}]
+    joined = [{"role": "user", "content": "Name a\nfast fox."}]
+    a = client.chat.completions.create(model=model, messages=parts, max_tokens=6, temperature=0)
+    b = client.chat.completions.create(model=model, messages=joined, max_tokens=6, temperature=0)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_completions_forms(client: openai.OpenAI, engine: Engine, model: str) -> None:
+    prompts = ["The quick brown fox", "def fibonacci(n):"]
+    refs = [engine.generate(p, {"max_new_tokens": 6, **GREEDY}) for p in prompts]
+    one = client.completions.create(model=model, prompt=prompts[0], max_tokens=6, temperature=0)
+    assert one.object == "text_completion" and one.choices[0].text == refs[0]["text"]
+    many = client.completions.create(model=model, prompt=prompts, max_tokens=6, temperature=0)
+    assert [c.index for c in many.choices] == [0, 1]
+    assert [c.text for c in many.choices] == [r["text"] for r in refs]
+    assert many.usage.prompt_tokens == sum(r["meta_info"]["prompt_tokens"] for r in refs)
+    ids = [engine.encode(p) for p in prompts]
+    by_ids = client.completions.create(model=model, prompt=ids[1], max_tokens=6, temperature=0)
+    assert by_ids.choices[0].text == refs[1]["text"]
+    by_id_lists = client.completions.create(model=model, prompt=ids, max_tokens=6, temperature=0)
+    assert [c.text for c in by_id_lists.choices] == [r["text"] for r in refs]
+    echoed = client.completions.create(model=model, prompt=prompts[0], max_tokens=6, temperature=0, echo=True)
+    assert echoed.choices[0].text == prompts[0] + refs[0]["text"]
+    default_len = client.completions.create(model=model, prompt=prompts[0], temperature=0, extra_body={"ignore_eos": True})
+    assert default_len.usage.completion_tokens == 16  # the legacy endpoint's default max_tokens
+
+
+def test_completions_stream(client: openai.OpenAI, model: str) -> None:
+    prompts = ["Hello, world!", "import torch"]
+    full = client.completions.create(model=model, prompt=prompts, max_tokens=7, temperature=0, echo=True)
+    chunks = list(client.completions.create(model=model, prompt=prompts, max_tokens=7, temperature=0, echo=True,
+                                            stream=True, stream_options={"include_usage": True}))
+    texts = ["", ""]
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] += ch.text
+    assert texts == [c.text for c in full.choices]
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_n2_sampling_and_seed(client: openai.OpenAI, model: str) -> None:
+    kw = dict(model=model, messages=MESSAGES, max_tokens=8, temperature=1.0, seed=1234, n=2)
+    a = client.chat.completions.create(**kw)
+    b = client.chat.completions.create(**kw)
+    assert [c.index for c in a.choices] == [0, 1]
+    assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
+    assert a.choices[0].message.content != a.choices[1].message.content  # the samples draw differently
+    assert a.usage.completion_tokens == b.usage.completion_tokens
+    # streamed n=2 samples use the same per-sample seeds as the engine's n=2
+    texts = ["", ""]
+    for c in client.chat.completions.create(**kw, stream=True):
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+    assert texts == [c.message.content for c in a.choices]
+    other = client.chat.completions.create(**{**kw, "seed": 99, "n": 1})
+    assert other.choices[0].message.content != a.choices[0].message.content
+
+
+def test_chat_logprobs(client: openai.OpenAI, engine: Engine, model: str) -> None:
+    r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True,
+                                       top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    tok = engine.tokenizer
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert tops == sorted(tops, reverse=True)
+        assert entry.logprob == pytest.approx(tops[0], abs=1e-5)  # greedy picks the most likely token
+        assert entry.bytes == list(entry.token.encode())
+    ids = engine.generate(input_ids=engine.apply_chat_template(MESSAGES),
+                          sampling_params={"max_new_tokens": 5, **GREEDY})["output_ids"]
+    assert [e.token for e in content] == [tok.token_to_str(i) for i in ids]
+    streamed = [c for c in client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=5, temperature=0,
+                                                         logprobs=True, stream=True) if c.choices]
+    lps = [e.logprob for c in streamed if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert lps == pytest.approx([e.logprob for e in content], abs=1e-5)
+
+
+def test_completion_logprobs_echo(client: openai.OpenAI, engine: Engine, model: str) -> None:
+    prompt = "The quick brown fox"
+    n_prompt = len(engine.encode(prompt))
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0, logprobs=2, echo=True)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == n_prompt + 4 == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert lp.token_logprobs[0] is None and all(x is not None for x in lp.token_logprobs[1:])
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    plain = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0, logprobs=0)
+    assert len(plain.choices[0].logprobs.tokens) == 4
+    assert plain.choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs[n_prompt:], abs=1e-4)
+
+
+def test_models_endpoint(client: openai.OpenAI, model: str) -> None:
+    assert [m.id for m in client.models.list().data] == [model]
+
+
+# ---------------------------------------------------------------- multi-turn cache hits
+
+def test_multi_turn_chat_hits_the_cache(client: openai.OpenAI, engine: Engine, model: str) -> None:
+    """Each turn's prompt extends the previous prompt + answer, so the cache serves all of it but the last page."""
+    messages = [{"role": "system", "content": "You are terse."}]
+    prev_context = 0
+    for turn, question in enumerate(["Hi there!", "Tell me more.", "Why?", "Thanks, bye."]):
+        messages.append({"role": "user", "content": question})
+        before = engine.metrics()["cached_tokens_total"]
+        r = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,
+                                           extra_body={"cache_salt": "multi-turn"})
+        cached = r.usage.prompt_tokens_details.cached_tokens
+        assert cached == engine.metrics()["cached_tokens_total"] - before  # what the engine counted
+        if turn == 0:
+            assert cached == 0
+        else:
+            # everything of the previous turn whose KV was computed (all but its last sampled token), in full pages
+            assert cached >= page_floor(prev_context - 1), (turn, cached, prev_context)
+        answer = r.choices[0].message.content
+        prev_context = r.usage.prompt_tokens + r.usage.completion_tokens
+        messages.append({"role": "assistant", "content": answer})
+
+
+def test_multi_turn_streaming_hits_the_cache(client: openai.OpenAI, model: str) -> None:
+    messages = [{"role": "user", "content": "Count with me."}]
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=9, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"cache_salt": "stream-turns"}))
+    answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    first = chunks[-1].usage
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Again."}]
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=3, temperature=0,
+                                       extra_body={"cache_salt": "stream-turns"})
+    assert r.usage.prompt_tokens_details.cached_tokens >= page_floor(first.prompt_tokens + first.completion_tokens - 1)
+
+
+# ---------------------------------------------------------------- native endpoints
+
+def test_generate_native(http: httpx.Client, engine: Engine) -> None:
+    sp = {"max_new_tokens": 5, **GREEDY}
+    ref = engine.generate("Hello, world!", sp)
+    one = http.post("/generate", json={"text": "Hello, world!", "sampling_params": sp}).json()
+    assert one["text"] == ref["text"] and one["output_ids"] == ref["output_ids"]
+    assert set(one["meta_info"]) >= {"prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason"}
+    batch = http.post("/generate", json={"input_ids": [engine.encode("Hello, world!"), engine.encode("import torch")],
+                                         "sampling_params": sp}).json()
+    assert isinstance(batch, list) and batch[0]["output_ids"] == ref["output_ids"]
+    lp = http.post("/generate", json={"text": "Hello, world!", "sampling_params": sp, "return_logprob": True,
+                                      "logprob_start_len": 0, "top_logprobs_num": 2,
+                                      "return_text_in_logprobs": True}).json()["meta_info"]
+    n_prompt = ref["meta_info"]["prompt_tokens"]
+    assert len(lp["input_token_logprobs"]) == n_prompt and lp["input_token_logprobs"][0][0] is None
+    assert len(lp["output_token_logprobs"]) == 5 and len(lp["output_top_logprobs"][0]) == 2
+    assert lp["output_token_logprobs"][0][2] == engine.tokenizer.token_to_str(ref["output_ids"][0])
+    with http.stream("POST", "/generate", json={"text": "Hello, world!", "sampling_params": sp, "stream": True,
+                                                "return_logprob": True}) as s:
+        events = sse_events(s.iter_lines())
+    # cumulative, as SGLang streams: each event holds everything so far
+    assert [e["output_ids"] for e in events] == [ref["output_ids"][: i + 1] for i in range(len(events))]
+    assert events[-1]["text"] == ref["text"] and events[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(events[-1]["meta_info"]["output_token_logprobs"]) == 5
+    prefill = http.post("/generate", json={"text": "Hello, world!", "sampling_params": {"max_new_tokens": 0}}).json()
+    assert prefill["output_ids"] == [] and prefill["meta_info"]["completion_tokens"] == 0
+
+
+def test_cache_salt_isolates(http: httpx.Client) -> None:
+    body = {"text": "A radix tree stores prefixes of token sequences. " * 3, "sampling_params": {"max_new_tokens": 1}}
+
+    def cached(salt: str) -> int:
+        return http.post("/generate", json={**body, "cache_salt": salt}).json()["meta_info"]["cached_tokens"]
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-a") > 0
+    assert cached("tenant-b") == 0  # same text, another namespace: no shared pages
+
+
+def test_info_health_models_flush(http: httpx.Client, engine: Engine, model: str) -> None:
+    assert http.get("/health").status_code == 200
+    info = http.get("/get_model_info").json()
+    assert info["context_length"] == engine.context_length and info["served_model_name"] == model
+    wait_idle(engine)
+    r = http.post("/flush_cache")
+    assert r.status_code == 200 and r.json()["success"] is True
+    assert engine.cache_stats()["cached_pages"] == 0
+
+
+def test_metrics(http: httpx.Client, client: openai.OpenAI, model: str) -> None:
+    def scrape() -> dict[str, float]:
+        text = http.get("/metrics").text
+        return {s.name + json.dumps(s.labels, sort_keys=True): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    before = scrape()
+    for name in ["radixserve_hit_rate", "radixserve_cached_pages", "radixserve_evictable_pages", "radixserve_free_pages",
+                 "radixserve_num_running", "radixserve_num_waiting", "radixserve_num_retractions_total",
+                 "radixserve_time_to_first_token_seconds_count", "radixserve_inter_token_latency_seconds_count",
+                 "radixserve_e2e_request_latency_seconds_count"]:
+        assert name + "{}" in before, name
+    client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=6, temperature=0)
+    after = scrape()
+    for name in ["radixserve_prompt_tokens_total", "radixserve_generation_tokens_total",
+                 "radixserve_time_to_first_token_seconds_count", "radixserve_e2e_request_latency_seconds_count",
+                 "radixserve_inter_token_latency_seconds_count"]:
+        assert after[name + "{}"] > before.get(name + "{}", 0), name
+    key = 'radixserve_http_requests_total{"route": "/v1/chat/completions", "status": "200"}'
+    assert after[key] == before.get(key, 0) + 1
+
+
+# ---------------------------------------------------------------- bad input
+
+BAD = [
+    ("/v1/chat/completions", b"{not json", 400, None),
+    ("/v1/chat/completions", b"[1, 2]", 400, None),
+    ("/v1/chat/completions", {"max_tokens": 3}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": "hello"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     400, "messages[0].content[0].image_url"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": -1}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": -5}, 400, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": "ten"}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "temperature": -0.5}, 400, "temperature"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "temperature": "hot"}, 400, "temperature"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "top_p": 0}, 400, "top_p"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "top_p": 1.5}, 400, "top_p"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "n": 0}, 400, "n"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 3}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "stop": ""}, 400, "stop"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_object"}}, 400,
+     "response_format"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "fox " * 1100}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 5000}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "model": "gpt-4"}, 404, "model"),
+    ("/v1/completions", {"prompt": []}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1, "a"]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [100000]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 99}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "suffix": "x"}, 400, "suffix"),
+    ("/v1/completions", {"prompt": "fox " * 1100, "max_tokens": 1}, 400, "prompt"),
+    ("/generate", {"sampling_params": {}}, 400, "text"),
+    ("/generate", {"text": "hi", "sampling_params": {"temperature": -1}}, 400, "temperature"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}, 400, "max_new_tokens"),
+    ("/generate", {"text": "hi", "sampling_params": {"bogus": 1}}, 400, "bogus"),
+    ("/generate", {"input_ids": [[1, 2], [3]], "stream": True}, 400, "stream"),
+    ("/generate", {"input_ids": [-1]}, 400, "input_ids"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD, ids=[f"{p}:{s}:{q}" for p, _, s, q in BAD])
+def test_bad_input_gets_error_body(http: httpx.Client, client: openai.OpenAI, model: str, path: str, body: Any,
+                                   status: int, param: str | None) -> None:
+    r = http.post(path, content=body) if isinstance(body, bytes) else http.post(path, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+    if status == 400:
+        assert err["type"] == "invalid_request_error"
+    ok = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2, temperature=0)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_sdk_raises_on_bad_input(client: openai.OpenAI, model: str) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=model, messages=MESSAGES, temperature=-1)
+    assert exc.value.body["param"] == "temperature"  # type: ignore[index]
+
+
+def test_body_too_large(http: httpx.Client) -> None:
+    r = http.post("/v1/completions", json={"prompt": "x" * (MAX_BODY + 1)})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the limit holds while reading
+        yield b'{"prompt": "'
+        for _ in range(MAX_BODY // 1024 + 1):
+            yield b"x" * 1024
+        yield b'"}'
+
+    r = http.post("/v1/completions", content=chunked())
+    assert r.status_code == 413
+    assert http.get("/health").status_code == 200
+
+
+def test_unknown_route_has_error_body(http: httpx.Client) -> None:
+    r = http.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert http.get("/v1/chat/completions").status_code == 405
+
+
+# ---------------------------------------------------------------- disconnects and concurrency
+
+def test_disconnect_mid_stream_aborts(server: BackgroundServer, engine: Engine) -> None:
+    wait_idle(engine)
+    before = engine.metrics()["generation_tokens_total"]
+    body = {"prompt": "The quick brown fox", "max_tokens": 400, "ignore_eos": True, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as c, c.stream("POST", "/v1/completions", json=body) as s:
+        lines = s.iter_lines()
+        got = [line for line, _ in zip(lines, range(6)) if line.startswith("data: ")]
+        assert got
+    # the connection is closed: the server notices, and the engine drops the request
+    wait_idle(engine)
+    assert engine.metrics()["generation_tokens_total"] - before < 400
+    engine.check_invariants()
+
+
+def test_disconnect_non_streaming_aborts(server: BackgroundServer, engine: Engine) -> None:
+    wait_idle(engine)
+    before = engine.metrics()["generation_tokens_total"]
+    body = {"prompt": "The quick brown fox", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+    with httpx.Client(base_url=server.url, timeout=0.3) as c, pytest.raises(httpx.ReadTimeout):
+        c.post("/v1/completions", json=body)
+    wait_idle(engine)
+    assert engine.metrics()["generation_tokens_total"] - before < 400
+    engine.check_invariants()
+
+
+def test_50_concurrent_streams_match_engine(server: BackgroundServer, engine: Engine, model: str) -> None:
+    prompts = [f"Request {i}: the fox number {i * 7} jumps" for i in range(50)]
+    refs = [engine.generate(p, {"max_new_tokens": 6, **GREEDY})["text"] for p in prompts]
+
+    async def one(client: openai.AsyncOpenAI, prompt: str) -> str:
+        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0, stream=True)
+        text, finished = "", False
+        async for chunk in stream:
+            text += chunk.choices[0].text
+            finished = finished or chunk.choices[0].finish_reason is not None
+        assert finished
+        return text
+
+    async def run() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+            return await asyncio.gather(*(one(c, p) for p in prompts))
+
+    assert asyncio.run(run()) == refs
+    wait_idle(engine)
+    engine.check_invariants()
