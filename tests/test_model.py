@@ -218,11 +218,24 @@ def test_rope_frequencies_match_transformers(scaling: dict | None) -> None:
     assert scale == pytest.approx(ref_scale)
 
 
-def test_linear_rope_model_matches_hf(tmp_path: Path) -> None:
-    path = make_tiny_checkpoint(tmp_path, "llama", vocab_size=VOCAB, rope_scaling={"rope_type": "linear", "factor": 2.0}, num_hidden_layers=2)
+@pytest.mark.parametrize(
+    "arch,overrides",
+    [
+        ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+        ("llama", {"attention_bias": True}),  # bias on q/k/v and o_proj
+        ("llama", {"num_key_value_heads": 1}),  # GQA ratio 4
+        ("mistral", {"num_key_value_heads": 4}),  # plain multi-head attention
+        ("qwen3", {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32}),  # q width != hidden
+    ],
+    ids=["linear-rope", "attention-bias", "gqa4", "mha", "wide-heads"],
+)
+def test_variants_match_hf(tmp_path: Path, arch: str, overrides: dict) -> None:
+    path = make_tiny_checkpoint(tmp_path, arch, vocab_size=VOCAB, num_hidden_layers=2, **overrides)
     config, model = load_model(path, torch.float32)
-    assert config.rope_scaling is not None and config.rope_scaling["rope_type"] == "linear"
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = tokens(40, 9)
-    (ours,) = PagedRunner(config, model, 16).step([("a", ids, 0)])
-    check(ours, hf_logits(hf, ids))
+    ref = hf_logits(hf, ids)
+    run = PagedRunner(config, model, 16)
+    (first,) = run.step([("a", ids[:29], 0)])
+    (second,) = run.step([("a", ids[29:], 29)])
+    check(torch.cat([first, second]), ref)
