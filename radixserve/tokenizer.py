@@ -144,7 +144,8 @@ class Tokenizer:
         self.add_eos_token: bool = bool(config.get("add_eos_token", False)) and eos_id is not None
         self._eos_id = eos_id
         self.chat_template: str | dict[str, str] | None = self._parse_templates(config.get("chat_template"))
-        decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+        # the decoder's own JSON (its pickle state), not the whole tokenizer's: that can be tens of megabytes
+        decoder = json.loads(tokenizer.decoder.__getstate__()) if tokenizer.decoder is not None else {}
         kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
         self._byte_level = "ByteLevel" in kinds
         self._byte_decoder = _byte_decoder() if self._byte_level else {}

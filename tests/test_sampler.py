@@ -243,3 +243,23 @@ def test_penalties_ignore_ids_outside_the_logits() -> None:
     assert torch.allclose(out, torch.tensor([[0.5, -1.0, 2.0]]))
     out = apply_penalties(logits, [info(frequency_penalty=1.0, output=[9, 9])])
     assert torch.equal(out, logits)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_seeded_rows_and_filters_hold() -> None:
+    vocab = TOP_P_CANDIDATES * 8
+    logits = rand_logits(6, 31, vocab).cuda()
+    logits[0] *= 5
+    settings = [{"top_p": 0.9}, {"top_p": 0.95, "temperature": 2.0}, {"top_k": 40}, {"min_p": 0.05},
+                {"temperature": 0.0}, {"temperature": 0.8, "frequency_penalty": 1.0, "repetition_penalty": 1.3}]
+
+    def rows() -> list[SamplingInfo]:
+        return [info(seed=70 + j, output=[1, 2, 2], prompt=[3], **s) for j, s in enumerate(settings)]
+
+    batch = sample(logits, rows()).next_ids
+    alone = [sample(logits[j:j + 1], [r]).next_ids[0] for j, r in enumerate(rows())]
+    assert batch == alone
+    assert batch[4] == logits[4].argmax().item()
+    assert batch[2] in logits[2].topk(40).indices.tolist()
+    probs = logits[3].softmax(-1)
+    assert probs[batch[3]] >= 0.05 * probs.max()

@@ -59,15 +59,21 @@ def _uniforms(infos: Sequence[SamplingInfo]) -> torch.Tensor:
 
 def _top_k_filter(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
     """Mask ids below each row's k-th best logit (ties with it stay); k == 0 leaves the row alone."""
-    kth = logits.topk(max(ks), dim=-1).values.gather(1, (torch.tensor(ks, device=logits.device).clamp_min(1) - 1)[:, None])
-    kth = kth.masked_fill(torch.tensor(ks, device=logits.device)[:, None] == 0, float("-inf"))
+    k = torch.tensor(ks, device=logits.device)[:, None]
+    kth = logits.topk(max(ks), dim=-1).values.gather(1, k.clamp_min(1) - 1)
+    kth = kth.masked_fill(k == 0, float("-inf"))
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def _nucleus_cut(sorted_logits: torch.Tensor, sorted_probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """[R, 1] lowest logit kept by top-p, given a row's best ids in order: keep while the mass ranked above is < top_p."""
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    return sorted_logits.masked_fill(mass_before >= top_p, float("inf")).amin(dim=-1, keepdim=True)
+def _nucleus_cut(sorted_logits: torch.Tensor, sorted_probs: torch.Tensor,
+                 top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Given each row's best ids in order: ([R, 1] lowest logit top-p keeps, [R, 1] mass of all the ids given).
+
+    An id is kept while the mass ranked above it is below top_p.
+    """
+    mass = sorted_probs.cumsum(dim=-1)
+    cut = sorted_logits.masked_fill(mass - sorted_probs >= top_p, float("inf")).amin(dim=-1, keepdim=True)
+    return cut, mass[:, -1:]
 
 
 def _top_p_filter(logits: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
@@ -76,17 +82,17 @@ def _top_p_filter(logits: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     The cut is looked for among a fixed number of best ids (TOP_P_CANDIDATES, so a row's arithmetic never depends on
     the batch); only rows whose nucleus is wider than that pay for a full sort.
     """
-    rows, vocab = logits.shape
+    vocab = logits.shape[1]
     top_p = torch.tensor(top_ps, device=logits.device)[:, None]
     probs = logits.softmax(dim=-1)
     cand_logits, cand_ids = logits.topk(min(TOP_P_CANDIDATES, vocab), dim=-1)
-    cand_probs = probs.gather(1, cand_ids)
-    cut = _nucleus_cut(cand_logits, cand_probs, top_p)
+    cut, cand_mass = _nucleus_cut(cand_logits, probs.gather(1, cand_ids), top_p)
     if cand_ids.shape[1] < vocab:
-        wide = (cand_probs.sum(dim=-1, keepdim=True) < top_p).squeeze(1).nonzero().squeeze(1)
+        # all candidates kept and still short of top_p: the nucleus reaches past them (one sync, on these rows only)
+        wide = ((cand_mass < top_p) & (top_p < 1.0)).squeeze(1).nonzero().squeeze(1)
         if wide.numel():
             sorted_logits, order = logits[wide].sort(dim=-1, descending=True)
-            cut[wide] = _nucleus_cut(sorted_logits, probs[wide].gather(1, order), top_p[wide])
+            cut[wide] = _nucleus_cut(sorted_logits, probs[wide].gather(1, order), top_p[wide])[0]
     cut = cut.masked_fill(top_p >= 1.0, float("-inf"))
     return logits.masked_fill(logits < cut, float("-inf"))
 
