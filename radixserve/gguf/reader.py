@@ -109,7 +109,10 @@ def hf_config(f: GGUFFile) -> dict[str, Any]:
             raise ValueError(f"{f.path}: per-layer KV head counts are not supported")
         kv_heads = kv_heads[0]
     head_dim = f.arch_key("attention.key_length") or hidden // heads
-    vocab_size = f.arch_key("vocab_size") or len(f.metadata.get("tokenizer.ggml.tokens", []))
+    embed = next((t for t in f.reader.tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise ValueError(f"{f.path} has no token_embd.weight tensor")
+    vocab_size = int(embed.shape[-1])  # GGUF shapes are innermost-first: [hidden, vocab]
     cfg: dict[str, Any] = {
         "architectures": [architecture],
         "model_type": {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}.get(architecture, arch),
