@@ -11,7 +11,7 @@ CONTEXT_TOKENS = 6
 
 
 class IncrementalDetokenizer:
-    """One request's streaming text. `step` per batch of new ids, `flush` once at the end; `text` is all emitted text."""
+    """One request's streaming text: `step` per batch of new ids, `flush` once at the end; `text` is all emitted."""
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True,
                  stop: Sequence[str] = ()) -> None:

@@ -105,7 +105,7 @@ class Tokenizer:
 
     def __init__(self, tokenizer: HFTokenizer, config: dict[str, Any] | None = None,
                  extra_eos_ids: Sequence[int] = ()) -> None:
-        """Wrap a `tokenizers.Tokenizer`; config is the tokenizer_config.json dict (special tokens, chat_template, add_bos_token)."""
+        """Wrap a `tokenizers.Tokenizer`; config is tokenizer_config.json as a dict (specials, chat_template, BOS)."""
         config = config or {}
         self._tok = tokenizer
         self.config = config
@@ -128,11 +128,12 @@ class Tokenizer:
         for i, t in (config.get("added_tokens_decoder") or {}).items():
             if isinstance(t, dict) and t.get("special"):
                 special.add(int(i))
-        self.special_token_ids: frozenset[int] = frozenset(special | eos_ids
-                                                           | ({self.bos_token_id} if self.bos_token_id is not None else set()))
+        if self.bos_token_id is not None:
+            special.add(self.bos_token_id)
+        self.special_token_ids: frozenset[int] = frozenset(special | eos_ids)
 
-        # BOS: tokenizer.json's post-processor may add it (Llama 3, Mistral). An explicit add_bos_token in the config
-        # wins, as transformers' Llama tokenizers rebuild the post-processor from it; absent, the post-processor decides.
+        # BOS: tokenizer.json's post-processor may add it (Llama 3, Mistral). An explicit add_bos_token wins, as
+        # transformers' Llama tokenizers rebuild the post-processor from it; absent, the post-processor decides.
         post_ids = tokenizer.encode("", add_special_tokens=True).ids
         bos_rule = config.get("add_bos_token")
         if self.bos_token_id is None or bos_rule is None:
@@ -152,7 +153,7 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "Tokenizer":
-        """Load tokenizer.json + tokenizer_config.json (+ chat_template.jinja, generation_config.json/config.json eos ids)."""
+        """Load tokenizer.json + tokenizer_config.json (+ chat_template.jinja, eos ids of generation_config/config)."""
         path = Path(path)
         if not (path / "tokenizer.json").is_file():
             raise FileNotFoundError(f"no tokenizer.json in {path}")
@@ -176,7 +177,7 @@ class Tokenizer:
     # ---- ids <-> text ---------------------------------------------------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of text; with add_special_tokens, the post-processor's tokens plus BOS/EOS where the config says so."""
+        """Token ids of text; with add_special_tokens, the post-processor's tokens and BOS/EOS as the config says."""
         ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens:
             if self._strip_post_bos and ids and ids[0] == self.bos_token_id:
@@ -216,7 +217,7 @@ class Tokenizer:
             return bytes([int(token[3:5], 16)])
         return token.replace("\u2581", " ").encode()  # SentencePiece marks spaces with U+2581
 
-    # ---- chat ---------------------------------------------------------------------------------------------------------
+    # ---- chat -----------------------------------------------------------------------------------------------------
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list | None = None, **kwargs: Any) -> str:

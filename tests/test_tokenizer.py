@@ -150,7 +150,8 @@ def test_bos_added_only_when_config_says_so(tok_dir: Path, tmp_path: Path) -> No
 
 
 def test_eos_ids_from_generation_config_and_template_variants(tok_dir: Path, tmp_path: Path) -> None:
-    template = "{{ bos_token is defined }}|{{ eos_token }}|{% generation %}{{ messages[0]['content'] }}{% endgeneration %}"
+    template = ("{{ bos_token is defined }}|{{ eos_token }}|"
+                "{% generation %}{{ messages[0]['content'] }}{% endgeneration %}")
     d = _copy_with(tok_dir, tmp_path / "c", chat_template=[
         {"name": "default", "template": template},
         {"name": "tool_use", "template": "tools:{{ tools | length }} {{ strftime_now('%Y') | length }}"},

@@ -1,4 +1,4 @@
-"""A tiny Qwen2-like byte-level BPE tokenizer trained at test time, so no test touches the Hugging Face hub."""
+"""A tiny Qwen2-like byte-level BPE tokenizer, trained deterministically at test time so no test needs the hub."""
 from __future__ import annotations
 
 import json
@@ -81,9 +81,9 @@ SAMPLE_TEXT = [
 
 
 def build_tokenizer(out_dir: Path, vocab_size: int = 512) -> Path:
-    """Train the tiny tokenizer into out_dir (tokenizer.json, tokenizer_config.json); total vocab <= vocab_size; deterministic."""
+    """Train the tiny tokenizer into out_dir (tokenizer.json + tokenizer_config.json); vocab <= vocab_size."""
     if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (bytes + special tokens), got {vocab_size}")
+        raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (bytes + specials), got {vocab_size}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 

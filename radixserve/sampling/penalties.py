@@ -20,7 +20,8 @@ def _padded_ids(id_lists: Sequence[Sequence[int]], vocab: int,
     width = max(len(ids) for ids in id_lists)
     rows = [[*ids, *([ids[0]] * (width - len(ids)))] for ids in id_lists]
     ids = torch.tensor(rows, dtype=torch.long, device=device)
-    valid = torch.arange(width, device=device)[None, :] < torch.tensor([len(x) for x in id_lists], device=device)[:, None]
+    lengths = torch.tensor([len(x) for x in id_lists], device=device)[:, None]
+    valid = torch.arange(width, device=device)[None, :] < lengths
     valid &= (ids >= 0) & (ids < vocab)
     first = torch.where(valid, ids, vocab).amin(dim=1, keepdim=True)
     any_valid = first < vocab
@@ -30,8 +31,8 @@ def _padded_ids(id_lists: Sequence[Sequence[int]], vocab: int,
 def apply_penalties(logits: torch.Tensor, infos: Sequence["SamplingInfo"]) -> torch.Tensor:
     """Return logits [B, V] with penalties applied (a new tensor when any row has one; the input is never modified).
 
-    repetition_penalty (HF): every token in prompt + output has its logit divided by p when positive, multiplied when not.
-    frequency/presence (OpenAI): logit -= count_in_output * frequency_penalty + (count_in_output > 0) * presence_penalty.
+    repetition_penalty (HF): each token in prompt + output has its logit divided by p if positive, else multiplied.
+    frequency/presence (OpenAI): logit -= count_in_output * frequency_penalty + (count_in_output > 0) * presence.
     Work is O(tokens seen), not O(vocab): gathers and scatters at the seen ids only.
     """
     rep_rows = [i for i, info in enumerate(infos)
