@@ -17,6 +17,7 @@ from radixserve.cache.radix_cache import RadixCache
 
 HashFn = Callable[[bytes, int], int]
 NAMESPACES = st.sampled_from(["", "other"])
+PREFILL = st.sampled_from([1.0, 1.0, 1.0, 0.5, 0.0])  # fraction of the prompt's full pages inserted at admission
 
 
 def const_hash(data: bytes, seed: int) -> int:
@@ -295,6 +296,19 @@ def test_reset_frees_everything_and_refuses_when_locked() -> None:
     cache.check_invariants()
 
 
+def test_heap_of_stale_entries_stays_bounded() -> None:
+    pool, cache = make(4)
+    a = put(pool, cache, list(range(8)))
+    b = put(pool, cache, list(range(100, 108)))
+    for _ in range(500):
+        cache.match_prefix(list(range(9)))
+        cache.match_prefix(list(range(100, 109)))
+    assert len(cache._heap) <= 4 * 2 + 64 + 1
+    cache.check_invariants()
+    cache.match_prefix(list(range(9)))
+    assert cache.evict(2) == 2 and all(pool._is_free[p] for p in b) and cache.match_prefix(list(range(9))).pages == a
+
+
 # ---- the invariant checker itself catches corruption ----
 
 
@@ -354,12 +368,21 @@ class CacheMachine(RuleBasedStateMachine):
         self.content: dict[int, tuple[str, tuple[int, ...]]] = {}  # what each page's "KV" was computed from
         self.model: dict[tuple[str, tuple[int, ...]], int] = {}  # exact tree content: (namespace, prefix) -> page
         self.live: set[Req] = set()
+        self.history: list[list[int]] = []  # prompts seen so far, reused as prefixes so requests overlap
 
     # -- helpers --
 
-    def _tokens(self) -> st.SearchStrategy[list[int]]:
-        """Short sequences over a tiny alphabet, so prompts share prefixes a lot."""
-        return st.lists(st.integers(0, self.alphabet - 1), max_size=6 * self.page_size + 1)
+    def _tokens(self, data: st.DataObject) -> list[int]:
+        """A random sequence over a tiny alphabet, often a random cut of an earlier prompt plus a random tail."""
+        ps = self.page_size
+        n = data.draw(st.integers(0, 3 * ps + 1))
+        tail = data.draw(st.lists(st.integers(0, self.alphabet - 1), min_size=n, max_size=n))
+        i = data.draw(st.integers(0, len(self.history)))
+        if i == len(self.history):
+            return tail
+        base = self.history[i]
+        cut = data.draw(st.sampled_from(sorted({0, len(base), *(j * ps for j in range(len(base) // ps + 1))})))
+        return (base[:cut] + tail)[: 7 * ps + 1]
 
     def _page_of(self, ns: str, tokens: Sequence[int], i: int) -> tuple[str, tuple[int, ...]]:
         ps = self.page_size
@@ -423,7 +446,8 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(target=reqs, data=st.data())
     def new_request(self, data: st.DataObject) -> object:
-        tokens, ns = data.draw(self._tokens()), data.draw(NAMESPACES)
+        tokens, ns = self._tokens(data), data.draw(NAMESPACES)
+        self.history.append(tokens)
         node, matched = self._check_match(tokens, ns)
         self.cache.lock(node)  # type: ignore[arg-type]
         need = -(-len(tokens) // self.page_size) - len(matched)
@@ -435,6 +459,8 @@ class CacheMachine(RuleBasedStateMachine):
             self.content[p] = self._page_of(ns, tokens, len(matched) + j)
         req = Req(ns, list(tokens), matched + new, len(matched), node)
         self.live.add(req)
+        # Prefill: usually the whole prompt goes into the tree at once, sometimes only a chunk or nothing yet.
+        self._insert(req, round(data.draw(PREFILL) * (len(tokens) // self.page_size)))
         return req
 
     @rule(req=reqs, data=st.data())
@@ -463,17 +489,21 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache.unlock(req.node)  # type: ignore[arg-type]
         self.pool.free(req.pages[req.n_tree :])
         self.live.discard(req)
+        self.history.append(req.tokens)  # a later turn of this conversation may extend it
 
     @rule(data=st.data())
     def match_only(self, data: st.DataObject) -> None:
-        self._check_match(data.draw(self._tokens()), data.draw(NAMESPACES))
+        self._check_match(self._tokens(data), data.draw(NAMESPACES))
 
-    @rule(n=st.integers(0, 12))
-    def evict(self, n: int) -> None:
-        self._evict(n)
+    @rule(n=st.integers(0, 12), roll=st.integers(0, 2))
+    def evict(self, n: int, roll: int) -> None:
+        if roll == 0:  # a third of the draws: eviction also runs whenever an allocation falls short
+            self._evict(n)
 
-    @rule()
-    def reset(self) -> None:
+    @rule(roll=st.integers(0, 7))
+    def reset(self, roll: int) -> None:
+        if roll:  # rare: a reset wipes the state the other rules build up
+            return
         if self.cache.protected_pages:
             with pytest.raises(RuntimeError):
                 self.cache.reset()
@@ -508,7 +538,7 @@ def test_random_operations_keep_invariants(page_size: int, hash_fn: HashFn | Non
     run_state_machine_as_test(
         _machine(page_size, hash_fn, alphabet),
         settings=settings(
-            max_examples=40,
+            max_examples=60,
             stateful_step_count=50,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
