@@ -112,15 +112,15 @@ def test_mixed_prefill_chunk_and_decodes(tiny, page_size: int) -> None:
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_step_by_step_decode(tiny, page_size: int) -> None:
     _, config, model, hf = tiny
-    a, b = tokens(30, 5), tokens(22, 6)
+    a, b = tokens(26, 5), tokens(19, 6)
     ref_a, ref_b = hf_logits(hf, a), hf_logits(hf, b)
     run = PagedRunner(config, model, page_size)
     run.step([("a", a[:5], 0), ("b", b[:3], 0)])
-    for i in range(3, 22):  # pure decode batches of two requests
+    for i in range(3, 19):  # pure decode batches of two requests, both crossing a page boundary
         out_a, out_b = run.step([("a", [a[i + 2]], i + 2), ("b", [b[i]], i)])
         check(out_a, ref_a[i + 2 : i + 3])
         check(out_b, ref_b[i : i + 1])
-    for i in range(24, 30):  # a single request decoding alone
+    for i in range(21, 26):  # a single request decoding alone
         (out_a,) = run.step([("a", [a[i]], i)])
         check(out_a, ref_a[i : i + 1])
 
@@ -181,16 +181,19 @@ def test_loader_errors(tmp_path: Path) -> None:
 
 def test_load_weights_rejects_unexpected_and_missing(tmp_path: Path) -> None:
     path = make_tiny_checkpoint(tmp_path, "qwen3", vocab_size=VOCAB, num_hidden_layers=2)
-    config, model = load_model(path, torch.float32)
+    config, _ = load_model(path, torch.float32)
     state = dict(transformers.AutoModelForCausalLM.from_pretrained(path).state_dict())
+    LlamaForCausalLM(config).load_weights(state.items())  # the complete set loads
     fresh = LlamaForCausalLM(config)
     with pytest.raises(ValueError, match="unexpected weight"):
         fresh.load_weights([*state.items(), ("model.layers.9.mlp.gate_proj.weight", torch.zeros(128, 64))])
+    with pytest.raises(ValueError, match="appears twice"):
+        fresh.load_weights([*state.items(), ("model.norm.weight", torch.ones(64))])
     del state["model.layers.1.self_attn.k_proj.weight"]
-    with pytest.raises(ValueError, match="layers.1.self_attn.qkv_proj.weight"):
+    with pytest.raises(ValueError, match="missing 1 weight.*model.layers.1.self_attn.k_proj.weight"):
         LlamaForCausalLM(config).load_weights(state.items())
     bad = dict(state, **{"model.norm.weight": torch.ones(65)})
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="has shape"):
         LlamaForCausalLM(config).load_weights(bad.items())
 
 

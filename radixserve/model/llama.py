@@ -109,43 +109,49 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors into the fused parameters; raise on unknown names or missing parameters."""
-        c = self.config
-        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        # HF name suffix -> (our suffix, row offset into the fused parameter)
-        fused = {
-            "self_attn.q_proj": ("self_attn.qkv_proj", 0),
-            "self_attn.k_proj": ("self_attn.qkv_proj", q_size),
-            "self_attn.v_proj": ("self_attn.qkv_proj", q_size + kv_size),
-            "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-            "mlp.up_proj": ("mlp.gate_up_proj", c.intermediate_size),
-        }
-        params = dict(self.named_parameters())
-        # Rows still unfilled per parameter: a fused parameter is complete only when all its parts arrived.
-        missing_rows = {name: p.shape[0] for name, p in params.items()}
-        for hf_name, tensor in weights:
-            if hf_name.endswith("rotary_emb.inv_freq"):
+        """Copy Hugging Face-named tensors into the fused parameters; raise on unknown, duplicate or missing names."""
+        targets = self._hf_targets()
+        seen: set[str] = set()
+        for name, tensor in weights:
+            if name.endswith("rotary_emb.inv_freq"):
                 continue  # old checkpoints save the RoPE buffer; we compute our own
-            name = hf_name.removeprefix("model.")
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # some tied checkpoints store a copy of the embedding
-            offset = 0
-            if name.startswith("layers."):
-                layer, rest = name.split(".", 2)[1], name.split(".", 2)[2]
-                module, _, kind = rest.rpartition(".")
-                if module in fused:
-                    target, offset = fused[module]
-                    name = f"layers.{layer}.{target}.{kind}"
-            param = params.get(name)
-            if param is None:
-                raise ValueError(f"unexpected weight {hf_name!r} for {c.architecture}")
-            if tensor.shape[1:] != param.shape[1:] or offset + tensor.shape[0] > param.shape[0]:
-                raise ValueError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, does not fit {tuple(param.shape)}")
-            param[offset : offset + tensor.shape[0]].copy_(tensor)
-            missing_rows[name] -= tensor.shape[0]
-        incomplete = sorted(n for n, rows in missing_rows.items() if rows != 0)
-        if incomplete:
-            raise ValueError(f"checkpoint has missing (or duplicated) weights for: {', '.join(incomplete[:8])}{' ...' if len(incomplete) > 8 else ''}")
+            if name not in targets:
+                raise ValueError(f"unexpected weight {name!r} for {self.config.architecture}")
+            if name in seen:
+                raise ValueError(f"weight {name!r} appears twice in the checkpoint")
+            param, offset, rows = targets[name]
+            if tuple(tensor.shape) != (rows, *param.shape[1:]):
+                raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {(rows, *param.shape[1:])}")
+            param[offset : offset + rows].copy_(tensor)
+            seen.add(name)
+        missing = sorted(set(targets) - seen)
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} weight(s): {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+
+    def _hf_targets(self) -> dict[str, tuple[nn.Parameter, int, int]]:
+        """Every Hugging Face weight name the model needs -> (our parameter, first row in it, number of rows)."""
+        c = self.config
+        q_size, kv_size, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+        # Our fused module -> its Hugging Face parts as (module name, rows), stacked in this order.
+        parts = {
+            "self_attn.qkv_proj": [("self_attn.q_proj", q_size), ("self_attn.k_proj", kv_size), ("self_attn.v_proj", kv_size)],
+            "mlp.gate_up_proj": [("mlp.gate_proj", inter), ("mlp.up_proj", inter)],
+        }
+        targets: dict[str, tuple[nn.Parameter, int, int]] = {}
+        for name, param in self.named_parameters():
+            hf_name = name if name.startswith("lm_head.") else f"model.{name}"
+            module, _, kind = hf_name.rpartition(".")
+            fused = next((f for f in parts if module.endswith("." + f)), None)
+            if fused is None:
+                targets[hf_name] = (param, 0, param.shape[0])
+                continue
+            prefix, offset = module.removesuffix(fused), 0
+            for part, rows in parts[fused]:
+                targets[f"{prefix}{part}.{kind}"] = (param, offset, rows)
+                offset += rows
+        return targets
 
 
 def _o_proj_bias(config: ModelConfig) -> bool:
