@@ -1,0 +1,113 @@
+"""The DSL's public constructors, named and shaped like SGLang's frontend language."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from radixserve.sampling_params import SamplingParams
+
+from frontend_dsl.choices import ChoicesMethod, token_length_normalized
+from frontend_dsl.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
+from frontend_dsl.program import Program
+
+
+def function(func: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """`@function` (or `@function()`) turns `f(s, ...)` into a Program with run() and run_batch()."""
+    if options:
+        raise TypeError(f"unsupported function option(s): {', '.join(sorted(options))}")
+    if func is None:
+        return Program
+    return Program(func)
+
+
+_UNSUPPORTED = {"min_tokens": "min_tokens", "stop_regex": "stop regexes", "dtype": "typed generation (dtype)",
+                "regex": "constrained decoding (regex)", "json_schema": "constrained decoding (json_schema)"}
+
+
+def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None, n: int | None = None,
+        stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
+        stop_regex: str | list[str] | None = None, temperature: float | None = None, top_p: float | None = None,
+        top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
+        presence_penalty: float | None = None, ignore_eos: bool | None = None, return_logprob: bool | None = None,
+        logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None, dtype: Any = None, choices: list[str] | None = None,
+        choices_method: ChoicesMethod | None = None, regex: str | None = None,
+        json_schema: str | None = None) -> Expr:
+    """Generate text into variable `name`; unset sampling args come from run(). With choices=, acts as select()."""
+    if choices is not None:
+        return select(name, choices, 0.0 if temperature is None else temperature,
+                      token_length_normalized if choices_method is None else choices_method)
+    given = {"min_tokens": min_tokens, "stop_regex": stop_regex, "dtype": dtype, "regex": regex,
+             "json_schema": json_schema}
+    for arg, value in given.items():
+        if value is not None:
+            raise ValueError(f"gen({arg}=...) is not supported: frontend_dsl has no {_UNSUPPORTED[arg]}")
+    if n not in (None, 1):
+        raise ValueError(f"gen(n={n}) is not supported; use s.fork(n) for parallel samples")
+    if return_text_in_logprobs:
+        raise ValueError("gen(return_text_in_logprobs=True) is not supported; logprobs come as (logprob, token_id)")
+    params = {"max_new_tokens": max_tokens, "stop": [stop] if isinstance(stop, str) else stop,
+              "stop_token_ids": stop_token_ids, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+              "min_p": min_p, "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
+              "ignore_eos": ignore_eos}
+    params = {k: v for k, v in params.items() if v is not None}
+    SamplingParams.from_dict(params)  # a bad value fails here, at the line that wrote it
+    logprobs = {"return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
+                "top_logprobs_num": top_logprobs_num}
+    return Gen(name, params | {k: v for k, v in logprobs.items() if v is not None})
+
+
+def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
+           choices_method: ChoicesMethod = token_length_normalized) -> Expr:
+    """Append the choice the model scores highest after the text so far (default: mean token logprob).
+    Selection is an argmax: temperature is accepted for compatibility and does not change it."""
+    if not choices or not isinstance(choices, (list, tuple)):
+        raise ValueError(f"select needs a non-empty list of choices, got {choices!r}")
+    if not all(isinstance(c, str) and c for c in choices):
+        raise ValueError(f"select choices must be non-empty strings, got {choices!r}")
+    return Select(name, list(choices), temperature, choices_method)
+
+
+def _role(role: str, expr: Any) -> Expr:
+    if expr is None:
+        return ExprList([RoleBegin(role), RoleEnd(role)])
+    return ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)])
+
+
+def system(expr: Any = None) -> Expr:
+    """A system message around expr (text, gen, or a concatenation)."""
+    return _role("system", expr)
+
+
+def user(expr: Any = None) -> Expr:
+    """A user message around expr."""
+    return _role("user", expr)
+
+
+def assistant(expr: Any = None) -> Expr:
+    """An assistant message around expr (typically a gen)."""
+    return _role("assistant", expr)
+
+
+def system_begin() -> Expr:
+    return RoleBegin("system")
+
+
+def system_end() -> Expr:
+    return RoleEnd("system")
+
+
+def user_begin() -> Expr:
+    return RoleBegin("user")
+
+
+def user_end() -> Expr:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> Expr:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> Expr:
+    return RoleEnd("assistant")
