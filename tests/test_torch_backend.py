@@ -19,6 +19,8 @@ MIXED = [(0, 1), (0, 17), (5, 1), (16, 1), (31, 9), (13, 40), (0, 16), (47, 1), 
 DECODE = [(0, 1), (1, 1), (15, 1), (16, 1), (17, 1), (40, 1), (63, 1)]
 EXTEND = [(0, 33), (16, 16), (7, 2), (20, 5)]
 SINGLE = [(29, 1)]
+PREFILL = [(0, 33), (0, 7), (0, 16)]  # fresh prompts only: the unmasked causal path
+PREFILL_AND_DECODE = [(0, 20), (9, 1), (0, 3)]
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, scale: float) -> torch.Tensor:
@@ -76,7 +78,11 @@ def run_case(specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: to
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("ratio", [1, 4, 7])
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("specs", [MIXED, DECODE, EXTEND, SINGLE], ids=["mixed", "decode", "extend", "single"])
+@pytest.mark.parametrize(
+    "specs",
+    [MIXED, DECODE, EXTEND, SINGLE, PREFILL, PREFILL_AND_DECODE],
+    ids=["mixed", "decode", "extend", "single", "prefill", "prefill+decode"],
+)
 def test_matches_naive_attention(specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: torch.dtype) -> None:
     run_case(specs, page_size, ratio, dtype)
 

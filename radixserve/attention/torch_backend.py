@@ -22,9 +22,12 @@ class _Group:
     rows: torch.Tensor | None  # packed rows of the group's tokens, request by request; None: all rows, in order
     pad_index: torch.Tensor | None  # each token's slot in the padded [G * q_len] query layout; None when q_len == 1
     pages: torch.Tensor  # [G * P] pool pages holding keys 0 .. P * page_size - 1 of each request
-    bias: torch.Tensor  # [G, 1, q_len, P * page_size] additive mask: 0 = may attend, -inf = may not
+    bias: torch.Tensor | None  # [G, 1, q_len, P * page_size] additive mask: 0 = may attend, -inf = may not
     num_reqs: int
     q_len: int
+    # Every request starts at position 0 (fresh prefills): plain causal attention over the first q_len keys,
+    # no mask, which lets SDPA skip the masked blocks.
+    causal: bool
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -57,17 +60,21 @@ class TorchAttentionBackend(AttentionBackend):
         num_pages = (int(batch.seq_lens[reqs].max()) + ps - 1) // ps
         # Query i of request r sits at position prefix_lens[r] + i and sees keys 0 .. prefix_lens[r] + i.
         # Padded queries (i >= extend_len) see only real-or-stale finite keys; their output is discarded.
-        last = batch.prefix_lens[reqs].long()[:, None] + torch.arange(q_len)[None, :]
-        mask = torch.arange(num_pages * ps)[None, None, :] <= last[:, :, None]  # [G, q_len, keys]
-        # Additive, in the pool's dtype: SDPA would otherwise convert a boolean mask in every layer.
-        bias = torch.zeros(mask.shape, dtype=self.pool.dtype).masked_fill_(~mask, float("-inf")).unsqueeze(1)
+        prefix = batch.prefix_lens[reqs].long()
+        causal = q_len > 1 and not bool(prefix.any())
+        bias = None
+        if not causal:
+            mask = torch.arange(num_pages * ps)[None, None, :] <= prefix[:, None, None] + torch.arange(q_len)[None, :, None]
+            # Additive, in the pool's dtype: SDPA would otherwise convert a boolean mask in every layer.
+            bias = torch.zeros(mask.shape, dtype=self.pool.dtype).masked_fill_(~mask, float("-inf")).unsqueeze(1).to(device)
         return _Group(
             rows=None if rows is None else rows.to(device),
             pad_index=None if pad_index is None else pad_index.to(device),
             pages=batch.page_table[reqs.to(device), :num_pages].long().flatten(),
-            bias=bias.to(device),
+            bias=bias,
             num_reqs=int(reqs.numel()),
             q_len=q_len,
+            causal=causal,
         )
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -89,15 +96,17 @@ class TorchAttentionBackend(AttentionBackend):
         kv = self.num_kv_heads
         keys = self._gather(k_pages, g).to(q.dtype)  # [G, KV, P * page_size, D]
         values = self._gather(v_pages, g).to(q.dtype)
-        bias = g.bias.to(q.dtype)
+        bias = None if g.bias is None else g.bias.to(q.dtype)
         if g.pad_index is None:
             # Decode: the query heads sharing a KV head become that head's queries (q_len = gqa ratio), which is
             # ~10x faster on CPU than SDPA's enable_gqa with one query per head.
-            o = F.scaled_dot_product_attention(q.view(n, kv, heads // kv, dim), keys, values, attn_mask=bias, scale=self.scale)
+            o = F.scaled_dot_product_attention(q.reshape(n, kv, heads // kv, dim), keys, values, attn_mask=bias, scale=self.scale)
             return o.reshape(n, heads, dim)
         padded = q.new_zeros(g.num_reqs * g.q_len, heads, dim).index_copy_(0, g.pad_index, q)
         padded = padded.view(g.num_reqs, g.q_len, heads, dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(padded, keys, values, attn_mask=bias, scale=self.scale, enable_gqa=True)
+        if g.causal:  # keys past q_len are padding here; dropping them keeps the causal mask square
+            keys, values = keys[:, :, : g.q_len], values[:, :, : g.q_len]
+        o = F.scaled_dot_product_attention(padded, keys, values, attn_mask=bias, is_causal=g.causal, scale=self.scale, enable_gqa=True)
         return o.transpose(1, 2).reshape(g.num_reqs * g.q_len, heads, dim).index_select(0, g.pad_index)
 
     @staticmethod
