@@ -234,6 +234,33 @@ def test_multi_turn_chat_hits_the_cache(client: openai.OpenAI, engine: Engine, m
         messages.append({"role": "assistant", "content": answer})
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_multi_turn_keeps_generated_ids_when_retokenizing_differs(client: openai.OpenAI, engine: Engine,
+                                                                    model: str) -> None:
+    """A sampled answer whose text re-tokenizes into other ids: turn 2 still hits the cache over the whole answer."""
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    params = {"max_new_tokens": 12, "temperature": 1.0, "seed": 0}
+    prompt1 = engine.apply_chat_template(messages)
+    ref = engine.generate(input_ids=prompt1, sampling_params=params, cache_salt="retok-ref")
+    generated = ref["output_ids"]
+    assert engine.tokenizer.encode(ref["text"], add_special_tokens=False) != generated  # the case this test is about
+
+    salt = {"cache_salt": "retok"}
+    r1 = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=1.0, seed=0,
+                                        extra_body=salt)
+    assert r1.choices[0].message.content == ref["text"]
+    messages += [{"role": "assistant", "content": ref["text"]}, {"role": "user", "content": "And then?"}]
+    r2 = client.chat.completions.create(model=model, messages=messages, max_tokens=2, temperature=0, extra_body=salt)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert cached >= page_floor(len(prompt1) + len(generated) - 1)
+    # a plain re-render would have lost the hit where the answer starts
+    naive = engine.apply_chat_template(messages)
+    assert page_floor(common_prefix(naive, prompt1 + generated)) < cached
+
+
 def test_multi_turn_streaming_hits_the_cache(client: openai.OpenAI, model: str) -> None:
     messages = [{"role": "user", "content": "Count with me."}]
     chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=9, temperature=0,
