@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=30000)
     serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every request")
     serve.add_argument("--max-queued-requests", type=int, default=None, help="answer 429 beyond this many waiting")
+    serve.add_argument("--served-model-name", default=None, help="the model id the API reports (default: folder name)")
 
     chat = sub.add_parser("chat", help="chat with the model in the terminal")
     _add_engine_args(chat)
@@ -161,7 +162,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from radixserve.server.launch import run_server
 
     kwargs = engine_kwargs(args, resolve_model(args.model, args.cache_dir))
-    run_server(kwargs, args.host, args.port, args.api_key, args.max_queued_requests)
+    run_server(kwargs, args.host, args.port, args.api_key, args.max_queued_requests,
+               served_model_name=args.served_model_name)
     return 0
 
 

@@ -1,0 +1,89 @@
+"""The `radixserve` command on the tiny model: bad model paths, serve's option plumbing, generate, and chat in a pty."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from radixserve.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["serve"]])
+def test_bad_model_path_is_one_line_and_exit_2(command: list[str], tmp_path: Path, capsys) -> None:
+    (tmp_path / "broken").mkdir()
+    for model, message in ((tmp_path / "missing", "does not exist"), (tmp_path / "broken", "no config.json")):
+        assert main([command[0], "--model", str(model), *command[1:]]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("radixserve: error: ") and message in err, err
+        assert "Traceback" not in err
+
+
+def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -> None:
+    calls = []
+    fake = types.ModuleType("radixserve.server.launch")
+    fake.run_server = lambda *args, **kwargs: calls.append((args, kwargs))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "radixserve.server.launch", fake)
+    argv = ["serve", "--model", str(tiny_model_dir), "--host", "0.0.0.0", "--port", "31234", "--api-key", "sk-x",
+            "--max-queued-requests", "7", "--page-size", "1", "--max-total-tokens", "4096", "--dtype", "float32",
+            "--attention-backend", "torch", "--chunked-prefill-size", "64", "--schedule-policy", "fcfs",
+            "--disable-radix-cache", "--context-length", "512"]
+    assert main(argv) == 0
+    (args, kwargs), = calls
+    engine_kwargs, host, port, api_key, max_queued = args
+    assert (host, port, api_key, max_queued) == ("0.0.0.0", 31234, "sk-x", 7)
+    assert kwargs == {"served_model_name": None}
+    assert engine_kwargs == {
+        "model": str(tiny_model_dir), "dtype": "float32", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
+        "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
+        "max_running_requests": 64, "enable_radix_cache": False,
+    }
+    from radixserve import Engine
+
+    with Engine(**engine_kwargs) as eng:  # every key is one the Engine takes
+        assert eng.model_info()["page_size"] == 1
+
+
+def test_generate_prints_the_greedy_answer(tiny_model_dir: Path, make_engine: Callable, capsys) -> None:
+    prompt = "Hello, world! How are you"
+    want = make_engine(tiny_model_dir).generate(prompt, {"max_new_tokens": 6, "temperature": 0})
+    code = main(["generate", "--model", str(tiny_model_dir), "--dtype", "float32", "--max-new-tokens", "6", prompt])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert out == want["text"] + "\n"
+    n = want["meta_info"]["completion_tokens"]
+    assert re.search(rf"\[{n} tokens \| ttft [\d.]+s \| [\d.]+ tok/s \| cached 0/\d+ prompt tokens", err), err
+
+
+@pytest.mark.slow
+def test_chat_in_a_pty_reuses_the_cache_on_turn_two(tiny_model_dir: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "radixserve.cli", "chat", "--model", str(tiny_model_dir), "--dtype", "float32", "--max-new-tokens", "8",
+         "--temperature", "0", "--system", "You are terse."],
+        cwd=str(REPO), env=env, encoding="utf-8", timeout=120,
+    )
+    try:
+        child.expect(">>> ")
+        cached = []
+        for message in ("Hello, world! How are you today?", "Tell me about the fox and the dog."):
+            child.sendline(message)
+            child.expect(r"cached (\d+)/(\d+) prompt tokens")
+            cached.append((int(child.match.group(1)), int(child.match.group(2))))
+            child.expect(">>> ")
+        child.sendline("exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    (hit1, prompt1), (hit2, prompt2) = cached
+    assert hit1 == 0 and prompt2 > prompt1
+    assert hit2 >= prompt1 // 16 * 16 > 0  # at least the first turn's full pages came from the radix cache
