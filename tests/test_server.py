@@ -295,12 +295,24 @@ def test_generate_native(http: httpx.Client, engine: Engine) -> None:
     with http.stream("POST", "/generate", json={"text": "Hello, world!", "sampling_params": sp, "stream": True,
                                                 "return_logprob": True}) as s:
         events = sse_events(s.iter_lines())
-    # cumulative, as SGLang streams: each event holds everything so far
-    assert [e["output_ids"] for e in events] == [ref["output_ids"][: i + 1] for i in range(len(events))]
-    assert events[-1]["text"] == ref["text"] and events[-1]["meta_info"]["finish_reason"]["type"] == "length"
-    assert len(events[-1]["meta_info"]["output_token_logprobs"]) == 5
+    # the engine's chunks: each holds only what is new, counts are cumulative, the last one has the finish reason
+    assert [i for e in events for i in e["output_ids"]] == ref["output_ids"]
+    assert "".join(e["text"] for e in events) == ref["text"]
+    assert [e["meta_info"]["completion_tokens"] for e in events] == sorted(e["meta_info"]["completion_tokens"]
+                                                                           for e in events)
+    assert events[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert all(e["meta_info"]["finish_reason"] is None for e in events[:-1])
+    assert sum(len(e["meta_info"]["output_token_logprobs"]) for e in events) == 5
     prefill = http.post("/generate", json={"text": "Hello, world!", "sampling_params": {"max_new_tokens": 0}}).json()
     assert prefill["output_ids"] == [] and prefill["meta_info"]["completion_tokens"] == 0
+
+
+def test_tokenize_detokenize(http: httpx.Client, engine: Engine) -> None:
+    text = "Hello, world! 你好"
+    r = http.post("/tokenize", json={"prompt": text}).json()
+    assert r["tokens"] == engine.encode(text) and r["count"] == len(r["tokens"])
+    assert http.post("/detokenize", json={"tokens": r["tokens"]}).json()["prompt"] == text
+    assert http.post("/detokenize", json={"tokens": [10**6]}).status_code == 400
 
 
 def test_cache_salt_isolates(http: httpx.Client) -> None:
@@ -318,6 +330,8 @@ def test_info_health_models_flush(http: httpx.Client, engine: Engine, model: str
     assert http.get("/health").status_code == 200
     info = http.get("/get_model_info").json()
     assert info["context_length"] == engine.context_length and info["served_model_name"] == model
+    assert info["chat_template"] == engine.tokenizer.chat_template
+    assert info["special_tokens"]["eos_token"] == engine.tokenizer.eos_token
     wait_idle(engine)
     r = http.post("/flush_cache")
     assert r.status_code == 200 and r.json()["success"] is True

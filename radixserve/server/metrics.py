@@ -28,8 +28,8 @@ ENGINE_COUNTERS = {  # engine.metrics() key (ending in _total) -> help
 }
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
-ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate", "/flush_cache", "/get_model_info",
-          "/health", "/metrics"}
+ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate", "/tokenize", "/detokenize",
+          "/flush_cache", "/get_model_info", "/health", "/metrics"}
 
 
 class EngineCollector(Collector):

@@ -1,12 +1,13 @@
-"""SGLang-native endpoints: /generate, /flush_cache, /get_model_info, /health, and /metrics.
+"""SGLang-native endpoints: /generate, /tokenize, /detokenize, /flush_cache, /get_model_info, /health, /metrics.
 
 /generate answers with the engine's output dicts as they are ({"text", "output_ids", "meta_info"}, a list for a batch
-or n > 1). Streamed, each event holds the result so far, not just the new part (SGLang's format): text, output_ids and
-output logprobs are cumulative, meta_info counts are current, and the last event has the finish_reason.
+or n > 1). Streamed, each event is one engine chunk: text, output_ids and output logprobs hold only what is new,
+meta_info counts are cumulative, and the last event has the finish_reason; then `data: [DONE]`.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,10 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from radixserve.server.errors import ApiError, bad_request
-from radixserve.server.protocol import GenerateRequest
+from radixserve.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from radixserve.server.serving import (
-    SSE_DONE, EventStream, ServerState, Stream, admit, cache_salt, close_streams, engine_errors, generate, open_streams,
-    read_json, server_state, sse,
+    SSE_DONE, EventStream, ServerState, Stream, admit, cache_salt, close_streams, engine_errors, generate, merged,
+    open_streams, read_json, server_state, sse,
 )
 from radixserve.tokenizer import Tokenizer
 
@@ -96,40 +97,36 @@ async def generate_endpoint(request: Request) -> Response:
 
 
 async def generate_events(state: ServerState, stream: Stream, text_in_logprobs: bool) -> AsyncIterator[bytes]:
-    """SSE of cumulative results, then [DONE]."""
+    """SSE of the engine's chunks as they come (text, output_ids and output logprobs hold only what is new), [DONE]."""
     tok = state.engine.tokenizer
-    text, ids, lps, tops = "", [], [], []
-    prompt_lps: dict[str, Any] = {}  # input logprobs come with the first chunk only
-
-    async def chunks() -> AsyncIterator[dict]:
-        yield stream.first
-        if not stream.finished:
-            async for c in stream.rest:
-                stream.finished = c["meta_info"]["finish_reason"] is not None
-                yield c
-
     try:
-        async for c in chunks():
-            text += c["text"]
-            ids += c["output_ids"]
-            meta = dict(c["meta_info"])
-            lps += meta.get("output_token_logprobs", [])
-            tops += meta.get("output_top_logprobs", [])
-            if "output_token_logprobs" in meta:
-                meta["output_token_logprobs"] = lps
-            if "output_top_logprobs" in meta:
-                meta["output_top_logprobs"] = tops
-            prompt_lps.update({k: meta[k] for k in ("input_token_logprobs", "input_top_logprobs") if k in meta})
-            meta.update(prompt_lps)
-            out = {"text": text, "output_ids": ids, "meta_info": meta}
-            yield sse(state, add_token_text(tok, out) if text_in_logprobs else out)
-            if meta["finish_reason"] is not None:
-                state.metrics.observe(meta)
-    except Exception as exc:
+        async with contextlib.aclosing(merged([stream])) as chunks:
+            async for _, c in chunks:
+                yield sse(state, add_token_text(tok, c) if text_in_logprobs else c)
+                if c["meta_info"]["finish_reason"] is not None:
+                    state.metrics.observe(c["meta_info"])
+    except Exception as exc:  # the status line is gone: report in-band, as the OpenAI routes do
         yield sse(state, {"error": {"message": f"engine failed: {exc}", "type": "service_unavailable"}})
     finally:
         await close_streams(state.engine, [stream])
     yield SSE_DONE
+
+
+async def tokenize(request: Request) -> Response:
+    """{"prompt": str, "add_special_tokens": bool = true} -> {"tokens", "count", "max_model_len"}."""
+    state = server_state(request)
+    req = await read_json(request, TokenizeRequest)
+    tokens = await asyncio.to_thread(state.engine.tokenizer.encode, req.prompt, req.add_special_tokens)
+    return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": state.context_length})
+
+
+async def detokenize(request: Request) -> Response:
+    """{"tokens": [int], "skip_special_tokens": bool = false} -> {"prompt": str}."""
+    state = server_state(request)
+    req = await read_json(request, DetokenizeRequest)
+    if any(not 0 <= t < state.vocab_size for t in req.tokens):
+        raise bad_request(f"tokens must be in [0, {state.vocab_size})", param="tokens")
+    return JSONResponse({"prompt": state.engine.tokenizer.decode(req.tokens, req.skip_special_tokens)})
 
 
 async def flush_cache(request: Request) -> Response:
@@ -141,8 +138,14 @@ async def flush_cache(request: Request) -> Response:
 
 
 async def get_model_info(request: Request) -> Response:
+    """The engine's model_info plus what a client needs to render prompts itself: chat template, special tokens."""
     state = server_state(request)
-    return JSONResponse({**state.engine.model_info(), "served_model_name": state.model_name, "is_generation": True})
+    tok = state.engine.tokenizer
+    template = tok.chat_template.get("default") if isinstance(tok.chat_template, dict) else tok.chat_template
+    specials = {"bos_token": tok.bos_token, "eos_token": tok.eos_token, "pad_token": tok.pad_token,
+                "unk_token": tok.unk_token}
+    return JSONResponse({**state.engine.model_info(), "served_model_name": state.model_name, "is_generation": True,
+                         "chat_template": template, "special_tokens": specials})
 
 
 async def health(request: Request) -> Response:

@@ -91,6 +91,18 @@ class GenerateRequest(Strict):
     rid: str | list[str] | None = None
 
 
+class TokenizeRequest(Strict):
+    prompt: str
+    add_special_tokens: bool = True
+    model: str | None = None
+
+
+class DetokenizeRequest(Strict):
+    tokens: list[int]
+    skip_special_tokens: bool = False
+    model: str | None = None
+
+
 def decode_body(body: bytes, type_: type) -> Any:
     """Decode a JSON body into `type_`, or raise ApiError 400 naming the bad field."""
     try:

@@ -36,6 +36,7 @@ class ServerState:
     model_name: str
     model_path: str
     context_length: int
+    vocab_size: int
     pool_tokens: int  # KV pool capacity in tokens: a prompt plus its answer must fit
     created: int
     max_queued_requests: int | None
