@@ -127,7 +127,9 @@ class Executor:
             raise self.error
 
     def _done(self) -> bool:
-        return self.error is not None or (self.ended and not self._busy)
+        # A state fed by a program thread is done only once that thread ended it (it also turns a failure into the
+        # ProgramError that text_iter raises).
+        return self.ended and (not self._busy or self.error is not None)
 
     # ---- worker side ------------------------------------------------------------------------------------------------
 
