@@ -25,7 +25,7 @@ def _decode_split_kernel(
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
     stride_pt,
-    stride_ob, stride_oh, stride_os,
+    stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -75,7 +75,7 @@ def _decode_split_kernel(
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    tl.store(PartialOut + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :], out,
+    tl.store(PartialOut + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :], out,
              mask=mask_h[:, None] & mask_d[None, :])
     tl.store(PartialLse + b * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
 
@@ -136,6 +136,7 @@ def decode_attention(
     else:
         part, lse = workspace if workspace is not None else decode_workspace(batch, heads, dim, num_splits, q.device)
         assert part.shape == (batch, heads, num_splits, dim) and lse.shape == (batch, heads, num_splits)
+        assert part.stride(-1) == 1 and lse.stride(-1) == 1
     assert q.stride(-1) == 1 and k_buf.stride(-1) == 1 and v_buf.stride(-1) == 1 and out.stride(-1) == 1
     block_d = next_pow2(dim)
     _decode_split_kernel[(batch, kv_heads, num_splits)](

@@ -239,3 +239,59 @@ def test_random_ragged_batches_default_blocks(dtype: torch.dtype, seed: int) -> 
         ref = reference_attention(q[i : i + 1], gather_tokens(k_buf, table[i], s), gather_tokens(v_buf, table[i], s),
                                   s - 1, scale)
         assert_close(out[i : i + 1], ref, dtype, seed, f"decode request {i} (seq_len {s}, {splits} splits)")
+
+
+def compile_for_gpu(arch: int) -> list[str]:
+    """Compile every kernel to a cubin for CUDA `arch` (no GPU needed); returns the compiled kernel names.
+
+    The interpreter checks no GPU limits (tl.dot shapes, shared memory, types), the real compiler does.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.decode_attention import _decode_merge_kernel, _decode_split_kernel
+    from kernels.extend_attention import _extend_kernel
+    from kernels.kv_store import _store_kv_kernel
+
+    from kernels.common import is_interpreted
+
+    assert not is_interpreted(_extend_kernel), "run with TRITON_INTERPRET unset"
+
+    def build(fn: object, pointers: dict[str, str], consts: dict[str, object]) -> str:
+        sig = {n: "constexpr" if n in consts else pointers.get(n, "fp32" if n == "sm_scale_log2" else "i32")
+               for n in fn.arg_names}
+        triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+        return fn.__name__
+
+    built = []
+    for dt, group, dim in (("bf16", 7, 128), ("fp32", 4, 64)):
+        prec = "ieee" if dt == "fp32" else "tf32"
+        block_g = 1 << (group - 1).bit_length()
+        data = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "K_buf", "V_buf")}
+        index = {"PageTable": "*i32", "QoIndptr": "*i32", "PrefixLens": "*i32", "SeqLens": "*i32"}
+        partial = {"PartialOut": "*fp32", "PartialLse": "*fp32"}
+        built.append(build(_extend_kernel, data | index, dict(
+            PAGE_SIZE=16, GROUP=group, HEAD_DIM=dim, BLOCK_G=block_g, BLOCK_TOK=64 // block_g, BLOCK_N=32,
+            BLOCK_D=dim, UPCAST=False, DOT_PRECISION=prec)))
+        for single in (True, False):
+            built.append(build(_decode_split_kernel, data | index | partial, dict(
+                PAGE_SIZE=16, GROUP=group, HEAD_DIM=dim, BLOCK_H=16, BLOCK_N=64, BLOCK_D=dim,
+                SINGLE_SPLIT=single, UPCAST=False, DOT_PRECISION=prec)))
+        built.append(build(_decode_merge_kernel, data | partial, dict(HEAD_DIM=dim, BLOCK_S=16, BLOCK_D=dim)))
+        built.append(build(_store_kv_kernel, data | {"Loc": "*i64"}, dict(ROW=2 * dim, BLOCK=2 * dim)))
+    return built
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_a_real_gpu() -> None:
+    """Lower every kernel through ptxas for sm_90 in a fresh process, where the interpreter is off."""
+    import subprocess
+    import sys
+
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    code = "import test_kernels; print(*test_kernels.compile_for_gpu(90))"
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([tests_dir, os.path.dirname(tests_dir)]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split().count("_decode_split_kernel") == 4, done.stdout
