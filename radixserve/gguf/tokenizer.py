@@ -59,7 +59,9 @@ def build_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
     kind = metadata.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise ValueError(f"GGUF tokenizer {kind!r} is not supported; radixserve reads byte-level BPE ('gpt2') vocabularies")
-    pre = metadata.get("tokenizer.ggml.pre", "gpt-2")
+    pre = metadata.get("tokenizer.ggml.pre")
+    if pre is None:  # llama.cpp then guesses a split that is wrong for most models; refuse rather than mis-tokenize
+        raise ValueError("GGUF file has no tokenizer.ggml.pre (how to split text); re-convert it with a recent llama.cpp")
     if pre not in PRE_TOKENIZERS:
         raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported; known: {', '.join(sorted(PRE_TOKENIZERS))}")
     split, ignore_merges = PRE_TOKENIZERS[pre]
