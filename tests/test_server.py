@@ -446,17 +446,28 @@ def test_unknown_route_has_error_body(http: httpx.Client) -> None:
 
 # ---------------------------------------------------------------- disconnects and concurrency
 
-def test_disconnect_mid_stream_aborts(server: BackgroundServer, engine: Engine) -> None:
+STREAMS = [("/v1/completions", {"prompt": "The quick brown fox"}, 1),
+           ("/v1/chat/completions", {"messages": MESSAGES, "n": 3, "seed": 5, "temperature": 1.0}, 3),
+           ("/generate", {"text": "The quick brown fox", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}},
+            1)]
+
+
+@pytest.mark.parametrize("path,body,n", STREAMS, ids=[p for p, _, _ in STREAMS])
+def test_disconnect_mid_stream_aborts(server: BackgroundServer, engine: Engine, path: str, body: dict,
+                                      n: int) -> None:
     wait_idle(engine)
     before = engine.metrics()["generation_tokens_total"]
-    body = {"prompt": "The quick brown fox", "max_tokens": 400, "ignore_eos": True, "temperature": 0, "stream": True}
-    with httpx.Client(base_url=server.url, timeout=60) as c, c.stream("POST", "/v1/completions", json=body) as s:
+    body = {"max_tokens": 400, "ignore_eos": True, "temperature": 0, **body, "stream": True}
+    if path == "/generate":
+        body = {k: v for k, v in body.items() if k not in ("max_tokens", "ignore_eos", "temperature")}
+    with httpx.Client(base_url=server.url, timeout=60) as c, c.stream("POST", path, json=body) as s:
+        assert s.status_code == 200
         lines = s.iter_lines()
         got = [line for line, _ in zip(lines, range(6)) if line.startswith("data: ")]
         assert got
-    # the connection is closed: the server notices, and the engine drops the request
+    # the connection is closed: the server notices, and the engine drops the request(s)
     wait_idle(engine)
-    assert engine.metrics()["generation_tokens_total"] - before < 400
+    assert engine.metrics()["generation_tokens_total"] - before < 400 * n
     engine.check_invariants()
 
 

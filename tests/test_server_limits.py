@@ -186,3 +186,16 @@ def test_prompt_too_long_for_the_pool(server: BackgroundServer, engine: Engine) 
         ok = c.post("/v1/completions", json={"prompt": "fox", "max_tokens": 2})
         assert ok.status_code == 200
     engine.check_invariants()
+
+
+def test_dead_engine_is_unhealthy_and_answers_503(tiny_model_dir: Path) -> None:
+    eng = Engine(model=tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=256)
+    try:
+        with BackgroundServer(build_app(eng)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+            assert c.get("/health").status_code == 200
+            eng.shutdown()
+            assert c.get("/health").status_code == 503
+            r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+            assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+    finally:
+        eng.shutdown()

@@ -135,13 +135,14 @@ async def unless_disconnected(request: Request, aw: Awaitable[T], on_gone: Any =
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-        if not task.done():
+        gone = not task.done()  # the client left first (or this handler is being cancelled)
+        if gone:
             task.cancel()
             if on_gone is not None:
                 on_gone()
             with contextlib.suppress(BaseException):
                 await task
-    if task.cancelled():
+    if gone:
         raise ClientGone()
     return task.result()
 
@@ -202,12 +203,16 @@ async def open_streams(request: Request, state: ServerState, calls: list[dict[st
 
 
 async def close_streams(eng: Any, streams: list[Stream]) -> None:
-    """Abort what has not finished and close the iterators (idempotent)."""
-    for s in streams:
+    """Abort what has not finished, then close the iterators (idempotent)."""
+    for s in streams:  # aborting is synchronous: it happens even if this task is being cancelled
         if not s.finished:
             eng.abort(s.rid)
             s.finished = True
-        await s.rest.aclose()
+    for s in streams:
+        # an iterator still held by a cancelled pump task refuses aclose(); it is aborted already, and
+        # asyncio finalizes it when the task lets go
+        with contextlib.suppress(RuntimeError):
+            await s.rest.aclose()
 
 
 async def merged(streams: list[Stream]) -> AsyncIterator[tuple[int, dict]]:
