@@ -88,6 +88,7 @@ def test_match_splits_node_at_page_boundary() -> None:
     assert m.pages == pages[:2] and m.node.pages == pages[:2]
     (child,) = m.node.children.values()
     assert child.pages == pages[2:] and child.parent is m.node
+    assert m.node.tokens == tokens[:8] and child.tokens == tokens[8:]
     cache.check_invariants()
 
 
