@@ -63,7 +63,8 @@ class ModelConfig:
             attention_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
             qk_norm=arch == "Qwen3ForCausalLM",
             rope_scaling=rope_scaling,
-            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window") else None,
+            # Qwen configs carry a window they do not use unless use_sliding_window says so; Mistral has no such flag.
+            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
             hf_config=cfg,

@@ -76,7 +76,12 @@ class Engine:
             self.model_path, _DTYPES[dtype], self.device, page_size, max_total_tokens, attention_backend
         )
         cfg = self.runner.config
-        self.context_length = context_length or cfg.max_position_embeddings
+        # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is
+        # implemented), so a windowed model is exact only up to its window.
+        limit = min(cfg.max_position_embeddings, cfg.sliding_window or cfg.max_position_embeddings)
+        if context_length is not None and context_length > limit:
+            raise ValueError(f"context_length {context_length} exceeds what the model supports ({limit})")
+        self.context_length = context_length or limit
         self.max_queued_requests = max_queued_requests
         sched_cfg = SchedulerConfig(
             page_size=page_size,

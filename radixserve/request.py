@@ -54,13 +54,18 @@ class Req:
     sent_text: int = 0  # characters of detok.text already emitted
     sent_logprobs: int = 0
 
-    @property
-    def fill_ids(self) -> list[int]:
-        return self.input_ids + self.output_ids
+    fill_ids: list[int] = field(default_factory=list)  # input_ids + output_ids, kept whole for cheap slicing
+
+    def __post_init__(self) -> None:
+        self.fill_ids = self.input_ids + self.output_ids
+
+    def append_token(self, tok: int) -> None:
+        self.output_ids.append(tok)
+        self.fill_ids.append(tok)
 
     @property
     def num_fill(self) -> int:
-        return len(self.input_ids) + len(self.output_ids)
+        return len(self.fill_ids)
 
     @property
     def pending(self) -> int:

@@ -1,12 +1,17 @@
 """Shared fixtures: tiny Hugging Face model folders (random weights + a tiny BPE tokenizer), built once per session."""
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
+
+# Triton kernels run in the interpreter on a machine without a GPU; it must be chosen before any kernel is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -44,8 +44,13 @@ class KVPool:
     def num_free_pages(self) -> int:
         return len(self._free)
 
+    def is_free(self, page: int) -> bool:
+        return self._is_free[page]
+
     def alloc(self, n: int) -> list[int] | None:
         """Take `n` free pages, or None (taking nothing) if fewer are free."""
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} pages")
         if n > len(self._free):
             return None
         pages = self._free[len(self._free) - n :][::-1]
@@ -55,11 +60,13 @@ class KVPool:
         return pages
 
     def free(self, pages: Iterable[int]) -> None:
+        """Return pages to the free list; a bad or repeated id raises before anything is freed."""
+        pages = list(pages)
+        if len(set(pages)) != len(pages) or any(p <= 0 or p >= self.num_pages or self._is_free[p] for p in pages):
+            raise RuntimeError(f"double free or bad page id among {pages}")
         for p in pages:
-            if p <= 0 or p >= self.num_pages or self._is_free[p]:
-                raise RuntimeError(f"double free or bad page id {p}")
             self._is_free[p] = True
-            self._free.append(p)
+        self._free.extend(pages)
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write k, v `[T, kv_heads, head_dim]` into flat slots `loc` (= page * page_size + offset)."""

@@ -374,7 +374,7 @@ class RadixCache:
                 assert p not in seen, f"page {p} appears twice in the tree"
                 seen.add(p)
                 assert 0 < p < self.pool.num_pages, f"page {p} is a valid, non-sink page id"
-                assert not self.pool._is_free[p], f"tree page {p} is not in the pool's free list"
+                assert not self.pool.is_free(p), f"tree page {p} is not in the pool's free list"
             if node.lock_ref:
                 protected += len(node.pages)
             else:

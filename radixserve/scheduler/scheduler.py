@@ -126,6 +126,8 @@ class Scheduler:
             return
         res = self.cache.insert(req.fill_ids[: n_full * ps], req.pages[:n_full], req.namespace)
         req.pages[: len(res.pages)] = res.pages
+        if len(res.pages) <= req.num_tree_pages:
+            return  # a hash collision stopped the insert where the request's tree pages already end
         self.cache.lock(res.node)
         if req.node is not None:
             self.cache.unlock(req.node)
@@ -309,7 +311,7 @@ class Scheduler:
             out = sample(logits[[r for _, r in rows]], [req.sampling for req, _ in rows])
             for i, (req, _) in enumerate(rows):
                 tok = out.next_ids[i]
-                req.output_ids.append(tok)
+                req.append_token(tok)
                 self.stats.generation_tokens += 1
                 if req.first_token_time is None:
                     req.first_token_time = now
