@@ -61,7 +61,7 @@ def sampling_dict(req: SamplingFields, max_new_tokens: int, max_param: str) -> d
          "repetition_penalty": req.repetition_penalty, "stop": req.stop, "stop_token_ids": req.stop_token_ids,
          "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens, "seed": req.seed, "n": req.n}
     d = {k: v for k, v in d.items() if v is not None}
-    with engine_errors("", {"max_new_tokens": max_param}):
+    with engine_errors(None, {"max_new_tokens": max_param}):
         SamplingParams.from_dict(d)
     return d
 
@@ -84,7 +84,7 @@ def max_tokens(value: int | None, param: str, prompt_len: int, state: ServerStat
 def fan_out(job: Job) -> list[dict[str, Any]]:
     """One stream per sample (engine streams take n == 1): sample i of a prompt seeds with seed + i, as the engine does."""
     calls = []
-    for p, call in enumerate(job.calls):
+    for call in job.calls:
         for i in range(job.n):
             params = dict(call["sampling_params"], n=1)
             if "seed" in params:
@@ -133,14 +133,15 @@ def observe_and_remember(state: ServerState, job: Job, outs: list[dict], chat: b
                                    job.skip_special_tokens)
 
 
-def accumulate(parts: list[dict], chunk: dict) -> None:
-    """Fold a stream chunk into parts[0] ({"text", "output_ids", "meta_info"}, cumulative)."""
-    if not parts:
-        parts.append({"text": "", "output_ids": [], "meta_info": {}})
-    acc = parts[0]
+def empty_output() -> dict[str, Any]:
+    return {"text": "", "output_ids": [], "meta_info": {}}
+
+
+def accumulate(acc: dict[str, Any], chunk: dict) -> None:
+    """Fold a stream chunk into acc, so that it ends as the non-streaming output would be."""
     acc["text"] += chunk["text"]
     acc["output_ids"] += chunk["output_ids"]
-    acc["meta_info"] = chunk["meta_info"]
+    acc["meta_info"] = chunk["meta_info"]  # counts are cumulative already
 
 
 # ---------------------------------------------------------------- logprobs
@@ -246,7 +247,7 @@ async def chat_events(state: ServerState, job: Job, streams: list[Stream], creat
                       include_usage: bool) -> AsyncIterator[bytes]:
     """SSE of chat.completion.chunk objects: a role delta per choice, content deltas, a finish chunk, [DONE]."""
     tok = state.engine.tokenizer
-    acc: list[list[dict]] = [[] for _ in streams]
+    acc = [empty_output() for _ in streams]
 
     def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> bytes:
         return sse(state, ChatCompletionChunk(job.rid, created, state.model_name, choices, use))
@@ -264,10 +265,9 @@ async def chat_events(state: ServerState, job: Job, streams: list[Stream], creat
                 reason = finish_reason(meta)
                 if reason is not None:
                     yield chunk([ChatChunkChoice(i, ChatDelta(), reason)])
-        outs = [a[0] for a in acc]
         if include_usage:
-            yield chunk([], usage(outs, job.n))
-        observe_and_remember(state, job, outs, chat=True)
+            yield chunk([], usage(acc, job.n))
+        observe_and_remember(state, job, acc, chat=True)
     except ApiError as err:
         yield error_event(state, err)
     except Exception as exc:  # the engine died mid-stream: tell the client in-band, the status line is gone
@@ -344,7 +344,7 @@ async def completion_events(state: ServerState, job: Job, streams: list[Stream],
                             include_usage: bool) -> AsyncIterator[bytes]:
     """SSE of text_completion chunks (choice index = prompt * n + sample), then usage if asked, then [DONE]."""
     tok = state.engine.tokenizer
-    acc: list[list[dict]] = [[] for _ in streams]
+    acc = [empty_output() for _ in streams]
     offsets = [0] * len(streams)
 
     def chunk(choices: list[CompletionChoice], use: Usage | None = None) -> bytes:
@@ -353,7 +353,7 @@ async def completion_events(state: ServerState, job: Job, streams: list[Stream],
     try:
         async with contextlib.aclosing(merged(streams)) as events:
             async for i, c in events:
-                first = not acc[i]
+                first = not acc[i]["meta_info"]
                 accumulate(acc[i], c)
                 meta = c["meta_info"]
                 text = c["text"]
@@ -367,8 +367,8 @@ async def completion_events(state: ServerState, job: Job, streams: list[Stream],
                 if text or lp is not None or reason is not None:
                     yield chunk([CompletionChoice(i, text, reason, lp)])
         if include_usage:
-            yield chunk([], usage([a[0] for a in acc], job.n))
-        observe_and_remember(state, job, [a[0] for a in acc], chat=False)
+            yield chunk([], usage(acc, job.n))
+        observe_and_remember(state, job, acc, chat=False)
     except ApiError as err:
         yield error_event(state, err)
     except Exception as exc:

@@ -9,8 +9,8 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -24,15 +24,18 @@ from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.protocol import decode_body
 
+if TYPE_CHECKING:
+    from radixserve.engine import Engine
+
 T = TypeVar("T")
-SAMPLING_FIELDS = {f for f in SamplingParams.__dataclass_fields__}
+SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
 SSE_DONE = b"data: [DONE]\n\n"
 
 
 @dataclass
 class ServerState:
     """What the handlers share, kept on app.state.server (one per app, nothing global)."""
-    engine: Any  # radixserve.Engine
+    engine: Engine
     model_name: str
     model_path: str
     context_length: int
@@ -104,7 +107,7 @@ _PARAM = re.compile(r"^(?P<unknown>unknown sampling parameter\(s\): )?(?P<name>[
 
 
 @contextlib.contextmanager
-def engine_errors(default_param: str, renames: dict[str, str] | None = None) -> Iterator[None]:
+def engine_errors(default_param: str | None, renames: dict[str, str] | None = None) -> Iterator[None]:
     """Map engine exceptions to HTTP: ValueError -> 400 naming the parameter, QueueFullError -> 429, dead loop -> 503."""
     try:
         yield
@@ -116,7 +119,7 @@ def engine_errors(default_param: str, renames: dict[str, str] | None = None) -> 
         known = m is not None and (m.group("unknown") is not None or m.group("name") in SAMPLING_FIELDS)
         param = m.group("name") if known else default_param
         param = (renames or {}).get(param, param)
-        code = "context_length_exceeded" if param == default_param and "context" in text else None
+        code = "context_length_exceeded" if param == default_param and "context length" in text else None
         raise bad_request(text, param=param, code=code) from None
     except RuntimeError as exc:
         raise ApiError(503, f"engine unavailable: {exc}", type="service_unavailable") from None
