@@ -1,7 +1,6 @@
 """ChatPromptBuilder alone: multi-turn prompts extend the previous prompt + generated ids, and never change the text."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
