@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-GRACE_S = 2.5
+GRACE_S = 4.0
 
 
 def free_port() -> int:
