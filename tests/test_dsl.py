@@ -9,6 +9,7 @@ import torch
 
 import frontend_dsl as sgl
 from frontend_dsl.backends.base import common_prefix_len
+from frontend_dsl.prefix_gate import PrefixGate
 from frontend_dsl.roles import RoleTemplates
 from radixserve.tokenizer import Tokenizer
 
@@ -94,6 +95,32 @@ def test_role_segments_concatenate_to_the_template_rendering_of_the_conversation
     # the tiny template allows a system message only first: a clear error, not a wrong prompt
     with pytest.raises(ValueError, match="system"):
         roles.segment("system", first=False)
+
+
+def test_prefix_gate_prefills_the_common_prefix_once_all_programs_arrived_or_left() -> None:
+    import threading
+    import time
+
+    prefilled: list[str] = []
+    gate = PrefixGate(prefilled.append, expected=3)
+    a, b, c = gate.ticket(), gate.ticket(), gate.ticket()
+    waiting = [threading.Thread(target=a.arrive, args=("You are a librarian. Q: 1",)),
+               threading.Thread(target=b.arrive, args=("You are a librarian. Q: 22",))]
+    for t in waiting:
+        t.start()
+    time.sleep(0.1)
+    assert all(t.is_alive() for t in waiting) and prefilled == []  # held until the third program says something
+    c.leave()  # it finished without calling the backend
+    for t in waiting:
+        t.join(timeout=5)
+    assert prefilled == ["You are a librarian. Q: "]
+    a.arrive("later calls pass straight through")
+    assert prefilled == ["You are a librarian. Q: "]
+
+    slow = PrefixGate(prefilled.append, expected=2, timeout_s=0.2)
+    t0 = time.monotonic()
+    slow.ticket().arrive("alone")  # the other program never shows up: the timeout opens the gate
+    assert time.monotonic() - t0 < 2 and prefilled == ["You are a librarian. Q: "]
 
 
 # ---- semantics --------------------------------------------------------------------------------------------------
