@@ -1,0 +1,142 @@
+"""Attention backend on FlashInfer's paged-KV wrappers (CUDA only; `flashinfer` is imported at construction).
+
+A pure-decode step runs `BatchDecodeWithPagedKVCacheWrapper`; any step with a longer chunk runs
+`BatchPrefillWithPagedKVCacheWrapper` with a causal mask aligned to the end of each request's keys. Both read our
+pool's per-layer `[num_pages, page_size, kv_heads, head_dim]` buffers as FlashInfer's NHD layout, so no copy is
+made. `plan` runs once per step (FlashInfer plans on the host from CPU indptrs) and every layer reuses it; `forward`
+writes the step's new K/V into their pages first, so the kernels see prefix and new tokens alike.
+
+For CUDA graphs (radixserve/model/cuda_graph.py): `init_cuda_graph` makes one graph-mode decode wrapper per batch
+size over fixed index buffers, and `plan_cuda_graph` re-plans one of them before each replay.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from radixserve.attention.base import AttentionBackend
+from radixserve.attention.paged_metadata import PagedKVMetadata, build_paged_metadata
+from radixserve.cache.kv_pool import KVPool
+from radixserve.forward_batch import ForwardBatch
+
+# FlashInfer's recommended split-KV scratch size; the decode and prefill wrappers share it (one runs per step).
+WORKSPACE_BYTES = 128 << 20
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def use_tensor_core_decode(num_heads: int, num_kv_heads: int) -> bool:
+    """Tensor-core decode pays off once several query heads share a KV head (an MMA tile of them)."""
+    return num_heads // num_kv_heads >= 4
+
+
+def decode_plan_kwargs(meta: PagedKVMetadata, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                       q_dtype: torch.dtype, kv_dtype: torch.dtype) -> dict[str, Any]:
+    """Keyword arguments of `BatchDecodeWithPagedKVCacheWrapper.plan` for a pure-decode batch (RoPE already applied)."""
+    return dict(indptr=meta.kv_indptr, indices=meta.kv_indices, last_page_len=meta.kv_last_page_len,
+                num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=meta.page_size,
+                pos_encoding_mode="NONE", sm_scale=scale, q_data_type=q_dtype, kv_data_type=kv_dtype)
+
+
+def prefill_plan_kwargs(meta: PagedKVMetadata, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                        q_dtype: torch.dtype, kv_dtype: torch.dtype) -> dict[str, Any]:
+    """Keyword arguments of `BatchPrefillWithPagedKVCacheWrapper.plan`: causal over each request's prefix + new tokens."""
+    return dict(qo_indptr=meta.qo_indptr, paged_kv_indptr=meta.kv_indptr, paged_kv_indices=meta.kv_indices,
+                paged_kv_last_page_len=meta.kv_last_page_len, num_qo_heads=num_heads, num_kv_heads=num_kv_heads,
+                head_dim_qk=head_dim, page_size=meta.page_size, causal=True, pos_encoding_mode="NONE",
+                sm_scale=scale, q_data_type=q_dtype, kv_data_type=kv_dtype)
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    """Paged attention through FlashInfer; `q_dtype` defaults to the pool's dtype (the model's)."""
+
+    def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None,
+                 q_dtype: torch.dtype | None = None, decode_tensor_cores: bool | None = None) -> None:
+        super().__init__(pool, num_heads, head_dim, scale)
+        # Checked before importing flashinfer: its wrappers allocate CUDA and pinned memory on construction.
+        if pool.device.type != "cuda" or not torch.cuda.is_available():
+            raise ValueError(f"the flashinfer attention backend needs a CUDA device; the KV pool is on {pool.device}")
+        self.q_dtype = q_dtype or pool.dtype
+        for name, dt in (("KV pool", pool.dtype), ("query", self.q_dtype)):
+            if dt not in SUPPORTED_DTYPES:
+                raise ValueError(f"the flashinfer backend supports float16 and bfloat16; the {name} dtype is {dt}")
+        self.num_kv_heads = pool.k_buffers[0].shape[2]
+        if num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of the KV heads ({self.num_kv_heads})")
+        try:
+            import flashinfer
+        except ImportError as e:
+            raise RuntimeError("attention_backend 'flashinfer' needs the flashinfer-python package "
+                               "(pip install flashinfer-python; it compiles its kernels with nvcc on first use)") from e
+        self._flashinfer = flashinfer
+        self.tensor_cores = (use_tensor_core_decode(num_heads, self.num_kv_heads)
+                             if decode_tensor_cores is None else decode_tensor_cores)
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
+        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", use_tensor_cores=self.tensor_cores)
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        self.graph_wrappers: dict[int, Any] = {}
+        self._active: Any = None
+        self.out_cache_loc = torch.zeros(0, dtype=torch.int64, device=pool.device)
+
+    # ---- planning ---------------------------------------------------------------------------------------------
+    def _shape(self) -> dict[str, Any]:
+        return dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                    scale=self.scale, q_dtype=self.q_dtype, kv_dtype=self.pool.dtype)
+
+    def plan(self, batch: ForwardBatch) -> None:
+        """Plan the decode or the prefill wrapper for this step; every layer's `forward` reuses the plan."""
+        self.out_cache_loc = batch.out_cache_loc.to(self.pool.device, non_blocking=True)
+        if batch.batch_size == 0:
+            self._active = None
+            return
+        meta = build_paged_metadata(batch)
+        if batch.is_decode:
+            self.decode_wrapper.plan(**decode_plan_kwargs(meta, **self._shape()))
+            self._active = self.decode_wrapper
+        else:
+            self.prefill_wrapper.plan(**prefill_plan_kwargs(meta, **self._shape()))
+            self._active = self.prefill_wrapper
+
+    # ---- CUDA graphs ------------------------------------------------------------------------------------------
+    def init_cuda_graph(self, batch_sizes: Sequence[int], max_pages_per_request: int) -> None:
+        """Fixed index buffers and one graph-mode decode wrapper per batch size (they share the buffers)."""
+        device, max_bs = self.pool.device, max(batch_sizes)
+        self._graph_loc = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self._graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=device)
+        self._graph_indices = torch.zeros(max_bs * max_pages_per_request, dtype=torch.int32, device=device)
+        self._graph_last_page_len = torch.zeros(max_bs, dtype=torch.int32, device=device)
+        self.graph_wrappers = {
+            bs: self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, kv_layout="NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
+                paged_kv_indptr_buffer=self._graph_indptr[: bs + 1],
+                paged_kv_indices_buffer=self._graph_indices,
+                paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs])
+            for bs in batch_sizes
+        }
+
+    def plan_cuda_graph(self, batch: ForwardBatch) -> None:
+        """Plan a (padded) pure-decode batch whose size is one of `init_cuda_graph`'s, into the fixed buffers.
+
+        Called before capture and before every replay: the captured kernels read these buffers' addresses.
+        """
+        bs = batch.batch_size
+        if not batch.is_decode or bs not in self.graph_wrappers:
+            raise ValueError(f"no CUDA-graph decode wrapper for a batch of {bs} (decode: {batch.is_decode})")
+        self._graph_loc[:bs].copy_(batch.out_cache_loc, non_blocking=True)
+        self.out_cache_loc = self._graph_loc[:bs]
+        wrapper = self.graph_wrappers[bs]
+        wrapper.plan(**decode_plan_kwargs(build_paged_metadata(batch), **self._shape()))
+        self._active = wrapper
+
+    # ---- per layer --------------------------------------------------------------------------------------------
+    def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store k/v at the planned slots, then attend; q `[T, H, D]` -> `[T, H, D]` in q's dtype."""
+        k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
+        # index_copy_ into flat slot views: no host sync, so it is also safe inside a CUDA-graph capture.
+        k_buf.view(-1, *k_buf.shape[2:]).index_copy_(0, self.out_cache_loc, k.to(k_buf.dtype))
+        v_buf.view(-1, *v_buf.shape[2:]).index_copy_(0, self.out_cache_loc, v.to(v_buf.dtype))
+        if q.shape[0] == 0 or self._active is None:
+            return torch.empty_like(q)
+        return self._active.run(q.contiguous(), (k_buf, v_buf))
