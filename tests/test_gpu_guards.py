@@ -1,0 +1,162 @@
+"""The GPU path on a machine without one: nothing imports flashinfer or touches CUDA unless asked, asking fails
+clearly, and the CUDA-graph ladder's bucketing and padding (pure functions) are right."""
+from __future__ import annotations
+
+import importlib.abc
+import inspect
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve.attention.paged_metadata import build_paged_metadata
+from radixserve.cache.kv_pool import KVPool
+from radixserve.forward_batch import ForwardBatch
+from radixserve.model.cuda_graph import CudaGraphRunner, graph_batch_sizes, pad_decode_batch, padded_batch_size
+
+ROOT = Path(__file__).resolve().parent.parent
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+
+
+class _BlockFlashInfer(importlib.abc.MetaPathFinder):
+    """Any attempt to import flashinfer fails loudly (not with ImportError, which a caller might swallow)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.split(".")[0] == "flashinfer":
+            raise AssertionError(f"something imported {name}")
+        return None
+
+
+# ---- imports and construction without CUDA -------------------------------------------------------------------
+@no_cuda
+@pytest.mark.slow
+def test_engine_on_cpu_never_imports_flashinfer_or_initializes_cuda(tiny_model_dir: Path) -> None:
+    """A fresh interpreter imports radixserve and the GPU modules, builds an Engine and generates."""
+    code = textwrap.dedent(f"""
+        import importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "flashinfer":
+                    raise AssertionError("imported " + name)
+        sys.meta_path.insert(0, Block())
+        import torch, radixserve
+        import radixserve.attention.flashinfer_backend, radixserve.attention.paged_metadata
+        import radixserve.model.cuda_graph
+        from radixserve import Engine
+        with Engine(model={str(tiny_model_dir)!r}, dtype="float32", max_total_tokens=256) as eng:
+            out = eng.generate(input_ids=[5, 6, 7], sampling_params={{"max_new_tokens": 2, "temperature": 0}})
+        assert len(out["output_ids"]) == 2
+        assert not torch.cuda.is_initialized(), "CUDA was initialized"
+        try:
+            import flashinfer
+        except AssertionError:
+            print("BLOCKER-WORKS")  # the guard above would have caught an import
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "BLOCKER-WORKS" in proc.stdout
+
+
+@no_cuda
+def test_flashinfer_engine_on_cpu_is_a_clear_value_error(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixserve import Engine
+
+    monkeypatch.setattr(sys, "meta_path", [_BlockFlashInfer(), *sys.meta_path])
+    with pytest.raises(ValueError, match="flashinfer.*CUDA"):
+        Engine(model=tiny_model_dir, dtype="float32", attention_backend="flashinfer", max_total_tokens=256)
+
+
+@no_cuda
+def test_flashinfer_backend_on_cpu_pool_is_a_clear_value_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixserve.attention.flashinfer_backend import FlashInferAttentionBackend
+
+    monkeypatch.setattr(sys, "meta_path", [_BlockFlashInfer(), *sys.meta_path])
+    pool = KVPool(2, 4, 16, 2, 64, torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        FlashInferAttentionBackend(pool, 8, 64)
+
+
+@no_cuda
+def test_cuda_graph_runner_on_cpu_is_a_clear_value_error(tiny_model_dir: Path) -> None:
+    from radixserve.attention.torch_backend import TorchAttentionBackend
+    from radixserve.model.loader import load_model
+
+    config, model = load_model(tiny_model_dir, torch.float32, "cpu")
+    pool = KVPool(config.num_layers, 8, 16, config.num_kv_heads, config.head_dim, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        CudaGraphRunner(model, TorchAttentionBackend(pool, config.num_heads, config.head_dim), 8, 256)
+
+
+def test_flashinfer_plan_kwargs_bind_to_the_installed_wrappers() -> None:
+    """Where flashinfer is installed (it imports without a GPU), our plan() keywords exist in its signatures."""
+    flashinfer = pytest.importorskip("flashinfer")
+    from radixserve.attention.flashinfer_backend import decode_plan_kwargs, prefill_plan_kwargs
+
+    meta = build_paged_metadata(ForwardBatch.build([[1], [2, 3]], [3, 20], [[1], [2, 3]], 16, [0, 2]))
+    shape = dict(num_heads=8, num_kv_heads=2, head_dim=128, scale=0.1, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
+    decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper
+    # decode.plan forwards **kwargs to _plan_impl, whose signature names what plan accepts.
+    inspect.signature(getattr(decode, "_plan_impl", decode.plan)).bind(None, **decode_plan_kwargs(meta, **shape))
+    inspect.signature(flashinfer.BatchPrefillWithPagedKVCacheWrapper.plan).bind(None, **prefill_plan_kwargs(meta, **shape))
+
+
+# ---- the CUDA-graph ladder ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("max_bs", [1, 3, 8, 33, 64, 100, 256, 300])
+def test_graph_batch_sizes_ladder(max_bs: int) -> None:
+    sizes = graph_batch_sizes(max_bs)
+    assert sizes[0] == 1 and sizes[-1] == max_bs
+    assert sizes == sorted(set(sizes))
+    assert all(b in sizes for b in (1, 2, 4, 8) if b <= max_bs)
+    # Padding wastes less than a step of the ladder: doubling up to 8, then steps of 8, 16 past 64, 32 past 256.
+    for lo, hi in zip(sizes, sizes[1:]):
+        assert hi - lo <= (lo if lo < 8 else 8 if lo < 64 else 16 if lo < 256 else 32), (lo, hi)
+    assert len(graph_batch_sizes(256)) <= 24
+
+
+def test_padded_batch_size_picks_the_smallest_graph_that_fits() -> None:
+    sizes = graph_batch_sizes(64)
+    for bs in range(1, 65):
+        size = padded_batch_size(bs, sizes)
+        assert size is not None and size >= bs and size in sizes
+        assert not [s for s in sizes if bs <= s < size]
+    assert padded_batch_size(65, sizes) is None  # larger batches run eagerly
+    assert [padded_batch_size(b, sizes) for b in (1, 3, 5, 9, 17, 57)] == [1, 4, 8, 16, 24, 64]
+
+
+def decode_batch(page_size: int) -> ForwardBatch:
+    """Three decode requests at 5, 17 and 33 tokens, the logits wanted for two of them."""
+    tables = [[3], [4, 9], [7, 2, 8]] if page_size == 16 else [list(range(10, 15)), list(range(20, 37)),
+                                                                  list(range(40, 73))]
+    return ForwardBatch.build([[11], [12], [13]], [4, 16, 32], tables, page_size, [0, 2])
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_pad_decode_batch_adds_sink_requests(page_size: int) -> None:
+    batch = decode_batch(page_size)
+    padded = pad_decode_batch(batch, 8)
+    assert padded.batch_size == 8 and padded.is_decode
+    assert padded.input_ids[:3].tolist() == [11, 12, 13] and padded.input_ids[3:].tolist() == [0] * 5
+    assert padded.positions.tolist() == [4, 16, 32] + [0] * 5
+    assert torch.equal(padded.out_cache_loc[:3], batch.out_cache_loc) and padded.out_cache_loc[3:].tolist() == [0] * 5
+    assert padded.seq_lens.tolist() == [5, 17, 33] + [1] * 5
+    assert padded.qo_indptr.tolist() == list(range(9))
+    assert padded.logits_indices.tolist() == [0, 2]  # still the real rows
+    meta, real = build_paged_metadata(padded), build_paged_metadata(batch)
+    n = int(real.kv_indptr[-1])
+    assert torch.equal(meta.kv_indices[:n], real.kv_indices)
+    assert meta.kv_indices[n:].tolist() == [0] * 5  # each sink request reads one token of the sink page
+    assert meta.kv_last_page_len.tolist() == real.kv_last_page_len.tolist() + [1] * 5
+    assert pad_decode_batch(batch, 3).input_ids.tolist() == [11, 12, 13]
+
+
+def test_pad_decode_batch_rejects_what_cannot_be_a_graph() -> None:
+    with pytest.raises(ValueError, match="down to"):
+        pad_decode_batch(decode_batch(16), 2)
+    prefill = ForwardBatch.build([[1, 2, 3]], [0], [[5]], 16, [2])
+    with pytest.raises(ValueError, match="pure-decode"):
+        pad_decode_batch(prefill, 4)
+    empty = pad_decode_batch(ForwardBatch.build([], [], [], 16, []), 4)  # what capture runs
+    assert empty.batch_size == 4 and build_paged_metadata(empty).kv_indices.tolist() == [0] * 4
