@@ -151,9 +151,9 @@ def chat_logprobs(tok: Tokenizer, meta: dict) -> ChatLogprobs:
     tops = meta.get("output_top_logprobs") or [[] for _ in lps]
     content = []
     for (lp, tid), top in zip(lps, tops):
-        s = tok.token_to_str(tid)
-        alts = [TopLogprob(a := tok.token_to_str(t), v, list(a.encode())) for v, t in top or []]
-        content.append(TokenLogprob(s, lp, list(s.encode()), alts))
+        # The token's own bytes: a piece of a multi-byte character has no text of its own (OpenAI's `bytes` field).
+        alts = [TopLogprob(tok.token_to_str(t), v, list(tok.token_bytes(t))) for v, t in top or []]
+        content.append(TokenLogprob(tok.token_to_str(tid), lp, list(tok.token_bytes(tid)), alts))
     return ChatLogprobs(content)
 
 
