@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -100,7 +101,8 @@ def test_flashinfer_plan_kwargs_bind_to_the_installed_wrappers() -> None:
     decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper
     # decode.plan forwards **kwargs to _plan_impl, whose signature names what plan accepts.
     inspect.signature(getattr(decode, "_plan_impl", decode.plan)).bind(None, **decode_plan_kwargs(meta, **shape))
-    inspect.signature(flashinfer.BatchPrefillWithPagedKVCacheWrapper.plan).bind(None, **prefill_plan_kwargs(meta, **shape))
+    prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper
+    inspect.signature(prefill.plan).bind(None, **prefill_plan_kwargs(meta, **shape))
 
 
 # ---- the CUDA-graph ladder ---------------------------------------------------------------------------------------
@@ -160,3 +162,48 @@ def test_pad_decode_batch_rejects_what_cannot_be_a_graph() -> None:
         pad_decode_batch(prefill, 4)
     empty = pad_decode_batch(ForwardBatch.build([], [], [], 16, []), 4)  # what capture runs
     assert empty.batch_size == 4 and build_paged_metadata(empty).kv_indices.tolist() == [0] * 4
+
+
+# ---- the GPU benchmarks' arithmetic (benchmarks/gpu/), checkable without a GPU -------------------------------------
+def llama3_8b() -> Any:
+    from benchmarks.gpu.common import LLAMA3_8B
+    from radixserve.config import ModelConfig
+
+    return ModelConfig.from_hf(LLAMA3_8B)
+
+
+def test_roofline_counts_llama3_8b() -> None:
+    from benchmarks.gpu.roofline import decode_step_bytes, kv_bytes_per_token, prefill_flops, total_params
+
+    cfg = llama3_8b()
+    assert total_params(cfg) == 8_030_261_248  # Meta-Llama-3-8B's published parameter count
+    assert kv_bytes_per_token(cfg, 2) == 2 * 32 * 8 * 128 * 2
+    embed = 128256 * 4096
+    # Batch 1 over 2048 cached tokens: every weight but the embedding table, one embedding row, 2049 tokens of KV.
+    assert decode_step_bytes(cfg, 1, 2048, 2) == (8_030_261_248 - embed) * 2 + 4096 * 2 + 2049 * 131072
+    per_layer = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336
+    # One token, no prefix: matmuls, attention over its one key, the LM head for one row.
+    assert prefill_flops(cfg, 1) == 2 * per_layer * 32 + 4 * 128 * 32 * 32 + 2 * 4096 * 128256
+    # The LM head runs for the logits rows only; causal attention covers the triangle of 8192 * 8193 / 2 keys.
+    assert prefill_flops(cfg, 8192) - prefill_flops(cfg, 8192, logits_rows=0) == 2 * 4096 * 128256
+    assert prefill_flops(cfg, 8192, logits_rows=0) == 2 * 8192 * per_layer * 32 + 4 * 128 * 32 * 32 * (8192 * 8193 / 2)
+    # A cached prefix adds its keys to every new query.
+    assert prefill_flops(cfg, 1, prefix_len=99) - prefill_flops(cfg, 1) == 4 * 128 * 32 * 32 * 99
+
+
+def test_busy_fraction_merges_overlapping_gpu_intervals() -> None:
+    from benchmarks.gpu.bench_engine import busy_fraction
+
+    def ev(cat: str, ts: float, dur: float) -> dict:
+        return {"ph": "X", "cat": cat, "ts": ts, "dur": dur}
+
+    trace = {"traceEvents": [
+        ev("cpu_op", 0, 100),  # the window: 0..100 us
+        ev("kernel", 10, 20), ev("kernel", 20, 20),  # 10..40, overlapping
+        ev("gpu_memcpy", 50, 5), ev("kernel", 90, 10),  # 50..55, 90..100
+        {"ph": "i", "cat": "kernel", "ts": 60},  # an instant event carries no duration
+    ]}
+    busy, span_ms = busy_fraction(trace)
+    assert busy == pytest.approx(0.45) and span_ms == pytest.approx(0.1)
+    with pytest.raises(RuntimeError, match="no GPU activity"):
+        busy_fraction({"traceEvents": [ev("cpu_op", 0, 10)]})

@@ -41,7 +41,8 @@ def decode_plan_kwargs(meta: PagedKVMetadata, num_heads: int, num_kv_heads: int,
 
 def prefill_plan_kwargs(meta: PagedKVMetadata, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                         q_dtype: torch.dtype, kv_dtype: torch.dtype) -> dict[str, Any]:
-    """Keyword arguments of `BatchPrefillWithPagedKVCacheWrapper.plan`: causal over each request's prefix + new tokens."""
+    """Keyword arguments of `BatchPrefillWithPagedKVCacheWrapper.plan`: causal over each request's prefix + new
+    tokens."""
     return dict(qo_indptr=meta.qo_indptr, paged_kv_indptr=meta.kv_indptr, paged_kv_indices=meta.kv_indices,
                 paged_kv_last_page_len=meta.kv_last_page_len, num_qo_heads=num_heads, num_kv_heads=num_kv_heads,
                 head_dim_qk=head_dim, page_size=meta.page_size, causal=True, pos_encoding_mode="NONE",

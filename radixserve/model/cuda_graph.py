@@ -114,7 +114,8 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def _capture(self, size: int) -> None:
-        self.attn.plan_cuda_graph(pad_decode_batch(ForwardBatch.build([], [], [], self.page_size, [], self.device), size))
+        empty = ForwardBatch.build([], [], [], self.page_size, [], self.device)
+        self.attn.plan_cuda_graph(pad_decode_batch(empty, size))  # sink requests only
         batch = self._static_batch(size)
         # Warm up on a side stream first (as torch.cuda.graphs asks): lazy init and autotuning stay out of the graph.
         side = torch.cuda.Stream(self.device)

@@ -1,0 +1,132 @@
+"""Engine-level GPU benchmarks: GPU idle time during steady decode (overlap on/off), and the shared-prefix workload
+with the radix cache on and off (throughput and TTFT).
+
+Idle time comes from a profiler trace of a window of pure decode steps: the union of kernel/memcpy/memset intervals
+over the window's span; what is not covered is time the GPU waited (on Python, launches, or syncs).
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import random
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GPU_EVENT_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def busy_fraction(trace: dict[str, Any]) -> tuple[float, float]:
+    """(fraction of the trace's span covered by GPU work, span in ms) from a Chrome trace of torch.profiler."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+                 if e.get("cat") in GPU_EVENT_CATEGORIES)
+    if not gpu:
+        raise RuntimeError("the profiler recorded no GPU activity")
+    start = min(float(e["ts"]) for e in events)
+    end = max(float(e["ts"]) + float(e["dur"]) for e in events)
+    busy, cur_start, cur_end = 0.0, gpu[0][0], gpu[0][1]
+    for s, e in gpu[1:]:
+        if s > cur_end:
+            busy += cur_end - cur_start
+            cur_start, cur_end = s, e
+        else:
+            cur_end = max(cur_end, e)
+    busy += cur_end - cur_start
+    return busy / (end - start), (end - start) / 1e3
+
+
+def vocab_size(model_dir: Path) -> int:
+    return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+
+
+def engine_supports_overlap() -> bool:
+    from radixserve.engine import Engine
+
+    return "overlap_schedule" in inspect.signature(Engine.__init__).parameters
+
+
+def decode_idle(device: torch.device, model_dir: Path, overlap: bool | None, num_requests: int, prompt_len: int,
+                new_tokens: int, profile_s: float, backend: str) -> dict[str, Any]:
+    """Profile `profile_s` seconds of steady decode of `num_requests` requests; overlap None: the engine's default."""
+    from radixserve import Engine
+
+    kwargs: dict[str, Any] = dict(model=model_dir, dtype="bfloat16", device=str(device), attention_backend=backend,
+                                  max_running_requests=num_requests,
+                                  max_total_tokens=num_requests * (prompt_len + new_tokens + 32))
+    if overlap is not None:
+        kwargs["overlap_schedule"] = overlap
+    rng = random.Random(0)
+    top = min(vocab_size(model_dir), 4000)
+    prompts = [[rng.randrange(3, top) for _ in range(prompt_len)] for _ in range(num_requests)]
+    params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+    with Engine(**kwargs) as eng:
+        eng.generate(input_ids=[[5] * 16] * 4, sampling_params={"max_new_tokens": 4})  # warm-up
+        done: list[Any] = []
+        worker = threading.Thread(target=lambda: done.append(eng.generate(input_ids=prompts, sampling_params=params)))
+        worker.start()
+        total_prompt = num_requests * prompt_len
+        while True:  # wait for pure decode: every prompt computed and a few tokens out
+            m = eng.metrics()
+            if m["num_waiting"] == 0 and m["generation_tokens_total"] >= 4 * num_requests + 4 and \
+                    m["computed_prefill_tokens_total"] >= total_prompt:
+                break
+            if not worker.is_alive():
+                raise RuntimeError("generation ended before steady decode was reached; raise new_tokens")
+            time.sleep(0.02)
+        before = eng.metrics()["generation_tokens_total"]
+        t0 = time.perf_counter()
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            time.sleep(profile_s)
+        wall = time.perf_counter() - t0
+        after = eng.metrics()["generation_tokens_total"]
+        worker.join()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            busy, span_ms = busy_fraction(json.loads(path.read_text()))
+    if after - before >= num_requests * (new_tokens - 4):
+        raise RuntimeError("the profile window reached the end of generation; raise new_tokens")
+    steps = (after - before) / num_requests
+    return {"bench": f"decode idle, {num_requests} reqs", "overlap": "default" if overlap is None else overlap,
+            "backend": backend, "gpu_idle": 1 - busy, "span_ms": span_ms, "steps": steps,
+            "ms_per_step": wall * 1e3 / max(steps, 1), "tok/s": (after - before) / wall}
+
+
+def shared_prefix(device: torch.device, model_dir: Path, cache: bool, groups: int, per_group: int, system_len: int,
+                  question_len: int, answer_len: int, backend: str, max_running: int) -> dict[str, Any]:
+    """`groups` system prompts, each shared by `per_group` requests with their own question; all submitted at once."""
+    from radixserve import Engine
+
+    rng, top = random.Random(1), min(vocab_size(model_dir), 4000)
+    prompts = []
+    for _ in range(groups):
+        system = [rng.randrange(3, top) for _ in range(system_len)]
+        prompts += [system + [rng.randrange(3, top) for _ in range(question_len)] for _ in range(per_group)]
+    params = {"max_new_tokens": answer_len, "temperature": 0, "ignore_eos": True}
+    budget = max_running * (system_len + question_len + answer_len + 32) + groups * system_len
+    with Engine(model=model_dir, dtype="bfloat16", device=str(device), attention_backend=backend,
+                enable_radix_cache=cache, max_running_requests=max_running, max_total_tokens=budget) as eng:
+        eng.generate(input_ids=[[5] * 16] * 4, sampling_params={"max_new_tokens": 4})  # warm-up
+        eng.flush_cache()
+        m0 = eng.metrics()
+        t0 = time.perf_counter()
+        outs = eng.generate(input_ids=prompts, sampling_params=params)
+        wall = time.perf_counter() - t0
+        m1 = eng.metrics()
+    ttft = sorted(o["meta_info"]["ttft"] for o in outs)
+    out_tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    prompt_tokens = sum(len(p) for p in prompts)
+    return {"bench": f"shared prefix {groups}x{per_group}, {system_len}+{question_len} -> {answer_len}",
+            "cache": "on" if cache else "off", "backend": backend, "wall_s": wall, "out_tok/s": out_tokens / wall,
+            "total_tok/s": (out_tokens + prompt_tokens) / wall, "ttft_mean_s": statistics.fmean(ttft),
+            "ttft_p50_s": ttft[len(ttft) // 2], "ttft_p90_s": ttft[int(len(ttft) * 0.9)],
+            "prefill_computed": m1["computed_prefill_tokens_total"] - m0["computed_prefill_tokens_total"],
+            "hit_rate": (m1["cached_tokens_total"] - m0["cached_tokens_total"])
+            / max(m1["prompt_tokens_total"] - m0["prompt_tokens_total"], 1)}

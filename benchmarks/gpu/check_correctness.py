@@ -1,0 +1,188 @@
+"""GPU correctness: the flashinfer and triton backends against the torch backend, CUDA-graph replay against eager,
+and greedy tokens through the whole Engine across backends with the radix cache on and off.
+
+Each check returns rows (dicts) with an `ok` field; run_all prints them and writes them to the results.
+"""
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.gpu.common import SMALL, TINY, build_random_model, write_random_checkpoint
+from radixserve.attention.base import AttentionBackend
+from radixserve.attention.torch_backend import TorchAttentionBackend
+from radixserve.cache.kv_pool import KVPool
+from radixserve.forward_batch import ForwardBatch
+
+# Per element: |out - ref| <= tol * (1 + |ref|). Both sides round once to the output dtype and differ in summation
+# order and in where softmax weights are rounded: about two output roundings.
+TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
+BATCHES: dict[str, tuple[list[tuple[int, int]], int]] = {  # (prefix, extend) per request, shared prefix tokens
+    "decode": ([(0, 1), (15, 1), (16, 1), (17, 1), (40, 1), (2047, 1)], 0),
+    "mixed": ([(0, 5), (19, 1), (33, 1), (16, 21), (0, 16), (47, 1), (3, 2), (300, 200)], 0),
+    "fresh_prefill": ([(0, 33), (0, 7), (0, 700)], 0),
+    "shared_prefix": ([(64, 1), (64, 9), (80, 1), (70, 30)], 64),
+}
+# dtype, page_size, heads, kv_heads, head_dim. Llama-3-8B's heads (GQA 4: tensor-core decode), page sizes 16 and 1,
+# float16, and MHA (CUDA-core decode). Each FlashInfer module compiles on first use, so the list stays short.
+CASES = [
+    (torch.bfloat16, 16, 32, 8, 128),
+    (torch.bfloat16, 1, 32, 8, 128),
+    (torch.float16, 16, 32, 8, 128),
+    (torch.bfloat16, 16, 16, 16, 128),
+]
+
+
+def make_backend(name: str, pool: KVPool, heads: int, head_dim: int) -> AttentionBackend:
+    if name == "torch":
+        return TorchAttentionBackend(pool, heads, head_dim)
+    if name == "triton":
+        from radixserve.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(pool, heads, head_dim)
+    if name == "flashinfer":
+        from radixserve.attention.flashinfer_backend import FlashInferAttentionBackend
+
+        return FlashInferAttentionBackend(pool, heads, head_dim)
+    raise ValueError(name)
+
+
+def random_batch(lens: list[tuple[int, int]], shared_tokens: int, page_size: int, num_pages: int,
+                 rng: random.Random, device: torch.device) -> ForwardBatch:
+    """Requests over shuffled distinct pages, the pages of the first `shared_tokens` tokens common to all."""
+    free = list(range(1, num_pages))
+    rng.shuffle(free)
+    shared = [free.pop() for _ in range(shared_tokens // page_size)]
+    tables = [shared + [free.pop() for _ in range(math.ceil((p + e) / page_size) - len(shared))] for p, e in lens]
+    chunks = [[rng.randrange(100) for _ in range(e)] for _, e in lens]
+    return ForwardBatch.build(chunks, [p for p, _ in lens], tables, page_size, [0], device)
+
+
+def attention_parity(device: torch.device, backends: list[str]) -> list[dict[str, Any]]:
+    """One planned step, two layers, each backend on its own copy of the same random pool vs the torch backend."""
+    rows = []
+    for dtype, page_size, heads, kv_heads, head_dim in CASES:
+        for kind, (lens, shared) in BATCHES.items():
+            seed = random.SystemRandom().randrange(1 << 30)  # fresh inputs every run; the row names the seed
+            rng = random.Random(seed)
+            gen = torch.Generator(device=device).manual_seed(seed)
+            num_pages = 8 + sum(math.ceil((p + e) / page_size) for p, e in lens)
+            pools = {b: KVPool(2, num_pages, page_size, kv_heads, head_dim, dtype, device)
+                     for b in ["torch", *backends]}
+            for layer in range(2):  # stale random values everywhere: a wrong read picks them up
+                for bufs in ("k_buffers", "v_buffers"):
+                    values = torch.randn(pools["torch"].k_buffers[0].shape, generator=gen, device=device).to(dtype)
+                    for pool in pools.values():
+                        getattr(pool, bufs)[layer].copy_(values)
+            batch = random_batch(lens, shared, page_size, num_pages, rng, device)
+            impls = {b: make_backend(b, pools[b], heads, head_dim) for b in pools}
+            for impl in impls.values():
+                impl.plan(batch)
+            worst: dict[str, tuple[float, bool]] = {b: (0.0, True) for b in backends}
+            for layer in range(2):
+                q = torch.randn(batch.num_tokens, heads, head_dim, generator=gen, device=device).to(dtype)
+                k = torch.randn(batch.num_tokens, kv_heads, head_dim, generator=gen, device=device).to(dtype)
+                v = torch.randn(batch.num_tokens, kv_heads, head_dim, generator=gen, device=device).to(dtype)
+                ref = impls["torch"].forward(layer, q, k, v).double()
+                for b in backends:
+                    out = impls[b].forward(layer, q, k, v).double()
+                    err = (out - ref).abs()
+                    ok = bool((err <= TOLERANCE[dtype] * (1 + ref.abs())).all())
+                    ok &= torch.equal(pools[b].k_buffers[layer], pools["torch"].k_buffers[layer])
+                    ok &= torch.equal(pools[b].v_buffers[layer], pools["torch"].v_buffers[layer])
+                    worst[b] = (max(worst[b][0], float(err.max())), worst[b][1] and ok)
+            case = f"{str(dtype).split('.')[-1]} ps{page_size} h{heads}/{kv_heads} d{head_dim} {kind}"
+            rows += [{"check": "attention vs torch", "case": case, "backend": b, "max_abs_err": e, "seed": seed,
+                      "ok": ok} for b, (e, ok) in worst.items()]
+    return rows
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def graph_parity(device: torch.device, batch_sizes: tuple[int, ...] = (1, 3, 8, 13, 40, 64, 5, 1),
+                 ) -> list[dict[str, Any]]:
+    """Decode logits from CUDA-graph replay vs eager flashinfer vs the torch backend, at ladder and padded sizes."""
+    from radixserve.attention.flashinfer_backend import FlashInferAttentionBackend
+    from radixserve.model.cuda_graph import CudaGraphRunner, padded_batch_size
+
+    dtype, page_size, max_ctx = torch.bfloat16, 16, 1024
+    config, model = build_random_model(SMALL, dtype, device, std=0.05)
+    num_pages = 2 + max(batch_sizes) * (max_ctx // page_size)
+    pool = KVPool(config.num_layers, num_pages, page_size, config.num_kv_heads, config.head_dim, dtype, device)
+    gen = torch.Generator(device=device).manual_seed(3)
+    for buf in pool.k_buffers + pool.v_buffers:
+        buf.copy_(torch.randn(buf.shape, generator=gen, device=device).to(dtype))
+    fi = FlashInferAttentionBackend(pool, config.num_heads, config.head_dim)
+    ref = TorchAttentionBackend(pool, config.num_heads, config.head_dim)
+    graphs = CudaGraphRunner(model, fi, max_batch_size=64, max_context_len=max_ctx)
+    rng, rows = random.Random(5), []
+    with torch.inference_mode():
+        for bs in batch_sizes:
+            lens = [rng.randrange(1, max_ctx) for _ in range(bs)]
+            batch = random_batch([(n - 1, 1) for n in lens], 0, page_size, num_pages, rng, device)
+            batch.logits_indices = torch.arange(bs, device=device)
+            logits = {"graph": graphs.forward(batch)}
+            for name, attn in (("eager", fi), ("torch", ref)):
+                attn.plan(batch)
+                logits[name] = model.compute_logits(model(batch, attn)[batch.logits_indices])
+            for name in ("graph", "eager"):
+                err = relative_error(logits[name], logits["torch"])
+                agree = float((logits[name].argmax(-1) == logits["torch"].argmax(-1)).float().mean())
+                rows.append({"check": "decode logits vs torch", "case": f"bs {bs} (graph of "
+                             f"{padded_batch_size(bs, graphs.sizes)})", "backend": name, "rel_err": err,
+                             "argmax_agree": agree, "ok": err < 2e-2})
+    return rows
+
+
+GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+
+
+def greedy_parity(device: torch.device, workdir: Path, backends: list[str], smoke: bool = False,
+                  ) -> list[dict[str, Any]]:
+    """Greedy tokens through the Engine: every backend, cache on and off, a second pass served from the cache.
+
+    float16: tokens must be identical. bfloat16: a divergence passes only at a near-tie of the reference (top-2
+    log-prob margin under 0.05), where bf16 rounding legitimately picks either token.
+    """
+    from radixserve import Engine
+
+    model_dir = write_random_checkpoint(workdir / ("tiny" if smoke else "small"), TINY if smoke else SMALL, device,
+                                        std=0.05)
+    rng = random.Random(11)
+    shared = [rng.randrange(3, 500) for _ in range(100)]
+    prompts = [shared + [rng.randrange(3, 500) for _ in range(n)] for n in (1, 5, 40, 17)]
+    prompts += [[rng.randrange(3, 500) for _ in range(n)] for n in (1, 37, 600)]  # 600 > chunk: chunked prefill
+    rows = []
+    for dtype in ("float16", "bfloat16"):
+        outs: dict[tuple[str, bool], list[list[dict[str, Any]]]] = {}
+        for cache in (True, False):
+            for backend in ["torch", *backends]:
+                with Engine(model=model_dir, dtype=dtype, device=str(device), attention_backend=backend,
+                            enable_radix_cache=cache, chunked_prefill_size=256, max_total_tokens=16384) as eng:
+                    outs[backend, cache] = [eng.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True,
+                                                         top_logprobs_num=2) for _ in range(2)]
+        reference = outs["torch", True][0]
+        for (backend, cache), runs in outs.items():
+            for run, results in enumerate(runs):
+                identical, diverged = 0, []
+                for i, (got, want) in enumerate(zip(results, reference)):
+                    a, b = got["output_ids"], want["output_ids"]
+                    if a == b:
+                        identical += 1
+                        continue
+                    at = next(j for j in range(len(b)) if j >= len(a) or a[j] != b[j])
+                    top = want["meta_info"]["output_top_logprobs"][at]
+                    diverged.append((i, at, top[0][0] - top[1][0]))
+                near_ties = all(margin < 0.05 for _, _, margin in diverged)
+                rows.append({"check": f"greedy {dtype}", "case": f"cache {'on' if cache else 'off'} pass {run + 1}",
+                             "backend": backend, "identical": f"{identical}/{len(prompts)}",
+                             "diverged (prompt, token, ref margin)": ", ".join(f"({i}, {t}, {m:.3f})"
+                                                                              for i, t, m in diverged),
+                             "ok": not diverged or (dtype == "bfloat16" and near_ties)})
+    return rows
