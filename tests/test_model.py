@@ -12,8 +12,8 @@ from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.cache.kv_pool import KVPool
 from radixserve.config import ModelConfig
 from radixserve.forward_batch import ForwardBatch
-from radixserve.model.llama import LlamaForCausalLM
-from radixserve.model.loader import load_model
+from radixserve.model.llama import LlamaForCausalLM, can_pack
+from radixserve.model.loader import iter_safetensors, load_model, safetensors_files
 from radixserve.model.rope import rope_inv_freq
 from tiny_models import ARCHS, make_tiny_checkpoint
 
@@ -157,6 +157,29 @@ def test_sharded_checkpoint_and_bf16(tmp_path: Path) -> None:
     hf16 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     assert (ours16 - hf_logits(hf16, ids)).abs().max().item() < 0.08
     assert (ours16 - ours).abs().max().item() < 0.15
+
+
+@pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16 kernels for this CPU")
+@pytest.mark.parametrize("arch,overrides", [("qwen2", {}), ("llama", {"attention_bias": True})], ids=["tied-qkv-bias", "untied-o-bias"])
+def test_cpu_packed_bf16_matches_plain(tmp_path: Path, arch: str, overrides: dict) -> None:
+    """load_model packs bf16 weights for oneDNN; logits equal the plain F.linear model's, prefill and decode."""
+    path = make_tiny_checkpoint(tmp_path, arch, vocab_size=VOCAB, num_hidden_layers=2, **overrides)
+    config, packed = load_model(path, torch.bfloat16)
+    plain = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    plain.load_weights(iter_safetensors(safetensors_files(path)))
+    linears = [m for m in packed.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.is_mkldnn for m in linears)
+    assert (packed.lm_head or packed.tied_head) is not None
+    assert not packed.embed_tokens.weight.is_mkldnn  # the lookup still reads plain rows
+    ids = tokens(30, 10)
+    outs = []
+    for model in (packed, plain):
+        run = PagedRunner(config, model, 16, dtype=torch.bfloat16)
+        (first,) = run.step([("a", ids[:27], 0), ("b", ids[:5], 0)])[:1]
+        decodes = [run.step([("a", [t], 27 + i)])[0] for i, t in enumerate(ids[27:])]
+        outs.append(torch.cat([first, *decodes]))
+    # Same bf16 inputs, float32 accumulation in both; only the summation order may differ.
+    assert (outs[0] - outs[1]).abs().max().item() < 0.03
 
 
 def test_loader_errors(tmp_path: Path) -> None:

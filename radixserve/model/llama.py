@@ -2,6 +2,9 @@
 
 q/k/v and gate/up are fused into one Linear each at load time; attention goes through an `AttentionBackend`,
 which owns the KV pool. Weight names follow Hugging Face (`model.layers.0.self_attn.q_proj.weight`, ...).
+On CPU in bfloat16 the loader then calls `pack_for_cpu()`, which swaps every Linear weight (and the LM head) for a
+oneDNN-blocked copy: decode steps are matrix-vector products bound by memory bandwidth, and oneDNN streams a
+prepacked weight 2-3x faster than `F.linear` does a plain one, with the same float32 accumulation.
 """
 from __future__ import annotations
 
@@ -30,6 +33,24 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose weight may be replaced by a oneDNN-blocked copy (`pack`); the result is the same."""
+
+    def pack(self) -> None:
+        """Reorder the weight in place into oneDNN's blocked layout (CPU, bf16); frees the plain copy."""
+        self.weight = nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.is_mkldnn:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    """True where `pack_for_cpu` pays: CPU, bfloat16, and a oneDNN build with bf16 kernels for this CPU."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
@@ -39,8 +60,8 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=_o_proj_bias(config))
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=_o_proj_bias(config))
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
@@ -61,8 +82,8 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -91,7 +112,8 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tied_head: Linear | None = None  # pack_for_cpu's packed copy of a tied embedding
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
@@ -104,8 +126,24 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits `[N, vocab]` in float32 for hidden rows `[N, hidden]` (select `batch.logits_indices` first)."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        head = self.lm_head or self.tied_head
+        if head is not None:
+            return head(hidden).float()
+        return F.linear(hidden, self.embed_tokens.weight).float()
+
+    @torch.no_grad()
+    def pack_for_cpu(self) -> None:
+        """Prepack every projection for oneDNN (see the module docstring); call once, after `load_weights`.
+
+        A tied LM head gets its own packed copy of the embedding (vocab x hidden more memory: 272 MB for
+        Qwen2.5-0.5B in bf16), since the embedding lookup needs the plain rows.
+        """
+        if self.lm_head is None and self.tied_head is None:
+            self.tied_head = Linear(self.config.hidden_size, self.config.vocab_size, bias=False, device="meta")
+            self.tied_head.weight = nn.Parameter(self.embed_tokens.weight.detach().clone(), requires_grad=False)
+        for module in self.modules():
+            if isinstance(module, Linear) and not module.weight.is_mkldnn:
+                module.pack()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -9,7 +9,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from radixserve.config import ModelConfig
-from radixserve.model.llama import LlamaForCausalLM
+from radixserve.model.llama import LlamaForCausalLM, can_pack
 
 
 def read_config(path: Path) -> ModelConfig:
@@ -67,4 +67,6 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device 
     model = model.to(dtype).to_empty(device=device)
     model.load_weights(iter_safetensors(files))
     model.rotary.reset_cache()  # to_empty left the non-persistent cos/sin buffers uninitialized
+    if can_pack(dtype, torch.device(device)):
+        model.pack_for_cpu()
     return config, model.eval()
