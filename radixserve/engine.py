@@ -54,7 +54,7 @@ class Engine:
         enable_radix_cache: bool = True,
         schedule_policy: str = "lpm",
         chunked_prefill_size: int = 512,
-        attention_backend: str = "torch",
+        attention_backend: str | None = None,
         max_running_requests: int = 64,
         max_queued_requests: int | None = None,
         context_length: int | None = None,
@@ -69,11 +69,13 @@ class Engine:
             raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
         self.model_path = resolve_model(None if model is None else str(model))
         self.dtype_name = dtype
-        self.attention_backend = attention_backend
         self.device = torch.device(device)
+        # None: FlashInfer on CUDA (the fast path there), the portable torch reference elsewhere.
+        self.attention_backend = attention_backend or ("flashinfer" if self.device.type == "cuda" else "torch")
         self.tokenizer = Tokenizer.from_dir(self.model_path)
         self.runner = ModelRunner(
-            self.model_path, _DTYPES[dtype], self.device, page_size, max_total_tokens, attention_backend
+            self.model_path, _DTYPES[dtype], self.device, page_size, max_total_tokens, self.attention_backend,
+            max_running_requests, context_length,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is

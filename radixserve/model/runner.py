@@ -60,6 +60,9 @@ class ModelRunner:
         page_size: int,
         max_total_tokens: int | None,
         attention_backend: str,
+        max_running_requests: int,
+        context_length: int | None = None,
+        cuda_graph: bool = True,
         mem_fraction: float = 0.3,
     ) -> None:
         self.device = device
@@ -73,9 +76,18 @@ class ModelRunner:
             raise ValueError(f"max_total_tokens={max_total_tokens} is less than one page of {page_size} tokens")
         self.pool = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
         self.attn = make_backend(attention_backend, self.pool, cfg)
+        # Decode steps replay captured CUDA graphs where the backend supports them; everything else runs eagerly.
+        self.graphs = None
+        if cuda_graph and device.type == "cuda" and hasattr(self.attn, "init_cuda_graph"):
+            from radixserve.model.cuda_graph import CudaGraphRunner
+
+            self.graphs = CudaGraphRunner(self.model, self.attn, max_running_requests,
+                                          context_length or cfg.max_position_embeddings)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.forward(batch)
         self.attn.plan(batch)
         hidden = self.model(batch, self.attn)
         return self.model.compute_logits(hidden[batch.logits_indices])
