@@ -12,7 +12,7 @@ from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.cache.kv_pool import KVPool
 from radixserve.config import ModelConfig
 from radixserve.forward_batch import ForwardBatch
-from radixserve.model.llama import LlamaForCausalLM, can_pack
+from radixserve.model.llama import Linear, LlamaForCausalLM, can_pack
 from radixserve.model.loader import iter_safetensors, load_model, safetensors_files
 from radixserve.model.rope import rope_inv_freq
 from tiny_models import ARCHS, make_tiny_checkpoint
@@ -167,7 +167,7 @@ def test_cpu_packed_bf16_matches_plain(tmp_path: Path, arch: str, overrides: dic
     config, packed = load_model(path, torch.bfloat16)
     plain = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     plain.load_weights(iter_safetensors(safetensors_files(path)))
-    linears = [m for m in packed.modules() if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in packed.modules() if isinstance(m, Linear)]
     assert linears and all(m.weight.is_mkldnn for m in linears)
     assert (packed.lm_head or packed.tied_head) is not None
     assert not packed.embed_tokens.weight.is_mkldnn  # the lookup still reads plain rows

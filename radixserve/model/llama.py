@@ -23,10 +23,10 @@ from radixserve.model.rope import RotaryEmbedding, apply_rope
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32 and cast back before the weight multiply, as transformers does."""
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # F.rms_norm accumulates bf16/fp16 input in float32 and rounds once: the same values as
@@ -34,8 +34,16 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
 
-class Linear(nn.Linear):
-    """nn.Linear whose weight may be replaced by a oneDNN-blocked copy (`pack`); the result is the same."""
+class Linear(nn.Module):
+    """y = x W^T + b, like nn.Linear but with no random init (every weight comes from the checkpoint).
+
+    `pack` may replace the weight by a oneDNN-blocked copy; the result is the same.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
 
     def pack(self) -> None:
         """Reorder the weight in place into oneDNN's blocked layout (CPU, bf16); frees the plain copy."""
@@ -53,7 +61,7 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype | None) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = config.num_heads
@@ -61,10 +69,10 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=_o_proj_bias(config))
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, config.attention_bias, dtype)
+        self.o_proj = Linear(self.q_size, config.hidden_size, _o_proj_bias(config), dtype)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
@@ -83,11 +91,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, False, dtype)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -95,12 +103,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype | None) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer_id)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = Attention(config, layer_id, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config, dtype)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn)
@@ -108,15 +116,20 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """The decoder stack plus LM head; `forward` runs one packed step, `compute_logits` projects chosen rows."""
+    """The decoder stack plus LM head; `forward` runs one packed step, `compute_logits` projects chosen rows.
 
-    def __init__(self, config: ModelConfig) -> None:
+    Weights are allocated in `dtype` (default: torch's) and left uninitialized: `load_weights` fills every one.
+    """
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, bias=False)
+        # An explicit weight skips nn.Embedding's random init (a pass over vocab x hidden for nothing).
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size, dtype=dtype))
+        self.layers = nn.ModuleList(DecoderLayer(config, i, dtype) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, False, dtype)
         self.tied_head: Linear | None = None  # pack_for_cpu's packed copy of a tied embedding
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
 
@@ -143,8 +156,8 @@ class LlamaForCausalLM(nn.Module):
         Qwen2.5-0.5B in bf16), since the embedding lookup needs the plain rows.
         """
         if self.lm_head is None and self.tied_head is None:
-            self.tied_head = Linear(self.config.hidden_size, self.config.vocab_size, bias=False, device="meta")
-            self.tied_head.weight = nn.Parameter(self.embed_tokens.weight.detach().clone(), requires_grad=False)
+            self.tied_head = Linear(self.config.hidden_size, self.config.vocab_size, False, dtype=self.embed_tokens.weight.dtype)
+            self.tied_head.weight.copy_(self.embed_tokens.weight)
         for module in self.modules():
             if isinstance(module, Linear) and not module.weight.is_mkldnn:
                 module.pack()

@@ -61,12 +61,10 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device 
         raise ValueError(f"model path {path} is not a directory")
     config = read_config(path)
     files = safetensors_files(path)
-    # Build on the meta device so no random init runs and no float32 copy of a bf16 model is ever allocated.
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model = model.to(dtype).to_empty(device=device)
+    # Built straight in `dtype` with uninitialized weights: no random init, no float32 copy of a bf16 model.
+    with torch.device(device):
+        model = LlamaForCausalLM(config, dtype)
     model.load_weights(iter_safetensors(files))
-    model.rotary.reset_cache()  # to_empty left the non-persistent cos/sin buffers uninitialized
     if can_pack(dtype, torch.device(device)):
         model.pack_for_cpu()
     return config, model.eval()
