@@ -7,7 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,21 @@ from radixserve.model.runner import ModelRunner
 from radixserve.request import Req
 from radixserve.sampling.sampler import SamplingInfo, make_generator
 from radixserve.sampling_params import SamplingParams
+from radixserve.scheduler.batch import ScheduledBatch, StepOutput
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixserve.tokenizer import Tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _IDLE_WAIT_S = 0.05
 _HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop silent this long counts as stuck
+
+
+def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any) -> None:
+    """Hand a result to the caller's event loop from the engine thread."""
+    try:
+        loop.call_soon_threadsafe(fn, item)
+    except RuntimeError:
+        pass  # that loop has closed: its caller left (its request was aborted), so nobody waits for this
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ class Engine:
         context_length: int | None = None,
         device: str = "cpu",
         init_new_token_ratio: float = 0.7,
+        overlap_schedule: bool | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -97,6 +107,10 @@ class Engine:
         eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos, self.device)
 
+        # Overlap: a worker thread runs step N (on a GPU it only launches kernels) while this loop processes step N-1
+        # and schedules N+1. On a CPU both would share the same cores, so it is off there by default.
+        self.overlap_schedule = self.device.type == "cuda" if overlap_schedule is None else overlap_schedule
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="radixserve-step") if self.overlap_schedule else None
         self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._inflight = 0
         self._inflight_lock = threading.Lock()
@@ -125,22 +139,37 @@ class Engine:
 
     # ---- the loop (its own thread; the only code that touches scheduler state) --------------------------------
     def _loop(self) -> None:
+        sched = self.scheduler
+        in_flight: tuple[ScheduledBatch, Future[StepOutput]] | None = None
         try:
             while not self._stop.is_set():
-                self._drain_inbox(block=not self.scheduler.has_work())
-                batch = self.scheduler.schedule()
+                self._drain_inbox(block=in_flight is None and not sched.has_work())
+                batch = sched.schedule(can_retract=in_flight is None)
+                if in_flight is not None and (batch is None or batch.needs_sync):
+                    sched.process(in_flight[0], in_flight[1].result())
+                    in_flight = None
                 if batch is not None:
-                    logits = self.runner.forward(batch.forward)
-                    self.scheduler.process(batch, logits)
-                self._running_snapshot = len(self.scheduler.running)
+                    if self._worker is None:
+                        sched.process(batch, self.runner.execute(batch))
+                    else:
+                        launched = (batch, self._worker.submit(self.runner.execute, batch))
+                        if in_flight is not None:  # step N-1's results, while step N runs
+                            sched.process(in_flight[0], in_flight[1].result())
+                        in_flight = launched
+                self._running_snapshot = len(sched.running)
                 self._heartbeat = time.monotonic()
+            if in_flight is not None:
+                sched.process(in_flight[0], in_flight[1].result())
         except BaseException as exc:  # noqa: BLE001 - the loop must report any death to every waiting caller
             self._error = exc
             self._fail_all(EngineDeadError(f"engine loop died: {exc!r}"))
             raise
+        finally:
+            if self._worker is not None:
+                self._worker.shutdown(wait=True)
         self._drain_inbox(block=False)
-        for req in list(self.scheduler.waiting) + list(self.scheduler.running):
-            self.scheduler.abort(req.rid)
+        for req in list(sched.waiting) + list(sched.running):
+            sched.abort(req.rid)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -323,7 +352,7 @@ class Engine:
     async def _stream(self, spec: _Spec) -> AsyncIterator[dict[str, Any]]:
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue[Any] = asyncio.Queue()
-        req = self._submit(spec, lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c), stream=True)
+        req = self._submit(spec, lambda c: _post(loop, chunks.put_nowait, c), stream=True)
         done = False
         try:
             while not done:
@@ -345,7 +374,7 @@ class Engine:
             if not fut.done():
                 fut.set_result(item)
 
-        req = self._submit(spec, lambda item: loop.call_soon_threadsafe(settle, item), stream=False)
+        req = self._submit(spec, lambda item: _post(loop, settle, item), stream=False)
         try:
             item = await fut
         except asyncio.CancelledError:
@@ -435,7 +464,7 @@ class Engine:
             s = self.scheduler.stats
             return {
                 **self._cache_stats(),
-                "num_running": len(self.scheduler.running),
+                "num_running": len(self.scheduler.running) + len(self.scheduler.finishing),
                 "num_waiting": len(self.scheduler.waiting),
                 "num_retractions": s.retractions,
                 "prompt_tokens_total": s.prompt_tokens,

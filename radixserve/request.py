@@ -37,6 +37,9 @@ class Req:
     num_tree_pages: int = 0
     node: Any = None  # the radix-tree node this request holds a lock on
     admitted: bool = False  # first admission done (cache accounting happens once)
+    slot: int = -1  # while running: where the runner leaves this request's newest sampled id (see ScheduledBatch)
+    steps_in_flight: int = 0  # scheduled steps not yet processed: the request's pages stay until they are
+    inflight_tokens: int = 0  # tokens sampled by such steps that the scheduler has not seen yet
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
     aborted: bool = False
@@ -70,7 +73,7 @@ class Req:
     @property
     def pending(self) -> int:
         """Tokens still to run through the model before the next token can be sampled."""
-        return self.num_fill - self.kv_len
+        return self.num_fill + self.inflight_tokens - self.kv_len
 
     @property
     def finished(self) -> bool:

@@ -475,7 +475,7 @@ def test_disconnect_non_streaming_aborts(server: BackgroundServer, engine: Engin
     wait_idle(engine)
     before = engine.metrics()["generation_tokens_total"]
     body = {"prompt": "The quick brown fox", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
-    with httpx.Client(base_url=server.url, timeout=0.3) as c, pytest.raises(httpx.ReadTimeout):
+    with httpx.Client(base_url=server.url, timeout=0.1) as c, pytest.raises(httpx.ReadTimeout):
         c.post("/v1/completions", json=body)
     wait_idle(engine)
     assert engine.metrics()["generation_tokens_total"] - before < 400

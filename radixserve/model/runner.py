@@ -11,6 +11,8 @@ from radixserve.cache.kv_pool import KVPool
 from radixserve.config import ModelConfig
 from radixserve.forward_batch import ForwardBatch
 from radixserve.model.loader import load_model
+from radixserve.sampling.sampler import sample, token_logprobs
+from radixserve.scheduler.batch import ScheduledBatch, StepOutput
 
 # Past this the pool only costs memory on CPU: tests and benchmarks here never hold more live tokens.
 MAX_AUTO_TOKENS = 1 << 17
@@ -76,6 +78,9 @@ class ModelRunner:
             raise ValueError(f"max_total_tokens={max_total_tokens} is less than one page of {page_size} tokens")
         self.pool = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
         self.attn = make_backend(attention_backend, self.pool, cfg)
+        # Token ids sampled by the latest step, by request slot: the next step's decode inputs may name them before
+        # the CPU has seen them (overlapped scheduling). Steps execute in order, so a slot is written before read.
+        self.future_ids = torch.zeros(max_running_requests, dtype=torch.int64, device=device)
         # Decode steps replay captured CUDA graphs where the backend supports them; everything else runs eagerly.
         self.graphs = None
         if cuda_graph and device.type == "cuda" and hasattr(self.attn, "init_cuda_graph"):
@@ -91,3 +96,23 @@ class ModelRunner:
         self.attn.plan(batch)
         hidden = self.model(batch, self.attn)
         return self.model.compute_logits(hidden[batch.logits_indices])
+
+    @torch.inference_mode()
+    def execute(self, step: ScheduledBatch) -> StepOutput:
+        """Forward, sample and score one scheduled step; runs on the loop thread or on the overlap worker."""
+        batch = step.forward
+        if step.has_placeholders:
+            ids = batch.input_ids
+            batch.input_ids = torch.where(ids < 0, self.future_ids[(-ids - 1).clamp(min=0)], ids)
+        logits = self.forward(batch)
+        prompt = []
+        for pr, (targets, top_k) in zip((p for p in step.prompt_rows if p is not None), step.prompt_targets):
+            first, count, _ = pr
+            prompt.append(token_logprobs(logits[first : first + count], torch.tensor(targets), top_k))
+        rows = [r for r in step.sample_rows if r is not None]
+        if not rows:
+            return StepOutput([], None, None, prompt)
+        out = sample(logits[rows], step.sample_infos)
+        self.future_ids[step.sample_slots] = torch.tensor(out.next_ids, device=self.future_ids.device)
+        return StepOutput(out.next_ids, out.logprobs, out.top_logprobs, prompt)
+

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,7 +12,7 @@ from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
 from radixserve.request import Req
-from radixserve.sampling.sampler import sample, token_logprobs
+from radixserve.scheduler.batch import ScheduledBatch, StepOutput
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -42,17 +42,6 @@ class SchedulerConfig:
 
 
 @dataclass
-class ScheduledBatch:
-    """What one step computes: request i runs `chunks[i]` tokens from its kv_len."""
-
-    reqs: list[Req]
-    chunks: list[int]
-    forward: ForwardBatch
-    sample_rows: list[int | None]  # per request: logits row to sample from (None: mid-prefill or prefill-only)
-    prompt_rows: list[tuple[int, int, int] | None]  # per request: (first logits row, count, first prompt position scored)
-
-
-@dataclass
 class SchedulerStats:
     prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission only)
     hit_tokens: int = 0  # of those, served from the radix cache
@@ -74,6 +63,9 @@ class Scheduler:
         self.device = device
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
+        # Finished or aborted while a step of theirs was still in flight: their pages go back once it is processed.
+        self.finishing: list[Req] = []
+        self._free_slots = list(range(cfg.max_running_requests - 1, -1, -1))
         self.stats = SchedulerStats()
         self.new_token_ratio = cfg.init_new_token_ratio
 
@@ -83,17 +75,13 @@ class Scheduler:
 
     def abort(self, rid: str) -> None:
         """Drop a request wherever it is; what it held goes back (its computed full pages stay cached)."""
-        for req in list(self.waiting):
-            if req.rid == rid:
-                self.waiting.remove(req)
-                self._finish(req, {"type": "abort", "matched": None, "message": "aborted"})
-        for req in list(self.running):
-            if req.rid == rid:
-                self.running.remove(req)
+        for queue in (self.waiting, self.running):
+            for req in [r for r in queue if r.rid == rid]:
+                queue.remove(req)
                 self._finish(req, {"type": "abort", "matched": None, "message": "aborted"})
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.finishing)
 
     # ---- memory -----------------------------------------------------------------------------------------------
     def _alloc(self, n: int) -> list[int] | None:
@@ -121,7 +109,9 @@ class Scheduler:
         if not self.cfg.enable_radix_cache:
             return
         ps = self.cfg.page_size
-        n_full = req.kv_len // ps
+        # kv_len may count a token still being sampled (overlap): only known tokens can be keyed. Pages a later
+        # step is still writing may enter the tree: every reader is a later step, and steps execute in order.
+        n_full = min(req.kv_len, req.num_fill) // ps
         if n_full <= req.num_tree_pages:
             return
         res = self.cache.insert(req.fill_ids[: n_full * ps], req.pages[:n_full], req.namespace)
@@ -142,6 +132,9 @@ class Scheduler:
         if req.node is not None:
             self.cache.unlock(req.node)
         req.pages, req.node, req.num_tree_pages, req.kv_len = [], None, 0, 0
+        if req.slot >= 0:
+            self._free_slots.append(req.slot)
+            req.slot = -1
 
     def _retract(self, req: Req) -> None:
         """Send a running request back to the front of the queue; its cached prefix makes resuming cheap."""
@@ -156,20 +149,31 @@ class Scheduler:
         return min(self.running, key=lambda r: (len(r.output_ids), -r.created))
 
     # ---- scheduling -------------------------------------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch | None:
-        """Pick this step's work: every decode, unfinished prefill chunks, then new requests under the budget."""
+    def _may_sample(self, req: Req) -> bool:
+        """False once the tokens sampled (seen or in flight) reach a length limit: the step in flight ends it."""
+        made = len(req.output_ids) + req.inflight_tokens
+        return made < req.params.max_new_tokens and req.num_fill + req.inflight_tokens < self.cfg.context_length
+
+    def schedule(self, can_retract: bool = True) -> ScheduledBatch | None:
+        """Pick this step's work: every decode, unfinished prefill chunks, then new requests under the budget.
+
+        With `can_retract=False` (a step is in flight, whose requests must keep their pages), a step that would need
+        a retraction returns None instead: the caller processes the step in flight and asks again."""
         self.stats.steps += 1
         self.new_token_ratio = max(self.cfg.min_new_token_ratio, self.new_token_ratio - self.cfg.new_token_ratio_decay)
         ps = self.cfg.page_size
         chunks: dict[int, int] = {}  # id(req) -> tokens this step
 
         # 1. Decodes (pending == 1) get their page first; under pressure the least advanced request is retracted.
-        for req in sorted((r for r in self.running if r.pending == 1), key=lambda r: -len(r.output_ids)):
+        decodes = [r for r in self.running if r.pending == 1 and self._may_sample(r)]
+        for req in sorted(decodes, key=lambda r: -len(r.output_ids)):
             if req not in self.running:
                 continue  # retracted as a victim earlier in this loop
             need = _cdiv(req.kv_len + 1, ps) - len(req.pages)
             pages = self._alloc(need)
             while pages is None:
+                if not can_retract:
+                    return None  # pages handed out above stay with their requests; the next call reuses them
                 victim = self._victim()
                 self._retract(victim)
                 if victim is req:
@@ -195,11 +199,11 @@ class Scheduler:
         if budget > 0 and self.waiting:
             budget = self._admit(budget, chunks)
 
-        if not chunks and self.running:
-            # Nothing could run (every prefill is short of pages): free room by retracting, then try again.
-            self._retract(self._victim())
-            return self.schedule()
         if not chunks:
+            if self.running and can_retract and not any(r.steps_in_flight for r in self.running):
+                # Nothing could run (every prefill is short of pages): free room by retracting, then try again.
+                self._retract(self._victim())
+                return self.schedule()
             return None
         return self._build([r for r in self.running if id(r) in chunks], chunks)
 
@@ -215,8 +219,8 @@ class Scheduler:
             candidates.sort(key=lambda r: -matches[id(r)].num_tokens)  # stable: FCFS among equals
         first_pages: set[tuple[str, int, tuple[int, ...]]] = set()
         for req in candidates:
-            if budget <= 0 or len(self.running) >= self.cfg.max_running_requests:
-                break
+            if budget <= 0 or len(self.running) + len(self.finishing) >= self.cfg.max_running_requests:
+                break  # (finishing requests still hold their runner slot)
             # Re-match: an eviction while admitting an earlier candidate may have shortened this match.
             m = self.cache.match_prefix(req.match_ids(), req.namespace) if cache_on else None
             matched_pages = m.pages if m is not None else []
@@ -249,6 +253,7 @@ class Scheduler:
                 req.cached_tokens = start
                 self.stats.prompt_tokens += len(req.input_ids)
                 self.stats.hit_tokens += start
+            req.slot = self._free_slots.pop()
             self.waiting.remove(req)
             self.running.append(req)
             chunks[id(req)] = chunk
@@ -258,14 +263,20 @@ class Scheduler:
         return budget
 
     def _build(self, reqs: list[Req], chunks: dict[int, int]) -> ScheduledBatch:
+        """Pack the step and advance each request by it: kv_len, in-flight counts and prompt-logprob progress."""
         token_chunks, prefix_lens, tables, logit_rows = [], [], [], []
         sample_rows: list[int | None] = []
         prompt_rows: list[tuple[int, int, int] | None] = []
+        infos, slots, targets = [], [], []
+        placeholders = needs_sync = False
         row = 0
         for req in reqs:
             n = chunks[id(req)]
-            fill = req.fill_ids
-            token_chunks.append(fill[req.kv_len : req.kv_len + n])
+            toks = req.fill_ids[req.kv_len : req.kv_len + n]
+            if len(toks) < n:  # the last input is the token the step in flight is sampling for this request
+                toks.append(-(req.slot + 1))
+                placeholders = True
+            token_chunks.append(toks)
             prefix_lens.append(req.kv_len)
             tables.append(req.pages)
             # Prompt logprobs: row at position q scores prompt token q+1.
@@ -276,53 +287,72 @@ class Scheduler:
                 if hi > lo:
                     pr = (len(logit_rows), hi - lo, lo + 1)
                     logit_rows.extend(range(row + lo - req.kv_len, row + hi - req.kv_len))
+                    targets.append((req.input_ids[lo + 1 : hi + 1], req.top_logprobs_num))
+                    req.next_prompt_logprob_pos = hi + 1 if hi + 1 < len(req.input_ids) else -1
             prompt_rows.append(pr)
-            if req.kv_len + n == req.num_fill and req.params.max_new_tokens > 0:
+            if req.kv_len + n == req.num_fill + req.inflight_tokens and self._may_sample(req):
                 sample_rows.append(len(logit_rows))
                 logit_rows.append(row + n - 1)
+                infos.append(req.sampling)
+                slots.append(req.slot)
+                p = req.params
+                needs_sync |= p.frequency_penalty != 0 or p.presence_penalty != 0 or p.repetition_penalty != 1
+                req.inflight_tokens += 1
             else:
                 sample_rows.append(None)
+            self.stats.computed_prefill_tokens += max(min(req.kv_len + n, len(req.input_ids)) - req.kv_len, 0)
+            req.kv_len += n
+            req.steps_in_flight += 1
             row += n
         fb = ForwardBatch.build(token_chunks, prefix_lens, tables, self.cfg.page_size, logit_rows, self.device)
-        return ScheduledBatch(reqs, [chunks[id(r)] for r in reqs], fb, sample_rows, prompt_rows)
+        return ScheduledBatch(
+            reqs, [chunks[id(r)] for r in reqs], fb, sample_rows, prompt_rows, infos, slots, targets,
+            has_placeholders=placeholders, needs_sync=needs_sync,
+        )
 
     # ---- after the forward ------------------------------------------------------------------------------------
-    def process(self, batch: ScheduledBatch, logits: torch.Tensor) -> None:
-        """Advance every request by what was computed, sample, detokenize, finish and emit."""
+    def process(self, batch: ScheduledBatch, out: StepOutput) -> None:
+        """Take in one executed step: prompt logprobs, cache inserts, sampled tokens, stops; finish and emit."""
         now = time.perf_counter()
-        for req, n, pr in zip(batch.reqs, batch.chunks, batch.prompt_rows):
+        prompt = iter(out.prompt_logprobs)
+        k = 0
+        for req, n, pr, srow in zip(batch.reqs, batch.chunks, batch.prompt_rows, batch.sample_rows):
+            req.steps_in_flight -= 1
             if pr is not None:
-                first, count, pos = pr
-                targets = torch.tensor(req.input_ids[pos : pos + count], device=logits.device)
-                lps, tops = token_logprobs(logits[first : first + count], targets, req.top_logprobs_num)
+                lps, tops = next(prompt)
+                pos = pr[2]
                 for i, (lp, top) in enumerate(zip(lps, tops)):
                     req.input_token_logprobs.append((lp, req.input_ids[pos + i]))
                     req.input_top_logprobs.append(top)
-                req.next_prompt_logprob_pos = pos + count
-                if req.next_prompt_logprob_pos >= len(req.input_ids):
-                    req.next_prompt_logprob_pos = -1
-            self.stats.computed_prefill_tokens += max(min(req.kv_len + n, len(req.input_ids)) - req.kv_len, 0)
-            req.kv_len += n
-            if n > 1 or req.pending > 0:
+            if req.finished:  # aborted or stopped while this step was in flight: its token is dropped
+                if srow is not None:
+                    req.inflight_tokens -= 1
+                    k += 1
+                continue
+            if n > 1 or srow is None:
                 self._insert(req)  # after each prefill chunk
-
-        rows = [(req, r) for req, r in zip(batch.reqs, batch.sample_rows) if r is not None]
-        if rows:
-            out = sample(logits[[r for _, r in rows]], [req.sampling for req, _ in rows])
-            for i, (req, _) in enumerate(rows):
-                tok = out.next_ids[i]
-                req.append_token(tok)
-                self.stats.generation_tokens += 1
-                if req.first_token_time is None:
-                    req.first_token_time = now
-                if req.return_logprob:
-                    assert out.logprobs is not None
-                    req.output_token_logprobs.append((out.logprobs[i], tok))
-                    if req.top_logprobs_num and out.top_logprobs is not None:
-                        req.output_top_logprobs.append(out.top_logprobs[i])
-                self._check_stop(req, tok)
+            if srow is None:
+                continue
+            tok = out.next_ids[k]
+            req.inflight_tokens -= 1
+            req.append_token(tok)
+            self.stats.generation_tokens += 1
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if req.return_logprob:
+                assert out.logprobs is not None
+                req.output_token_logprobs.append((out.logprobs[k], tok))
+                if req.top_logprobs_num and out.top_logprobs is not None:
+                    req.output_top_logprobs.append(out.top_logprobs[k])
+            k += 1
+            self._check_stop(req, tok)
 
         for req in batch.reqs:
+            if req in self.finishing:
+                if req.steps_in_flight == 0:
+                    self.finishing.remove(req)
+                    self._release(req)
+                continue
             if not req.finished and req.params.max_new_tokens == 0 and req.pending == 0:
                 req.finish_reason = {"type": "length", "matched": None}
             if req.finished:
@@ -343,8 +373,12 @@ class Scheduler:
             req.finish_reason = {"type": "length", "matched": None}
 
     def _finish(self, req: Req, reason: dict[str, Any] | None) -> None:
+        """Emit the final result; the pages go back now, or when the request's last step in flight is processed."""
         req.finish_reason = reason
-        self._release(req)
+        if req.steps_in_flight:
+            self.finishing.append(req)
+        else:
+            self._release(req)
         if not (reason and reason["type"] == "stop" and isinstance(reason["matched"], str)):
             req.detok.flush()  # text held back for a possible stop string is the caller's after all
         self.stats.finished += 1
@@ -383,7 +417,7 @@ class Scheduler:
 
     # ---- maintenance ------------------------------------------------------------------------------------------
     def flush_cache(self) -> bool:
-        if self.running or self.waiting:
+        if self.has_work():
             return False
         self.cache.reset()
         return True
@@ -391,7 +425,8 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Every page is free, in the tree, or private to exactly one running request; lock counts add up."""
         self.cache.check_invariants()
-        private = [p for r in self.running for p in (r.pages[r.num_tree_pages :] if self.cfg.enable_radix_cache else r.pages)]
+        holders = self.running + self.finishing
+        private = [p for r in holders for p in (r.pages[r.num_tree_pages :] if self.cfg.enable_radix_cache else r.pages)]
         assert len(private) == len(set(private)), "a private page is held by two requests"
         total = self.pool.num_free_pages + self.cache.total_pages + len(private)
         assert total == self.pool.capacity, (
@@ -400,5 +435,6 @@ class Scheduler:
         )
         for r in self.waiting:
             assert not r.pages and r.node is None, f"waiting request {r.rid} holds pages"
-        if not self.running:
+        if not holders:
             assert self.cache.protected_pages == 0, "no request runs, yet tree pages are locked"
+            assert len(self._free_slots) == self.cfg.max_running_requests, "a runner slot leaked"
