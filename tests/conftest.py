@@ -7,7 +7,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import torch
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see radixserve/__init__.py
+import torch  # noqa: E402
 
 # Triton kernels run in the interpreter on a machine without a GPU; it must be chosen before any kernel is imported.
 if not torch.cuda.is_available():
