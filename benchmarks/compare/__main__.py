@@ -19,10 +19,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks.compare import engines as eng
-from benchmarks.compare import fork, plots, report, workloads
+from benchmarks.compare import fork, guidellm_run, plots, report, workloads
 from benchmarks.compare.client import Replay, Session
 from benchmarks.compare.metrics import best_hit_tokens, summarize
 from benchmarks.compare.micro import gguf_decode_bytes, hf_decode_bytes, measure_bandwidth, micro
@@ -69,6 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="output folder (default: benchmarks/out/compare-<time>)")
     ap.add_argument("--plots", default=None, help="plot folder (default: the output folder)")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--client", default="replay", choices=["replay", "guidellm", "both"],
+                    help="replay: ours (every workload); guidellm: multiturn, rag, nosharing through guidellm")
     args = ap.parse_args(argv)
     args.workloads = list(WORKLOADS) if args.workload == "all" else args.workload.split(",")
     bad = [w for w in args.workloads if w not in WORKLOADS]
@@ -84,9 +87,89 @@ def run_one(server: eng.Server, sessions: list[Session], concurrency: int, tok: 
     wall = asyncio.run(replay.run(sessions))
     row = summarize(replay.results, wall)
     best, total = best_hit_tokens(tok, replay.results)
-    row |= {"best_hit_rate": best / max(total, 1), "peak_rss_mb": server.peak_rss_mb(), "load_start": load_start,
-            "load_end": load1()}
+    row |= {"best_hit_rate": best / max(total, 1), "rss_mb": server.rss_mb(), "peak_rss_mb": server.peak_rss_mb(),
+            "load_start": load_start, "load_end": load1()}
     return row, [dataclasses.asdict(r) for r in replay.results]
+
+
+def served(engine: str, models: eng.Models, out: Path, what: str, rows: dict[str, Any],
+           work: Callable[[eng.Server], None], parallel: int = 4) -> None:
+    """Run work(server) on a fresh server, always stopped after; a failure (of the start too) becomes
+    rows[engine]["error"], so one engine failing does not lose the others' figures."""
+    print(f"[{time.strftime('%H:%M:%S')}] {what} ...", file=sys.stderr, flush=True)
+    server = None
+    try:
+        server = eng.start(engine, models, out / "logs", parallel=parallel)
+        work(server)
+    except Exception as exc:
+        rows[engine] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"{what} failed: {exc}", file=sys.stderr)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+@dataclasses.dataclass
+class Run:
+    """One invocation: the engines, models and sizes, and the document the figures go into."""
+    engines: list[str]
+    models: eng.Models
+    size: workloads.Size
+    tok: Any
+    out: Path
+    doc: dict[str, Any]
+    raw: dict[str, Any] = dataclasses.field(default_factory=dict)
+    trace: list[list[fork.Call]] | None = None  # the DSL fork program as recorded on radixserve
+
+    def replay(self, w: str) -> None:
+        """Workload w through the replay client on every engine, a fresh server each."""
+        rows = self.doc["workloads"].setdefault(w, {})
+        for e in self.engines:
+            if w == "fork" and self.trace is None and not e.startswith("radix"):
+                rows[e] = {"error": "the fork workload is recorded on radixserve: include radix or radix-nocache"}
+                continue
+            served(e, self.models, self.out, f"{w} on {e}", rows, lambda server, e=e: self.replay_one(w, e, server))
+
+    def replay_one(self, w: str, e: str, server: eng.Server) -> None:
+        if w == "fork":
+            if e.startswith("radix"):  # the DSL program itself, natively; the first run is recorded
+                programs, wall, hits = fork.run_programs(server.url, self.size.fork_tasks)
+                self.doc["dsl"][e] = {"wall_s": wall, **hits}
+                self.trace = self.trace or programs
+                eng.flush(server)
+            sessions, conc = fork.sessions(self.trace or []), self.size.fork_concurrency
+        else:
+            sessions, conc = getattr(workloads, w)(self.tok, self.size)
+        self.doc["workloads"][w][e], self.raw[f"{w}/{e}"] = run_one(server, sessions, conc, self.tok)
+
+    def guidellm(self, w: str) -> None:
+        """Workload w through guidellm on every engine, a fresh server each."""
+        rows = self.doc["guidellm"].setdefault(w, {})
+        for e in self.engines:
+            served(e, self.models, self.out, f"{w} on {e} under guidellm", rows,
+                   lambda server, e=e: rows.__setitem__(e, self.guidellm_one(w, server)))
+
+    def guidellm_one(self, w: str, server: eng.Server) -> dict[str, Any]:
+        load_start = load1()
+        row = guidellm_run.run(w, self.size, server.url, self.models.hf_dir, self.out / "guidellm")
+        return row | {"rss_mb": server.rss_mb(), "peak_rss_mb": server.peak_rss_mb(), "load_start": load_start,
+                      "load_end": load1()}
+
+    def micro(self) -> None:
+        """The micro-benchmark on every engine, beside the memory bandwidth measured now."""
+        res = self.doc["micro"] = {"bandwidth_gb_s": measure_bandwidth(self.models.threads),
+                                   "threads": self.models.threads, "engines": {}}
+        for e in self.engines:
+            if e != "radix-nocache":  # distinct prompts: the cache changes nothing here
+                served(e, self.models, self.out, f"micro on {e}", res["engines"],
+                       lambda server, e=e: res["engines"].__setitem__(e, self.micro_one(e, server)),
+                       parallel=max(self.size.micro_batches))
+
+    def micro_one(self, e: str, server: eng.Server) -> dict[str, Any]:
+        r = micro(server.url, self.tok, self.size)
+        read = gguf_decode_bytes(self.models.gguf) if e == "llama" else hf_decode_bytes(self.models.hf_dir)
+        return r | {"decode_bytes": read, "ceiling_tok_s": self.doc["micro"]["bandwidth_gb_s"] * 1e9 / read,
+                    "rss_mb": server.rss_mb(), "peak_rss_mb": server.peak_rss_mb()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +182,6 @@ def main(argv: list[str] | None = None) -> int:
     hf_dir = Path(args.hf_dir) if args.hf_dir else hf_dir
     models = eng.Models(gguf if gguf and gguf.exists() else None, hf_dir, args.threads, args.kv_tokens)
     size = workloads.SIZES[args.size]
-    tok = Tokenizer.from_dir(hf_dir)
     out = Path(args.out) if args.out else eng.REPO / "benchmarks" / "out" / time.strftime("compare-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
 
@@ -113,45 +195,25 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"meta": {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "commit": commit(),
         "command": "python -m benchmarks.compare " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "load_start": load1(), "size": args.size, "engines": engines,
+        "load_start": load1(), "size": args.size, "engines": engines, "client": args.client,
         "size_detail": ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(size).items()),
-        "models": {"gguf": str(models.gguf), "hf_dir": str(hf_dir)}}, "workloads": {}, "dsl": {}}
-    raw: dict[str, Any] = {}
-    trace: list[list[fork.Call]] | None = None
-
+        "models": {"gguf": str(models.gguf), "hf_dir": str(hf_dir)}}, "workloads": {}, "dsl": {}, "guidellm": {}}
+    run = Run(engines, models, size, Tokenizer.from_dir(hf_dir), out, doc)
+    use_guidellm = args.client in ("guidellm", "both")
+    if use_guidellm and not guidellm_run.available():
+        print("skipping guidellm: not installed (run scripts/install_peers.sh)", file=sys.stderr)
+        use_guidellm = False
     for w in args.workloads:
         if w == "micro":
-            doc["micro"] = run_micro(engines, models, tok, size, out)
+            run.micro()
             continue
-        rows = doc["workloads"].setdefault(w, {})
-        for e in engines:
-            if w == "fork" and trace is None and not e.startswith("radix"):
-                rows[e] = {"error": "the fork workload is recorded on radixserve: include radix or radix-nocache"}
-                continue
-            print(f"[{time.strftime('%H:%M:%S')}] {w} on {e} ...", file=sys.stderr, flush=True)
-            server = None
-            try:
-                server = eng.start(e, models, out / "logs")
-                if w == "fork":
-                    sessions, conc = None, size.fork_concurrency
-                    if e.startswith("radix"):  # the DSL program itself, natively; the first run is recorded
-                        programs, wall, hits = fork.run_programs(server.url, size.fork_tasks)
-                        doc["dsl"][e] = {"wall_s": wall, **hits}
-                        trace = trace or programs
-                        eng.flush(server)
-                    sessions = fork.sessions(trace)
-                else:
-                    sessions, conc = getattr(workloads, w)(tok, size)
-                rows[e], raw[f"{w}/{e}"] = run_one(server, sessions, conc, tok)
-            except Exception as exc:  # one engine failing must not lose the others' figures
-                rows[e] = {"error": f"{type(exc).__name__}: {exc}"}
-                print(f"{w} on {e} failed: {exc}", file=sys.stderr)
-            finally:
-                if server is not None:
-                    server.stop()
+        if args.client in ("replay", "both"):
+            run.replay(w)
+        if use_guidellm and w in guidellm_run.WORKLOADS:
+            run.guidellm(w)
     doc["meta"]["load_end"] = load1()
     (out / "results.json").write_text(json.dumps(doc, indent=1))
-    (out / "results_raw.json").write_text(json.dumps(raw))
+    (out / "results_raw.json").write_text(json.dumps(run.raw))
     md = report.markdown(doc)
     if not args.no_plots:
         made = plots.all_plots(doc, Path(args.plots) if args.plots else out)
@@ -160,31 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     print(f"written to {out}", file=sys.stderr)
     return 0
-
-
-def run_micro(engines: list[str], models: eng.Models, tok: Any, size: workloads.Size, out: Path) -> dict[str, Any]:
-    """The micro-benchmark on every engine, with the bandwidth measured now (same run)."""
-    res: dict[str, Any] = {"bandwidth_gb_s": measure_bandwidth(models.threads), "threads": models.threads,
-                           "engines": {}}
-    for e in engines:
-        if e == "radix-nocache":
-            continue  # the cache changes nothing here: distinct prompts
-        print(f"[{time.strftime('%H:%M:%S')}] micro on {e} ...", file=sys.stderr, flush=True)
-        server = None
-        try:
-            server = eng.start(e, models, out / "logs", parallel=max(size.micro_batches))
-            r = micro(server.url, tok, size)
-            fmt_bytes = gguf_decode_bytes(models.gguf) if e == "llama" else hf_decode_bytes(models.hf_dir)
-            r |= {"decode_bytes": fmt_bytes, "ceiling_tok_s": res["bandwidth_gb_s"] * 1e9 / fmt_bytes,
-                  "peak_rss_mb": server.peak_rss_mb()}
-            res["engines"][e] = r
-        except Exception as exc:
-            res["engines"][e] = {"error": f"{type(exc).__name__}: {exc}"}
-            print(f"micro on {e} failed: {exc}", file=sys.stderr)
-        finally:
-            if server is not None:
-                server.stop()
-    return res
 
 
 if __name__ == "__main__":

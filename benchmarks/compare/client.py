@@ -38,6 +38,7 @@ class Result:
     session: int
     stage: int
     tag: str
+    max_tokens: int
     sent: float
     ttft: float
     end: float
@@ -121,7 +122,7 @@ class Replay:
         end = time.perf_counter()
         if usage is None:
             raise RuntimeError(f"{self.url}{path} sent no usage (stream_options.include_usage)")
-        return Result(session, stage, step.tag, sent - t0, (first if first is not None else end) - sent, end - t0,
+        return Result(session, stage, step.tag, step.max_tokens, sent - t0, (first if first is not None else end) - sent, end - t0,
                       int(usage["prompt_tokens"]), int(usage["completion_tokens"]), cached_tokens(usage, timings),
                       messages, step.prompt, "".join(pieces))
 

@@ -43,10 +43,17 @@ class Server:
     info: dict[str, str] = field(default_factory=dict)
 
     def peak_rss_mb(self) -> float | None:
-        """Peak resident memory of the server process so far (VmHWM), in MiB; None once it is gone."""
+        """Peak resident memory of the server process so far (VmHWM, model loading included), in MiB."""
+        return self._status_mb("VmHWM:")
+
+    def rss_mb(self) -> float | None:
+        """Resident memory of the server process now (VmRSS), in MiB."""
+        return self._status_mb("VmRSS:")
+
+    def _status_mb(self, field: str) -> float | None:
         try:
             for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+                if line.startswith(field):
                     return int(line.split()[1]) / 1024
         except OSError:
             return None

@@ -54,9 +54,9 @@ def best_hit_tokens(tok: Any, results: list[Result]) -> tuple[int, int]:
 
 
 def summarize(results: list[Result], wall: float) -> dict[str, Any]:
-    """TTFT p50/p95 and ITL p50 (ms) over requests that generated tokens, requests/s, output tokens/s, prompt tokens
-    computed versus served from the cache (None where the server does not say), and TTFT per tag."""
-    gen = [r for r in results if r.completion_tokens > 0]
+    """TTFT p50/p95 and ITL p50 (ms) over requests that asked for tokens (not prefill-only ones), requests/s, output
+    tokens/s, prompt tokens computed versus served from the cache (None where the server does not say), TTFT per tag."""
+    gen = [r for r in results if r.max_tokens > 0 and r.completion_tokens > 0]
     ttft = [1e3 * r.ttft for r in gen]
     itl = [1e3 * (r.e2e - r.ttft) / (r.completion_tokens - 1) for r in gen if r.completion_tokens > 1]
     prompt = sum(r.prompt_tokens for r in results)

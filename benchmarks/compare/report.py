@@ -12,10 +12,14 @@ def _f(x: Any, digits: int = 1) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
+def _mem(r: dict[str, Any]) -> str:
+    return f"{_f(r.get('rss_mb'), 0)} / {_f(r.get('peak_rss_mb'), 0)}"
+
+
 def workload_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
     """One line per engine: latency, throughput, prompt tokens computed/cached, hit rate vs best, peak RSS."""
     head = ("| engine | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | req/s | out tok/s | prompt tok computed / from cache "
-            "| hit rate (best possible) | peak RSS MiB | wall s | load 1m |")
+            "| hit rate (best possible) | RSS after / peak MiB | wall s | load 1m |")
     lines = [f"**{name}**", "", head, "|" + "---|" * (head.count("|") - 1)]
     for engine, r in rows.items():
         if "error" in r:
@@ -24,7 +28,7 @@ def workload_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
         computed = "n/a" if r["computed_tokens"] is None else f"{r['computed_tokens']:,} / {r['cached_tokens']:,}"
         hit = "n/a" if r["hit_rate"] is None else f"{r['hit_rate']:.1%} ({r['best_hit_rate']:.1%})"
         lines.append(f"| {engine} | {_f(r['ttft_p50_ms'], 0)} | {_f(r['ttft_p95_ms'], 0)} | {_f(r['itl_p50_ms'], 0)} "
-                     f"| {_f(r['req_s'], 2)} | {_f(r['output_tok_s'])} | {computed} | {hit} | {_f(r['peak_rss_mb'], 0)} "
+                     f"| {_f(r['req_s'], 2)} | {_f(r['output_tok_s'])} | {computed} | {hit} | {_mem(r)} "
                      f"| {_f(r['wall_s'])} | {_f(r['load_start'], 1)}-{_f(r['load_end'], 1)} |")
     return "\n".join(lines)
 
@@ -38,6 +42,21 @@ def tag_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
     lines = [f"TTFT p50 ms per {name} step", "", "| engine | " + " | ".join(tags) + " |", "|---" * (len(tags) + 1) + "|"]
     for e in engines:
         lines.append(f"| {e} | " + " | ".join(_f(rows[e]["by_tag"].get(t, {}).get("ttft_p50_ms"), 0) for t in tags) + " |")
+    return "\n".join(lines)
+
+
+def guidellm_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
+    """guidellm's own figures per engine (its synthetic version of the workload; compare only within this table)."""
+    head = ("| engine | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | req/s | out tok/s | requests ok / failed "
+            "| RSS after / peak MiB | load 1m |")
+    lines = [f"**{name}, under guidellm**", "", head, "|" + "---|" * (head.count("|") - 1)]
+    for engine, r in rows.items():
+        if "error" in r:
+            lines.append(f"| {engine} | failed: {r['error'][:150]} |" + " |" * (head.count("|") - 3))
+            continue
+        lines.append(f"| {engine} | {_f(r['ttft_p50_ms'], 0)} | {_f(r['ttft_p95_ms'], 0)} | {_f(r['itl_p50_ms'], 0)} "
+                     f"| {_f(r['req_s'], 2)} | {_f(r['output_tok_s'])} | {r['successful']} / {r['errored']} "
+                     f"| {_mem(r)} | {_f(r['load_start'], 1)}-{_f(r['load_end'], 1)} |")
     return "\n".join(lines)
 
 
@@ -121,6 +140,8 @@ def markdown(doc: dict[str, Any]) -> str:
         if name == "fork" and dsl:
             parts += ["DSL program run natively on radixserve (the run the replay was recorded from): "
                       + "; ".join(f"{e}: {d['wall_s']:.1f} s, hit rate {d['hit_rate']:.1%}" for e, d in dsl.items()), ""]
+    for name, rows in doc.get("guidellm", {}).items():
+        parts += [guidellm_table(name, rows), ""]
     if doc.get("micro"):
         parts += ["**micro**", "", micro_table(doc["micro"]), ""]
     g = goals(doc)
