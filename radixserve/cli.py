@@ -27,7 +27,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (default: from free memory)")
     p.add_argument("--context-length", type=int, default=None, help="cap the context below the model's own")
-    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton", "flashinfer"])
+    p.add_argument("--attention-backend", default=None, choices=["torch", "triton", "flashinfer"],
+                   help="default: flashinfer on CUDA, torch elsewhere")
+    p.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule step N+1 while step N runs (default: on for CUDA, off on CPU)")
     p.add_argument("--chunked-prefill-size", type=int, default=512, help="max prompt tokens computed per step")
     p.add_argument("--schedule-policy", default="lpm", choices=["lpm", "fcfs"])
     p.add_argument("--max-running-requests", type=int, default=64)
@@ -81,6 +84,7 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "schedule_policy": args.schedule_policy,
         "max_running_requests": args.max_running_requests,
         "enable_radix_cache": not args.disable_radix_cache,
+        "overlap_schedule": args.overlap_schedule,
     }
 
 

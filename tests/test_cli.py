@@ -43,7 +43,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
     assert engine_kwargs == {
         "model": str(tiny_model_dir), "dtype": "float32", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
-        "max_running_requests": 64, "enable_radix_cache": False,
+        "max_running_requests": 64, "enable_radix_cache": False, "overlap_schedule": None,
     }
     from radixserve import Engine
 
