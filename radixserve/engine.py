@@ -6,6 +6,7 @@ import queue
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -28,6 +29,12 @@ from radixserve.tokenizer import Tokenizer
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _IDLE_WAIT_S = 0.05
 _HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop silent this long counts as stuck
+
+
+def _stop_loop(stop: threading.Event, thread: threading.Thread) -> None:
+    stop.set()
+    if thread.is_alive() and thread is not threading.current_thread():
+        thread.join()
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any) -> None:
@@ -120,6 +127,9 @@ class Engine:
         self._heartbeat = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="radixserve-loop", daemon=True)
         self._thread.start()
+        # An engine never shut down still stops its loop at interpreter exit, before torch's threads are torn down
+        # under it (that aborts the process).
+        weakref.finalize(self, _stop_loop, self._stop, self._thread)
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> "Engine":
@@ -130,9 +140,7 @@ class Engine:
 
     def shutdown(self) -> None:
         """Stop the loop; requests still queued or running end with finish_reason abort."""
-        if self._thread.is_alive():
-            self._stop.set()
-            self._thread.join()
+        _stop_loop(self._stop, self._thread)
 
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self._error is None and time.monotonic() - self._heartbeat < _HEARTBEAT_LIMIT_S
