@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 
-# libgomp reads this once, when torch loads: idle OpenMP threads sleep instead of spinning ~300k iterations at
-# every barrier. On a shared machine (more runnable threads than cores) spinning makes 2 threads ~10x slower.
+# What radixserve/__init__.py sets, here before this script imports torch (libgomp reads it when torch loads):
+# idle OpenMP threads sleep instead of spinning, which on a busy machine made 2 threads ~10x slower. transformers
+# runs in this process, so it gets the same setting.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
