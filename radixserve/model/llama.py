@@ -143,7 +143,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits `[N, vocab]` in float32 for hidden rows `[N, hidden]` (select `batch.logits_indices` first)."""
-        head = self.lm_head or self.tied_head
+        head = self.lm_head if self.lm_head is not None else self.tied_head
         if head is not None:
             return head(hidden).float()
         return F.linear(hidden, self.embed_tokens.weight).float()
