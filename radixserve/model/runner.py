@@ -14,8 +14,9 @@ from radixserve.model.loader import load_model
 from radixserve.sampling.sampler import sample, token_logprobs
 from radixserve.scheduler.batch import ScheduledBatch, StepOutput
 
-# Past this the pool only costs memory on CPU: tests and benchmarks here never hold more live tokens.
-MAX_AUTO_TOKENS = 1 << 17
+# On a CPU a bigger pool only costs start-up time (it is zeroed) and memory: 64k tokens hold dozens of long
+# conversations, and a CPU computes far fewer tokens than that per minute. GPUs size it from free memory alone.
+CPU_MAX_AUTO_TOKENS = 1 << 16
 
 
 def make_backend(name: str, pool: KVPool, config: ModelConfig) -> AttentionBackend:
@@ -72,7 +73,9 @@ class ModelRunner:
         cfg = self.config
         bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
         if max_total_tokens is None:
-            max_total_tokens = min(int(_available_memory(device) * mem_fraction) // bytes_per_token, MAX_AUTO_TOKENS)
+            max_total_tokens = int(_available_memory(device) * mem_fraction) // bytes_per_token
+            if device.type == "cpu":
+                max_total_tokens = min(max_total_tokens, CPU_MAX_AUTO_TOKENS)
         num_pages = max_total_tokens // page_size + 1  # + the sink page
         if num_pages < 2:
             raise ValueError(f"max_total_tokens={max_total_tokens} is less than one page of {page_size} tokens")
