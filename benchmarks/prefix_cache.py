@@ -50,8 +50,8 @@ def main() -> None:
     print(f"machine: {platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"workload: {args.requests} requests, {args.prefix}-token shared prefix, {args.tail}-token tails, "
           f"{args.new_tokens} new tokens, bf16, 12 layers hidden 768")
-    print(f"| cache | wall s | prefill tokens computed | hit rate |")
-    print(f"|---|---|---|---|")
+    print("| cache | wall s | prefill tokens computed | hit rate |")
+    print("|---|---|---|---|")
     print(f"| off | {off[0]:.2f} | {off[1]} | {off[2]:.3f} |")
     print(f"| on  | {on[0]:.2f} | {on[1]} | {on[2]:.3f} |")
     print(f"speed-up (off/on wall): {off[0] / on[0]:.2f}x; prefill tokens off/on: {off[1] / max(on[1], 1):.2f}x")

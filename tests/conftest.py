@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from engine_checks import assert_at_rest  # noqa: E402
 from tiny_models import make_tiny_checkpoint  # noqa: E402
 from tiny_tokenizer import build_tokenizer  # noqa: E402
 
@@ -63,9 +64,6 @@ def make_engine() -> Iterator[Callable[..., object]]:
     for eng in engines:
         try:
             if eng.is_alive():
-                eng.check_invariants()
-                assert eng.flush_cache(), "requests still running at the end of the test"
-                stats = eng.cache_stats()
-                assert stats["free_pages"] == stats["total_pages"], stats
+                assert_at_rest(eng)
         finally:
             eng.shutdown()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from engine_checks import assert_at_rest
 from radixserve.model.resolve import assemble_default_gguf, default_cache_dir, resolve_model
 
 
@@ -52,9 +53,6 @@ def real_engine(real_model_dir: Path) -> Iterator[Any]:
     eng = Engine(model=real_model_dir, dtype="float32", max_total_tokens=8192)
     try:
         yield eng
-        eng.check_invariants()
-        assert eng.flush_cache()
-        stats = eng.cache_stats()
-        assert stats["free_pages"] == stats["total_pages"], stats
+        assert_at_rest(eng)
     finally:
         eng.shutdown()

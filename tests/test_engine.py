@@ -3,28 +3,17 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from pathlib import Path
 
 import pytest
 
-from radixserve import Engine
+from engine_checks import wait_idle
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
 def rand_ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(3, 500) for _ in range(n)]
-
-
-def wait_idle(eng: Engine, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = eng.metrics()
-        if m["num_running"] == 0 and m["num_waiting"] == 0:
-            return
-        time.sleep(0.02)
-    raise AssertionError("engine did not become idle")
 
 
 def test_repeated_prompt_reports_full_pages_cached(tiny_model_dir: Path, make_engine) -> None:

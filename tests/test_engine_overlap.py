@@ -5,7 +5,8 @@ import asyncio
 import random
 from pathlib import Path
 
-from test_engine import rand_ids, wait_idle
+from engine_checks import wait_idle
+from test_engine import rand_ids
 
 
 def run_workload(eng) -> list:

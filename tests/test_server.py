@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine_checks import assert_at_rest, wait_idle
 from radixserve import Engine
 from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
@@ -31,11 +31,7 @@ def engine(tiny_model_dir: Path) -> Iterator[Engine]:
     eng = Engine(model=tiny_model_dir, dtype="float32", page_size=PAGE, max_total_tokens=8192)
     yield eng
     try:
-        wait_idle(eng)
-        eng.check_invariants()
-        assert eng.flush_cache()
-        stats = eng.cache_stats()
-        assert stats["free_pages"] == stats["total_pages"], stats
+        assert_at_rest(eng)
     finally:
         eng.shutdown()
 
@@ -60,14 +56,6 @@ def http(server: BackgroundServer) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def model(engine: Engine) -> str:
     return engine.model_info()["model_name"]
-
-
-def wait_idle(engine: Engine, timeout: float = 20.0) -> None:
-    """Block until nothing runs or waits (aborts reach the engine loop asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while (m := engine.metrics())["num_running"] or m["num_waiting"]:
-        assert time.monotonic() < deadline, f"engine still busy: {m}"
-        time.sleep(0.02)
 
 
 def sse_events(lines: Iterator[str]) -> list[Any]:

@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from engine_checks import assert_at_rest, wait_idle
 from radixserve import Engine
 from radixserve.errors import QueueFullError
 from radixserve.server.app import build_app
@@ -33,11 +34,7 @@ def engine(tiny_model_dir: Path) -> Iterator[Engine]:
                  max_running_requests=1)
     yield eng
     try:
-        wait_idle(eng)
-        eng.check_invariants()
-        assert eng.flush_cache()
-        stats = eng.cache_stats()
-        assert stats["free_pages"] == stats["total_pages"], stats
+        assert_at_rest(eng)
     finally:
         eng.shutdown()
 
@@ -51,13 +48,6 @@ def server(engine: Engine) -> Iterator[BackgroundServer]:
 def http(server: BackgroundServer, key: str | None = KEYS[0], timeout: float = 60) -> httpx.Client:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.Client(base_url=server.url, headers=headers, timeout=timeout)
-
-
-def wait_idle(engine: Engine, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (m := engine.metrics())["num_running"] or m["num_waiting"]:
-        assert time.monotonic() < deadline, f"engine still busy: {m}"
-        time.sleep(0.02)
 
 
 def wait_for(engine: Engine, key: str, value: int, timeout: float = 20.0) -> None:

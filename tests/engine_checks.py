@@ -1,0 +1,22 @@
+"""Checks every engine test ends with (DESIGN.md rule 2): at rest, nothing leaked, a flush frees every page."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def wait_idle(engine: Any, timeout: float = 30.0) -> None:
+    """Block until nothing runs or waits (aborts reach the engine loop asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while (m := engine.metrics())["num_running"] or m["num_waiting"]:
+        assert time.monotonic() < deadline, f"engine still busy: {m}"
+        time.sleep(0.02)
+
+
+def assert_at_rest(engine: Any) -> None:
+    """Idle, invariants hold, and flushing the cache returns every page to the free list."""
+    wait_idle(engine)
+    engine.check_invariants()
+    assert engine.flush_cache(), "requests still running"
+    stats = engine.cache_stats()
+    assert stats["free_pages"] == stats["total_pages"], stats
