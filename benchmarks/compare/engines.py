@@ -142,7 +142,11 @@ def start(engine: str, models: Models, log_dir: Path, parallel: int = 4, timeout
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{engine}-{port}.log"
     log = open(log_path, "wb")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(models.threads)}
+    # Each engine runs with its own OpenMP wait policy (llama.cpp's CPU backend uses OpenMP too): importing radixserve
+    # here set PASSIVE in this process, radixserve's default for a shared machine; llama.cpp's default (spin, then
+    # sleep) decodes 2x faster on an idle machine and much slower on a busy one, so measure when the load is low.
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(models.threads)}
     proc = subprocess.Popen(command(engine, models, port, parallel), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     server = Server(engine, f"http://127.0.0.1:{port}", proc, log_path, log)

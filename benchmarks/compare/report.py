@@ -100,7 +100,7 @@ def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
             out.append((f"{name}: radix output tok/s >= llama.cpp's", f"{r:.2f}x", "met" if r and r >= 1 else "gap"))
     for name, rows in w.items():
         rx = rows.get("radix", {})
-        if rx.get("hit_rate") is not None and rx.get("best_hit_rate"):
+        if rx.get("hit_rate") is not None and rx.get("best_hit_rate", 0) >= 0.01:  # else nothing to reuse
             r = rx["hit_rate"] / rx["best_hit_rate"]
             out.append((f"{name}: radix hit rate >= 95% of best possible",
                         f"{rx['hit_rate']:.1%} of {rx['best_hit_rate']:.1%} = {r:.0%}", "met" if r >= 0.95 else "gap"))
