@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hf-dir", default=None, help="the same model as a HF folder (default: the converted default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-tokens", type=int, default=16384, help="KV cache size of every engine, in tokens")
+    ap.add_argument("--radix-page-size", type=int, default=None, help="radixserve's KV page size (default: its own, 16)")
     ap.add_argument("--out", default=None, help="output folder (default: benchmarks/out/compare-<time>)")
     ap.add_argument("--plots", default=None, help="plot folder (default: the output folder)")
     ap.add_argument("--no-plots", action="store_true")
@@ -157,19 +158,24 @@ class Run:
 
     def micro(self) -> None:
         """The micro-benchmark on every engine, beside the memory bandwidth measured now."""
-        res = self.doc["micro"] = {"bandwidth_gb_s": measure_bandwidth(self.models.threads),
-                                   "threads": self.models.threads, "engines": {}}
+        before = measure_bandwidth(self.models.threads)
+        res = self.doc["micro"] = {"bandwidth_gb_s": before, "threads": self.models.threads, "engines": {}}
         for e in self.engines:
             if e != "radix-nocache":  # distinct prompts: the cache changes nothing here
                 served(e, self.models, self.out, f"micro on {e}", res["engines"],
                        lambda server, e=e: res["engines"].__setitem__(e, self.micro_one(e, server)),
                        parallel=max(self.size.micro_batches))
+        # the ceilings use the better of the two measurements (before and after), the stricter yardstick
+        res["bandwidth_samples_gb_s"] = [before, measure_bandwidth(self.models.threads)]
+        res["bandwidth_gb_s"] = max(res["bandwidth_samples_gb_s"])
+        for r in res["engines"].values():
+            if "decode_bytes" in r:
+                r["ceiling_tok_s"] = res["bandwidth_gb_s"] * 1e9 / r["decode_bytes"]
 
     def micro_one(self, e: str, server: eng.Server) -> dict[str, Any]:
         r = micro(server.url, self.tok, self.size)
         read = gguf_decode_bytes(self.models.gguf) if e == "llama" else hf_decode_bytes(self.models.hf_dir)
-        return r | {"decode_bytes": read, "ceiling_tok_s": self.doc["micro"]["bandwidth_gb_s"] * 1e9 / read,
-                    "rss_mb": server.rss_mb(), "peak_rss_mb": server.peak_rss_mb()}
+        return r | {"decode_bytes": read, "rss_mb": server.rss_mb(), "peak_rss_mb": server.peak_rss_mb()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     gguf, hf_dir = default_models()
     gguf = None if args.gguf == "none" else Path(args.gguf) if args.gguf else gguf
     hf_dir = Path(args.hf_dir) if args.hf_dir else hf_dir
-    models = eng.Models(gguf if gguf and gguf.exists() else None, hf_dir, args.threads, args.kv_tokens)
+    models = eng.Models(gguf if gguf and gguf.exists() else None, hf_dir, args.threads, args.kv_tokens,
+                        args.radix_page_size)
     size = workloads.SIZES[args.size]
     out = Path(args.out) if args.out else eng.REPO / "benchmarks" / "out" / time.strftime("compare-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)

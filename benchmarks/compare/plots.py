@@ -44,15 +44,21 @@ def throughput_vs_concurrency(micro: dict[str, Any], path: Path) -> Path:
     """Decode tokens/s against batch size (concurrent requests) per engine, with the batch-1 bandwidth ceilings."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=90)
+    ceilings: dict[float, list[str]] = {}  # engines reading the same weight bytes share one ceiling line
+    batches: set[int] = set()
     for e, r in micro["engines"].items():
         if "decode_tok_s" not in r:
             continue
         bs = sorted(r["decode_tok_s"], key=int)
+        batches |= {int(b) for b in bs}
         ax.plot([int(b) for b in bs], [r["decode_tok_s"][b] for b in bs], "o-", color=COLORS.get(e), label=e)
         if r.get("ceiling_tok_s"):
-            ax.axhline(r["ceiling_tok_s"], color=COLORS.get(e), ls=":", lw=1,
-                       label=f"{e}: bandwidth ceiling @ batch 1")
+            ceilings.setdefault(round(r["ceiling_tok_s"], 1), []).append(e)
+    for value, names in ceilings.items():
+        ax.axhline(value, color=COLORS.get(names[0]), ls=":", lw=1,
+                   label=f"{'/'.join(names)}: bandwidth ceiling @ batch 1")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(batches), [str(b) for b in sorted(batches)])
     ax.set_xlabel("concurrent requests (decode batch)")
     ax.set_ylabel("decode tokens/s")
     ax.set_title(f"Decode throughput vs concurrency ({micro['bandwidth_gb_s']:.0f} GB/s memory)")

@@ -64,7 +64,8 @@ def micro_table(micro: dict[str, Any]) -> str:
     """Prefill and decode tokens/s per engine, beside the bandwidth ceiling of its weight format."""
     rows = micro["engines"]
     batches = list(dict.fromkeys(b for r in rows.values() if "decode_tok_s" in r for b in r["decode_tok_s"]))
-    lines = [f"Memory bandwidth (copy, {micro['threads']} threads): {micro['bandwidth_gb_s']:.1f} GB/s", "",
+    lines = [f"Memory read bandwidth ({micro['threads']} threads, best sum over 1 GiB): {micro['bandwidth_gb_s']:.1f} GB/s; "
+             "ceiling = bandwidth / weight bytes one decode step reads", "",
              "| engine | prefill tok/s | " + " | ".join(f"decode tok/s @ batch {b}" for b in batches)
              + " | weights read per decode step MB | bandwidth ceiling @ batch 1 tok/s | batch 1 / ceiling |",
              "|---" * (len(batches) + 5) + "|"]
