@@ -40,7 +40,8 @@ class Shim:
         self.target = target
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.client = httpx.AsyncClient(base_url=target, timeout=3600)
+        # a fresh loopback connection per request: a pooled one the server has since closed fails the request
+        self.client = httpx.AsyncClient(base_url=target, timeout=3600, limits=httpx.Limits(max_keepalive_connections=0))
         app = Starlette(routes=[Route("/{path:path}", self.forward, methods=["GET", "POST"])])
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name="guidellm-shim", daemon=True)
@@ -105,6 +106,7 @@ def _stat(metrics: dict[str, Any], name: str, key: str) -> float | None:
 
 def run(workload: str, size: Size, url: str, tokenizer: Path, out_dir: Path) -> dict[str, Any]:
     """Run guidellm on one workload against the server at url; its TTFT p50/p95, ITL p50, requests/s, output tok/s."""
+    out_dir = out_dir.resolve()  # guidellm runs in out_dir: relative paths would point elsewhere
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"guidellm-{workload}-{int(time.time())}.json"
     scen = out_dir / f"{out.stem}-scenario.json"

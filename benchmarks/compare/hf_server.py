@@ -5,7 +5,7 @@
 So that every engine is driven by the same client, transformers gets the smallest server that serves the benchmark:
 static batching (requests that arrive while a batch runs wait for the next one; those arriving within a short window
 are left-padded into one generate() call), greedy decoding, ignore_eos, no prompt cache. Routes: /health,
-/v1/completions, /v1/chat/completions (stream or not; streams end with a usage chunk). max_tokens=0 (prefill only)
+/v1/models, /v1/completions, /v1/chat/completions (stream or not; streams end with a usage chunk). max_tokens=0 (prefill only)
 has no generate() equivalent: it generates one token and returns none.
 """
 from __future__ import annotations
@@ -138,6 +138,13 @@ def _as_list(x: Any) -> list[int]:
     return list(x) if isinstance(x, (list, tuple)) else [int(x)]
 
 
+def _text(content: Any) -> str:
+    """A message's content as text: OpenAI allows a list of parts ({"type": "text", "text": ...})."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
 class Handler:
     """The HTTP routes; requests become Jobs, their tokens come back through an asyncio queue."""
 
@@ -147,6 +154,9 @@ class Handler:
 
     async def health(self, request: Request) -> Response:
         return Response("ok")
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
 
     async def completions(self, request: Request) -> Response:
         body = await request.json()
@@ -161,8 +171,8 @@ class Handler:
 
     async def chat(self, request: Request) -> Response:
         body = await request.json()
-        ids = self.tok.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True,
-                                           return_dict=False)
+        messages = [dict(m, content=_text(m.get("content"))) for m in body["messages"]]
+        ids = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         return await self.respond(body, list(ids), chat=True)
 
     async def respond(self, body: dict[str, Any], ids: list[int], chat: bool) -> Response:
@@ -222,7 +232,8 @@ def build_app(model_dir: str, threads: int, max_batch: int, dtype: str) -> Starl
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     model.eval()
     handler = Handler(Worker(model, tokenizer, max_batch), model_dir)
-    routes = [Route("/health", handler.health), Route("/v1/completions", handler.completions, methods=["POST"]),
+    routes = [Route("/health", handler.health), Route("/v1/models", handler.models),
+              Route("/v1/completions", handler.completions, methods=["POST"]),
               Route("/v1/chat/completions", handler.chat, methods=["POST"])]
     return Starlette(routes=routes)
 

@@ -12,6 +12,11 @@ def _f(x: Any, digits: int = 1) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
+def _oneline(text: str, limit: int = 200) -> str:
+    """An error message fit for one table cell."""
+    return " ".join(text.split()).replace("|", "/")[:limit]
+
+
 def _mem(r: dict[str, Any]) -> str:
     return f"{_f(r.get('rss_mb'), 0)} / {_f(r.get('peak_rss_mb'), 0)}"
 
@@ -23,7 +28,7 @@ def workload_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
     lines = [f"**{name}**", "", head, "|" + "---|" * (head.count("|") - 1)]
     for engine, r in rows.items():
         if "error" in r:
-            lines.append(f"| {engine} | failed: {r['error'][:150]} |" + " |" * (head.count("|") - 3))
+            lines.append(f"| {engine} | failed: {_oneline(r['error'])} |" + " |" * (head.count("|") - 3))
             continue
         computed = "n/a" if r["computed_tokens"] is None else f"{r['computed_tokens']:,} / {r['cached_tokens']:,}"
         hit = "n/a" if r["hit_rate"] is None else f"{r['hit_rate']:.1%} ({r['best_hit_rate']:.1%})"
@@ -52,7 +57,7 @@ def guidellm_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
     lines = [f"**{name}, under guidellm**", "", head, "|" + "---|" * (head.count("|") - 1)]
     for engine, r in rows.items():
         if "error" in r:
-            lines.append(f"| {engine} | failed: {r['error'][:150]} |" + " |" * (head.count("|") - 3))
+            lines.append(f"| {engine} | failed: {_oneline(r['error'])} |" + " |" * (head.count("|") - 3))
             continue
         lines.append(f"| {engine} | {_f(r['ttft_p50_ms'], 0)} | {_f(r['ttft_p95_ms'], 0)} | {_f(r['itl_p50_ms'], 0)} "
                      f"| {_f(r['req_s'], 2)} | {_f(r['output_tok_s'])} | {r['successful']} / {r['errored']} "
@@ -71,7 +76,7 @@ def micro_table(micro: dict[str, Any]) -> str:
              "|---" * (len(batches) + 5) + "|"]
     for engine, r in rows.items():
         if "error" in r:
-            lines.append(f"| {engine} | failed: {r['error'][:150]} |")
+            lines.append(f"| {engine} | failed: {_oneline(r['error'])} |")
             continue
         d = r["decode_tok_s"]
         ceiling = r.get("ceiling_tok_s")
