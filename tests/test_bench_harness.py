@@ -26,7 +26,7 @@ class CharTokenizer:
 
 def result(sent: float, end: float, prompt: str, text: str = "", completion: int = 4, cached: int | None = 0,
            tag: str = "") -> Result:
-    return Result(0, 0, tag, sent, 0.1, end, len(prompt), completion, cached, None, prompt, text)
+    return Result(0, 0, tag, completion, sent, 0.1, end, len(prompt), completion, cached, None, prompt, text)
 
 
 def test_best_hit_counts_earlier_prompts_and_finished_answers() -> None:
@@ -43,8 +43,8 @@ def test_best_hit_counts_earlier_prompts_and_finished_answers() -> None:
 def test_best_hit_reads_chat_prompts_through_the_template() -> None:
     tok = CharTokenizer()
     first = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"}]
-    a = Result(0, 0, "", 0.0, 0.1, 1.0, 0, 2, 0, first, None, "A")
-    b = Result(0, 1, "", 1.0, 1.1, 2.0, 0, 2, 0, first + [{"role": "assistant", "content": "A"},
+    a = Result(0, 0, "", 2, 0.0, 0.1, 1.0, 0, 2, 0, first, None, "A")
+    b = Result(0, 1, "", 2, 1.0, 1.1, 2.0, 0, 2, 0, first + [{"role": "assistant", "content": "A"},
                                                         {"role": "user", "content": "u2"}], None, "B")
     best, total = best_hit_tokens(tok, [a, b])
     # b's prompt begins with a's prompt + answer ("system:S|user:u1|assistant:" + "A")
@@ -94,6 +94,14 @@ def test_workloads_have_the_sizes_asked(tiny_model_dir: Path) -> None:
     sessions, _ = workloads.nosharing(tok, size)
     prompts = [s.stages[0][0].prompt for s in sessions]
     assert len(set(prompts)) == len(prompts) == size.nosharing_prompts
+
+
+def test_resize_overrides_fields() -> None:
+    size = workloads.resize(workloads.SIZES["full"], ["conversation_concurrency=1", "micro_batches=1,2"])
+    assert size.conversation_concurrency == 1 and size.micro_batches == (1, 2)
+    assert size.turns == workloads.SIZES["full"].turns
+    with pytest.raises(ValueError, match="FIELD=VALUE"):
+        workloads.resize(size, ["no_such_field=3"])
 
 
 def test_goal_verdicts() -> None:

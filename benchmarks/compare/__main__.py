@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workload", default="all", help=f"one of {', '.join(WORKLOADS)}, all, or a comma list")
     ap.add_argument("--engines", default=",".join(eng.ENGINES), help="comma list of " + ", ".join(eng.ENGINES))
     ap.add_argument("--size", default="full", choices=sorted(workloads.SIZES))
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override one workload size field, e.g. --set conversation_concurrency=1 (repeatable)")
     ap.add_argument("--gguf", default=None, help="the GGUF (default: the default model's); 'none' for no GGUF")
     ap.add_argument("--hf-dir", default=None, help="the same model as a HF folder (default: the converted default)")
     ap.add_argument("--threads", type=int, default=2)
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_dir = Path(args.hf_dir) if args.hf_dir else hf_dir
     models = eng.Models(gguf if gguf and gguf.exists() else None, hf_dir, args.threads, args.kv_tokens,
                         args.radix_page_size)
-    size = workloads.SIZES[args.size]
+    size = workloads.resize(workloads.SIZES[args.size], args.set)
     out = Path(args.out) if args.out else eng.REPO / "benchmarks" / "out" / time.strftime("compare-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
 

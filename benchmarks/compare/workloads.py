@@ -9,6 +9,7 @@ byte-identical prompts and every run the same ones.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -61,6 +62,18 @@ SIZES = {
                   nosharing_answer_tokens=6, nosharing_concurrency=2, fork_tasks=1, fork_concurrency=1,
                   micro_prefill_tokens=64, micro_prefill_repeats=1, micro_decode_tokens=8, micro_batches=(1, 4)),
 }
+
+
+def resize(size: Size, overrides: list[str]) -> Size:
+    """size with FIELD=VALUE overrides applied (integers, or comma-separated integers for tuple fields)."""
+    changes: dict[str, object] = {}
+    for item in overrides:
+        name, _, value = item.partition("=")
+        current = getattr(size, name, None)
+        if current is None or not value:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(Size.__annotations__)}")
+        changes[name] = tuple(int(v) for v in value.split(",")) if isinstance(current, tuple) else int(value)
+    return dataclasses.replace(size, **changes)
 
 
 class TextMaker:
