@@ -32,9 +32,18 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule step N+1 while step N runs (default: on for CUDA, off on CPU)")
     p.add_argument("--chunked-prefill-size", type=int, default=512, help="max prompt tokens computed per step")
+    p.add_argument("--prefill-merge-tokens", type=_merge_tokens, default="auto",
+                   help="a prefill chunk longer than this runs in a step with no other prefill "
+                        "('auto': 32 on CPU, no limit on CUDA; 'none': no limit)")
     p.add_argument("--schedule-policy", default="lpm", choices=["lpm", "fcfs"])
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--disable-radix-cache", action="store_true", help="compute every prompt from scratch")
+
+
+def _merge_tokens(value: str) -> int | str | None:
+    if value in ("auto", "none"):
+        return None if value == "none" else value
+    return int(value)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -81,6 +90,7 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "context_length": args.context_length,
         "attention_backend": args.attention_backend,
         "chunked_prefill_size": args.chunked_prefill_size,
+        "prefill_merge_tokens": args.prefill_merge_tokens,
         "schedule_policy": args.schedule_policy,
         "max_running_requests": args.max_running_requests,
         "enable_radix_cache": not args.disable_radix_cache,

@@ -28,6 +28,9 @@ from radixserve.tokenizer import Tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _IDLE_WAIT_S = 0.05
+# Measured on the default model (2 AVX-512 cores): a step costs ~43 ms plus ~2.5 ms per prefill token, so merging
+# prefills pays only below ~17 tokens each; 32 leans a little toward throughput. benchmarks/RESULTS.md, issue 6.
+_CPU_PREFILL_MERGE_TOKENS = 32
 _HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop silent this long counts as stuck
 
 
@@ -77,6 +80,7 @@ class Engine:
         device: str = "cpu",
         init_new_token_ratio: float = 0.7,
         overlap_schedule: bool | None = None,
+        prefill_merge_tokens: int | str | None = "auto",
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -102,6 +106,10 @@ class Engine:
             raise ValueError(f"context_length {context_length} exceeds what the model supports ({limit})")
         self.context_length = context_length or limit
         self.max_queued_requests = max_queued_requests
+        if prefill_merge_tokens == "auto":  # see SchedulerConfig.prefill_merge_tokens
+            prefill_merge_tokens = None if self.device.type == "cuda" else _CPU_PREFILL_MERGE_TOKENS
+        elif isinstance(prefill_merge_tokens, str):
+            raise ValueError(f"prefill_merge_tokens must be an int, None or 'auto', got {prefill_merge_tokens!r}")
         sched_cfg = SchedulerConfig(
             page_size=page_size,
             context_length=self.context_length,
@@ -110,6 +118,7 @@ class Engine:
             schedule_policy=schedule_policy,
             enable_radix_cache=enable_radix_cache,
             init_new_token_ratio=init_new_token_ratio,
+            prefill_merge_tokens=prefill_merge_tokens,
         )
         eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos, self.device)

@@ -34,7 +34,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
     argv = ["serve", "--model", str(tiny_model_dir), "--host", "0.0.0.0", "--port", "31234", "--api-key", "sk-x",
             "--max-queued-requests", "7", "--page-size", "1", "--max-total-tokens", "4096", "--dtype", "float32",
             "--attention-backend", "torch", "--chunked-prefill-size", "64", "--schedule-policy", "fcfs",
-            "--disable-radix-cache", "--context-length", "512"]
+            "--prefill-merge-tokens", "none", "--disable-radix-cache", "--context-length", "512"]
     assert main(argv) == 0
     (args, kwargs), = calls
     engine_kwargs, host, port, api_key, max_queued = args
@@ -43,7 +43,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
     assert engine_kwargs == {
         "model": str(tiny_model_dir), "dtype": "float32", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
-        "max_running_requests": 64, "enable_radix_cache": False, "overlap_schedule": None,
+        "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False, "overlap_schedule": None,
     }
     from radixserve import Engine
 

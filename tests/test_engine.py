@@ -197,3 +197,29 @@ def test_chat_encode_decode_and_prefill_only(tiny_model_dir: Path, make_engine) 
     pre = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})
     assert pre["output_ids"] == [] and pre["meta_info"]["finish_reason"]["type"] == "length"
     assert eng.encode("abc") == eng.tokenizer.encode("abc")
+
+
+@pytest.mark.parametrize("limit", [None, 24])
+def test_prefill_merge_limit_runs_long_prefills_one_per_step(tiny_model_dir: Path, make_engine, limit) -> None:
+    """With a limit, a prefill chunk longer than it joins no step that holds other prefill work (shorter chunks may
+    join it); without, all four prompts prefill in one step. Tokens are the same either way."""
+    eng = make_engine(tiny_model_dir, page_size=4, max_total_tokens=4096, chunked_prefill_size=512,
+                      prefill_merge_tokens=limit)
+    steps: list[list[int]] = []
+    execute = eng.runner.execute
+
+    def recording(batch):
+        steps.append(list(batch.chunks))
+        return execute(batch)
+
+    eng.runner.execute = recording
+    rng = random.Random(11)
+    prompts = [rand_ids(rng, n) for n in (60, 40, 10, 50)]  # three long, one short enough to join any step
+    outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+    prefill_steps = [[c for c in chunks if c > 1] for chunks in steps if any(c > 1 for c in chunks)]
+    if limit is None:
+        assert prefill_steps == [[60, 40, 10, 50]]
+    else:  # the 40 and the 50 wait for steps of their own; the 10 joins the first
+        assert prefill_steps == [[60, 10], [40], [50]]
+    reference = [eng.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts]
+    assert [o["output_ids"] for o in outs] == reference

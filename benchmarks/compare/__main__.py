@@ -69,7 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hf-dir", default=None, help="the same model as a HF folder (default: the converted default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-tokens", type=int, default=16384, help="KV cache size of every engine, in tokens")
-    ap.add_argument("--radix-page-size", type=int, default=None, help="radixserve's KV page size (default: its own, 16)")
+    ap.add_argument("--radix-args", default="", help="extra `radixserve serve` flags for radix and radix-nocache, "
+                    "e.g. '--page-size 1'")
     ap.add_argument("--out", default=None, help="output folder (default: benchmarks/out/compare-<time>)")
     ap.add_argument("--plots", default=None, help="plot folder (default: the output folder)")
     ap.add_argument("--no-plots", action="store_true")
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     gguf = None if args.gguf == "none" else Path(args.gguf) if args.gguf else gguf
     hf_dir = Path(args.hf_dir) if args.hf_dir else hf_dir
     models = eng.Models(gguf if gguf and gguf.exists() else None, hf_dir, args.threads, args.kv_tokens,
-                        args.radix_page_size)
+                        tuple(shlex.split(args.radix_args)))
     size = workloads.resize(workloads.SIZES[args.size], args.set)
     out = Path(args.out) if args.out else eng.REPO / "benchmarks" / "out" / time.strftime("compare-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     md = report.markdown(doc)
     if not args.no_plots:
         made = plots.all_plots(doc, Path(args.plots) if args.plots else out)
-        md += "\n" + "\n".join(f"![{p.stem}]({p})" for p in made) + "\n"
+        md += "\n" + "\n".join(f"![{p.stem}]({os.path.relpath(p, out)})" for p in made) + "\n"
     (out / "results.md").write_text(md)
     print(md)
     print(f"written to {out}", file=sys.stderr)

@@ -30,7 +30,7 @@ class Models:
     hf_dir: Path
     threads: int = 2
     kv_tokens: int = 16384  # KV budget of every engine, so peak RSS compares like for like
-    radix_page_size: int | None = None  # radixserve's KV page size (None: its default, 16)
+    radix_args: tuple[str, ...] = ()  # extra `radixserve serve` flags, e.g. ("--page-size", "1")
 
 
 @dataclass
@@ -124,9 +124,7 @@ def command(engine: str, models: Models, port: int, parallel: int) -> list[str]:
         model = models.gguf or models.hf_dir
         cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--model", str(model), "--host", "127.0.0.1",
                "--port", str(port), "--max-total-tokens", str(models.kv_tokens)]
-        if models.radix_page_size is not None:
-            cmd += ["--page-size", str(models.radix_page_size)]
-        return cmd + (["--disable-radix-cache"] if engine == "radix-nocache" else [])
+        return cmd + list(models.radix_args) + (["--disable-radix-cache"] if engine == "radix-nocache" else [])
     if engine == "llama":
         binary = llama_server_binary()
         assert binary is not None and models.gguf is not None

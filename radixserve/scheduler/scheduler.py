@@ -24,6 +24,11 @@ class SchedulerConfig:
     page_size: int
     context_length: int
     chunked_prefill_size: int = 512  # prefill tokens per step, over all requests
+    # A prefill chunk longer than this joins a step only if the step holds no other prefill work. Where prefill is
+    # compute-bound (CPUs), a step costs a fixed part plus a part per token, so merging n more tokens delays every
+    # first token in the step by n tokens' time while saving the merged request only the fixed part: run them one
+    # after another. None: no limit (GPUs, where a step's token count barely changes its time).
+    prefill_merge_tokens: int | None = None
     max_running_requests: int = 64
     schedule_policy: str = "lpm"  # "lpm" (longest cached prefix first) or "fcfs"
     enable_radix_cache: bool = True
@@ -39,6 +44,8 @@ class SchedulerConfig:
             raise ValueError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.chunked_prefill_size < 1:
             raise ValueError("chunked_prefill_size must be >= 1")
+        if self.prefill_merge_tokens is not None and self.prefill_merge_tokens < 1:
+            raise ValueError("prefill_merge_tokens must be >= 1 or None")
 
 
 @dataclass
@@ -189,6 +196,8 @@ class Scheduler:
             if budget <= 0:
                 break
             chunk = min(req.pending, budget)
+            if not self._may_merge(chunk, chunks):
+                continue
             pages = self._alloc(_cdiv(req.kv_len + chunk, ps) - len(req.pages))
             if pages is None:
                 continue
@@ -206,6 +215,11 @@ class Scheduler:
                 return self.schedule()
             return None
         return self._build([r for r in self.running if id(r) in chunks], chunks)
+
+    def _may_merge(self, chunk: int, chunks: dict[int, int]) -> bool:
+        """Whether a prefill chunk of this size may join a step that already holds `chunks`."""
+        limit = self.cfg.prefill_merge_tokens
+        return limit is None or chunk <= limit or all(c == 1 for c in chunks.values())
 
     def _admit(self, budget: int, chunks: dict[int, int]) -> int:
         ps = self.cfg.page_size
@@ -232,6 +246,8 @@ class Scheduler:
             if cache_on and len(nxt[2]) == ps and nxt in first_pages:
                 continue
             chunk = min(req.num_fill - start, budget)
+            if not self._may_merge(chunk, chunks):
+                continue
             need = _cdiv(start + chunk, ps) - len(matched_pages)
             if m is not None:
                 self.cache.lock(m.node)
