@@ -28,8 +28,8 @@ from radixserve.tokenizer import Tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _IDLE_WAIT_S = 0.05
-# Measured on the default model (2 AVX-512 cores): a step costs ~43 ms plus ~2.5 ms per prefill token, so merging
-# prefills pays only below ~17 tokens each; 32 leans a little toward throughput. benchmarks/RESULTS.md, issue 6.
+# Measured on the default model (2 AVX-512 cores, benchmarks/prefill_step_cost.py): a step costs ~59 ms plus ~2.2 ms
+# per prefill token, so merging prefills pays only below ~27 tokens each; 32 leans a little toward throughput.
 _CPU_PREFILL_MERGE_TOKENS = 32
 _HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop silent this long counts as stuck
 
