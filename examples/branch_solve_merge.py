@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from common import HitRate, make_backend, parse_args, shutdown, sgl
+from common import HitRate, open_backend, parse_args, sgl
 
 TASK = '''Review this Python function.
 
@@ -42,8 +42,7 @@ def branch_solve_merge(s, task, criteria):
 
 def main() -> None:
     args = parse_args("Fork a review into criteria, solve each branch, merge the answers.")
-    backend = make_backend(args)
-    try:
+    with open_backend(args) as backend:
         hits = HitRate(backend)
         t0 = time.perf_counter()
         state = branch_solve_merge.run(task=TASK, criteria=CRITERIA, backend=backend, temperature=0)
@@ -51,8 +50,6 @@ def main() -> None:
             print(f"[{criterion}] {review.strip()}\n")
         print(f"Verdict: {state['verdict'].strip()}\n")
         print(f"done in {time.perf_counter() - t0:.1f} s; {hits.report()}")
-    finally:
-        shutdown(backend)
 
 
 if __name__ == "__main__":

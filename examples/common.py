@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +24,14 @@ def parse_args(description: str, extra: dict[str, Any] | None = None) -> argpars
     return p.parse_args()
 
 
-def make_backend(args: argparse.Namespace) -> sgl.Backend:
-    """A RuntimeEndpoint for --url, else an in-process Runtime on --model."""
+@contextmanager
+def open_backend(args: argparse.Namespace) -> Iterator[sgl.Backend]:
+    """A RuntimeEndpoint for --url, else an in-process Runtime on --model (shut down when the block ends)."""
     if args.url:
-        return sgl.RuntimeEndpoint(args.url, api_key=args.api_key)
-    return sgl.Runtime(args.model)
+        yield sgl.RuntimeEndpoint(args.url, api_key=args.api_key)
+        return
+    with sgl.Runtime(args.model) as runtime:
+        yield runtime
 
 
 class HitRate:
@@ -42,8 +47,3 @@ class HitRate:
         prompt = now["prompt_tokens"] - self.start["prompt_tokens"]
         rate = hit / prompt if prompt else 0.0
         return f"cache hit rate: {rate:.1%} ({hit} of {prompt} prompt tokens served from the radix cache)"
-
-
-def shutdown(backend: sgl.Backend) -> None:
-    if isinstance(backend, sgl.Runtime):
-        backend.shutdown()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from common import HitRate, make_backend, parse_args, shutdown, sgl
+from common import HitRate, open_backend, parse_args, sgl
 
 LABELS = ["bug report", "feature request", "question", "praise"]
 
@@ -42,8 +42,7 @@ def classify(s, message):
 
 def main() -> None:
     args = parse_args("Classify messages with a few-shot prompt and select.")
-    backend = make_backend(args)
-    try:
+    with open_backend(args) as backend:
         hits = HitRate(backend)
         t0 = time.perf_counter()
         states = classify.run_batch([{"message": m} for m in MESSAGES], backend=backend)
@@ -52,8 +51,6 @@ def main() -> None:
             shown = ", ".join(f"{label} {score:.2f}" for label, score in zip(LABELS, scores))
             print(f"{st['label']:>15} <- {m}   ({shown})")
         print(f"\n{len(MESSAGES)} messages in {time.perf_counter() - t0:.1f} s; {hits.report()}")
-    finally:
-        shutdown(backend)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from common import HitRate, make_backend, parse_args, shutdown, sgl
+from common import HitRate, open_backend, parse_args, sgl
 
 SCRIPT = [
     "I want to learn Python. What should I start with?",
@@ -30,8 +30,7 @@ def chat_turn(s, history, message):
 def main() -> None:
     args = parse_args("Chat with the model; earlier turns are served from the radix cache.",
                       {"--interactive": dict(action="store_true", help="type your own messages (empty line ends)")})
-    backend = make_backend(args)
-    try:
+    with open_backend(args) as backend:
         hits = HitRate(backend)
         history: list[dict[str, str]] = []
         messages = iter(lambda: input("you> ").strip(), "") if args.interactive else iter(SCRIPT)
@@ -43,8 +42,6 @@ def main() -> None:
             print(f"bot> {state['reply'].strip()}\n")
             history = state.messages()[1:]  # without the system message, which the program adds itself
         print(f"{len(history) // 2} turns in {time.perf_counter() - t0:.1f} s; {hits.report()}")
-    finally:
-        shutdown(backend)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from common import HitRate, make_backend, parse_args, shutdown, sgl
+from common import HitRate, open_backend, parse_args, sgl
 
 DOCUMENTS = """\
 [doc 1] Harbor Lane Library opens at 9:00 on weekdays and at 10:00 on Saturdays. It is closed on Sundays and on
@@ -67,16 +67,13 @@ def answer(s, question):
 
 def main() -> None:
     args = parse_args("Answer questions about a long document set with a shared, cached system prompt.")
-    backend = make_backend(args)
-    try:
+    with open_backend(args) as backend:
         hits = HitRate(backend)
         t0 = time.perf_counter()
         states = answer.run_batch([{"question": q} for q in QUESTIONS], backend=backend, temperature=0)
         for q, st in zip(QUESTIONS, states):
             print(f"Q: {q}\nA: {st['answer'].strip()}\n")
         print(f"{len(QUESTIONS)} questions in {time.perf_counter() - t0:.1f} s; {hits.report()}")
-    finally:
-        shutdown(backend)
 
 
 if __name__ == "__main__":

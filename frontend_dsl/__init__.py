@@ -18,7 +18,7 @@ from frontend_dsl.api import (
 )
 from frontend_dsl.backends import Backend, Runtime, RuntimeEndpoint
 from frontend_dsl.choices import ChoicesDecision, token_length_normalized
-from frontend_dsl.default_backend import set_default_backend
+from frontend_dsl.default_backend import resolve_backend, set_default_backend
 from frontend_dsl.errors import BackendError, ProgramError
 from frontend_dsl.program import Program
 from frontend_dsl.state import ProgramState, ProgramStateGroup
@@ -26,8 +26,6 @@ from frontend_dsl.state import ProgramState, ProgramStateGroup
 
 def flush_cache(backend: Backend | None = None) -> bool:
     """Empty the backend's (default: the default backend's) radix cache; False if requests were running."""
-    from frontend_dsl.default_backend import resolve_backend
-
     return resolve_backend(backend).flush_cache()
 
 

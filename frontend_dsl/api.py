@@ -7,7 +7,7 @@ from typing import Any
 from radixserve.sampling_params import SamplingParams
 
 from frontend_dsl.choices import ChoicesMethod, token_length_normalized
-from frontend_dsl.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
+from frontend_dsl.ir import Expr, Gen, RoleBegin, RoleEnd, Select, role_message
 from frontend_dsl.program import Program
 
 
@@ -68,25 +68,19 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
     return Select(name, list(choices), temperature, choices_method)
 
 
-def _role(role: str, expr: Any) -> Expr:
-    if expr is None:
-        return ExprList([RoleBegin(role), RoleEnd(role)])
-    return ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)])
-
-
 def system(expr: Any = None) -> Expr:
     """A system message around expr (text, gen, or a concatenation)."""
-    return _role("system", expr)
+    return role_message("system", expr)
 
 
 def user(expr: Any = None) -> Expr:
     """A user message around expr."""
-    return _role("user", expr)
+    return role_message("user", expr)
 
 
 def assistant(expr: Any = None) -> Expr:
     """An assistant message around expr (typically a gen)."""
-    return _role("assistant", expr)
+    return role_message("assistant", expr)
 
 
 def system_begin() -> Expr:

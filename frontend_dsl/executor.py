@@ -201,8 +201,9 @@ class Executor:
             for chunk in self.backend.generate_stream(prompt, params, **logprob_args):
                 self._append(chunk["text"], node.name)
                 value += chunk["text"]
-                meta = dict(chunk["meta_info"])
+                meta = chunk["meta_info"]
                 out_logprobs += meta.get("output_token_logprobs") or []
+            meta = dict(meta)  # the last chunk's, copied: it is amended below
             if logprob_args.get("return_logprob"):
                 meta["output_token_logprobs"] = out_logprobs  # stream chunks carry only the new entries
         else:

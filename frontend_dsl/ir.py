@@ -72,6 +72,12 @@ def as_expr(x: Any) -> Expr:
                     f"got {type(x).__name__}: {x!r}")
 
 
+def role_message(role: str, expr: Any = None) -> ExprList:
+    """A `role` message around expr (None: an empty message)."""
+    inner = [] if expr is None else [as_expr(expr)]
+    return ExprList([RoleBegin(role), *inner, RoleEnd(role)])
+
+
 def _items(e: Expr) -> list[Expr]:
     return e.items if isinstance(e, ExprList) else [e]
 

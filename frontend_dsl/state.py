@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from frontend_dsl.executor import Executor
-from frontend_dsl.ir import Expr, ExprList, RoleBegin, RoleEnd, SetVar, as_expr
+from frontend_dsl.ir import Expr, RoleBegin, RoleEnd, SetVar, as_expr, role_message
 
 
 class ProgramState:
@@ -81,7 +81,7 @@ class ProgramState:
 
     def _role(self, role: str, expr: Any) -> Any:
         if expr is not None:
-            self += ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)])
+            self += role_message(role, expr)
             return None
         return self._role_scope(role)
 

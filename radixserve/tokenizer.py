@@ -219,12 +219,23 @@ class Tokenizer:
 
     # ---- chat -----------------------------------------------------------------------------------------------------
 
+    @property
+    def special_tokens(self) -> dict[str, str | None]:
+        """The named special tokens a chat template may use (None where the model has none)."""
+        return {"bos_token": self.bos_token, "eos_token": self.eos_token, "pad_token": self.pad_token,
+                "unk_token": self.unk_token}
+
+    def select_chat_template(self, tools: bool = False) -> str | None:
+        """The template to render: of a named set, "tool_use" when tools are passed and it exists, else "default"."""
+        template = self.chat_template
+        if isinstance(template, dict):
+            return template.get("tool_use") if tools and "tool_use" in template else template.get("default")
+        return template
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list | None = None, **kwargs: Any) -> str:
         """Render messages with the model's chat template (as transformers renders it); ValueError on bad input."""
-        template = self.chat_template
-        if isinstance(template, dict):
-            template = template.get("tool_use") if tools and "tool_use" in template else template.get("default")
+        template = self.select_chat_template(bool(tools))
         if not template:
             raise ValueError("this model has no chat template; send a plain prompt instead")
         chat = []
@@ -238,9 +249,7 @@ class Tokenizer:
                 m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
             chat.append(m)
         # Like transformers, only the special tokens the model has are defined (templates test `bos_token is defined`).
-        named = {"bos_token": self.bos_token, "eos_token": self.eos_token, "pad_token": self.pad_token,
-                 "unk_token": self.unk_token}
-        variables = {k: v for k, v in named.items() if v is not None} | {"documents": None} | kwargs
+        variables = {k: v for k, v in self.special_tokens.items() if v is not None} | {"documents": None} | kwargs
         try:
             return _compile_template(template).render(
                 messages=chat, tools=tools, add_generation_prompt=add_generation_prompt, **variables)

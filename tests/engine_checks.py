@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 
@@ -20,3 +23,16 @@ def assert_at_rest(engine: Any) -> None:
     assert engine.flush_cache(), "requests still running"
     stats = engine.cache_stats()
     assert stats["free_pages"] == stats["total_pages"], stats
+
+
+@contextmanager
+def engine_left_at_rest(model: Path, **kwargs: Any) -> Iterator[Any]:
+    """An Engine for a module-scoped fixture: checked at rest (`assert_at_rest`) after its last test, then shut down."""
+    from radixserve import Engine
+
+    eng = Engine(model=model, **kwargs)
+    try:
+        yield eng
+        assert_at_rest(eng)
+    finally:
+        eng.shutdown()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine_checks import assert_at_rest
+from engine_checks import engine_left_at_rest
 from radixserve.model.resolve import assemble_default_gguf, default_cache_dir, resolve_model
 
 
@@ -48,11 +48,5 @@ def hf_model(real_gguf: Path) -> Any:
 @pytest.fixture(scope="module")
 def real_engine(real_model_dir: Path) -> Iterator[Any]:
     """A float32 engine on the default model with a small KV pool; left with no page leaked."""
-    from radixserve import Engine
-
-    eng = Engine(model=real_model_dir, dtype="float32", max_total_tokens=8192)
-    try:
+    with engine_left_at_rest(real_model_dir, dtype="float32", max_total_tokens=8192) as eng:
         yield eng
-        assert_at_rest(eng)
-    finally:
-        eng.shutdown()

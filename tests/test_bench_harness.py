@@ -172,3 +172,26 @@ def test_smoke_run_transformers_and_plots(tiny_model_dir: Path, tmp_path: Path) 
     assert row["cached_tokens"] == 0 and row["best_hit_rate"] > 0
     for name in ("rag_ttft_per_step.png", "workloads_summary.png"):
         assert (out / name).stat().st_size > 1000
+
+
+def test_guidellm_shim_drops_continuous_usage_stats_only() -> None:
+    """The shim forwards method, path and body to the target, without stream_options.continuous_usage_stats."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from benchmarks.compare.guidellm_run import Shim
+    from radixserve.server.background import BackgroundServer
+
+    async def echo(request: Request) -> JSONResponse:
+        return JSONResponse({"path": request.url.path, "body": await request.json()}, status_code=201)
+
+    target = Starlette(routes=[Route("/{path:path}", echo, methods=["POST"])])
+    body = {"messages": [], "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with BackgroundServer(target) as server, Shim(server.url) as shim:
+        resp = httpx.post(shim.url + "/v1/chat/completions", json=body, timeout=30)
+    assert resp.status_code == 201
+    assert resp.json() == {"path": "/v1/chat/completions",
+                           "body": {"messages": [], "stream_options": {"include_usage": True}}}

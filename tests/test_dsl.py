@@ -174,7 +174,8 @@ def test_streaming_yields_text_as_produced_and_adds_up_to_the_state(rt: sgl.Runt
 
 def test_fork_computes_the_shared_prefix_once(rt: sgl.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     prefix = text_of_tokens(rt, 500)
-    n_prefix = len(rt.tokenize(prefix))
+    prefix_ids = rt.tokenize(prefix)
+    n_prefix = len(prefix_ids)
     tails = [f"Branch {i}: the answer is" for i in range(4)]
 
     @sgl.function
@@ -194,8 +195,8 @@ def test_fork_computes_the_shared_prefix_once(rt: sgl.Runtime, monkeypatch: pyte
     assert len(calls) == 5 and all(c["text"].startswith(prefix) for c in calls[1:])
     computed = rt.metrics()["computed_prefill_tokens_total"] - before
     page = rt.cache_stats()["page_size"]
-    tail_tokens = [len(rt.tokenize(prefix + t)) - common_prefix_len(rt.tokenize(prefix), rt.tokenize(prefix + t))
-                   for t in tails]
+    tail_ids = [rt.tokenize(prefix + t) for t in tails]
+    tail_tokens = [len(ids) - common_prefix_len(prefix_ids, ids) for ids in tail_ids]
     # prefix once, plus per branch its tail and at most the prefix's partial last page again
     assert n_prefix <= computed <= n_prefix + sum(t + page for t in tail_tokens)
     assert computed < 2 * n_prefix  # not 4 x prefix

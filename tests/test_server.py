@@ -15,7 +15,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_checks import assert_at_rest, wait_idle
+from engine_checks import engine_left_at_rest, wait_idle
 from radixserve import Engine
 from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
@@ -28,12 +28,8 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Iterator[Engine]:
-    eng = Engine(model=tiny_model_dir, dtype="float32", page_size=PAGE, max_total_tokens=8192)
-    yield eng
-    try:
-        assert_at_rest(eng)
-    finally:
-        eng.shutdown()
+    with engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=PAGE, max_total_tokens=8192) as eng:
+        yield eng
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from engine_checks import assert_at_rest, wait_idle
+from engine_checks import engine_left_at_rest, wait_idle
 from radixserve import Engine
 from radixserve.errors import QueueFullError
 from radixserve.server.app import build_app
@@ -30,13 +30,9 @@ LONG = {"prompt": "The quick brown fox", "max_tokens": 450, "ignore_eos": True, 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Iterator[Engine]:
-    eng = Engine(model=tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=POOL_TOKENS,
-                 max_running_requests=1)
-    yield eng
-    try:
-        assert_at_rest(eng)
-    finally:
-        eng.shutdown()
+    with engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=POOL_TOKENS,
+                             max_running_requests=1) as eng:
+        yield eng
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,12 @@ Without a GPU the kernels run in the Triton interpreter (slow but exact in float
 from __future__ import annotations
 
 import math
-import os
 import random
 
 import pytest
 import torch
 
-# The kernels are decorated at import: interpreter mode must be chosen before `kernels` is imported.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a GPU, conftest.py has set TRITON_INTERPRET=1 before any kernel is imported.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 pytest.importorskip("triton")

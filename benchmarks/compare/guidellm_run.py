@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from benchmarks.compare.engines import REPO, free_port
+from benchmarks.compare.engines import REPO
 from benchmarks.compare.workloads import Size
+from radixserve.server.background import BackgroundServer
 
 GUIDELLM = REPO / ".peers" / "venv" / "bin" / "guidellm"
 WORKLOADS = ("multiturn", "rag", "nosharing")
@@ -33,18 +32,15 @@ def available() -> bool:
     return GUIDELLM.exists()
 
 
-class Shim:
-    """A loopback proxy to `target` that removes stream_options.continuous_usage_stats from JSON bodies."""
+class Shim(BackgroundServer):
+    """A loopback proxy to `target` that removes stream_options.continuous_usage_stats from JSON bodies; serves from
+    a thread of this process while entered (`url` is its address)."""
 
     def __init__(self, target: str) -> None:
         self.target = target
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         # a fresh loopback connection per request: a pooled one the server has since closed fails the request
         self.client = httpx.AsyncClient(base_url=target, timeout=3600, limits=httpx.Limits(max_keepalive_connections=0))
-        app = Starlette(routes=[Route("/{path:path}", self.forward, methods=["GET", "POST"])])
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, name="guidellm-shim", daemon=True)
+        super().__init__(Starlette(routes=[Route("/{path:path}", self.forward, methods=["GET", "POST"])]))
 
     async def forward(self, request: Request) -> Response:
         body = await request.body()
@@ -57,19 +53,6 @@ class Shim:
         resp = await self.client.send(req, stream=True)
         return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code,
                                  media_type=resp.headers.get("content-type"), background=BackgroundTask(resp.aclose))
-
-    def __enter__(self) -> "Shim":
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the guidellm shim did not start")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 def scenario(workload: str, size: Size, target: str, tokenizer: Path, out: Path) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from benchmarks.compare.report import step_tags
+
 COLORS = {"radix": "tab:green", "radix-nocache": "tab:olive", "llama": "tab:blue", "hf": "tab:red"}
 
 
@@ -18,8 +20,7 @@ def _plt() -> Any:
 
 def ttft_per_step(name: str, rows: dict[str, dict[str, Any]], path: Path) -> Path | None:
     """TTFT p50 (lines) and p95 (dashed) per step (turn, document...) per engine; None if the workload has one step."""
-    engines = [e for e, r in rows.items() if "by_tag" in r]
-    tags = list(dict.fromkeys(t for e in engines for t in rows[e]["by_tag"]))
+    engines, tags = step_tags(rows)
     if len(tags) < 2:
         return None
     plt = _plt()

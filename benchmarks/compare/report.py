@@ -1,6 +1,7 @@
 """Results as markdown tables (one per workload, the micro-benchmark, the goals) from the run's JSON document."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -21,27 +22,43 @@ def _mem(r: dict[str, Any]) -> str:
     return f"{_f(r.get('rss_mb'), 0)} / {_f(r.get('peak_rss_mb'), 0)}"
 
 
-def workload_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
-    """One line per engine: latency, throughput, prompt tokens computed/cached, hit rate vs best, peak RSS."""
-    head = ("| engine | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | req/s | out tok/s | prompt tok computed / from cache "
-            "| hit rate (best possible) | RSS after / peak MiB | wall s | load 1m |")
-    lines = [f"**{name}**", "", head, "|" + "---|" * (head.count("|") - 1)]
+def _engine_table(title: str, head: str, rows: dict[str, dict[str, Any]],
+                  cells: Callable[[dict[str, Any]], str]) -> str:
+    """`title`, then table `head` with one line per engine: its latency and throughput, `cells(row)` (what the
+    workload and guidellm tables differ in), its load; or its error."""
+    lines = [title, "", head, "|" + "---|" * (head.count("|") - 1)]
     for engine, r in rows.items():
         if "error" in r:
             lines.append(f"| {engine} | failed: {_oneline(r['error'])} |" + " |" * (head.count("|") - 3))
             continue
+        lines.append(f"| {engine} | {_f(r['ttft_p50_ms'], 0)} | {_f(r['ttft_p95_ms'], 0)} | {_f(r['itl_p50_ms'], 0)} "
+                     f"| {_f(r['req_s'], 2)} | {_f(r['output_tok_s'])} | {cells(r)} "
+                     f"| {_f(r['load_start'], 1)}-{_f(r['load_end'], 1)} |")
+    return "\n".join(lines)
+
+
+def workload_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
+    """One line per engine: latency, throughput, prompt tokens computed/cached, hit rate vs best, peak RSS."""
+    head = ("| engine | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | req/s | out tok/s | prompt tok computed / from cache "
+            "| hit rate (best possible) | RSS after / peak MiB | wall s | load 1m |")
+
+    def cells(r: dict[str, Any]) -> str:
         computed = "n/a" if r["computed_tokens"] is None else f"{r['computed_tokens']:,} / {r['cached_tokens']:,}"
         hit = "n/a" if r["hit_rate"] is None else f"{r['hit_rate']:.1%} ({r['best_hit_rate']:.1%})"
-        lines.append(f"| {engine} | {_f(r['ttft_p50_ms'], 0)} | {_f(r['ttft_p95_ms'], 0)} | {_f(r['itl_p50_ms'], 0)} "
-                     f"| {_f(r['req_s'], 2)} | {_f(r['output_tok_s'])} | {computed} | {hit} | {_mem(r)} "
-                     f"| {_f(r['wall_s'])} | {_f(r['load_start'], 1)}-{_f(r['load_end'], 1)} |")
-    return "\n".join(lines)
+        return f"{computed} | {hit} | {_mem(r)} | {_f(r['wall_s'])}"
+
+    return _engine_table(f"**{name}**", head, rows, cells)
+
+
+def step_tags(rows: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """The engines with figures per tag (turn, document, fork stage), and every tag in the order first seen."""
+    engines = [e for e, r in rows.items() if "by_tag" in r]
+    return engines, list(dict.fromkeys(t for e in engines for t in rows[e]["by_tag"]))
 
 
 def tag_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
     """TTFT p50 per tag (turn, document, fork stage) and engine."""
-    engines = [e for e, r in rows.items() if "by_tag" in r]
-    tags = list(dict.fromkeys(t for e in engines for t in rows[e]["by_tag"]))
+    engines, tags = step_tags(rows)
     if len(tags) < 2:
         return ""
     lines = [f"TTFT p50 ms per {name} step", "", "| engine | " + " | ".join(tags) + " |", "|---" * (len(tags) + 1) + "|"]
@@ -54,15 +71,8 @@ def guidellm_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
     """guidellm's own figures per engine (its synthetic version of the workload; compare only within this table)."""
     head = ("| engine | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | req/s | out tok/s | requests ok / failed "
             "| RSS after / peak MiB | load 1m |")
-    lines = [f"**{name}, under guidellm**", "", head, "|" + "---|" * (head.count("|") - 1)]
-    for engine, r in rows.items():
-        if "error" in r:
-            lines.append(f"| {engine} | failed: {_oneline(r['error'])} |" + " |" * (head.count("|") - 3))
-            continue
-        lines.append(f"| {engine} | {_f(r['ttft_p50_ms'], 0)} | {_f(r['ttft_p95_ms'], 0)} | {_f(r['itl_p50_ms'], 0)} "
-                     f"| {_f(r['req_s'], 2)} | {_f(r['output_tok_s'])} | {r['successful']} / {r['errored']} "
-                     f"| {_mem(r)} | {_f(r['load_start'], 1)}-{_f(r['load_end'], 1)} |")
-    return "\n".join(lines)
+    return _engine_table(f"**{name}, under guidellm**", head, rows,
+                         lambda r: f"{r['successful']} / {r['errored']} | {_mem(r)}")
 
 
 def micro_table(micro: dict[str, Any]) -> str:

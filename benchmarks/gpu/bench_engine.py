@@ -6,7 +6,6 @@ over the window's span; what is not covered is time the GPU waited (on Python, l
 """
 from __future__ import annotations
 
-import inspect
 import json
 import random
 import statistics
@@ -45,22 +44,14 @@ def vocab_size(model_dir: Path) -> int:
     return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
 
 
-def engine_supports_overlap() -> bool:
-    from radixserve.engine import Engine
-
-    return "overlap_schedule" in inspect.signature(Engine.__init__).parameters
-
-
-def decode_idle(device: torch.device, model_dir: Path, overlap: bool | None, num_requests: int, prompt_len: int,
+def decode_idle(device: torch.device, model_dir: Path, overlap: bool, num_requests: int, prompt_len: int,
                 new_tokens: int, profile_s: float, backend: str) -> dict[str, Any]:
-    """Profile `profile_s` seconds of steady decode of `num_requests` requests; overlap None: the engine's default."""
+    """Profile `profile_s` seconds of steady decode of `num_requests` requests."""
     from radixserve import Engine
 
     kwargs: dict[str, Any] = dict(model=model_dir, dtype="bfloat16", device=str(device), attention_backend=backend,
-                                  max_running_requests=num_requests,
+                                  max_running_requests=num_requests, overlap_schedule=overlap,
                                   max_total_tokens=num_requests * (prompt_len + new_tokens + 32))
-    if overlap is not None:
-        kwargs["overlap_schedule"] = overlap
     rng = random.Random(0)
     top = min(vocab_size(model_dir), 4000)
     prompts = [[rng.randrange(3, top) for _ in range(prompt_len)] for _ in range(num_requests)]
@@ -94,7 +85,7 @@ def decode_idle(device: torch.device, model_dir: Path, overlap: bool | None, num
     if after - before >= num_requests * (new_tokens - 4):
         raise RuntimeError("the profile window reached the end of generation; raise new_tokens")
     steps = (after - before) / num_requests
-    return {"bench": f"decode idle, {num_requests} reqs", "overlap": "default" if overlap is None else overlap,
+    return {"bench": f"decode idle, {num_requests} reqs", "overlap": overlap,
             "backend": backend, "gpu_idle": 1 - busy, "span_ms": span_ms, "steps": steps,
             "ms_per_step": wall * 1e3 / max(steps, 1), "tok/s": (after - before) / wall}
 

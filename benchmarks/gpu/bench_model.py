@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu.check_correctness import make_backend
 from benchmarks.gpu.common import build_random_model, median, sync, time_ms
 from benchmarks.gpu.roofline import decode_step_bytes, prefill_flops
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
 from radixserve.model.llama import LlamaForCausalLM
+from radixserve.model.runner import make_backend
 
 
 def decode_batch(batch_size: int, context: int, page_size: int, pages: list[int], vocab: int, device: torch.device,
@@ -68,7 +68,7 @@ def model_benchmarks(device: torch.device, cfg: dict[str, Any], ceilings: dict[s
     rows: list[dict[str, Any]] = []
     with torch.inference_mode():
         for name in backends:
-            attn = make_backend(name, pool, config.num_heads, config.head_dim)
+            attn = make_backend(name, pool, config)
             modes: list[tuple[str, Any]] = [("eager", None)]
             if use_graphs and name == "flashinfer" and device.type == "cuda":
                 from radixserve.model.cuda_graph import CudaGraphRunner

@@ -13,10 +13,11 @@ from typing import Any
 import torch
 
 from benchmarks.gpu.common import SMALL, TINY, build_random_model, write_random_checkpoint
-from radixserve.attention.base import AttentionBackend
 from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.cache.kv_pool import KVPool
+from radixserve.config import ModelConfig
 from radixserve.forward_batch import ForwardBatch
+from radixserve.model.runner import make_backend
 
 # Per element: |out - ref| <= tol * (1 + |ref|). Both sides round once to the output dtype and differ in summation
 # order and in where softmax weights are rounded: about two output roundings.
@@ -37,20 +38,6 @@ CASES = [
 ]
 
 
-def make_backend(name: str, pool: KVPool, heads: int, head_dim: int) -> AttentionBackend:
-    if name == "torch":
-        return TorchAttentionBackend(pool, heads, head_dim)
-    if name == "triton":
-        from radixserve.attention.triton_backend import TritonAttentionBackend
-
-        return TritonAttentionBackend(pool, heads, head_dim)
-    if name == "flashinfer":
-        from radixserve.attention.flashinfer_backend import FlashInferAttentionBackend
-
-        return FlashInferAttentionBackend(pool, heads, head_dim)
-    raise ValueError(name)
-
-
 def random_batch(lens: list[tuple[int, int]], shared_tokens: int, page_size: int, num_pages: int,
                  rng: random.Random, device: torch.device) -> ForwardBatch:
     """Requests over shuffled distinct pages, the pages of the first `shared_tokens` tokens common to all."""
@@ -66,6 +53,9 @@ def attention_parity(device: torch.device, backends: list[str]) -> list[dict[str
     """One planned step, two layers, each backend on its own copy of the same random pool vs the torch backend."""
     rows = []
     for dtype, page_size, heads, kv_heads, head_dim in CASES:
+        # the head shape make_backend reads off a ModelConfig
+        shape = ModelConfig.from_hf({**SMALL, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+                                     "head_dim": head_dim})
         for kind, (lens, shared) in BATCHES.items():
             seed = random.SystemRandom().randrange(1 << 30)  # fresh inputs every run; the row names the seed
             rng = random.Random(seed)
@@ -79,7 +69,7 @@ def attention_parity(device: torch.device, backends: list[str]) -> list[dict[str
                     for pool in pools.values():
                         getattr(pool, bufs)[layer].copy_(values)
             batch = random_batch(lens, shared, page_size, num_pages, rng, device)
-            impls = {b: make_backend(b, pools[b], heads, head_dim) for b in pools}
+            impls = {b: make_backend(b, pools[b], shape) for b in pools}
             for impl in impls.values():
                 impl.plan(batch)
             worst: dict[str, tuple[float, bool]] = {b: (0.0, True) for b in backends}

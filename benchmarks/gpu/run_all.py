@@ -124,7 +124,7 @@ def main() -> None:
             prefill_tokens=256 if smoke else 8192, use_graphs=not smoke),
         "idle": lambda: [bench_engine.decode_idle(device, engine_model(), overlap, num_requests=64, prompt_len=256,
                                                   new_tokens=512, profile_s=3.0, backend="flashinfer")
-                         for overlap in ((False, True) if bench_engine.engine_supports_overlap() else (None,))],
+                         for overlap in (False, True)],
         "prefix": lambda: [bench_engine.shared_prefix(
             device, engine_model(), cache, groups=2 if smoke else args.groups, per_group=4 if smoke else args.per_group,
             system_len=64 if smoke else 2048, question_len=8 if smoke else 128,
@@ -145,10 +145,7 @@ def main() -> None:
             rows = runs[name]()
             failed = [r for r in rows if r.get("ok") is False]
             status = f"FAILED {len(failed)} of {len(rows)}" if failed else "ok"
-            note = ""
-            if name == "idle" and not bench_engine.engine_supports_overlap():
-                note = "the Engine has no overlap_schedule option yet: only the default (no overlap) was measured"
-            report.add(name, status, rows, time.perf_counter() - t0, note)
+            report.add(name, status, rows, time.perf_counter() - t0)
         except Exception as e:  # noqa: BLE001 - one section's failure must not hide the others' results
             report.add(name, "ERROR", [], time.perf_counter() - t0, f"{e!r}\n```\n{traceback.format_exc()[-3000:]}```")
         gc.collect()

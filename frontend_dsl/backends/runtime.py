@@ -64,8 +64,6 @@ class Runtime(Backend):
                                                     return_logprob=return_logprob,
                                                     logprob_start_len=logprob_start_len,
                                                     top_logprobs_num=top_logprobs_num)
-                if asyncio.iscoroutine(chunks):
-                    chunks = loop.run_until_complete(chunks)
             except (ValueError, RuntimeError) as e:
                 raise BackendError(f"engine refused the request: {type(e).__name__}: {e}") from e
             try:

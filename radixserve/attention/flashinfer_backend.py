@@ -134,10 +134,7 @@ class FlashInferAttentionBackend(AttentionBackend):
     # ---- per layer --------------------------------------------------------------------------------------------
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store k/v at the planned slots, then attend; q `[T, H, D]` -> `[T, H, D]` in q's dtype."""
-        k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
-        # index_copy_ into flat slot views: no host sync, so it is also safe inside a CUDA-graph capture.
-        k_buf.view(-1, *k_buf.shape[2:]).index_copy_(0, self.out_cache_loc, k.to(k_buf.dtype))
-        v_buf.view(-1, *v_buf.shape[2:]).index_copy_(0, self.out_cache_loc, v.to(v_buf.dtype))
+        self.pool.store(layer_id, self.out_cache_loc, k, v)  # no host sync: safe inside a CUDA-graph capture
         if q.shape[0] == 0 or self._active is None:
             return torch.empty_like(q)
-        return self._active.run(q.contiguous(), (k_buf, v_buf))
+        return self._active.run(q.contiguous(), (self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]))

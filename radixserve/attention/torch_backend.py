@@ -79,10 +79,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store k/v at the planned slots, then attend; q `[T, H, D]` -> `[T, H, D]` in q's dtype."""
+        self.pool.store(layer_id, self.out_cache_loc, k, v)
         k_pages, v_pages = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
-        # index_copy_ into the flat slot view: what KVPool.store does, without advanced indexing's overhead.
-        k_pages.view(-1, *k_pages.shape[2:]).index_copy_(0, self.out_cache_loc, k.to(k_pages.dtype))
-        v_pages.view(-1, *v_pages.shape[2:]).index_copy_(0, self.out_cache_loc, v.to(v_pages.dtype))
         if len(self.groups) == 1 and self.groups[0].rows is None:
             return self._attend(self.groups[0], q, k_pages, v_pages)
         out = torch.empty_like(q)

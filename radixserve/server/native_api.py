@@ -141,11 +141,8 @@ async def get_model_info(request: Request) -> Response:
     """The engine's model_info plus what a client needs to render prompts itself: chat template, special tokens."""
     state = server_state(request)
     tok = state.engine.tokenizer
-    template = tok.chat_template.get("default") if isinstance(tok.chat_template, dict) else tok.chat_template
-    specials = {"bos_token": tok.bos_token, "eos_token": tok.eos_token, "pad_token": tok.pad_token,
-                "unk_token": tok.unk_token}
     return JSONResponse({**state.engine.model_info(), "served_model_name": state.model_name, "is_generation": True,
-                         "chat_template": template, "special_tokens": specials})
+                         "chat_template": tok.select_chat_template(), "special_tokens": tok.special_tokens})
 
 
 async def health(request: Request) -> Response:
