@@ -24,3 +24,9 @@ def next_pow2(n: int, at_least: int = 16) -> int:
     """Smallest power of two >= max(n, at_least): block sizes must be powers of two and tl.dot needs >= 16."""
     n = max(n, at_least)
     return 1 << (n - 1).bit_length()
+
+
+def attention_num_warps(head_dim: int, dtype: torch.dtype) -> int:
+    """Warps per attention program. With 4 warps the head_dim-128 kernels hit sm_90's 255-register cap and spill
+    (bf16 decode 136 B of stack, extend 24 B, float32 extend 2 KB); 8 warps spread the accumulators (no spill)."""
+    return 8 if head_dim >= 128 or dtype == torch.float32 else 4

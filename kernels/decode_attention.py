@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import dot_precision, needs_upcast, next_pow2
+from kernels.common import attention_num_warps, dot_precision, needs_upcast, next_pow2
 from kernels.online_softmax import attend_block
 
 
@@ -119,7 +119,7 @@ def decode_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
 def decode_attention(
     q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor,
     out: torch.Tensor, scale: float, num_splits: int = 1,
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None, block_n: int = 64,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None, block_n: int = 64, num_warps: int | None = None,
 ) -> torch.Tensor:
     """Write into `out` `[B, H, D]` the attention of q `[B, H, D]` over the first seq_lens[b] tokens of request b.
 
@@ -151,6 +151,7 @@ def decode_attention(
         PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=dim,
         BLOCK_H=next_pow2(group), BLOCK_N=block_n, BLOCK_D=block_d,
         SINGLE_SPLIT=single, UPCAST=needs_upcast(_decode_split_kernel, q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=num_warps or attention_num_warps(dim, q.dtype),
     )
     if single:
         return out

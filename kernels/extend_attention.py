@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import dot_precision, needs_upcast, next_pow2
+from kernels.common import attention_num_warps, dot_precision, needs_upcast, next_pow2
 from kernels.online_softmax import attend_block
 
 
@@ -94,7 +94,7 @@ def extend_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     k_buf: torch.Tensor, v_buf: torch.Tensor, page_table: torch.Tensor,
     qo_indptr: torch.Tensor, prefix_lens: torch.Tensor, max_extend_len: int, scale: float,
-    block_m: int = 64, block_n: int = 32,
+    block_m: int = 64, block_n: int = 32, num_warps: int | None = None,
 ) -> torch.Tensor:
     """Write into `out` `[T, H, D]` the causal attention of the packed new tokens q `[T, H, D]`.
 
@@ -122,5 +122,6 @@ def extend_attention(
         PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=dim,
         BLOCK_G=block_g, BLOCK_TOK=block_tok, BLOCK_N=block_n, BLOCK_D=next_pow2(dim),
         UPCAST=needs_upcast(_extend_kernel, q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=num_warps or attention_num_warps(dim, q.dtype),
     )
     return out

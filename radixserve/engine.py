@@ -18,11 +18,11 @@ import torch
 from radixserve.detokenizer import IncrementalDetokenizer
 from radixserve.errors import EngineDeadError, QueueFullError
 from radixserve.model.resolve import resolve_model
-from radixserve.model.runner import ModelRunner
+from radixserve.model.runner import ModelRunner, PendingOutput, bind_device, default_attention_backend
 from radixserve.request import Req
 from radixserve.sampling.sampler import SamplingInfo, make_generator
 from radixserve.sampling_params import SamplingParams
-from radixserve.scheduler.batch import ScheduledBatch, StepOutput
+from radixserve.scheduler.batch import ScheduledBatch
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixserve.tokenizer import Tokenizer
 
@@ -91,8 +91,9 @@ class Engine:
         self.model_path = resolve_model(None if model is None else str(model))
         self.dtype_name = dtype
         self.device = torch.device(device)
-        # None: FlashInfer on CUDA (the fast path there), the portable torch reference elsewhere.
-        self.attention_backend = attention_backend or ("flashinfer" if self.device.type == "cuda" else "torch")
+        if self.device.type == "cuda" and self.device.index is None:  # pin it: each thread binds this same device
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.attention_backend = attention_backend or default_attention_backend(self.device, _DTYPES[dtype])
         self.tokenizer = Tokenizer.from_dir(self.model_path)
         self.runner = ModelRunner(
             self.model_path, _DTYPES[dtype], self.device, page_size, max_total_tokens, self.attention_backend,
@@ -121,12 +122,13 @@ class Engine:
             prefill_merge_tokens=prefill_merge_tokens,
         )
         eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
-        self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos, self.device)
+        self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
 
         # Overlap: a worker thread runs step N (on a GPU it only launches kernels) while this loop processes step N-1
         # and schedules N+1. On a CPU both would share the same cores, so it is off there by default.
         self.overlap_schedule = self.device.type == "cuda" if overlap_schedule is None else overlap_schedule
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="radixserve-step") if self.overlap_schedule else None
+        self._worker = (ThreadPoolExecutor(1, thread_name_prefix="radixserve-step", initializer=bind_device,
+                                           initargs=(self.device,)) if self.overlap_schedule else None)
         self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._inflight = 0
         self._inflight_lock = threading.Lock()
@@ -157,26 +159,27 @@ class Engine:
     # ---- the loop (its own thread; the only code that touches scheduler state) --------------------------------
     def _loop(self) -> None:
         sched = self.scheduler
-        in_flight: tuple[ScheduledBatch, Future[StepOutput]] | None = None
+        in_flight: tuple[ScheduledBatch, Future[PendingOutput]] | None = None
         try:
+            bind_device(self.device)
             while not self._stop.is_set():
                 self._drain_inbox(block=in_flight is None and not sched.has_work())
                 batch = sched.schedule(can_retract=in_flight is None)
                 if in_flight is not None and (batch is None or batch.needs_sync):
-                    sched.process(in_flight[0], in_flight[1].result())
+                    sched.process(in_flight[0], in_flight[1].result().wait())
                     in_flight = None
                 if batch is not None:
                     if self._worker is None:
-                        sched.process(batch, self.runner.execute(batch))
+                        sched.process(batch, self.runner.execute(batch).wait())
                     else:
                         launched = (batch, self._worker.submit(self.runner.execute, batch))
                         if in_flight is not None:  # step N-1's results, while step N runs
-                            sched.process(in_flight[0], in_flight[1].result())
+                            sched.process(in_flight[0], in_flight[1].result().wait())
                         in_flight = launched
                 self._running_snapshot = len(sched.running)
                 self._heartbeat = time.monotonic()
             if in_flight is not None:
-                sched.process(in_flight[0], in_flight[1].result())
+                sched.process(in_flight[0], in_flight[1].result().wait())
         except BaseException as exc:  # noqa: BLE001 - the loop must report any death to every waiting caller
             self._error = exc
             self._fail_all(EngineDeadError(f"engine loop died: {exc!r}"))

@@ -1,7 +1,7 @@
 """The packed input of one model forward: prefill chunks and decode tokens of many requests at once."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,6 +40,23 @@ class ForwardBatch:
     def is_decode(self) -> bool:
         """True when every request adds exactly one token (a pure decode step)."""
         return self.num_tokens == self.batch_size
+
+    def to(self, device: torch.device) -> "ForwardBatch":
+        """This batch with its device-side tensors (ids, positions, slots, page table, logits rows) on `device`.
+
+        On CUDA they go through pinned memory with non-blocking copies: the caller's thread never waits for kernels
+        already queued (the step in flight), and the copies run in stream order before this step's kernels.
+        """
+        def move(t: torch.Tensor) -> torch.Tensor:
+            if t.device == device:
+                return t
+            if device.type == "cuda" and t.device.type == "cpu":
+                return t.pin_memory().to(device, non_blocking=True)
+            return t.to(device)
+
+        return replace(self, input_ids=move(self.input_ids), positions=move(self.positions),
+                       out_cache_loc=move(self.out_cache_loc), page_table=move(self.page_table),
+                       logits_indices=move(self.logits_indices))
 
     @staticmethod
     def build(

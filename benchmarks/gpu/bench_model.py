@@ -50,6 +50,27 @@ def eager_step(model: LlamaForCausalLM, attn: Any, batch: ForwardBatch) -> Calla
     return step
 
 
+def kernel_profile(step: Callable[[], object], bench: str, backend: str, top: int = 12) -> list[dict[str, Any]]:
+    """One eager step under the profiler (device activity only): kernels launched, and the costliest by total time.
+    Many kernels of a few microseconds each in a step bound by reading weights mean launch and tail overhead."""
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time)
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    total_us = sum(e.device_time for e in kernels)
+    rows: list[dict[str, Any]] = [{"bench": f"profile {bench}", "backend": backend, "mode": "eager",
+                                   "kernels": len(kernels), "kernel_ms": total_us / 1e3}]
+    rows += [{"bench": f"profile {bench}", "backend": backend, "kernel": name[:60], "calls": len(ts),
+              "kernel_ms": sum(ts) / 1e3, "mean_us": sum(ts) / len(ts)} for name, ts in ranked]
+    return rows
+
+
 def model_benchmarks(device: torch.device, cfg: dict[str, Any], ceilings: dict[str, float], backends: list[str],
                      batch_sizes: tuple[int, ...], context: int, prefill_tokens: int, use_graphs: bool,
                      page_size: int = 16) -> list[dict[str, Any]]:
@@ -80,6 +101,11 @@ def model_benchmarks(device: torch.device, cfg: dict[str, Any], ceilings: dict[s
                 modes.append(("graph", runner))
             for bs in batch_sizes:
                 batch = decode_batch(bs, context, page_size, pages, config.vocab_size, device)
+                if bs == batch_sizes[0] and device.type == "cuda":
+                    try:
+                        rows += kernel_profile(eager_step(model, attn, batch), f"decode bs {bs} ctx {context}", name)
+                    except Exception as e:  # noqa: BLE001 - the profile explains; its failure must not hide timings
+                        rows.append({"bench": "profile", "backend": name, "error": repr(e)[:200]})
                 floor_ms = decode_step_bytes(config, bs, context, dtype.itemsize) / bw * 1e3
                 for mode, runner in modes:
                     step = eager_step(model, attn, batch) if runner is None else (lambda r=runner: r.forward(batch))

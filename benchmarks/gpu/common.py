@@ -10,6 +10,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ def measure_ceilings(device: torch.device, copy_bytes: int = 2 << 30, matmul_n: 
     """Device-to-device copy bandwidth (bytes read + written per second) and the bf16 matmul rate, measured here."""
     src = torch.randn(copy_bytes // 2, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    copy_ms = median(time_ms(lambda: dst.copy_(src), device, warmup=3, iters=20))
+    copy_ms = median(time_ms(partial(dst.copy_, src), device, warmup=3, iters=20))
     del src, dst
     gen = torch.Generator(device=device).manual_seed(1)
     # Three input pairs in rotation (each 128 MiB at n=8192, far above L2), random, never zeros.

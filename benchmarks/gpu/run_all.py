@@ -26,12 +26,12 @@ import torch
 if not torch.cuda.is_available():  # the triton backend runs interpreted without a GPU; set before kernels import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from benchmarks.gpu import bench_engine, bench_model, check_correctness  # noqa: E402
+from benchmarks.gpu import bench_engine, bench_kernels, bench_model, check_correctness  # noqa: E402
 from benchmarks.gpu.common import (  # noqa: E402
     LLAMA3_8B, TINY, markdown_table, measure_ceilings, write_random_checkpoint)
 
-SECTIONS = ["env", "ceilings", "attention", "graphs", "greedy", "model", "idle", "prefix"]
-NEEDS_CUDA = {"attention": "flashinfer/triton kernels", "graphs": "CUDA graphs", "idle": "a CUDA profiler trace"}
+SECTIONS = ["env", "ceilings", "attention", "kernels", "graphs", "greedy", "model", "idle", "prefix"]
+NEEDS_CUDA = {"attention": "flashinfer/triton kernels", "kernels": "flashinfer/triton kernels", "graphs": "CUDA graphs", "idle": "a CUDA profiler trace"}
 
 
 class Report:
@@ -116,6 +116,7 @@ def main() -> None:
         "env": lambda: environment(device),
         "ceilings": lambda: [{k: v for k, v in ensure_ceilings().items()}],
         "attention": lambda: check_correctness.attention_parity(device, backends),
+        "kernels": lambda: bench_kernels.attention_kernels(device, ensure_ceilings()),
         "graphs": lambda: check_correctness.graph_parity(device),
         "greedy": lambda: check_correctness.greedy_parity(device, args.workdir, backends, smoke),
         "model": lambda: bench_model.model_benchmarks(
@@ -123,7 +124,7 @@ def main() -> None:
             batch_sizes=(1, 4) if smoke else (1, 32, 128), context=64 if smoke else 2048,
             prefill_tokens=256 if smoke else 8192, use_graphs=not smoke),
         "idle": lambda: [bench_engine.decode_idle(device, engine_model(), overlap, num_requests=64, prompt_len=256,
-                                                  new_tokens=512, profile_s=3.0, backend="flashinfer")
+                                                  new_tokens=1024, profile_s=2.0, backend="flashinfer")
                          for overlap in (False, True)],
         "prefix": lambda: [bench_engine.shared_prefix(
             device, engine_model(), cache, groups=2 if smoke else args.groups, per_group=4 if smoke else args.per_group,

@@ -22,8 +22,19 @@ from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
 
 # FlashInfer's recommended split-KV scratch size; the decode and prefill wrappers share it (one runs per step).
-WORKSPACE_BYTES = 128 << 20
+MIN_WORKSPACE_BYTES = 128 << 20
+# Graph-mode decode always splits KV; its float32 partial outputs and log-sum-exps grow with batch x query heads.
+# 128 MB ran out capturing ~410 requests of 32x128 heads, i.e. about 19 splits' worth: budget 32 splits.
+WORKSPACE_SPLITS = 32
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+# "fa2" as SGLang and mini-sglang pin it: "auto" picks FA3 on sm90 for head_dim 128, slower for paged serving there,
+# with a known bug on H100 PCIe, and one more JIT module per dtype.
+DEFAULT_PREFILL_BACKEND = "fa2"
+
+
+def workspace_bytes(max_batch_size: int, num_heads: int, head_dim: int) -> int:
+    """Scratch for split-KV decode of `max_batch_size` requests (float32 partial outputs + lse per split)."""
+    return max(MIN_WORKSPACE_BYTES, max_batch_size * num_heads * (head_dim + 1) * 4 * WORKSPACE_SPLITS)
 
 
 def use_tensor_core_decode(num_heads: int, num_kv_heads: int) -> bool:
@@ -53,7 +64,8 @@ class FlashInferAttentionBackend(AttentionBackend):
     """Paged attention through FlashInfer; `q_dtype` defaults to the pool's dtype (the model's)."""
 
     def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None,
-                 q_dtype: torch.dtype | None = None, decode_tensor_cores: bool | None = None) -> None:
+                 q_dtype: torch.dtype | None = None, decode_tensor_cores: bool | None = None,
+                 max_batch_size: int = 256, prefill_backend: str = DEFAULT_PREFILL_BACKEND) -> None:
         super().__init__(pool, num_heads, head_dim, scale)
         # Checked before importing flashinfer: its wrappers allocate CUDA and pinned memory on construction.
         if pool.device.type != "cuda" or not torch.cuda.is_available():
@@ -73,12 +85,19 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._flashinfer = flashinfer
         self.tensor_cores = (use_tensor_core_decode(num_heads, self.num_kv_heads)
                              if decode_tensor_cores is None else decode_tensor_cores)
-        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
+        self.max_batch_size = max_batch_size
+        self.workspace = torch.zeros(workspace_bytes(max_batch_size, num_heads, head_dim), dtype=torch.uint8,
+                                     device=pool.device)
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, kv_layout="NHD", use_tensor_cores=self.tensor_cores)
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", backend=prefill_backend)
         self.graph_wrappers: dict[int, Any] = {}
         self._active: Any = None
+        # `plan` fills a pinned host buffer and copies it to the device without waiting; the next plan must not
+        # refill that buffer before the copy has run. This event marks the last plan's copy (as mini-sglang does).
+        self._planned = torch.cuda.Event()
+        self._planned.record()
         self.out_cache_loc = torch.zeros(0, dtype=torch.int64, device=pool.device)
 
     # ---- planning ---------------------------------------------------------------------------------------------
@@ -94,16 +113,22 @@ class FlashInferAttentionBackend(AttentionBackend):
             return
         meta = build_paged_metadata(batch)
         if batch.is_decode:
-            self.decode_wrapper.plan(**decode_plan_kwargs(meta, **self._shape()))
-            self._active = self.decode_wrapper
+            self._plan(self.decode_wrapper, decode_plan_kwargs(meta, **self._shape()))
         else:
-            self.prefill_wrapper.plan(**prefill_plan_kwargs(meta, **self._shape()))
-            self._active = self.prefill_wrapper
+            self._plan(self.prefill_wrapper, prefill_plan_kwargs(meta, **self._shape()))
+
+    def _plan(self, wrapper: Any, kwargs: dict[str, Any]) -> None:
+        self._planned.synchronize()  # the previous plan's host-to-device copy has run: its pinned buffer is free
+        wrapper.plan(**kwargs)
+        self._planned.record()
+        self._active = wrapper
 
     # ---- CUDA graphs ------------------------------------------------------------------------------------------
     def init_cuda_graph(self, batch_sizes: Sequence[int], max_pages_per_request: int) -> None:
         """Fixed index buffers and one graph-mode decode wrapper per batch size (they share the buffers)."""
         device, max_bs = self.pool.device, max(batch_sizes)
+        if max_bs > self.max_batch_size:
+            raise ValueError(f"graph batch size {max_bs} exceeds the workspace's max_batch_size {self.max_batch_size}")
         self._graph_loc = torch.zeros(max_bs, dtype=torch.int64, device=device)
         self._graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=device)
         self._graph_indices = torch.zeros(max_bs * max_pages_per_request, dtype=torch.int32, device=device)
@@ -127,9 +152,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             raise ValueError(f"no CUDA-graph decode wrapper for a batch of {bs} (decode: {batch.is_decode})")
         self._graph_loc[:bs].copy_(batch.out_cache_loc, non_blocking=True)
         self.out_cache_loc = self._graph_loc[:bs]
-        wrapper = self.graph_wrappers[bs]
-        wrapper.plan(**decode_plan_kwargs(build_paged_metadata(batch), **self._shape()))
-        self._active = wrapper
+        self._plan(self.graph_wrappers[bs], decode_plan_kwargs(build_paged_metadata(batch), **self._shape()))
 
     # ---- per layer --------------------------------------------------------------------------------------------
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,8 @@ def kv_indices(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int)
         raise ValueError(f"page table has {width} pages per request, a request needs {int(counts.max())}")
     offsets = torch.cumsum(counts, 0) - counts
     flat = torch.repeat_interleave(torch.arange(rows) * width - offsets, counts) + torch.arange(int(counts.sum()))
+    if page_table.is_cuda:  # pinned and non-blocking: the host never waits for kernels already queued
+        flat = flat.pin_memory().to(page_table.device, non_blocking=True)
     return page_table.reshape(-1).index_select(0, flat.to(page_table.device)).to(torch.int32)
 
 

@@ -1,6 +1,7 @@
 """Model runner: the weights, the KV pool and the attention backend; one forward per scheduled step."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -11,16 +12,37 @@ from radixserve.cache.kv_pool import KVPool
 from radixserve.config import ModelConfig
 from radixserve.forward_batch import ForwardBatch
 from radixserve.model.loader import load_model
-from radixserve.sampling.sampler import sample, token_logprobs
+from radixserve.sampling.sampler import chosen_logprobs, sample_ids, token_logprobs
 from radixserve.scheduler.batch import ScheduledBatch, StepOutput
 
 # On a CPU a bigger pool only costs start-up time (it is zeroed) and memory: 64k tokens hold dozens of long
 # conversations, and a CPU computes far fewer tokens than that per minute. GPUs size it from free memory alone.
 CPU_MAX_AUTO_TOKENS = 1 << 16
+log = logging.getLogger(__name__)
 
 
-def make_backend(name: str, pool: KVPool, config: ModelConfig) -> AttentionBackend:
-    """Construct an attention backend by name; GPU-only backends are imported only when asked for."""
+def default_attention_backend(device: torch.device, dtype: torch.dtype) -> str:
+    """FlashInfer on CUDA (the fast path there; float16/bfloat16 only), our Triton kernels for float32 on CUDA,
+    the portable torch reference elsewhere."""
+    if device.type != "cuda":
+        return "torch"
+    if dtype == torch.float32:
+        log.info("float32 on CUDA: attention runs on the triton backend (flashinfer supports float16/bfloat16)")
+        return "triton"
+    return "flashinfer"
+
+
+def bind_device(device: torch.device) -> None:
+    """Make `device` the calling thread's current CUDA device (CUDA keeps one per thread; kernels launched without
+    an explicit device, Triton's and graph captures among them, go there). A no-op off CUDA."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+def make_backend(name: str, pool: KVPool, config: ModelConfig, max_batch_size: int = 256) -> AttentionBackend:
+    """Construct an attention backend by name; GPU-only backends are imported only when asked for.
+
+    `max_batch_size` (requests per step) sizes the flashinfer backend's split-KV workspace."""
     if name == "torch":
         from radixserve.attention.torch_backend import TorchAttentionBackend
 
@@ -34,7 +56,7 @@ def make_backend(name: str, pool: KVPool, config: ModelConfig) -> AttentionBacke
             raise ValueError("attention_backend 'flashinfer' needs a CUDA device")
         from radixserve.attention.flashinfer_backend import FlashInferAttentionBackend
 
-        return FlashInferAttentionBackend(pool, config.num_heads, config.head_dim)
+        return FlashInferAttentionBackend(pool, config.num_heads, config.head_dim, max_batch_size=max_batch_size)
     raise ValueError(f"attention_backend must be one of torch, triton, flashinfer; got {name!r}")
 
 
@@ -69,6 +91,7 @@ class ModelRunner:
         mem_fraction: float = 0.3,
     ) -> None:
         self.device = device
+        bind_device(device)
         self.config, self.model = load_model(model_path, dtype, device)
         cfg = self.config
         bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
@@ -80,7 +103,7 @@ class ModelRunner:
         if num_pages < 2:
             raise ValueError(f"max_total_tokens={max_total_tokens} is less than one page of {page_size} tokens")
         self.pool = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
-        self.attn = make_backend(attention_backend, self.pool, cfg)
+        self.attn = make_backend(attention_backend, self.pool, cfg, max_running_requests)
         # Token ids sampled by the latest step, by request slot: the next step's decode inputs may name them before
         # the CPU has seen them (overlapped scheduling). Steps execute in order, so a slot is written before read.
         self.future_ids = torch.zeros(max_running_requests, dtype=torch.int64, device=device)
@@ -101,9 +124,13 @@ class ModelRunner:
         return self.model.compute_logits(hidden[batch.logits_indices])
 
     @torch.inference_mode()
-    def execute(self, step: ScheduledBatch) -> StepOutput:
-        """Forward, sample and score one scheduled step; runs on the loop thread or on the overlap worker."""
-        batch = step.forward
+    def execute(self, step: ScheduledBatch) -> "PendingOutput":
+        """Forward, sample and score one scheduled step; runs on the loop thread or on the overlap worker.
+
+        Returns once the step's work is queued: on a GPU the sampled ids come back through an event
+        (`PendingOutput.wait`), so the overlap worker can queue the next step while this one runs.
+        """
+        batch = step.forward.to(self.device)
         if step.has_placeholders:
             ids = batch.input_ids
             batch.input_ids = torch.where(ids < 0, self.future_ids[(-ids - 1).clamp(min=0)], ids)
@@ -114,8 +141,31 @@ class ModelRunner:
             prompt.append(token_logprobs(logits[first : first + count], torch.tensor(targets), top_k))
         rows = [r for r in step.sample_rows if r is not None]
         if not rows:
-            return StepOutput([], None, None, prompt)
-        out = sample(logits[rows], step.sample_infos)
-        self.future_ids[step.sample_slots] = torch.tensor(out.next_ids, device=self.future_ids.device)
-        return StepOutput(out.next_ids, out.logprobs, out.top_logprobs, prompt)
+            return PendingOutput(None, StepOutput([], None, None, prompt))
+        next_ids, raw_logprobs = sample_ids(logits[rows], step.sample_infos)
+        self.future_ids[torch.tensor(step.sample_slots, device=self.device)] = next_ids
+        out = StepOutput([], None, None, prompt)
+        if raw_logprobs is not None:
+            out.logprobs, out.top_logprobs = chosen_logprobs(next_ids, raw_logprobs, step.sample_infos)
+        return PendingOutput(next_ids, out)
 
+
+class PendingOutput:
+    """A step's output whose sampled ids may still be on their way from the device; `wait()` returns them."""
+
+    def __init__(self, next_ids: torch.Tensor | None, out: StepOutput) -> None:
+        self.out = out
+        self.next_ids = next_ids
+        self.ready: torch.cuda.Event | None = None
+        if next_ids is not None and next_ids.is_cuda:
+            self.next_ids = next_ids.to("cpu", non_blocking=True)  # into pinned memory, in stream order
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+
+    def wait(self) -> StepOutput:
+        if self.next_ids is not None:
+            if self.ready is not None:
+                self.ready.synchronize()
+            self.out.next_ids = self.next_ids.tolist()
+            self.next_ids = None
+        return self.out

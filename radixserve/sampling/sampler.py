@@ -123,8 +123,9 @@ def _sample_rows(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.T
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=vocab - 1)
 
 
-def sample(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> SampleOutput:
-    """Pick the next id for each row of logits [B, V] under that row's settings; logprobs when any row asks."""
+def sample_ids(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The next id per row of logits [B, V] under that row's settings, left on logits' device (greedy and plain
+    temperature sampling never wait for the device), and the raw log_softmax when any row asks for logprobs."""
     if logits.shape[0] != len(infos):
         raise ValueError(f"logits has {logits.shape[0]} rows but {len(infos)} sampling infos were given")
     logits = logits.float()
@@ -134,20 +135,29 @@ def sample(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> SampleOutput:
     logits = apply_penalties(logits, infos)
     greedy = [info.params.is_greedy for info in infos]
     if all(greedy):
-        next_ids = logits.argmax(dim=-1)
-    else:
-        random_rows = [i for i, g in enumerate(greedy) if not g]
-        sampled = _sample_rows(logits[random_rows], [infos[i] for i in random_rows])
-        if len(random_rows) == len(infos):
-            next_ids = sampled
-        else:
-            next_ids = logits.argmax(dim=-1)
-            next_ids[random_rows] = sampled
+        return logits.argmax(dim=-1), raw_logprobs
+    random_rows = [i for i, g in enumerate(greedy) if not g]
+    sampled = _sample_rows(logits[random_rows], [infos[i] for i in random_rows])
+    if len(random_rows) == len(infos):
+        return sampled, raw_logprobs
+    next_ids = logits.argmax(dim=-1)
+    next_ids[random_rows] = sampled
+    return next_ids, raw_logprobs
 
+
+def chosen_logprobs(next_ids: torch.Tensor, raw_logprobs: torch.Tensor, infos: Sequence[SamplingInfo],
+                    ) -> tuple[list[float], list[list[tuple[float, int]]]]:
+    """Each row's logprob of its chosen id and its top_logprobs_num best (logprob, id) pairs (waits for the device)."""
+    chosen = raw_logprobs.gather(1, next_ids[:, None]).squeeze(1).tolist()
+    return chosen, _top_logprobs(raw_logprobs, [info.top_logprobs_num for info in infos])
+
+
+def sample(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> SampleOutput:
+    """Pick the next id for each row of logits [B, V] under that row's settings; logprobs when any row asks."""
+    next_ids, raw_logprobs = sample_ids(logits, infos)
     logprobs = top_logprobs = None
     if raw_logprobs is not None:
-        logprobs = raw_logprobs.gather(1, next_ids[:, None]).squeeze(1).tolist()
-        top_logprobs = _top_logprobs(raw_logprobs, [info.top_logprobs_num for info in infos])
+        logprobs, top_logprobs = chosen_logprobs(next_ids, raw_logprobs, infos)
     return SampleOutput(next_ids=next_ids.tolist(), logprobs=logprobs, top_logprobs=top_logprobs)
 
 

@@ -6,7 +6,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.radix_cache import RadixCache
@@ -62,12 +61,11 @@ class SchedulerStats:
 class Scheduler:
     """Owns the waiting queue and the running set; every page a request holds is accounted for here."""
 
-    def __init__(self, cfg: SchedulerConfig, pool: KVPool, eos_ids: frozenset[int], device: torch.device) -> None:
+    def __init__(self, cfg: SchedulerConfig, pool: KVPool, eos_ids: frozenset[int]) -> None:
         self.cfg = cfg
         self.pool = pool
         self.cache = RadixCache(pool, cfg.page_size)
         self.eos_ids = eos_ids
-        self.device = device
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         # Finished or aborted while a step of theirs was still in flight: their pages go back once it is processed.
@@ -320,7 +318,9 @@ class Scheduler:
             req.kv_len += n
             req.steps_in_flight += 1
             row += n
-        fb = ForwardBatch.build(token_chunks, prefix_lens, tables, self.cfg.page_size, logit_rows, self.device)
+        # Built on the CPU: the loop thread never touches the device (the runner copies the batch over, see
+        # ForwardBatch.to), so scheduling step N+1 never waits behind step N's kernels.
+        fb = ForwardBatch.build(token_chunks, prefix_lens, tables, self.cfg.page_size, logit_rows)
         return ScheduledBatch(
             reqs, [chunks[id(r)] for r in reqs], fb, sample_rows, prompt_rows, infos, slots, targets,
             has_placeholders=placeholders, needs_sync=needs_sync,
