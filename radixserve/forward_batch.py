@@ -6,6 +6,22 @@ from dataclasses import dataclass, replace
 import torch
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device`. CPU to CUDA goes through pinned memory without blocking: a copy from pageable memory may
+    wait for the kernels already queued on the stream (and holds the GIL meanwhile), which would serialise the
+    overlap worker behind the step in flight."""
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def pinned(t: torch.Tensor) -> torch.Tensor:
+    """`t` in pinned host memory when CUDA is in use (a host tensor that a library copies to the device itself)."""
+    return t.pin_memory() if torch.cuda.is_initialized() else t
+
+
 @dataclass
 class ForwardBatch:
     """Request i contributes `extend_lens[i]` new tokens after `prefix_lens[i]` tokens already in the KV pool.
@@ -47,16 +63,10 @@ class ForwardBatch:
         On CUDA they go through pinned memory with non-blocking copies: the caller's thread never waits for kernels
         already queued (the step in flight), and the copies run in stream order before this step's kernels.
         """
-        def move(t: torch.Tensor) -> torch.Tensor:
-            if t.device == device:
-                return t
-            if device.type == "cuda" and t.device.type == "cpu":
-                return t.pin_memory().to(device, non_blocking=True)
-            return t.to(device)
-
-        return replace(self, input_ids=move(self.input_ids), positions=move(self.positions),
-                       out_cache_loc=move(self.out_cache_loc), page_table=move(self.page_table),
-                       logits_indices=move(self.logits_indices))
+        return replace(self, input_ids=to_device(self.input_ids, device), positions=to_device(self.positions, device),
+                       out_cache_loc=to_device(self.out_cache_loc, device),
+                       page_table=to_device(self.page_table, device),
+                       logits_indices=to_device(self.logits_indices, device))
 
     @staticmethod
     def build(

@@ -133,10 +133,10 @@ def graph_parity(device: torch.device, batch_sizes: tuple[int, ...] = (1, 3, 8, 
 
 
 GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
-# A greedy run may leave the float32 reference only where the reference's top-2 logprob margin is under this:
-# there its dtype's rounding (about 2**-8 relative for bf16, 2**-11 for fp16, on logits of magnitude ~5, grown
-# through the layers) can flip the order. float32 runs differ from the reference in summation order alone.
-NEAR_TIE = {"float32": 1e-3, "float16": 0.02, "bfloat16": 0.15}
+# A run's rounding noise: the largest |logprob - reference logprob| of the tokens it shares with the reference. A
+# divergence is a near-tie when the reference's top-2 margin there is within twice that noise (each of the two
+# logprobs may be off by it). The noise itself must stay under the dtype's cap, or the numerics are broken.
+NOISE_CAP = {"float32": 1e-3, "float16": 0.05, "bfloat16": 0.3}
 
 
 def first_divergence(got: list[int], want: list[int]) -> int | None:
@@ -147,7 +147,7 @@ def greedy_parity(device: torch.device, workdir: Path, backends: list[str], smok
                   ) -> list[dict[str, Any]]:
     """Greedy tokens through the Engine against a float32 torch-backend reference: every backend and dtype, cache
     on and off, overlap on and off, and a second pass served from the cache. A run passes when its tokens equal the
-    reference's, or its first divergence is a near-tie of the reference (NEAR_TIE; the row lists every margin).
+    reference's, or its first divergence is a near-tie of the reference (see NOISE_CAP; the row lists every margin).
     `attention_backend=None` in float32 is the engine's own choice (triton on CUDA: flashinfer has no float32).
     """
     from radixserve import Engine
@@ -173,17 +173,19 @@ def greedy_parity(device: torch.device, workdir: Path, backends: list[str], smok
     rows = []
     for dtype, backend, cache, overlap in configs:
         for pass_no, results in enumerate(run(dtype, backend, cache, overlap), 1):
-            diverged = []
+            diverged, noise = [], 0.0
             for i, (got, want) in enumerate(zip(results, reference)):
                 at = first_divergence(got["output_ids"], want["output_ids"])
+                shared = zip(got["meta_info"]["output_token_logprobs"], want["meta_info"]["output_token_logprobs"])
+                noise = max([noise] + [abs(a[0] - b[0]) for a, b in list(shared)[:at]])
                 if at is not None:
                     top = want["meta_info"]["output_top_logprobs"][at]
                     diverged.append((i, at, top[0][0] - top[1][0]))
             rows.append({"check": f"greedy {dtype} vs float32", "backend": backend or "default",
                          "case": f"cache {'on' if cache else 'off'}, overlap {'on' if overlap else 'off'}, "
                                  f"pass {pass_no}",
-                         "identical": f"{len(prompts) - len(diverged)}/{len(prompts)}",
+                         "identical": f"{len(prompts) - len(diverged)}/{len(prompts)}", "noise": noise,
                          "diverged (prompt, token, ref margin)": ", ".join(f"({i}, {t}, {m:.4f})"
                                                                           for i, t, m in diverged),
-                         "ok": all(m < NEAR_TIE[dtype] for _, _, m in diverged)})
+                         "ok": noise < NOISE_CAP[dtype] and all(m <= 2 * noise for _, _, m in diverged)})
     return rows

@@ -19,7 +19,7 @@ import torch
 from radixserve.attention.base import AttentionBackend
 from radixserve.attention.paged_metadata import PagedKVMetadata, build_paged_metadata
 from radixserve.cache.kv_pool import KVPool
-from radixserve.forward_batch import ForwardBatch
+from radixserve.forward_batch import ForwardBatch, to_device
 
 # FlashInfer's recommended split-KV scratch size; the decode and prefill wrappers share it (one runs per step).
 MIN_WORKSPACE_BYTES = 128 << 20
@@ -107,7 +107,7 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def plan(self, batch: ForwardBatch) -> None:
         """Plan the decode or the prefill wrapper for this step; every layer's `forward` reuses the plan."""
-        self.out_cache_loc = batch.out_cache_loc.to(self.pool.device, non_blocking=True)
+        self.out_cache_loc = to_device(batch.out_cache_loc, self.pool.device)
         if batch.batch_size == 0:
             self._active = None
             return

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.forward_batch import ForwardBatch
+from radixserve.forward_batch import ForwardBatch, pinned, to_device
 
 
 @dataclass(frozen=True)
@@ -57,18 +57,17 @@ def kv_indices(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int)
         raise ValueError(f"page table has {width} pages per request, a request needs {int(counts.max())}")
     offsets = torch.cumsum(counts, 0) - counts
     flat = torch.repeat_interleave(torch.arange(rows) * width - offsets, counts) + torch.arange(int(counts.sum()))
-    if page_table.is_cuda:  # pinned and non-blocking: the host never waits for kernels already queued
-        flat = flat.pin_memory().to(page_table.device, non_blocking=True)
-    return page_table.reshape(-1).index_select(0, flat.to(page_table.device)).to(torch.int32)
+    return page_table.reshape(-1).index_select(0, to_device(flat, page_table.device)).to(torch.int32)
 
 
 def build_paged_metadata(batch: ForwardBatch) -> PagedKVMetadata:
     """Metadata of every request's whole KV (prefix + this step's new tokens) and its query rows."""
     ps = batch.page_size
+    # FlashInfer copies the host indptrs into its device buffers without blocking: pinned, so that it can.
     return PagedKVMetadata(
-        qo_indptr=batch.qo_indptr.cpu().to(torch.int32),
-        kv_indptr=kv_indptr(batch.seq_lens, ps),
+        qo_indptr=pinned(batch.qo_indptr.cpu().to(torch.int32)),
+        kv_indptr=pinned(kv_indptr(batch.seq_lens, ps)),
         kv_indices=kv_indices(batch.page_table, batch.seq_lens, ps),
-        kv_last_page_len=kv_last_page_len(batch.seq_lens, ps),
+        kv_last_page_len=pinned(kv_last_page_len(batch.seq_lens, ps)),
         page_size=ps,
     )

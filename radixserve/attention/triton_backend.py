@@ -13,7 +13,7 @@ from kernels.extend_attention import extend_attention
 from kernels.kv_store import store_kv
 from radixserve.attention.base import AttentionBackend
 from radixserve.cache.kv_pool import KVPool
-from radixserve.forward_batch import ForwardBatch
+from radixserve.forward_batch import ForwardBatch, to_device
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -36,17 +36,17 @@ class TritonAttentionBackend(AttentionBackend):
         """Move this step's index tensors to the device as int32 once; every layer reuses them."""
         device = self.pool.device
         self.batch_size = batch.batch_size
-        self.out_cache_loc = batch.out_cache_loc.to(device)
-        self.page_table = batch.page_table.to(device=device, dtype=torch.int32).contiguous()
+        self.out_cache_loc = to_device(batch.out_cache_loc, device)
+        self.page_table = to_device(batch.page_table, device).to(torch.int32).contiguous()
         self.is_decode = bool(batch.batch_size) and bool((batch.extend_lens == 1).all())
         if self.is_decode:
-            self.seq_lens = batch.seq_lens.to(device=device, dtype=torch.int32)
+            self.seq_lens = to_device(batch.seq_lens.to(torch.int32), device)
             self.num_splits = decode_num_splits(batch.batch_size, self.num_kv_heads, int(batch.seq_lens.max()),
                                                 self.num_sms)
             self.workspace = decode_workspace(batch.batch_size, self.num_heads, self.head_dim, self.num_splits, device)
         else:
-            self.qo_indptr = batch.qo_indptr.to(device=device, dtype=torch.int32)
-            self.prefix_lens = batch.prefix_lens.to(device=device, dtype=torch.int32)
+            self.qo_indptr = to_device(batch.qo_indptr.to(torch.int32), device)
+            self.prefix_lens = to_device(batch.prefix_lens.to(torch.int32), device)
             self.max_extend_len = int(batch.extend_lens.max()) if batch.batch_size else 0
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

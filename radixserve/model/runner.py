@@ -10,7 +10,7 @@ import torch
 from radixserve.attention.base import AttentionBackend
 from radixserve.cache.kv_pool import KVPool
 from radixserve.config import ModelConfig
-from radixserve.forward_batch import ForwardBatch
+from radixserve.forward_batch import ForwardBatch, to_device
 from radixserve.model.loader import load_model
 from radixserve.sampling.sampler import chosen_logprobs, sample_ids, token_logprobs
 from radixserve.scheduler.batch import ScheduledBatch, StepOutput
@@ -143,7 +143,7 @@ class ModelRunner:
         if not rows:
             return PendingOutput(None, StepOutput([], None, None, prompt))
         next_ids, raw_logprobs = sample_ids(logits[rows], step.sample_infos)
-        self.future_ids[torch.tensor(step.sample_slots, device=self.device)] = next_ids
+        self.future_ids[to_device(torch.tensor(step.sample_slots), self.device)] = next_ids
         out = StepOutput([], None, None, prompt)
         if raw_logprobs is not None:
             out.logprobs, out.top_logprobs = chosen_logprobs(next_ids, raw_logprobs, step.sample_infos)
