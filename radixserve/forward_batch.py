@@ -84,14 +84,12 @@ class ForwardBatch:
         extend = [len(c) for c in token_chunks]
         seq = [p + e for p, e in zip(prefix_lens, extend)]
         max_pages = max((len(pt) for pt in page_tables), default=1) or 1
-        table = torch.zeros((len(token_chunks), max_pages), dtype=torch.int32)
         ids: list[int] = []
         pos: list[int] = []
         loc: list[int] = []
         for i, (chunk, p, pt) in enumerate(zip(token_chunks, prefix_lens, page_tables)):
             if len(pt) * page_size < seq[i]:
                 raise ValueError(f"page table of request {i} covers {len(pt) * page_size} tokens, needs {seq[i]}")
-            table[i, : len(pt)] = torch.tensor(pt, dtype=torch.int32)
             ids.extend(chunk)
             for t in range(p, p + len(chunk)):
                 pos.append(t)
@@ -106,7 +104,9 @@ class ForwardBatch:
             extend_lens=torch.tensor(extend, dtype=torch.int32),
             seq_lens=torch.tensor(seq, dtype=torch.int32),
             qo_indptr=indptr,
-            page_table=table.to(device),
+            # one tensor from padded rows: a tensor per row cost more than the rest of the build
+            page_table=torch.tensor([list(pt) + [0] * (max_pages - len(pt)) for pt in page_tables],
+                                    dtype=torch.int32).reshape(len(page_tables), max_pages).to(device),
             page_size=page_size,
             logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
         )

@@ -11,7 +11,7 @@ from radixserve.sampling.sampler import SamplingInfo
 from radixserve.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(eq=False)  # a request is equal only to itself: `req in running` must not compare fields
 class Req:
     """KV for `fill_ids[:kv_len]` lives in `pages`; the first `num_tree_pages` of them belong to the radix tree.
 

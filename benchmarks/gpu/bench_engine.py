@@ -45,8 +45,9 @@ def vocab_size(model_dir: Path) -> int:
 
 
 def decode_idle(device: torch.device, model_dir: Path, overlap: bool, num_requests: int, prompt_len: int,
-                new_tokens: int, profile_s: float, backend: str) -> dict[str, Any]:
-    """Profile `profile_s` seconds of steady decode of `num_requests` requests."""
+                new_tokens: int, profile_s: float, backend: str, profile_out: Path | None = None) -> dict[str, Any]:
+    """Time, then profile, `profile_s` seconds each of steady decode of `num_requests` requests; with
+    `profile_out`, also a cProfile of the loop's schedule/process and the runner's execute, written there."""
     from radixserve import Engine
 
     kwargs: dict[str, Any] = dict(model=model_dir, dtype="bfloat16", device=str(device), attention_backend=backend,
@@ -77,6 +78,8 @@ def decode_idle(device: torch.device, model_dir: Path, overlap: bool, num_reques
         wall = time.perf_counter() - t0
         after = eng.metrics()["generation_tokens_total"]
         phases = {k: v.per_call_ms() for k, v in timers.items()}
+        if profile_out is not None:  # where the host time of a step goes, function by function
+            profile_out.write_text(profile_host(eng, profile_s))
         # Then the idle fraction from a trace of device activity only: a CPU trace would slow the host side it
         # is meant to judge.
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -94,6 +97,41 @@ def decode_idle(device: torch.device, model_dir: Path, overlap: bool, num_reques
             "backend": backend, "gpu_idle": 1 - busy, "span_ms": span_ms, "steps": steps,
             "ms_per_step": wall * 1e3 / max(steps, 1), "tok/s": (after - before) / wall,
             **{f"{k}_ms": v for k, v in phases.items()}}
+
+
+def profile_host(eng: Any, seconds: float, top: int = 30) -> str:
+    """cProfile (cumulative, top functions) of the scheduler's and runner's host code for `seconds` of steps."""
+    import cProfile
+    import io
+    import pstats
+
+    profs: list[cProfile.Profile] = []
+    lock = threading.Lock()
+
+    def profiled(fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            prof = cProfile.Profile()  # one per call: cProfile objects are per thread
+            prof.enable()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                prof.disable()
+                with lock:
+                    profs.append(prof)
+        return call
+
+    sched, runner = eng.scheduler, eng.runner
+    saved = sched.schedule, sched.process, runner.execute
+    sched.schedule, sched.process, runner.execute = (profiled(f) for f in saved)
+    time.sleep(seconds)
+    sched.schedule, sched.process, runner.execute = saved
+    with lock:
+        out = io.StringIO()
+        stats = pstats.Stats(profs[0], stream=out)
+        for prof in profs[1:]:
+            stats.add(prof)
+    stats.sort_stats("cumulative").print_stats(top)
+    return f"{len(profs)} calls profiled\n" + out.getvalue()
 
 
 class PhaseTimer:

@@ -124,7 +124,8 @@ def main() -> None:
             batch_sizes=(1, 4) if smoke else (1, 32, 128), context=64 if smoke else 2048,
             prefill_tokens=256 if smoke else 8192, use_graphs=not smoke),
         "idle": lambda: [bench_engine.decode_idle(device, engine_model(), overlap, num_requests=64, prompt_len=256,
-                                                  new_tokens=1024, profile_s=2.0, backend="flashinfer")
+                                                  new_tokens=1024, profile_s=2.0, backend="flashinfer",
+                                                  profile_out=args.out / f"idle_host_profile_overlap_{int(overlap)}.txt")
                          for overlap in (False, True)],
         "prefix": lambda: [bench_engine.shared_prefix(
             device, engine_model(), cache, groups=2 if smoke else args.groups, per_group=4 if smoke else args.per_group,
