@@ -79,7 +79,7 @@ def decode_idle(device: torch.device, model_dir: Path, overlap: bool, num_reques
         after = eng.metrics()["generation_tokens_total"]
         phases = {k: v.per_call_ms() for k, v in timers.items()}
         if profile_out is not None:  # where the host time of a step goes, function by function
-            profile_out.write_text(profile_host(eng, profile_s))
+            profile_out.write_text(profile_host(eng, profile_s) + "\n" + blocking_calls(0.5))
         # Then the idle fraction from a trace of device activity only: a CPU trace would slow the host side it
         # is meant to judge.
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -137,6 +137,28 @@ def profile_host(eng: Any, seconds: float, top: int = 30) -> str:
             stats.add(prof)
     stats.sort_stats("cumulative").print_stats(top)
     return f"{len(profs)} calls profiled\n" + out.getvalue()
+
+
+def blocking_calls(seconds: float, top: int = 15) -> str:
+    """CUDA runtime/driver calls and CPU ops by total host time over `seconds` of steps (a CPU+CUDA trace): a
+    synchronising call (a pageable copy, a stream or event sync) shows as one that lasts about a step."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        time.sleep(seconds)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    lines = []
+    for cats in (("cuda_runtime", "cuda_driver"), ("cpu_op",)):
+        agg: dict[str, list[float]] = {}
+        for e in events:
+            if e.get("ph") == "X" and e.get("cat") in cats:
+                agg.setdefault(e["name"], []).append(float(e.get("dur", 0)))
+        lines.append(f"{'/'.join(cats)}: name, calls, total ms, max us")
+        for name, durs in sorted(agg.items(), key=lambda kv: -sum(kv[1]))[:top]:
+            lines.append(f"  {name[:70]:70s} {len(durs):6d} {sum(durs) / 1e3:9.2f} {max(durs):9.0f}")
+    return "\n".join(lines) + "\n"
 
 
 class PhaseTimer:
