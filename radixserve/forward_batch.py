@@ -5,21 +5,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`t` on `device`. CPU to CUDA goes through pinned memory without blocking: a copy from pageable memory may
-    wait for the kernels already queued on the stream (and holds the GIL meanwhile), which would serialise the
-    overlap worker behind the step in flight."""
-    if t.device == device:
-        return t
-    if device.type == "cuda" and t.device.type == "cpu":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
-def pinned(t: torch.Tensor) -> torch.Tensor:
-    """`t` in pinned host memory when CUDA is in use (a host tensor that a library copies to the device itself)."""
-    return t.pin_memory() if torch.cuda.is_initialized() else t
+from radixserve.transfer import to_device
 
 
 @dataclass

@@ -19,7 +19,8 @@ import torch
 from radixserve.attention.base import AttentionBackend
 from radixserve.attention.paged_metadata import PagedKVMetadata, build_paged_metadata
 from radixserve.cache.kv_pool import KVPool
-from radixserve.forward_batch import ForwardBatch, to_device
+from radixserve.forward_batch import ForwardBatch
+from radixserve.transfer import to_device
 
 # FlashInfer's recommended split-KV scratch size; the decode and prefill wrappers share it (one runs per step).
 MIN_WORKSPACE_BYTES = 128 << 20

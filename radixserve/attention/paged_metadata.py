@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.forward_batch import ForwardBatch, pinned, to_device
+from radixserve.forward_batch import ForwardBatch
+from radixserve.transfer import pinned, to_device
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from kernels.extend_attention import extend_attention
 from kernels.kv_store import store_kv
 from radixserve.attention.base import AttentionBackend
 from radixserve.cache.kv_pool import KVPool
-from radixserve.forward_batch import ForwardBatch, to_device
+from radixserve.forward_batch import ForwardBatch
+from radixserve.transfer import to_device
 
 
 class TritonAttentionBackend(AttentionBackend):

@@ -10,10 +10,11 @@ import torch
 from radixserve.attention.base import AttentionBackend
 from radixserve.cache.kv_pool import KVPool
 from radixserve.config import ModelConfig
-from radixserve.forward_batch import ForwardBatch, to_device
+from radixserve.forward_batch import ForwardBatch
 from radixserve.model.loader import load_model
 from radixserve.sampling.sampler import chosen_logprobs, sample_ids, token_logprobs
 from radixserve.scheduler.batch import ScheduledBatch, StepOutput
+from radixserve.transfer import device_tensor
 
 # On a CPU a bigger pool only costs start-up time (it is zeroed) and memory: 64k tokens hold dozens of long
 # conversations, and a CPU computes far fewer tokens than that per minute. GPUs size it from free memory alone.
@@ -142,8 +143,8 @@ class ModelRunner:
         rows = [r for r in step.sample_rows if r is not None]
         if not rows:
             return PendingOutput(None, StepOutput([], None, None, prompt))
-        next_ids, raw_logprobs = sample_ids(logits[rows], step.sample_infos)
-        self.future_ids[to_device(torch.tensor(step.sample_slots), self.device)] = next_ids
+        next_ids, raw_logprobs = sample_ids(logits.index_select(0, device_tensor(rows, self.device)), step.sample_infos)
+        self.future_ids[device_tensor(step.sample_slots, self.device)] = next_ids
         out = StepOutput([], None, None, prompt)
         if raw_logprobs is not None:
             out.logprobs, out.top_logprobs = chosen_logprobs(next_ids, raw_logprobs, step.sample_infos)

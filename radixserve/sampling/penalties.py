@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.transfer import device_tensor
+
 if TYPE_CHECKING:
     from radixserve.sampling.sampler import SamplingInfo
 
@@ -19,8 +21,8 @@ def _padded_ids(id_lists: Sequence[Sequence[int]], vocab: int,
     """
     width = max(len(ids) for ids in id_lists)
     rows = [[*ids, *([ids[0]] * (width - len(ids)))] for ids in id_lists]
-    ids = torch.tensor(rows, dtype=torch.long, device=device)
-    lengths = torch.tensor([len(x) for x in id_lists], device=device)[:, None]
+    ids = device_tensor(rows, device, torch.long)
+    lengths = device_tensor([len(x) for x in id_lists], device)[:, None]
     valid = torch.arange(width, device=device)[None, :] < lengths
     valid &= (ids >= 0) & (ids < vocab)
     first = torch.where(valid, ids, vocab).amin(dim=1, keepdim=True)
@@ -46,8 +48,8 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence["SamplingInfo"]) -> to
 
     if rep_rows:
         ids, _, any_valid = _padded_ids([[*infos[i].prompt_ids, *infos[i].output_ids] for i in rep_rows], vocab, device)
-        p = torch.tensor([infos[i].params.repetition_penalty for i in rep_rows], device=device)[:, None]
-        rows = torch.tensor(rep_rows, device=device)
+        p = device_tensor([infos[i].params.repetition_penalty for i in rep_rows], device)[:, None]
+        rows = device_tensor(rep_rows, device)
         sub = logits[rows]
         seen = sub.gather(1, ids)
         # a repeated id writes the same value twice, so each token is penalised once however often it occurs
@@ -56,9 +58,9 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence["SamplingInfo"]) -> to
 
     if fp_rows:
         ids, valid, any_valid = _padded_ids([infos[i].output_ids for i in fp_rows], vocab, device)
-        freq = torch.tensor([infos[i].params.frequency_penalty for i in fp_rows], device=device)[:, None]
-        pres = torch.tensor([infos[i].params.presence_penalty for i in fp_rows], device=device)[:, None]
-        rows = torch.tensor(fp_rows, device=device)
+        freq = device_tensor([infos[i].params.frequency_penalty for i in fp_rows], device)[:, None]
+        pres = device_tensor([infos[i].params.presence_penalty for i in fp_rows], device)[:, None]
+        rows = device_tensor(fp_rows, device)
         sub = logits[rows]
         # presence: idempotent write (once per distinct id); frequency: one subtraction per occurrence
         seen = sub.gather(1, ids)

@@ -8,6 +8,7 @@ import torch
 
 from radixserve.sampling.penalties import apply_penalties
 from radixserve.sampling_params import SamplingParams
+from radixserve.transfer import device_tensor
 
 # Top-p finds its cut among this many best ids per row; a row whose nucleus is wider falls back to a full sort.
 TOP_P_CANDIDATES = 512
@@ -59,7 +60,7 @@ def _uniforms(infos: Sequence[SamplingInfo]) -> torch.Tensor:
 
 def _top_k_filter(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
     """Mask ids below each row's k-th best logit (ties with it stay); k == 0 leaves the row alone."""
-    k = torch.tensor(ks, device=logits.device)[:, None]
+    k = device_tensor(ks, logits.device)[:, None]
     kth = logits.topk(max(ks), dim=-1).values.gather(1, k.clamp_min(1) - 1)
     kth = kth.masked_fill(k == 0, float("-inf"))
     return logits.masked_fill(logits < kth, float("-inf"))
@@ -83,7 +84,7 @@ def _top_p_filter(logits: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     the batch); only rows whose nucleus is wider than that pay for a full sort.
     """
     vocab = logits.shape[1]
-    top_p = torch.tensor(top_ps, device=logits.device)[:, None]
+    top_p = device_tensor(top_ps, logits.device)[:, None]
     probs = logits.softmax(dim=-1)
     cand_logits, cand_ids = logits.topk(min(TOP_P_CANDIDATES, vocab), dim=-1)
     cut, cand_mass = _nucleus_cut(cand_logits, probs.gather(1, cand_ids), top_p)
@@ -105,7 +106,7 @@ def _sample_rows(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.T
     """
     vocab, device = logits.shape[1], logits.device
     params = [info.params for info in infos]
-    logits = logits / torch.tensor([p.temperature for p in params], device=device)[:, None]
+    logits = logits / device_tensor([p.temperature for p in params], device)[:, None]
     ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
     if any(ks):
         logits = _top_k_filter(logits, ks)
@@ -113,7 +114,7 @@ def _sample_rows(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.T
         logits = _top_p_filter(logits, [p.top_p for p in params])  # on the top-k renormalised distribution, as HF
     if any(p.min_p > 0.0 for p in params):
         # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p): no softmax needed, and min_p = 0 masks nothing
-        log_min_p = torch.tensor([p.min_p for p in params], device=device).log()[:, None]
+        log_min_p = device_tensor([p.min_p for p in params], device).log()[:, None]
         logits = logits.masked_fill(logits < logits.amax(dim=-1, keepdim=True) + log_min_p, float("-inf"))
 
     # Inverse CDF in vocabulary order: the first id whose running mass passes u * total. A filtered id adds no mass,
