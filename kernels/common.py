@@ -27,6 +27,24 @@ def next_pow2(n: int, at_least: int = 16) -> int:
 
 
 def attention_num_warps(head_dim: int, dtype: torch.dtype) -> int:
-    """Warps per attention program. With 4 warps the head_dim-128 kernels hit sm_90's 255-register cap and spill
-    (bf16 decode 136 B of stack, extend 24 B, float32 extend 2 KB); 8 warps spread the accumulators (no spill)."""
+    """Warps per attention program, so that no kernel spills on sm_90 (tests/test_kernels.py checks the cubins).
+
+    With 4 warps the head_dim-128 kernels hit the 255-register cap and spill (bf16 decode: a 136 B stack); 8 warps
+    spread the accumulators. (16 would not help: the cap per thread halves to 128.)"""
     return 8 if head_dim >= 128 or dtype == torch.float32 else 4
+
+
+def wide_fp32(head_dim: int, dtype: torch.dtype) -> bool:
+    """float32 at head_dim >= 128: tiles twice as wide in registers, which still spill at 8 warps with the
+    16-bit tile sizes; these kernels take smaller key blocks (and extend fewer rows) instead."""
+    return dtype == torch.float32 and head_dim >= 128
+
+
+def decode_block_n(head_dim: int, dtype: torch.dtype) -> int:
+    """Keys per block of the decode kernel."""
+    return 32 if wide_fp32(head_dim, dtype) else 64
+
+
+def extend_blocks(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(rows, keys) per block of the extend kernel."""
+    return (32, 16) if wide_fp32(head_dim, dtype) else (64, 32)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import attention_num_warps, dot_precision, needs_upcast, next_pow2
+from kernels.common import attention_num_warps, decode_block_n, dot_precision, needs_upcast, next_pow2
 from kernels.online_softmax import attend_block
 
 
@@ -119,7 +119,8 @@ def decode_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
 def decode_attention(
     q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor,
     out: torch.Tensor, scale: float, num_splits: int = 1,
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None, block_n: int = 64, num_warps: int | None = None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None, block_n: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Write into `out` `[B, H, D]` the attention of q `[B, H, D]` over the first seq_lens[b] tokens of request b.
 
@@ -139,6 +140,7 @@ def decode_attention(
         assert part.stride(-1) == 1 and lse.stride(-1) == 1
     assert q.stride(-1) == 1 and k_buf.stride(-1) == 1 and v_buf.stride(-1) == 1 and out.stride(-1) == 1
     block_d = next_pow2(dim)
+    block_n = block_n or decode_block_n(dim, q.dtype)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_buf, v_buf, page_table, seq_lens, out, part, lse,
         scale * math.log2(math.e), num_splits,

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import attention_num_warps, dot_precision, needs_upcast, next_pow2
+from kernels.common import attention_num_warps, dot_precision, extend_blocks, needs_upcast, next_pow2
 from kernels.online_softmax import attend_block
 
 
@@ -94,7 +94,7 @@ def extend_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     k_buf: torch.Tensor, v_buf: torch.Tensor, page_table: torch.Tensor,
     qo_indptr: torch.Tensor, prefix_lens: torch.Tensor, max_extend_len: int, scale: float,
-    block_m: int = 64, block_n: int = 32, num_warps: int | None = None,
+    block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
 ) -> torch.Tensor:
     """Write into `out` `[T, H, D]` the causal attention of the packed new tokens q `[T, H, D]`.
 
@@ -108,6 +108,8 @@ def extend_attention(
     batch = prefix_lens.numel()
     group = heads // kv_heads
     assert all(t.stride(-1) == 1 for t in (q, k, v, out, k_buf, v_buf))
+    default_m, default_n = extend_blocks(dim, q.dtype)
+    block_m, block_n = block_m or default_m, block_n or default_n
     assert block_m >= 16 and block_m & (block_m - 1) == 0, "block_m must be a power of two >= 16 (tl.dot rows)"
     block_g = next_pow2(group, at_least=1)
     block_tok = max(1, block_m // block_g)  # rows = max(block_m, block_g) >= 16

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+from radixserve.attention.flashinfer_backend import MIN_WORKSPACE_BYTES, prefill_wrapper_kwargs, workspace_bytes
 from radixserve.attention.paged_metadata import build_paged_metadata
+from radixserve.model.runner import default_attention_backend
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
 from radixserve.model.cuda_graph import CudaGraphRunner, graph_batch_sizes, pad_decode_batch, padded_batch_size
@@ -103,6 +105,46 @@ def test_flashinfer_plan_kwargs_bind_to_the_installed_wrappers() -> None:
     inspect.signature(getattr(decode, "_plan_impl", decode.plan)).bind(None, **decode_plan_kwargs(meta, **shape))
     prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper
     inspect.signature(prefill.plan).bind(None, **prefill_plan_kwargs(meta, **shape))
+    inspect.signature(prefill.__init__).bind(None, torch.empty(0), **prefill_wrapper_kwargs())
+
+
+def test_prefill_wrapper_pins_fa2() -> None:
+    """FA3 ('auto' on sm90 at head_dim 128) is slower for paged serving there and buggy on H100 PCIe."""
+    assert prefill_wrapper_kwargs() == {"kv_layout": "NHD", "backend": "fa2"}
+
+
+def test_flashinfer_workspace_grows_with_the_graph_batch() -> None:
+    """128 MB ran out capturing ~410 decode requests of 32x128 heads; the workspace scales with the batch."""
+    assert workspace_bytes(1, 32, 128) == MIN_WORKSPACE_BYTES
+    assert workspace_bytes(410, 32, 128) > 128 << 20
+    assert workspace_bytes(512, 32, 128) >= 2 * workspace_bytes(256, 32, 128) - 1
+
+
+def test_default_attention_backend_by_device_and_dtype() -> None:
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert default_attention_backend(cpu, torch.bfloat16) == "torch"
+    assert default_attention_backend(cuda, torch.bfloat16) == "flashinfer"
+    assert default_attention_backend(cuda, torch.float16) == "flashinfer"
+    assert default_attention_backend(cuda, torch.float32) == "triton"  # flashinfer has no float32 kernels
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_every_engine_thread_binds_the_device(tiny_model_dir: Path, overlap: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA's current device is per thread: the loop thread and the overlap worker each bind the engine's."""
+    import threading
+
+    import radixserve.engine as engine_module
+    from radixserve import Engine
+
+    bound: list[tuple[str, torch.device]] = []
+    monkeypatch.setattr(engine_module, "bind_device", lambda d: bound.append((threading.current_thread().name, d)))
+    with Engine(model=tiny_model_dir, dtype="float32", max_total_tokens=256, overlap_schedule=overlap) as eng:
+        eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 2})
+    names = {name.split("_")[0] for name, _ in bound}
+    assert "radixserve-loop" in names
+    assert ("radixserve-step" in names) == overlap
+    assert all(d == torch.device("cpu") for _, d in bound)
 
 
 # ---- the CUDA-graph ladder ---------------------------------------------------------------------------------------

@@ -240,50 +240,65 @@ def test_random_ragged_batches_default_blocks(dtype: torch.dtype, seed: int) -> 
 
 
 def compile_for_gpu(arch: int) -> list[str]:
-    """Compile every kernel to a cubin for CUDA `arch` (no GPU needed); returns the compiled kernel names.
+    """Compile every kernel to a cubin for CUDA `arch` (no GPU needed), with the warps the launchers choose;
+    returns one `name:dtype:dim:registers:stack_bytes` per kernel (registers and stack read by cuobjdump).
 
-    The interpreter checks no GPU limits (tl.dot shapes, shared memory, types), the real compiler does.
+    The interpreter checks no GPU limits (tl.dot shapes, shared memory, types, registers), the real compiler does.
     """
+    import re
+    import subprocess
+    import tempfile
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from kernels.common import attention_num_warps, decode_block_n, extend_blocks, is_interpreted
     from kernels.decode_attention import _decode_merge_kernel, _decode_split_kernel
     from kernels.extend_attention import _extend_kernel
     from kernels.kv_store import _store_kv_kernel
 
-    from kernels.common import is_interpreted
-
     assert not is_interpreted(_extend_kernel), "run with TRITON_INTERPRET unset"
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
-    def build(fn: object, pointers: dict[str, str], consts: dict[str, object]) -> str:
+    def build(fn: object, pointers: dict[str, str], consts: dict[str, object], dt: str, warps: int = 4) -> str:
         sig = {n: "constexpr" if n in consts else pointers.get(n, "fp32" if n == "sm_scale_log2" else "i32")
                for n in fn.arg_names}
-        triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
-        return fn.__name__
+        kernel = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32),
+                                options={"num_warps": warps})
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(kernel.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True)
+        reg, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage.stdout).groups()
+        return f"{fn.__name__}:{dt}:{consts.get('HEAD_DIM')}:{reg}:{stack}"
 
     built = []
-    for dt, group, dim in (("bf16", 7, 128), ("fp32", 4, 64)):
+    for dt, group, dim in (("bf16", 7, 128), ("bf16", 4, 128), ("fp16", 4, 128), ("fp32", 4, 64), ("fp32", 4, 128)):
         prec = "ieee" if dt == "fp32" else "tf32"
+        warps = attention_num_warps(dim, torch_dtype[dt])
+        rows, keys = extend_blocks(dim, torch_dtype[dt])
         block_g = 1 << (group - 1).bit_length()
         data = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "K_buf", "V_buf")}
         index = {"PageTable": "*i32", "QoIndptr": "*i32", "PrefixLens": "*i32", "SeqLens": "*i32"}
         partial = {"PartialOut": "*fp32", "PartialLse": "*fp32"}
         built.append(build(_extend_kernel, data | index, dict(
-            PAGE_SIZE=16, GROUP=group, HEAD_DIM=dim, BLOCK_G=block_g, BLOCK_TOK=64 // block_g, BLOCK_N=32,
-            BLOCK_D=dim, UPCAST=False, DOT_PRECISION=prec)))
+            PAGE_SIZE=16, GROUP=group, HEAD_DIM=dim, BLOCK_G=block_g, BLOCK_TOK=rows // block_g, BLOCK_N=keys,
+            BLOCK_D=dim, UPCAST=False, DOT_PRECISION=prec), dt, warps))
         for single in (True, False):
             built.append(build(_decode_split_kernel, data | index | partial, dict(
-                PAGE_SIZE=16, GROUP=group, HEAD_DIM=dim, BLOCK_H=16, BLOCK_N=64, BLOCK_D=dim,
-                SINGLE_SPLIT=single, UPCAST=False, DOT_PRECISION=prec)))
-        built.append(build(_decode_merge_kernel, data | partial, dict(HEAD_DIM=dim, BLOCK_S=16, BLOCK_D=dim)))
-        built.append(build(_store_kv_kernel, data | {"Loc": "*i64"}, dict(ROW=2 * dim, BLOCK=2 * dim)))
+                PAGE_SIZE=16, GROUP=group, HEAD_DIM=dim, BLOCK_H=16, BLOCK_N=decode_block_n(dim, torch_dtype[dt]),
+                BLOCK_D=dim,
+                SINGLE_SPLIT=single, UPCAST=False, DOT_PRECISION=prec), dt, warps))
+        built.append(build(_decode_merge_kernel, data | partial, dict(HEAD_DIM=dim, BLOCK_S=16, BLOCK_D=dim), dt))
+        built.append(build(_store_kv_kernel, data | {"Loc": "*i64"}, dict(ROW=2 * dim, BLOCK=2 * dim), dt))
     return built
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_a_real_gpu() -> None:
-    """Lower every kernel through ptxas for sm_90 in a fresh process, where the interpreter is off."""
+    """Lower every kernel through ptxas for sm_90 in a fresh process, where the interpreter is off; none spills."""
     import subprocess
     import sys
 
@@ -292,4 +307,9 @@ def test_kernels_compile_for_a_real_gpu() -> None:
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([tests_dir, os.path.dirname(tests_dir)]))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split().count("_decode_split_kernel") == 4, done.stdout
+    kernels = [line.split(":") for line in done.stdout.split()]
+    assert [k[0] for k in kernels].count("_decode_split_kernel") == 10, done.stdout
+    # With the launchers' warps no kernel spills registers to local memory on sm_90 (with 4 warps the bf16
+    # head_dim-128 decode kernel used 255 registers and a 136-byte stack).
+    spills = [k for k in kernels if int(k[4]) > 0]
+    assert not spills, f"kernels with a stack frame (name, dtype, head_dim, registers, stack bytes): {spills}"

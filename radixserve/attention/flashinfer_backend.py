@@ -43,6 +43,12 @@ def use_tensor_core_decode(num_heads: int, num_kv_heads: int) -> bool:
     return num_heads // num_kv_heads >= 4
 
 
+def prefill_wrapper_kwargs(backend: str = DEFAULT_PREFILL_BACKEND) -> dict[str, Any]:
+    """Keyword arguments of `BatchPrefillWithPagedKVCacheWrapper(workspace, ...)`: our pool's layout, a pinned
+    kernel backend."""
+    return dict(kv_layout="NHD", backend=backend)
+
+
 def decode_plan_kwargs(meta: PagedKVMetadata, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                        q_dtype: torch.dtype, kv_dtype: torch.dtype) -> dict[str, Any]:
     """Keyword arguments of `BatchDecodeWithPagedKVCacheWrapper.plan` for a pure-decode batch (RoPE already applied)."""
@@ -92,7 +98,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, kv_layout="NHD", use_tensor_cores=self.tensor_cores)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, kv_layout="NHD", backend=prefill_backend)
+            self.workspace, **prefill_wrapper_kwargs(prefill_backend))
         self.graph_wrappers: dict[int, Any] = {}
         self._active: Any = None
         # `plan` fills a pinned host buffer and copies it to the device without waiting; the next plan must not
