@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every request")
     serve.add_argument("--max-queued-requests", type=int, default=None, help="answer 429 beyond this many waiting")
     serve.add_argument("--served-model-name", default=None, help="the model id the API reports (default: folder name)")
+    serve.add_argument("--max-connections", type=int, default=1024,
+                       help="connections and requests handled at once; past it 503 (default: %(default)s)")
+    serve.add_argument("--header-timeout", type=float, default=10.0,
+                       help="seconds a new connection gets to send its request headers (default: %(default)s)")
+    serve.add_argument("--body-timeout", type=float, default=30.0,
+                       help="seconds between two pieces of a request body before 408 (default: %(default)s)")
+    serve.add_argument("--max-body-mb", type=float, default=16.0,
+                       help="largest request body in MiB; past it 413 (default: %(default)s)")
 
     chat = sub.add_parser("chat", help="chat with the model in the terminal")
     _add_engine_args(chat)
@@ -177,7 +185,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     kwargs = engine_kwargs(args, resolve_model(args.model, args.cache_dir))
     run_server(kwargs, args.host, args.port, args.api_key, args.max_queued_requests,
-               served_model_name=args.served_model_name)
+               served_model_name=args.served_model_name, max_connections=args.max_connections,
+               header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+               max_body_bytes=int(args.max_body_mb * 1024 * 1024))
     return 0
 
 

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 import torch
 
 from radixserve.detokenizer import IncrementalDetokenizer
-from radixserve.errors import EngineDeadError, QueueFullError
+from radixserve.errors import EngineDeadError, ParamError, QueueFullError
 from radixserve.model.resolve import resolve_model
 from radixserve.model.runner import ModelRunner, PendingOutput, bind_device, default_attention_backend
 from radixserve.request import Req
@@ -26,11 +28,19 @@ from radixserve.scheduler.batch import ScheduledBatch
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixserve.tokenizer import Tokenizer
 
+log = logging.getLogger(__name__)
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _IDLE_WAIT_S = 0.05
 # Measured on the default model (2 AVX-512 cores, benchmarks/prefill_step_cost.py): a step costs ~59 ms plus ~2.2 ms
 # per prefill token, so merging prefills pays only below ~27 tokens each; 32 leans a little toward throughput.
 _CPU_PREFILL_MERGE_TOKENS = 32
+# A step that fails this many times in a row is no one request's fault: the engine stops (health 503; the server
+# exits non-zero so that a supervisor restarts it) rather than failing every request that arrives.
+_MAX_STEP_FAILURES = 3
+# A token of any tokenizer here covers far fewer characters than this: longer prompts cannot fit the context.
+_CHARS_PER_TOKEN = 32
+_MAX_BATCH_PROMPTS = 256  # prompts in one call (each n samples more): bounds the work one call can queue
 _HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop silent this long counts as stuck
 
 
@@ -107,6 +117,8 @@ class Engine:
             raise ValueError(f"context_length {context_length} exceeds what the model supports ({limit})")
         self.context_length = context_length or limit
         self.max_queued_requests = max_queued_requests
+        self.max_prompt_chars = _CHARS_PER_TOKEN * self.context_length
+        self.max_batch_prompts = _MAX_BATCH_PROMPTS
         if prefill_merge_tokens == "auto":  # see SchedulerConfig.prefill_merge_tokens
             prefill_merge_tokens = None if self.device.type == "cuda" else _CPU_PREFILL_MERGE_TOKENS
         elif isinstance(prefill_merge_tokens, str):
@@ -132,6 +144,7 @@ class Engine:
         self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._inflight = 0
         self._inflight_lock = threading.Lock()
+        self._live: list[tuple[ScheduledBatch, Future[PendingOutput] | None]] = []  # launched, not yet processed
         self._running_snapshot = 0
         self._stop = threading.Event()
         self._error: BaseException | None = None
@@ -159,27 +172,22 @@ class Engine:
     # ---- the loop (its own thread; the only code that touches scheduler state) --------------------------------
     def _loop(self) -> None:
         sched = self.scheduler
-        in_flight: tuple[ScheduledBatch, Future[PendingOutput]] | None = None
+        failures = 0
         try:
             bind_device(self.device)
             while not self._stop.is_set():
-                self._drain_inbox(block=in_flight is None and not sched.has_work())
-                batch = sched.schedule(can_retract=in_flight is None)
-                if in_flight is not None and (batch is None or batch.needs_sync):
-                    sched.process(in_flight[0], in_flight[1].result().wait())
-                    in_flight = None
-                if batch is not None:
-                    if self._worker is None:
-                        sched.process(batch, self.runner.execute(batch).wait())
-                    else:
-                        launched = (batch, self._worker.submit(self.runner.execute, batch))
-                        if in_flight is not None:  # step N-1's results, while step N runs
-                            sched.process(in_flight[0], in_flight[1].result().wait())
-                        in_flight = launched
+                try:
+                    self._step()
+                    failures = 0
+                except Exception as exc:  # noqa: BLE001 - isolated below; a fault that repeats stops the engine
+                    failures += 1
+                    log.error("engine step failed (%d in a row): %r", failures, exc, exc_info=exc)
+                    if failures >= _MAX_STEP_FAILURES:
+                        raise
                 self._running_snapshot = len(sched.running)
                 self._heartbeat = time.monotonic()
-            if in_flight is not None:
-                sched.process(in_flight[0], in_flight[1].result().wait())
+            while self._live:
+                self._process_oldest()
         except BaseException as exc:  # noqa: BLE001 - the loop must report any death to every waiting caller
             self._error = exc
             self._fail_all(EngineDeadError(f"engine loop died: {exc!r}"))
@@ -190,6 +198,39 @@ class Engine:
         self._drain_inbox(block=False)
         for req in list(sched.waiting) + list(sched.running):
             sched.abort(req.rid)
+
+    def _step(self) -> None:
+        """Schedule one step and run it; with overlap, launch it and process the previous one meanwhile."""
+        sched = self.scheduler
+        self._drain_inbox(block=not self._live and not sched.has_work())
+        batch = sched.schedule(can_retract=not self._live)
+        if self._live and (batch is None or batch.needs_sync):
+            self._process_oldest()
+        if batch is None:
+            return
+        if self._worker is None:
+            self._live.append((batch, None))
+        else:
+            self._live.append((batch, self._worker.submit(self.runner.execute, batch)))
+            if len(self._live) == 1:
+                return
+        self._process_oldest()
+
+    def _process_oldest(self) -> None:
+        """Wait for the oldest launched step and process it. If running it failed, every launched step fails with it
+        (a later one may read its sampled ids): their requests finish with an error and free what they held."""
+        batch, fut = self._live[0]
+        try:
+            out = (self.runner.execute(batch) if fut is None else fut.result()).wait()
+        except Exception as exc:
+            for b, f in self._live:
+                if f is not None:
+                    futures.wait([f])
+                self.scheduler.fail_batch(b, exc)
+            self._live.clear()
+            raise
+        self._live.pop(0)
+        self.scheduler.process(batch, out)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -252,62 +293,107 @@ class Engine:
     ) -> tuple[list[_Spec], bool]:
         """Validate and tokenize; returns the specs and whether the caller passed a single prompt."""
         if (prompt is None) == (input_ids is None):
-            raise ValueError("pass exactly one of prompt or input_ids")
+            raise ParamError("prompt", "pass exactly one of prompt or input_ids")
         if prompt is not None:
             single = isinstance(prompt, str)
-            texts = [prompt] if single else list(prompt)
-            if not all(isinstance(t, str) for t in texts):
-                raise ValueError("prompt must be a string or a list of strings")
-            ids_list = [self.tokenizer.encode(t) for t in texts]
+            ids_list = self.encode_prompts(prompt)
         else:
-            assert input_ids is not None
-            single = not input_ids or not isinstance(input_ids[0], list)
-            ids_list = [list(input_ids)] if single else [list(x) for x in input_ids]  # type: ignore[arg-type]
+            single, ids_list = self._id_lists(input_ids)
+        if len(ids_list) > self.max_batch_prompts:
+            raise ParamError("prompt", f"a batch holds at most {self.max_batch_prompts} prompts, got {len(ids_list)}")
         if isinstance(sampling_params, list):
             if len(sampling_params) != len(ids_list):
-                raise ValueError("sampling_params list must have one entry per prompt")
+                raise ParamError("sampling_params", "sampling_params list must have one entry per prompt")
             params = [SamplingParams.from_dict(p) for p in sampling_params]
         else:
             params = [SamplingParams.from_dict(sampling_params)] * len(ids_list)
-        rids = [rid] if isinstance(rid, str) else (list(rid) if rid is not None else [None] * len(ids_list))
-        if len(rids) != len(ids_list):
-            raise ValueError("rid list must have one entry per prompt")
-        if top_logprobs_num < 0:
-            raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
+        rids = [rid] if isinstance(rid, str) else (rid if isinstance(rid, list) else [None] * len(ids_list))
+        if (rid is not None and not isinstance(rid, (str, list))) or len(rids) != len(ids_list) \
+                or not all(r is None or isinstance(r, str) for r in rids):
+            raise ParamError("rid", "rid must be a string, or a list of strings with one entry per prompt")
+        if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
+            raise ParamError("top_logprobs_num", f"top_logprobs_num must be an integer >= 0, got {top_logprobs_num!r}")
+        if isinstance(logprob_start_len, bool) or not isinstance(logprob_start_len, int):
+            raise ParamError("logprob_start_len", f"logprob_start_len must be an integer, got {logprob_start_len!r}")
         specs = []
         for ids, p, r in zip(ids_list, params, rids):
             self._validate_prompt(ids, p)
             specs.append(
-                _Spec(ids, p, r or uuid.uuid4().hex, cache_salt, return_logprob, logprob_start_len, top_logprobs_num)
+                _Spec(ids, p, r or uuid.uuid4().hex, cache_salt, bool(return_logprob), logprob_start_len,
+                      top_logprobs_num)
             )
         return specs, single and specs[0].params.n == 1
 
+    def encode_prompts(self, prompt: str | list[str]) -> list[list[int]]:
+        """Token ids of each prompt, after checking its size: a prompt far longer than the context could ever hold
+        is refused before any tokenizing (which costs about a second a megabyte)."""
+        texts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise ParamError("prompt", "prompt must be a string or a list of strings")
+        limit = self.max_prompt_chars
+        for t in texts:
+            if len(t) > limit:
+                raise ParamError("prompt", f"prompt of {len(t)} characters exceeds the limit of {limit} "
+                                 f"({_CHARS_PER_TOKEN} per token of the {self.context_length}-token context)",
+                                 code="prompt_too_large")
+        return [self.tokenizer.encode(t) for t in texts]
+
+    def _id_lists(self, input_ids: Any) -> tuple[bool, list[list[int]]]:
+        """(single, one id list per prompt) from a list of ids or a list of such lists; ragged nesting refused."""
+        if not isinstance(input_ids, list):
+            raise ParamError("input_ids", "input_ids must be a list of token ids or a list of such lists")
+        single = not input_ids or not isinstance(input_ids[0], list)
+        lists = [input_ids] if single else input_ids
+        for ids in lists:
+            if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+                raise ParamError("input_ids", "input_ids must be a list of token ids or a list of such lists")
+        return single, [list(ids) for ids in lists]
+
     def _validate_prompt(self, ids: list[int], p: SamplingParams) -> None:
         if not ids:
-            raise ValueError("prompt is empty")
+            raise ParamError("prompt", "prompt is empty")
         vocab = self.runner.config.vocab_size
-        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in ids):
-            raise ValueError(f"input_ids must be integers in [0, {vocab})")
-        if len(ids) + p.max_new_tokens > self.context_length:
-            raise ValueError(
-                f"prompt of {len(ids)} tokens + max_new_tokens {p.max_new_tokens} exceeds the context length "
-                f"{self.context_length}"
-            )
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ParamError("prompt", f"token ids must be in [0, {vocab})")
+        if any(t >= vocab for t in p.stop_token_ids):
+            raise ParamError("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
         pool = self.runner.pool
-        if -(-(len(ids) + p.max_new_tokens) // pool.page_size) > pool.capacity:
-            raise ValueError(
-                f"prompt of {len(ids)} tokens + max_new_tokens {p.max_new_tokens} cannot fit in the KV pool of "
-                f"{pool.capacity * pool.page_size} tokens"
-            )
+        for limit, fails in ((self.context_length, f"exceeds the context length {self.context_length}"),
+                             (pool.capacity * pool.page_size,
+                              f"cannot fit in the KV pool of {pool.capacity * pool.page_size} tokens")):
+            if len(ids) > limit:
+                raise ParamError("prompt", f"prompt of {len(ids)} tokens {fails}", code="context_length_exceeded")
+            if len(ids) + p.max_new_tokens > limit:
+                raise ParamError("max_new_tokens", f"prompt of {len(ids)} tokens + max_new_tokens {p.max_new_tokens} "
+                                 f"{fails}", code="context_length_exceeded")
 
-    def _submit(self, spec: _Spec, emit: Callable[[Any], None], stream: bool) -> Req:
+    def _reserve(self, count: int, field: str) -> None:
+        """Count `count` requests in flight, all or none: QueueFullError when the waiting queue cannot take them all
+        now, ParamError (naming `field`) when it never could."""
         self._check_alive()
+        limit = self.max_queued_requests
+        if limit is not None and count > limit:
+            raise ParamError(field, f"{count} requests at once can never fit the queue of {limit} (max_queued_requests)")
         with self._inflight_lock:
             waiting = self._inflight - self._running_snapshot
-            if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
-                raise QueueFullError(f"{waiting} requests are already waiting (max_queued_requests)")
-            self._inflight += 1
+            if limit is not None and waiting + count > limit:
+                raise QueueFullError(f"{waiting} requests are already waiting (max_queued_requests {limit})")
+            self._inflight += count
 
+    def _unreserve(self, count: int) -> None:
+        with self._inflight_lock:
+            self._inflight -= count
+
+    def _submit(self, spec: _Spec, emit: Callable[[Any], None], stream: bool) -> Req:
+        """Queue one request the caller has reserved a place for (`_reserve`); the place is given back when the
+        request finishes, or here if building it fails."""
+        try:
+            return self._build_and_queue(spec, emit, stream)
+        except BaseException:
+            self._unreserve(1)
+            raise
+
+    def _build_and_queue(self, spec: _Spec, emit: Callable[[Any], None], stream: bool) -> Req:
         def emit_and_count(item: Any) -> None:
             if isinstance(item, BaseException) or item["meta_info"]["finish_reason"] is not None:
                 with self._inflight_lock:
@@ -372,6 +458,7 @@ class Engine:
     async def _stream(self, spec: _Spec) -> AsyncIterator[dict[str, Any]]:
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue[Any] = asyncio.Queue()
+        self._reserve(1, "prompt")
         req = self._submit(spec, lambda c: _post(loop, chunks.put_nowait, c), stream=True)
         done = False
         try:
@@ -406,19 +493,24 @@ class Engine:
 
     async def _collect(self, specs: list[_Spec], single: bool) -> dict[str, Any] | list[dict[str, Any]]:
         # n > 1: prefill each prompt once (a zero-token request), so the n samples all hit its pages in the tree.
-        multi = [s for s in specs if s.params.n > 1]
-        if multi:
-            await asyncio.gather(
-                *(self._run_one(replace(s, rid=uuid.uuid4().hex, params=replace(s.params, max_new_tokens=0, n=1),
-                                        return_logprob=False)) for s in multi)
-            )
+        multi = [replace(s, rid=uuid.uuid4().hex, params=s.params.replace(max_new_tokens=0, n=1), return_logprob=False)
+                 for s in specs if s.params.n > 1]
         expanded: list[_Spec] = []
         for s in specs:
             for i in range(s.params.n):
                 seed = s.params.seed + i if s.params.seed is not None else None
                 rid = s.rid if s.params.n == 1 else f"{s.rid}-{i}"
-                expanded.append(replace(s, rid=rid, params=replace(s.params, n=1, seed=seed)))
-        results = await asyncio.gather(*(self._run_one(s) for s in expanded))
+                expanded.append(replace(s, rid=rid, params=s.params.replace(n=1, seed=seed)))
+        # The whole batch is admitted or refused: never some members running while the caller got a 429.
+        self._reserve(len(multi) + len(expanded), "n" if any(s.params.n > 1 for s in specs) else "prompt")
+        unsent = len(expanded)
+        try:
+            if multi:
+                await asyncio.gather(*(self._run_one(s) for s in multi))
+            unsent = 0
+            results = await asyncio.gather(*(self._run_one(s) for s in expanded))
+        finally:
+            self._unreserve(unsent)  # the samples never submitted (their prefill failed or was cancelled)
         return results[0] if single else list(results)
 
     # ---- sync API -----------------------------------------------------------------------------------------------

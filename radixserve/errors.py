@@ -7,3 +7,22 @@ class QueueFullError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped; no request can be served (HTTP 503)."""
+
+
+class ParamError(ValueError):
+    """A request parameter is invalid: `field` names it as the caller spelled it (HTTP 400 with `param`)."""
+
+    def __init__(self, field: str, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+        self.code = code
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed on this request alone (a bug or a fault): it was finished and what it held freed; other
+    requests go on (HTTP 500 with a generic body naming the request id). The traceback is in the server log."""
+
+    def __init__(self, rid: str) -> None:
+        super().__init__(f"internal error while serving request {rid}")
+        self.rid = rid

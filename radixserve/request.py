@@ -39,6 +39,7 @@ class Req:
     admitted: bool = False  # first admission done (cache accounting happens once)
     slot: int = -1  # while running: where the runner leaves this request's newest sampled id (see ScheduledBatch)
     steps_in_flight: int = 0  # scheduled steps not yet processed: the request's pages stay until they are
+    kv_inflight: int = 0  # tokens of kv_len that steps in flight are still computing (never cached before done)
     inflight_tokens: int = 0  # tokens sampled by such steps that the scheduler has not seen yet
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
@@ -77,6 +78,10 @@ class Req:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def failed(self) -> bool:
+        return self.finish_reason is not None and self.finish_reason["type"] == "error"
 
     def match_ids(self) -> list[int]:
         """The tokens to look up in the radix cache: prompt logprobs still owed must be computed, not looked up.

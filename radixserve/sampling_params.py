@@ -1,69 +1,89 @@
-"""Per-request sampling settings, validated once at submission (bad values raise ValueError naming the field)."""
+"""Per-request sampling settings: one strict schema for every entry point (HTTP, Engine, DSL).
+
+Types are strict (a bool is not a number, a float is not an int) and ranges bounded; a bad value raises
+`ParamError(field, message)` at the call that passed it, before anything is queued, so no request can carry a
+value that fails later inside the engine loop. Limits on counts (stop strings, stop ids, n) bound the work one
+request can ask for; context-dependent checks (token ids inside the vocabulary, prompt + max_new_tokens inside the
+context) are the engine's.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+import re
+from typing import Annotated, Any
+
+import msgspec
+
+from radixserve.errors import ParamError
+
+MAX_STOP_STRINGS = 64
+MAX_STOP_LENGTH = 1024  # characters per stop string
+MAX_STOP_TOKEN_IDS = 1024
+MAX_N = 128
+MAX_SEED = 2**63 - 1  # a signed 64-bit seed (msgspec bounds ints to int64; torch takes any of them)
+
+StopString = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_LENGTH)]
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]
 
 
-@dataclass
-class SamplingParams:
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1: off
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
+class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=0)] = 128
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=100)] = 1.0
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] = -1  # -1: off; 0 is refused by from_dict
+    min_p: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0, le=100)] = 1.0
+    stop: StopString | Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] = []
+    stop_token_ids: Annotated[list[TokenId], msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] = []
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    seed: int | None = None
-    n: int = 1
+    seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | "SamplingParams" | None) -> "SamplingParams":
+    def from_dict(cls, d: dict[str, Any] | SamplingParams | None) -> SamplingParams:
+        """Validated params from a dict (None values mean 'unset') or re-validated from an instance."""
         if d is None:
             return cls()
         if isinstance(d, SamplingParams):
-            return d
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
-        args = {k: v for k, v in d.items() if v is not None}
-        if isinstance(args.get("stop"), str):
-            args["stop"] = [args["stop"]]
-        sp = cls(**args)
-        sp.validate()
-        return sp
+            d = msgspec.structs.asdict(d)
+        if not isinstance(d, dict):
+            raise ParamError("sampling_params", f"must be an object, got {type(d).__name__}")
+        try:
+            params = msgspec.convert({k: v for k, v in d.items() if v is not None}, cls, strict=True)
+        except msgspec.ValidationError as exc:
+            raise param_error(exc) from None
+        if params.top_k == 0:
+            raise ParamError("top_k", f"top_k must be -1 (off) or >= 1, got {params.top_k}")
+        return params
 
-    def validate(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"{name} {why}, got {getattr(self, name)!r}")
-
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
-            raise bad("max_new_tokens", "must be an integer >= 0")
-        if self.temperature < 0:
-            raise bad("temperature", "must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise bad("top_p", "must be in (0, 1]")
-        if self.top_k == 0 or self.top_k < -1:
-            raise bad("top_k", "must be -1 (off) or >= 1")
-        if not 0 <= self.min_p <= 1:
-            raise bad("min_p", "must be in [0, 1]")
-        if not -2 <= self.frequency_penalty <= 2:
-            raise bad("frequency_penalty", "must be in [-2, 2]")
-        if not -2 <= self.presence_penalty <= 2:
-            raise bad("presence_penalty", "must be in [-2, 2]")
-        if self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", "must be > 0")
-        if not isinstance(self.n, int) or self.n < 1:
-            raise bad("n", "must be an integer >= 1")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise bad("stop", "must be non-empty strings")
+    def replace(self, **changes: Any) -> SamplingParams:
+        return msgspec.structs.replace(self, **changes)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+
+FIELDS = frozenset(SamplingParams.__struct_fields__)
+_PATH = re.compile(r" - at `\$(?:\.(?P<field>\w+))?(?P<rest>[^`]*)`$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`")
+
+
+def param_error(exc: msgspec.ValidationError) -> ParamError:
+    """The field a msgspec validation error is about, and its message without the `$.path` suffix."""
+    text = str(exc)
+    unknown = _UNKNOWN.match(text)
+    if unknown:
+        return ParamError(unknown.group("field"), f"unknown sampling parameter: {unknown.group('field')}")
+    m = _PATH.search(text)
+    if m is None:
+        return ParamError("sampling_params", text)
+    field = m.group("field") or "sampling_params"
+    return ParamError(field, f"{field}{m.group('rest')}: {text[: m.start()]}")

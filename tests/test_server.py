@@ -369,7 +369,7 @@ BAD = [
     ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_object"}}, 400,
      "response_format"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "fox " * 1100}]}, 400, "messages"),
-    ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 5000}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 5000}, 400, "max_tokens"),  # the field sent
     ("/v1/chat/completions", {"messages": MESSAGES, "model": "gpt-4"}, 404, "model"),
     ("/v1/completions", {"prompt": []}, 400, "prompt"),
     ("/v1/completions", {"prompt": [1, "a"]}, 400, "prompt"),

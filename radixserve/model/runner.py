@@ -143,12 +143,35 @@ class ModelRunner:
         rows = [r for r in step.sample_rows if r is not None]
         if not rows:
             return PendingOutput(None, StepOutput([], None, None, prompt))
-        next_ids, raw_logprobs = sample_ids(logits.index_select(0, device_tensor(rows, self.device)), step.sample_infos)
-        self.future_ids[device_tensor(step.sample_slots, self.device)] = next_ids
+        logits = logits.index_select(0, device_tensor(rows, self.device))
         out = StepOutput([], None, None, prompt)
-        if raw_logprobs is not None:
-            out.logprobs, out.top_logprobs = chosen_logprobs(next_ids, raw_logprobs, step.sample_infos)
+        try:
+            next_ids, raw_logprobs = sample_ids(logits, step.sample_infos)
+            if raw_logprobs is not None:
+                out.logprobs, out.top_logprobs = chosen_logprobs(next_ids, raw_logprobs, step.sample_infos)
+        except Exception:  # noqa: BLE001 - find the rows at fault; the rest of the batch keeps its tokens
+            next_ids = self._sample_rows_alone(logits, step, out)
+        self.future_ids[device_tensor(step.sample_slots, self.device)] = next_ids
         return PendingOutput(next_ids, out)
+
+    def _sample_rows_alone(self, logits: torch.Tensor, step: ScheduledBatch, out: StepOutput) -> torch.Tensor:
+        """Sample each row by itself (every row's arithmetic is independent of the batch, so good rows get the ids
+        they would have got); a row that raises is recorded in `out.failed` and given id 0."""
+        ids, lps, tops = [], [], []
+        for k, info in enumerate(step.sample_infos):
+            try:
+                row_ids, raw = sample_ids(logits[k : k + 1], [info])
+                lp, top = chosen_logprobs(row_ids, raw, [info]) if raw is not None else ([0.0], [[]])
+                ids.append(row_ids)
+            except Exception as exc:  # noqa: BLE001
+                out.failed[k] = repr(exc)
+                ids.append(torch.zeros(1, dtype=torch.long, device=logits.device))
+                lp, top = [0.0], [[]]
+            lps += lp
+            tops += top
+        if any(i.return_logprob or i.top_logprobs_num for i in step.sample_infos):
+            out.logprobs, out.top_logprobs = lps, tops
+        return torch.cat(ids)
 
 
 class PendingOutput:

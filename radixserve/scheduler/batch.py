@@ -1,7 +1,7 @@
 """One scheduled step: what the model computes and samples, and what comes back."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixserve.forward_batch import ForwardBatch
 from radixserve.request import Req
@@ -34,3 +34,4 @@ class StepOutput:
     logprobs: list[float] | None
     top_logprobs: list[list[tuple[float, int]]] | None
     prompt_logprobs: list[tuple[list[float], list[list[tuple[float, int]]]]]  # per request with prompt rows
+    failed: dict[int, str] = field(default_factory=dict)  # sampled row k -> why sampling it failed (see fail)

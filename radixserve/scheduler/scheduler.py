@@ -1,6 +1,7 @@
 """Cache-aware continuous batching: admit, chunk, decode, retract; then sample and finish what the model produced."""
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -10,8 +11,11 @@ from typing import Any
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
+from radixserve.errors import RequestFailedError
 from radixserve.request import Req
 from radixserve.scheduler.batch import ScheduledBatch, StepOutput
+
+log = logging.getLogger(__name__)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -55,6 +59,7 @@ class SchedulerStats:
     generation_tokens: int = 0
     retractions: int = 0
     finished: int = 0
+    failed: int = 0  # requests finished by an internal error (see Scheduler.fail)
     steps: int = 0
 
 
@@ -114,9 +119,9 @@ class Scheduler:
         if not self.cfg.enable_radix_cache:
             return
         ps = self.cfg.page_size
-        # kv_len may count a token still being sampled (overlap): only known tokens can be keyed. Pages a later
-        # step is still writing may enter the tree: every reader is a later step, and steps execute in order.
-        n_full = min(req.kv_len, req.num_fill) // ps
+        # Only KV that processed steps computed is cached: a step still in flight may yet fail (see fail_batch),
+        # and kv_len may count a token still being sampled (overlap), which cannot be keyed.
+        n_full = min(req.kv_len - req.kv_inflight, req.num_fill) // ps
         if n_full <= req.num_tree_pages:
             return
         res = self.cache.insert(req.fill_ids[: n_full * ps], req.pages[:n_full], req.namespace)
@@ -316,6 +321,7 @@ class Scheduler:
                 sample_rows.append(None)
             self.stats.computed_prefill_tokens += max(min(req.kv_len + n, len(req.input_ids)) - req.kv_len, 0)
             req.kv_len += n
+            req.kv_inflight += n
             req.steps_in_flight += 1
             row += n
         # Built on the CPU: the loop thread never touches the device (the runner copies the batch over, see
@@ -328,54 +334,104 @@ class Scheduler:
 
     # ---- after the forward ------------------------------------------------------------------------------------
     def process(self, batch: ScheduledBatch, out: StepOutput) -> None:
-        """Take in one executed step: prompt logprobs, cache inserts, sampled tokens, stops; finish and emit."""
+        """Take in one executed step: prompt logprobs, cache inserts, sampled tokens, stops; finish and emit.
+
+        A request whose handling raises (detokenizing, stop matching, building its output) or whose sampling failed
+        is finished alone with an error (`fail`); the others go on."""
         now = time.perf_counter()
         prompt = iter(out.prompt_logprobs)
         k = 0
         for req, n, pr, srow in zip(batch.reqs, batch.chunks, batch.prompt_rows, batch.sample_rows):
             req.steps_in_flight -= 1
-            if pr is not None:
-                lps, tops = next(prompt)
-                pos = pr[2]
-                for i, (lp, top) in enumerate(zip(lps, tops)):
-                    req.input_token_logprobs.append((lp, req.input_ids[pos + i]))
-                    req.input_top_logprobs.append(top)
+            req.kv_inflight -= n
+            lps = next(prompt) if pr is not None else None
+            sample_k = None
+            if srow is not None:
+                sample_k, k = k, k + 1
+                req.inflight_tokens -= 1
             if req.finished:  # aborted or stopped while this step was in flight: its token is dropped
-                if srow is not None:
-                    req.inflight_tokens -= 1
-                    k += 1
                 continue
-            if n > 1 or srow is None:
-                self._insert(req)  # after each prefill chunk
-            if srow is None:
-                continue
-            tok = out.next_ids[k]
-            req.inflight_tokens -= 1
-            req.append_token(tok)
-            self.stats.generation_tokens += 1
-            if req.first_token_time is None:
-                req.first_token_time = now
-            if req.return_logprob:
-                assert out.logprobs is not None
-                req.output_token_logprobs.append((out.logprobs[k], tok))
-                if req.top_logprobs_num and out.top_logprobs is not None:
-                    req.output_top_logprobs.append(out.top_logprobs[k])
-            k += 1
-            self._check_stop(req, tok)
+            try:
+                if sample_k is not None and sample_k in out.failed:
+                    raise RuntimeError(f"sampling failed: {out.failed[sample_k]}")
+                self._take(req, n, pr, lps, sample_k, out, now)
+            except Exception as exc:  # noqa: BLE001 - one request's fault must not reach the others
+                self.fail(req, exc)
+        for req in batch.reqs:
+            try:
+                self._settle(req)
+            except Exception as exc:  # noqa: BLE001
+                self.fail(req, exc)
 
+    def _take(self, req: Req, n: int, pr: tuple[int, int, int] | None, lps: Any, k: int | None, out: StepOutput,
+              now: float) -> None:
+        """One request's share of a step: prompt logprobs, its cache insert, its sampled token and stop check."""
+        if pr is not None:
+            pos = pr[2]
+            for i, (lp, top) in enumerate(zip(*lps)):
+                req.input_token_logprobs.append((lp, req.input_ids[pos + i]))
+                req.input_top_logprobs.append(top)
+        if n > 1 or k is None:
+            self._insert(req)  # after each prefill chunk
+        if k is None:
+            return
+        tok = out.next_ids[k]
+        req.append_token(tok)
+        self.stats.generation_tokens += 1
+        if req.first_token_time is None:
+            req.first_token_time = now
+        if req.return_logprob:
+            assert out.logprobs is not None
+            req.output_token_logprobs.append((out.logprobs[k], tok))
+            if req.top_logprobs_num and out.top_logprobs is not None:
+                req.output_top_logprobs.append(out.top_logprobs[k])
+        self._check_stop(req, tok)
+
+    def _settle(self, req: Req) -> None:
+        """After a step: release a finished request's pages once no step of it is in flight; emit what is new."""
+        if req in self.finishing:
+            if req.steps_in_flight == 0:
+                self.finishing.remove(req)
+                self._release(req)
+            return
+        if req.failed:
+            return
+        if not req.finished and req.params.max_new_tokens == 0 and req.pending == 0:
+            req.finish_reason = {"type": "length", "matched": None}
+        if req.finished:
+            self.running.remove(req)
+            self._finish(req, req.finish_reason)
+        elif req.stream and len(req.output_ids) > req.sent_ids:
+            req.emit(self._output(req, final=False))
+
+    def fail(self, req: Req, exc: BaseException) -> None:
+        """Finish one request with an internal error: log it, free what it holds, tell its caller (never raises)."""
+        log.error("request %s failed: %r", req.rid, exc, exc_info=exc)
+        self.stats.failed += 1
+        req.finish_reason = {"type": "error", "matched": None, "message": "internal error"}
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+            if req.steps_in_flight:
+                self.finishing.append(req)
+            else:
+                self._release(req)
+        req.emit(RequestFailedError(req.rid))
+
+    def fail_batch(self, batch: ScheduledBatch, exc: BaseException) -> None:
+        """A step failed with no request to blame: undo its effect on each of its requests, then fail them."""
+        for req, n, srow in zip(batch.reqs, batch.chunks, batch.sample_rows):
+            req.steps_in_flight -= 1
+            req.kv_inflight -= n
+            req.kv_len -= n  # its KV was never (validly) written: nothing of it may be cached
+            if srow is not None:
+                req.inflight_tokens -= 1
         for req in batch.reqs:
             if req in self.finishing:
-                if req.steps_in_flight == 0:
-                    self.finishing.remove(req)
-                    self._release(req)
-                continue
-            if not req.finished and req.params.max_new_tokens == 0 and req.pending == 0:
-                req.finish_reason = {"type": "length", "matched": None}
-            if req.finished:
-                self.running.remove(req)
-                self._finish(req, req.finish_reason)
-            elif req.stream and len(req.output_ids) > req.sent_ids:
-                req.emit(self._output(req, final=False))
+                self._settle(req)
+            elif not req.finished:
+                self.fail(req, exc)
 
     def _check_stop(self, req: Req, tok: int) -> None:
         p = req.params

@@ -17,8 +17,10 @@ from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
 from radixserve.server.metrics import RequestCounter, ServerMetrics
 from radixserve.server.serving import ClientGone, ServerState
+from radixserve.server.timeouts import BodyTimeout, BodyTimeoutMiddleware, body_timeout_handler
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -26,7 +28,8 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 
 
 def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int | None = None,
-              served_model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+              served_model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> Starlette:
     """The HTTP app over `engine`. api_key may list several keys separated by commas (one cache namespace each);
     max_queued_requests bounds the waiting queue (429 past it); the app's ServerState is at app.state.server."""
     if max_queued_requests is not None and max_queued_requests < 0:
@@ -61,11 +64,11 @@ def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int 
         Route("/health", native_api.health, methods=["GET"]),
         Route("/metrics", native_api.metrics, methods=["GET"]),
     ]
-    middleware = [Middleware(RequestCounter, metrics=metrics)]
+    middleware = [Middleware(BodyTimeoutMiddleware, seconds=body_timeout_s), Middleware(RequestCounter, metrics=metrics)]
     if api_key:
         middleware.append(Middleware(ApiKeyAuth, keys=[k.strip() for k in api_key.split(",")]))
     handlers = {ApiError: api_error_handler, HTTPException: http_exception_handler, ClientGone: _client_gone,
-                Exception: internal_error_handler}
+                BodyTimeout: body_timeout_handler, Exception: internal_error_handler}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.server = state
     return app

@@ -1,12 +1,16 @@
 """HTTP errors with OpenAI-style bodies: {"error": {"message", "type", "param", "code"}}."""
 from __future__ import annotations
 
+import logging
 import re
+import uuid
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+
+log = logging.getLogger(__name__)
 
 class ErrorDetail(msgspec.Struct):
     message: str
@@ -60,8 +64,11 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
 
 
 async def internal_error_handler(request: Request, exc: Exception) -> Response:
-    """Any unexpected exception: a 500 with a body, so clients never see a dropped connection."""
-    return error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="internal_error"))
+    """Any unexpected exception: a 500 with a generic body and an id to find the traceback in the log by (the
+    exception's text stays in the log: it may hold another request's data)."""
+    error_id = uuid.uuid4().hex[:12]
+    log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
+    return error_response(ApiError(500, f"internal error (id {error_id})", type="internal_error"))
 
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")

@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
-from radixserve.server.app import build_app
+from radixserve.server.app import DEFAULT_MAX_BODY_BYTES, build_app
+from radixserve.server.timeouts import header_timeout_protocol
 
 log = logging.getLogger("radixserve.server")
 
@@ -35,8 +38,10 @@ class DrainingServer(uvicorn.Server):
 
 def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None,
                max_queued_requests: int | None = None, served_model_name: str | None = None,
-               grace_period_s: float = 30.0) -> None:
-    """Serve Engine(**engine_kwargs) over HTTP until SIGTERM/SIGINT; returns after a graceful drain."""
+               grace_period_s: float = 30.0, max_connections: int = 1024, header_timeout_s: float = 10.0,
+               body_timeout_s: float = 30.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    """Serve Engine(**engine_kwargs) over HTTP until SIGTERM/SIGINT; returns after a graceful drain. If the engine
+    stops (a fault that repeats every step), the server drains and the process exits 1 for a supervisor to restart."""
     from radixserve import Engine
 
     kwargs = dict(engine_kwargs)
@@ -45,7 +50,8 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
     engine = Engine(**kwargs)
     try:
         app = build_app(engine, api_key=api_key, max_queued_requests=max_queued_requests,
-                        served_model_name=served_model_name)
+                        served_model_name=served_model_name, max_body_bytes=max_body_bytes,
+                        body_timeout_s=body_timeout_s)
         state = app.state.server
 
         def drain() -> None:
@@ -53,8 +59,25 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
                 log.info("draining: no new requests; running ones get %.0f s to finish", grace_period_s)
             state.draining = True
 
+        # limit_concurrency: connections and tasks past it get a 503 at once instead of piling up.
         config = uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="off",
-                                timeout_graceful_shutdown=grace_period_s, timeout_keep_alive=5)
-        DrainingServer(config, drain).run()
+                                timeout_graceful_shutdown=grace_period_s, timeout_keep_alive=5,
+                                limit_concurrency=max_connections, http=header_timeout_protocol(header_timeout_s))
+        server = DrainingServer(config, drain)
+        watchdog = threading.Thread(target=_exit_when_engine_dies, args=(engine, server, drain), daemon=True)
+        watchdog.start()
+        server.run()
+        if engine._error is not None:
+            raise SystemExit(f"engine stopped: {engine._error!r}")  # exit status 1
     finally:
         engine.shutdown()
+
+
+def _exit_when_engine_dies(engine: Any, server: uvicorn.Server, drain: Callable[[], None]) -> None:
+    while not server.should_exit:
+        if engine._error is not None:
+            log.error("engine stopped (%r): draining and exiting with status 1", engine._error)
+            drain()
+            server.should_exit = True
+            return
+        time.sleep(1.0)

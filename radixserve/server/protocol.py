@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from radixserve.server.errors import from_decode_error
+from radixserve.server.errors import bad_request, from_decode_error
 
 
 class Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -109,6 +109,11 @@ def decode_body(body: bytes, type_: type) -> Any:
         return msgspec.json.decode(body, type=type_)
     except msgspec.MsgspecError as exc:
         raise from_decode_error(exc) from None
+    except RecursionError:
+        raise bad_request("malformed JSON body: nested too deeply", code="invalid_json") from None
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"malformed JSON body: not UTF-8 ({exc.reason} at byte {exc.start})",
+                          code="invalid_json") from None
 
 
 # ---------------------------------------------------------------- responses

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import AsyncIterator, Awaitable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -17,8 +16,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from radixserve.errors import QueueFullError
-from radixserve.sampling_params import SamplingParams
+from radixserve.errors import ParamError, QueueFullError, RequestFailedError
 from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.metrics import ServerMetrics
@@ -28,7 +26,6 @@ if TYPE_CHECKING:
     from radixserve.engine import Engine
 
 T = TypeVar("T")
-SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
 SSE_DONE = b"data: [DONE]\n\n"
 
 
@@ -91,6 +88,9 @@ async def admit(state: ServerState, count: int = 1) -> None:
         raise ApiError(503, "server is shutting down", type="service_unavailable", headers={"Retry-After": "5"})
     limit = state.max_queued_requests
     own = state.engine.max_queued_requests
+    if limit is not None and count > limit:  # a 429 would invite a retry that can never succeed
+        raise bad_request(f"{count} requests at once can never fit the queue of {limit} (--max-queued-requests)",
+                          param="n", code="too_many_requests_in_one_call")
     if limit is None or (own is not None and own <= limit):
         return
     waiting = (await asyncio.to_thread(state.engine.metrics))["num_waiting"]
@@ -103,24 +103,23 @@ def queue_full(why: str) -> ApiError:
                     headers={"Retry-After": "1"})
 
 
-_PARAM = re.compile(r"^(?P<unknown>unknown sampling parameter\(s\): )?(?P<name>[a-z_]+)\b")
-
-
 @contextlib.contextmanager
 def engine_errors(default_param: str | None, renames: dict[str, str] | None = None) -> Iterator[None]:
-    """Map engine exceptions to HTTP: ValueError -> 400 naming the parameter, QueueFullError -> 429, dead loop -> 503."""
+    """Map engine exceptions to HTTP: ParamError -> 400 naming the field as the client sent it (`renames` maps engine
+    names such as max_new_tokens to the route's; "prompt" means the route's prompt field), QueueFullError -> 429,
+    a request that failed inside the engine -> 500 naming its id, a stopped engine -> 503."""
     try:
         yield
     except QueueFullError as exc:
         raise queue_full(str(exc)) from None
+    except ParamError as exc:
+        param = default_param if exc.field == "prompt" else (renames or {}).get(exc.field, exc.field)
+        raise bad_request(exc.message, param=param, code=exc.code) from None
     except ValueError as exc:
-        text = str(exc)
-        m = _PARAM.match(text)
-        known = m is not None and (m.group("unknown") is not None or m.group("name") in SAMPLING_FIELDS)
-        param = m.group("name") if known else default_param
-        param = (renames or {}).get(param, param)
-        code = "context_length_exceeded" if param == default_param and "context length" in text else None
-        raise bad_request(text, param=param, code=code) from None
+        raise bad_request(str(exc), param=default_param) from None
+    except RequestFailedError as exc:
+        raise ApiError(500, f"internal error while serving request {exc.rid}; it was stopped, other requests go on",
+                       type="internal_error", code="request_failed") from None
     except RuntimeError as exc:
         raise ApiError(503, f"engine unavailable: {exc}", type="service_unavailable") from None
 
@@ -161,7 +160,7 @@ async def generate(request: Request, state: ServerState, calls: list[dict[str, A
     eng = state.engine
 
     async def one(kwargs: dict[str, Any]) -> list[dict]:
-        out = await eng.async_generate(**kwargs)
+        out = await eng.async_generate(**await tokenized(eng, kwargs))
         return out if isinstance(out, list) else [out]
 
     rids = [kw["rid"] for kw in calls]
@@ -178,8 +177,17 @@ class Stream:
     finished: bool = False
 
 
+async def tokenized(eng: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call with a text prompt replaced by its ids, tokenized in a thread: the event loop never waits for it."""
+    prompt = kwargs.get("prompt")
+    if prompt is None:
+        return kwargs
+    ids = await asyncio.to_thread(eng.encode_prompts, prompt)
+    return {**kwargs, "prompt": None, "input_ids": ids[0] if isinstance(prompt, str) else ids}
+
+
 async def _open(eng: Any, kwargs: dict[str, Any]) -> Stream:
-    it = eng.async_generate(**kwargs, stream=True)
+    it = eng.async_generate(**await tokenized(eng, kwargs), stream=True)
     try:
         first = await it.__anext__()
     except BaseException:
