@@ -12,12 +12,14 @@ from radixserve.sampling_params import SamplingParams
 
 from frontend_dsl.backends.base import Backend
 from frontend_dsl.default_backend import resolve_backend
-from frontend_dsl.errors import ProgramError
+from frontend_dsl.errors import NotSupportedError, ProgramError
 from frontend_dsl.executor import Executor
 from frontend_dsl.prefix_gate import GateTicket, PrefixGate
 from frontend_dsl.state import ProgramState
 
 MAX_AUTO_THREADS = 64
+_EAGER = ("frontend_dsl runs programs eagerly and does not trace them; run_batch computes its inputs' common prefix "
+          "once instead, and forks their shared text")
 
 
 def sampling_defaults(max_new_tokens: int, stop: str | Sequence[str], stop_token_ids: Sequence[int],
@@ -173,6 +175,15 @@ class Program:
                 ex.fail(err, replace=True)
         finally:
             ex.end()
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotSupportedError(f"{self.name}.trace() is not supported: {_EAGER}")
+
+    def cache(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotSupportedError(f"{self.name}.cache() is not supported: {_EAGER}")
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotSupportedError(f"{self.name}.compile() is not supported: {_EAGER}")
 
     def __repr__(self) -> str:
         return f"Program({self.name})"

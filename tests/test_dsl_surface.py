@@ -254,6 +254,9 @@ def test_get_server_info_and_flush_cache(backend: sgl.Backend) -> None:
     (lambda: sgl.video("cat.mp4", 8), "sgl.video"),
     (lambda: sgl.separate_reasoning(sgl.gen("x")), "separate_reasoning"),
     (lambda: sgl.function(lambda s: None, num_api_spec_tokens=64), "num_api_spec_tokens"),
+    (lambda: sgl.function(lambda s: None).trace(), "trace"),
+    (lambda: sgl.function(lambda s: None).cache(), "cache"),
+    (lambda: sgl.function(lambda s: None).compile(), "compile"),
 ])
 def test_unsupported_calls_are_refused_naming_the_call(call: Any, named: str) -> None:
     with pytest.raises(sgl.NotSupportedError, match=named):
