@@ -36,8 +36,9 @@ from frontend_dsl.program import Program
 from frontend_dsl.state import ProgramState, ProgramStateGroup
 
 
-def flush_cache(backend: Backend | None = None) -> bool:
-    """Empty the backend's (default: the default backend's) radix cache; False if requests were running."""
+def flush_cache(backend: Backend | None = None, empty_cache: bool = True) -> bool:
+    """Empty the backend's (default: the default backend's) radix cache; False if requests were running.
+    empty_cache (SGLang: also release the CUDA allocator's cache) is accepted; the engine keeps its fixed KV pool."""
     return resolve_backend(backend).flush_cache()
 
 
