@@ -233,10 +233,54 @@ def test_run_batch_options(backend: sgl.Backend) -> None:
     assert single.text() == states[2].text()
 
 
+def test_run_level_logprob_args_and_bind(backend: sgl.Backend) -> None:
+    @sgl.function
+    def say(s, word, n):
+        s += "Say " + word + ":" + sgl.gen("out", max_tokens=n) + sgl.gen("own", max_tokens=2, return_logprob=False)
+
+    state = say.bind(n=3).run("hi", backend=backend, return_logprob=True, top_logprobs_num=2,
+                              return_text_in_logprobs=True, **GREEDY)
+    meta = state.get_meta_info("out")
+    assert len(meta["output_token_logprobs"]) == 3 and len(meta["output_token_logprobs"][0]) == 3
+    assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+    assert "output_token_logprobs" not in state.get_meta_info("own")  # a gen's own setting wins
+    with pytest.raises(TypeError, match="no argument"):
+        say.bind(m=1)
+
+
+def test_select_temperature_is_accepted_and_the_decision_is_the_argmax(backend: sgl.Backend) -> None:
+    picks = {run(lambda s: s.__iadd__(PREFIX + sgl.select("x", choices=CHOICES, temperature=t)), backend)["x"]
+             for t in (0.0, 0.7, 1.5)}
+    assert len(picks) == 1
+
+
+def test_group_appends_per_fork_and_error_reports_the_failure(backend: sgl.Backend) -> None:
+    def prog(s):
+        forks = s.fork(2)
+        forks += ["A", "B"]
+        forks += sgl.gen("x", max_tokens=2)
+        forks.join()
+        s += str([f.text()[:1] for f in forks])
+
+    assert run(prog, backend).text() == "['A', 'B']"
+
+    def bad(s):
+        s += "Hi" + sgl.gen("x", max_tokens=10**6)
+
+    state = sgl.function(bad).run(backend=backend, stream=True)
+    with pytest.raises(sgl.ProgramError):
+        list(state.text_iter())  # a streamed run reports its failure at the end of the stream
+    assert isinstance(state.error(), sgl.ProgramError) and "context length" in str(state.error())
+    with pytest.raises(sgl.ProgramError):
+        state.sync()
+
+
 def test_get_server_info_and_flush_cache(backend: sgl.Backend) -> None:
     info = sgl.get_server_info(backend)
     assert info["context_length"] > 0 and info["model_path"]
     assert sgl.flush_cache(backend) is True
+    assert sgl.flush_cache(backend, empty_cache=False) is True
+    assert sgl.Engine.__module__.startswith("radixserve")
 
 
 # ---- refusals --------------------------------------------------------------------------------------------------------
