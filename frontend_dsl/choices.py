@@ -26,7 +26,8 @@ def _argmax_first(values: list[float]) -> int:
 
 
 def _logprobs(entries: list[tuple[Any, ...]]) -> list[float]:
-    return [float(e[0]) for e in entries]
+    """The entries' logprobs; a token with no context (the first of a select with no text before it) counts as 0."""
+    return [0.0 if e[0] is None else float(e[0]) for e in entries]
 
 
 class ChoicesSamplingMethod(ABC):
@@ -79,7 +80,7 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
 
 class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
     """The choice whose tokens gain the most, on average, from the prompt: mean of (logprob after the prompt -
-    logprob with no prompt). With no prompt the first token has no logprob; it counts as 0."""
+    logprob with no prompt). With no prompt the first token has no logprob; it counts as 0 (see _logprobs)."""
 
     @property
     def requires_unconditional_logprobs(self) -> bool:
@@ -94,8 +95,7 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
         for cond, uncond in zip(input_token_logprobs, unconditional_token_logprobs):
             if len(cond) != len(uncond):
                 raise ValueError("conditional and unconditional token logprobs differ in length")
-            base = [0.0 if e[0] is None else float(e[0]) for e in uncond]
-            diffs = [c - u for c, u in zip(_logprobs(cond), base)]
+            diffs = [c - u for c, u in zip(_logprobs(cond), _logprobs(uncond))]
             scores.append(sum(diffs) / len(diffs) if diffs else -math.inf)
         return ChoicesDecision(choices[_argmax_first(scores)], {
             "normalized_prompt_logprobs": normalized_prompt_logprobs,

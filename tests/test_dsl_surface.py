@@ -3,6 +3,7 @@ RuntimeEndpoint over HTTP) with the tiny model: meta_info keys, selection method
 groups, run_batch options, refusals."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,17 @@ def test_unconditional_likelihood_normalized_scores_the_choices_without_the_prom
         assert [e[0] for e in uncond[1:]] == pytest.approx([lp for lp, _ in alone[1:]], abs=1e-4)
     scores = meta["normalized_unconditional_prompt_logprobs"]
     assert state["pick"] == CHOICES[max(range(len(CHOICES)), key=lambda i: (scores[i], -i))]
+
+
+@pytest.mark.parametrize("method", [sgl.token_length_normalized, sgl.greedy_token_selection,
+                                    sgl.unconditional_likelihood_normalized])
+def test_select_with_no_text_before_it(backend: sgl.Backend, method: Any) -> None:
+    state = run(lambda s: s.__iadd__(sgl.select("x", choices=CHOICES, choices_method=method)), backend)
+    meta = state.get_meta_info("x")
+    assert state.text() == state["x"] in CHOICES
+    assert all(es[0][0] is None for es in meta["input_token_logprobs"])  # the first token has no context
+    for es, v in zip(meta["input_token_logprobs"], meta["normalized_prompt_logprobs"]):
+        assert math.isfinite(v) == (len(es) > 1)  # a one-token choice with no context has no logprob at all
 
 
 def test_a_user_written_choices_method_gets_sglangs_keyword_arguments(backend: sgl.Backend) -> None:
