@@ -67,6 +67,8 @@ def test_completion_model_matches_the_native_backend(engine: Any, server: Server
         [[e[2] for e in es] for es in local_meta["input_token_logprobs"]]
     meta = remote_state.get_meta_info("start")
     assert meta["completion_tokens"] == 6 and meta["finish_reason"]["type"] == "length"
+    assert oa.token_usage.completion_tokens == 6 + 2 * 4  # start, then two forks of 4 (ignore_eos: no early stop)
+    assert oa.token_usage.prompt_tokens > 0
     assert meta["prompt_tokens"] == len(local.tokenize("A story about caches:"))
 
 
@@ -127,3 +129,6 @@ def test_backend_level_calls(engine: Any, server: Server) -> None:
     assert isinstance(info.value.cause, sgl.BackendError) and info.value.cause.status == 401
     with pytest.raises(sgl.NotSupportedError, match="is_azure"):
         sgl.OpenAI("gpt-4o", is_azure=True)
+    with pytest.raises(sgl.NotSupportedError, match="chat_template"):
+        sgl.OpenAI("gpt-4o", chat_template="chatml")
+    assert sgl.OpenAI("gpt-3.5-turbo-instruct", False, base_url=server.url + "/v1").chat_only is False

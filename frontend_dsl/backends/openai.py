@@ -10,7 +10,9 @@ Role text in `state.text()` follows a plain "ROLE: content" layout; a chat model
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from frontend_dsl.backends.base import Backend, common_prefix_len, mean_logprob
@@ -43,20 +45,41 @@ def _finish(reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
     return meta
 
 
+@dataclass
+class TokenUsage:
+    """Tokens the server billed across this backend's requests (SGLang's OpenAI backend keeps the same counts)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 class OpenAI(Backend):
-    def __init__(self, model_name: str, base_url: str | None = None, api_key: str | None = None,
-                 is_chat_model: bool | None = None, timeout_s: float = 300.0, is_azure: bool = False) -> None:
+    def __init__(self, model_name: str, is_chat_model: bool | None = None, chat_template: Any = None,
+                 is_azure: bool = False, *, base_url: str | None = None, api_key: str | None = None,
+                 timeout_s: float = 300.0) -> None:
         """model_name as the server knows it; base_url up to /v1 (default: $OPENAI_BASE_URL or OpenAI's);
         api_key (default: $OPENAI_API_KEY). is_chat_model (default True, as SGLang assumes for model names it does
-        not list as instruct models): send messages to /v1/chat/completions instead of text to /v1/completions."""
+        not list as instruct models): send messages to /v1/chat/completions instead of text to /v1/completions.
+        The positional order is SGLang's; base_url and api_key are what SGLang passes on to the openai client."""
         super().__init__()
         if is_azure:
             raise NotSupportedError("OpenAI(is_azure=True) is not supported: pass the Azure deployment's "
                                     "OpenAI-compatible base_url instead")
+        if chat_template is not None:
+            raise NotSupportedError("OpenAI(chat_template=...) is not supported: a chat model gets the messages "
+                                    "themselves, and a completion model's role text is a plain ROLE: layout")
         self.model_name = model_name
         self.chat_only = True if is_chat_model is None else is_chat_model
         base = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         self.http = HttpClient(base, api_key or os.environ.get("OPENAI_API_KEY"), timeout_s)
+        self.token_usage = TokenUsage()
+        self._usage_lock = threading.Lock()  # forks and run_batch call from many threads
+
+    def _count(self, usage: dict[str, Any] | None) -> None:
+        if usage:
+            with self._usage_lock:
+                self.token_usage.prompt_tokens += usage.get("prompt_tokens") or 0
+                self.token_usage.completion_tokens += usage.get("completion_tokens") or 0
 
     def _request(self, prompt: str | list[dict[str, str]], sampling_params: dict[str, Any]) -> tuple[str, dict]:
         if self.chat_only:
@@ -78,6 +101,7 @@ class OpenAI(Backend):
         self._refuse_logprobs(return_logprob, return_text_in_logprobs)
         path, body = self._request(text, sampling_params or {})
         out = self.http.json("POST", path, body)
+        self._count(out.get("usage"))
         choice = out["choices"][0]
         content = choice["message"]["content"] if self.chat_only else choice["text"]
         return {"text": content or "", "meta_info": _finish(choice.get("finish_reason"), out.get("usage"))}
@@ -96,6 +120,7 @@ class OpenAI(Backend):
                 if piece:
                     yield {"text": piece, "meta_info": {"finish_reason": None}}
             if event.get("usage"):  # the last event, after the one with finish_reason
+                self._count(event["usage"])
                 yield {"text": "", "meta_info": _finish(reason, event["usage"])}
                 return
         yield {"text": "", "meta_info": _finish(reason, None)}
@@ -114,7 +139,9 @@ class OpenAI(Backend):
                                     "it needs each choice scored on the same token ids with and without the prompt")
         body = {"model": self.model_name, "prompt": [prefix, *(prefix + c for c in choices)], "echo": True,
                 "max_tokens": 0, "logprobs": 0}
-        out = sorted(self.http.json("POST", "/completions", body)["choices"], key=lambda c: c["index"])
+        resp = self.http.json("POST", "/completions", body)
+        self._count(resp.get("usage"))
+        out = sorted(resp["choices"], key=lambda c: c["index"])
         if len(out) != len(choices) + 1:
             raise BackendError(f"scoring {len(choices)} choices returned {len(out)} completions")
         base = out[0]["logprobs"]["tokens"] if prefix else []
