@@ -165,13 +165,16 @@ class ProgramStateGroup:
 
     def join(self, mode: str = "gather_variable") -> None:
         """Wait for every fork. gather_variable: each variable a fork created is set in the parent as the list of the
-        forks' values. concate_and_append: also append to the parent what each fork appended, in fork order."""
+        forks' values. concate_and_append: instead append to the parent what each fork appended, in fork order (as
+        in SGLang, the forks' variables stay in the forks)."""
         if mode not in ("gather_variable", "concate_and_append"):
             raise ValueError(f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}")
         for s in self.states:
             s.sync()
         if mode == "concate_and_append":
             self.parent.executor.submit(Text("".join(s.executor.text_[s.executor.fork_start:] for s in self.states)))
+            self.parent.sync()
+            return
         self.parent.executor.wait_idle()
         parent_vars = set(self.parent.executor.variables)
         gathered: dict[str, list[Any]] = {}

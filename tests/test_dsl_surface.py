@@ -202,15 +202,18 @@ def test_fork_groups_index_append_and_join_modes(backend: sgl.Backend) -> None:
         forks.join()
         s += "|"
         more = s.fork(2)
-        more += lambda i: f"[{i}]"
+        more += lambda i: f"[{i}]" + sgl.gen("tail", max_tokens=1)
         more.join("concate_and_append")
+        s += "|"
         with s.copy() as c:
             c += sgl.gen("solo", max_tokens=2)
 
     state = run(prog, backend)
     ideas = state["idea"]
     assert isinstance(ideas, list) and len(ideas) == 3 and len(set(ideas)) == 1  # greedy: the same idea thrice
-    assert state.text() == "Ideas:|[0][1]"
+    tail = state.text().split("|")[1]
+    assert tail.startswith("[0]") and "[1]" in tail and state.text().endswith("|")
+    assert "tail" not in state  # concate_and_append appends text only
     assert isinstance(state["solo"], list) and len(state["solo"]) == 1
     with pytest.raises(sgl.ProgramError, match="join mode"):
         run(lambda s: s.fork(2).join("nonsense"), backend)
