@@ -1,37 +1,57 @@
-"""frontend_dsl: a small Python DSL for LLM programs (gen, select, fork, roles) on radixserve, shaped like SGLang's
-frontend language, so that `import frontend_dsl as sgl` runs SGLang programs. Shared prompts and forks become radix
-cache hits: forks prefill their common prefix once, select scores all choices in one batched call, run_batch computes
-its inputs' common prefix once."""
+"""frontend_dsl: a Python DSL for LLM programs (gen, select, fork, roles) on radixserve, covering SGLang's frontend
+language so that `import frontend_dsl as sgl` runs SGLang programs (README.md: what is supported, row by row).
+Shared prompts and forks become radix cache hits: forks prefill their common prefix once, select scores all choices
+in one batched call, run_batch computes its inputs' common prefix once."""
+from radixserve import Engine
 from frontend_dsl.api import (
     assistant,
     assistant_begin,
     assistant_end,
     function,
     gen,
+    gen_int,
+    gen_string,
+    image,
     select,
+    separate_reasoning,
     system,
     system_begin,
     system_end,
     user,
     user_begin,
     user_end,
+    video,
 )
-from frontend_dsl.backends import Backend, Runtime, RuntimeEndpoint
-from frontend_dsl.choices import ChoicesDecision, token_length_normalized
+from frontend_dsl.backends import Backend, OpenAI, Runtime, RuntimeEndpoint
+from frontend_dsl.choices import (
+    ChoicesDecision,
+    ChoicesSamplingMethod,
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
 from frontend_dsl.default_backend import resolve_backend, set_default_backend
-from frontend_dsl.errors import BackendError, ProgramError
+from frontend_dsl.errors import BackendError, NotSupportedError, ProgramError
 from frontend_dsl.program import Program
 from frontend_dsl.state import ProgramState, ProgramStateGroup
 
 
-def flush_cache(backend: Backend | None = None) -> bool:
-    """Empty the backend's (default: the default backend's) radix cache; False if requests were running."""
+def flush_cache(backend: Backend | None = None, empty_cache: bool = True) -> bool:
+    """Empty the backend's (default: the default backend's) radix cache; False if requests were running.
+    empty_cache (SGLang: also release the CUDA allocator's cache) is accepted; the engine keeps its fixed KV pool."""
     return resolve_backend(backend).flush_cache()
 
 
+def get_server_info(backend: Backend | None = None) -> dict:
+    """What the backend's server reports about itself (model path, context length, chat template, ...)."""
+    return resolve_backend(backend).get_server_info()
+
+
 __all__ = [
-    "assistant", "assistant_begin", "assistant_end", "function", "gen", "select", "system", "system_begin",
-    "system_end", "user", "user_begin", "user_end", "Backend", "Runtime", "RuntimeEndpoint", "ChoicesDecision",
-    "token_length_normalized", "set_default_backend", "flush_cache", "BackendError", "ProgramError", "Program",
-    "ProgramState", "ProgramStateGroup",
+    "assistant", "assistant_begin", "assistant_end", "function", "gen", "gen_int", "gen_string", "image", "select",
+    "separate_reasoning", "system", "system_begin", "system_end", "user", "user_begin", "user_end", "video",
+    "Backend", "Engine", "OpenAI", "Runtime", "RuntimeEndpoint", "ChoicesDecision", "ChoicesSamplingMethod",
+    "greedy_token_selection", "token_length_normalized", "unconditional_likelihood_normalized",
+    "set_default_backend", "flush_cache", "get_server_info", "BackendError", "NotSupportedError", "ProgramError",
+    "Program", "ProgramState", "ProgramStateGroup",
 ]

@@ -6,22 +6,26 @@ from typing import Any
 
 from radixserve.sampling_params import SamplingParams
 
-from frontend_dsl.choices import ChoicesMethod, token_length_normalized
+from frontend_dsl.choices import ChoicesSamplingMethod, token_length_normalized
+from frontend_dsl.errors import NotSupportedError
 from frontend_dsl.ir import Expr, Gen, RoleBegin, RoleEnd, Select, role_message
 from frontend_dsl.program import Program
 
 
-def function(func: Callable[..., Any] | None = None, **options: Any) -> Any:
+def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
     """`@function` (or `@function()`) turns `f(s, ...)` into a Program with run() and run_batch()."""
-    if options:
-        raise TypeError(f"unsupported function option(s): {', '.join(sorted(options))}")
+    if num_api_spec_tokens is not None:
+        raise NotSupportedError("function(num_api_spec_tokens=...) is not supported: API speculative execution "
+                                "exists for chat-only OpenAI models; frontend_dsl's OpenAI backend sends each gen "
+                                "after sgl.assistant as its own chat request instead")
     if func is None:
         return Program
     return Program(func)
 
 
-_UNSUPPORTED = {"min_tokens": "min_tokens", "stop_regex": "stop regexes", "dtype": "typed generation (dtype)",
-                "regex": "constrained decoding (regex)", "json_schema": "constrained decoding (json_schema)"}
+_STRUCTURED = "not yet: needs structured output (constrained decoding is not in the engine yet)"
+_REFUSED = {"stop_regex": _STRUCTURED, "dtype": _STRUCTURED, "regex": _STRUCTURED, "json_schema": _STRUCTURED,
+            "min_tokens": "the engine's sampler has no min_new_tokens, and ignoring it would end gens early"}
 
 
 def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None, n: int | None = None,
@@ -31,21 +35,19 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         presence_penalty: float | None = None, ignore_eos: bool | None = None, return_logprob: bool | None = None,
         logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None, dtype: Any = None, choices: list[str] | None = None,
-        choices_method: ChoicesMethod | None = None, regex: str | None = None,
+        choices_method: ChoicesSamplingMethod | None = None, regex: str | None = None,
         json_schema: str | None = None) -> Expr:
     """Generate text into variable `name`; unset sampling args come from run(). With choices=, acts as select()."""
-    if choices is not None:
+    if choices:
         return select(name, choices, 0.0 if temperature is None else temperature,
                       token_length_normalized if choices_method is None else choices_method)
-    given = {"min_tokens": min_tokens, "stop_regex": stop_regex, "dtype": dtype, "regex": regex,
-             "json_schema": json_schema}
+    given = {"stop_regex": stop_regex, "dtype": dtype, "regex": regex, "json_schema": json_schema,
+             "min_tokens": min_tokens}
     for arg, value in given.items():
         if value is not None:
-            raise ValueError(f"gen({arg}=...) is not supported: frontend_dsl has no {_UNSUPPORTED[arg]}")
+            raise NotSupportedError(f"gen({arg}=...) is not supported: {_REFUSED[arg]}")
     if n not in (None, 1):
-        raise ValueError(f"gen(n={n}) is not supported; use s.fork(n) for parallel samples")
-    if return_text_in_logprobs:
-        raise ValueError("gen(return_text_in_logprobs=True) is not supported; logprobs come as (logprob, token_id)")
+        raise NotSupportedError(f"gen(n={n}) is not supported: use s.fork({n}) for parallel samples")
     params = {"max_new_tokens": max_tokens, "stop": [stop] if isinstance(stop, str) else stop,
               "stop_token_ids": stop_token_ids, "temperature": temperature, "top_p": top_p, "top_k": top_k,
               "min_p": min_p, "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
@@ -53,14 +55,38 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     params = {k: v for k, v in params.items() if v is not None}
     SamplingParams.from_dict(params)  # a bad value fails here, at the line that wrote it
     logprobs = {"return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
-                "top_logprobs_num": top_logprobs_num}
+                "top_logprobs_num": top_logprobs_num, "return_text_in_logprobs": return_text_in_logprobs}
     return Gen(name, params | {k: v for k, v in logprobs.items() if v is not None})
 
 
+def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
+    """SGLang's integer-typed gen: refused, as gen(dtype=int) is."""
+    raise NotSupportedError(f"gen_int({name!r}) is not supported: {_STRUCTURED}")
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> Expr:
+    """SGLang's string-typed gen: refused, as gen(dtype=str) is."""
+    raise NotSupportedError(f"gen_string({name!r}) is not supported: {_STRUCTURED}")
+
+
+def image(expr: Any) -> Expr:
+    raise NotSupportedError("sgl.image(...) is not supported: radixserve serves text-only models")
+
+
+def video(path: str, num_frames: int) -> Expr:
+    raise NotSupportedError("sgl.video(...) is not supported: radixserve serves text-only models")
+
+
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Expr:
+    raise NotSupportedError("sgl.separate_reasoning(...) is not supported: radixserve has no reasoning parser; "
+                            "split the gen's text on the model's think tags yourself")
+
+
 def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
-           choices_method: ChoicesMethod = token_length_normalized) -> Expr:
-    """Append the choice the model scores highest after the text so far (default: mean token logprob).
-    Selection is an argmax: temperature is accepted for compatibility and does not change it."""
+           choices_method: ChoicesSamplingMethod = token_length_normalized) -> Expr:
+    """Append the choice choices_method picks from the choices' token logprobs after the text so far (default:
+    the highest mean token logprob). Selection is deterministic: temperature is accepted, as SGLang's runtime
+    backends accept it, and does not change it."""
     if not choices or not isinstance(choices, (list, tuple)):
         raise ValueError(f"select needs a non-empty list of choices, got {choices!r}")
     if not all(isinstance(c, str) and c for c in choices):

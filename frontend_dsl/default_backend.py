@@ -15,7 +15,7 @@ def set_default_backend(backend: Backend | None) -> None:
     """Use backend for programs run without backend= (None clears it)."""
     global _default
     if backend is not None and not isinstance(backend, Backend):
-        raise TypeError(f"a backend must be a Runtime or RuntimeEndpoint, got {type(backend).__name__}")
+        raise TypeError(f"a backend must be a Runtime, RuntimeEndpoint or OpenAI, got {type(backend).__name__}")
     _default = backend
 
 
@@ -23,8 +23,9 @@ def resolve_backend(backend: Backend | None) -> Backend:
     """backend if given, else the default one; a clear error when neither is set."""
     chosen = backend if backend is not None else _default
     if chosen is None:
-        raise ValueError("no backend: call frontend_dsl.set_default_backend(Runtime(...) or RuntimeEndpoint(url)) "
+        raise ValueError("no backend: call frontend_dsl.set_default_backend(Runtime(...), RuntimeEndpoint(url) or "
+                         "OpenAI(model, base_url=...)) "
                          "or pass backend= to run()")
     if not isinstance(chosen, Backend):
-        raise TypeError(f"a backend must be a Runtime or RuntimeEndpoint, got {type(chosen).__name__}")
+        raise TypeError(f"a backend must be a Runtime, RuntimeEndpoint or OpenAI, got {type(chosen).__name__}")
     return chosen

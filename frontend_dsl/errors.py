@@ -20,3 +20,8 @@ class ProgramError(RuntimeError):
         self.program_name = program_name
         self.cause = cause
         self.state_text = state_text
+
+
+class NotSupportedError(NotImplementedError):
+    """A part of SGLang's frontend API that frontend_dsl refuses rather than silently ignores; the message names the
+    call and says why (see frontend_dsl/README.md for the full table)."""

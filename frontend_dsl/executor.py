@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from frontend_dsl.backends.base import Backend
-from frontend_dsl.ir import Expr, Gen, RoleBegin, RoleEnd, Select, SetVar, Text, flatten, written_vars
+from frontend_dsl.ir import (Expr, Gen, RoleBegin, RoleEnd, Select, SetVar, Text, VarScopeBegin, VarScopeEnd, flatten,
+                             written_vars)
 from frontend_dsl.prefix_gate import GateTicket
 
-_LOGPROB_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
+_LOGPROB_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 
 class Executor:
@@ -34,7 +35,10 @@ class Executor:
         self.cur_role: str | None = None
         self.cur_role_begin = 0
         self.error: BaseException | None = None
-        self.chunks: list[tuple[str | None, str]] = []  # (variable or None, text) in the order text was appended
+        # (variable or None, text, that gen's meta_info so far or None) in the order text was appended
+        self.chunks: list[tuple[str | None, str, dict[str, Any] | None]] = []
+        self.fork_start = 0  # len(text_) when this state was forked off its parent
+        self.var_scopes: dict[str, int] = {}  # open var_scope name -> where its text begins
         self.ended = not fed_async
         self._pending: dict[str, int] = {}
         self._queue: deque[Expr] = deque()
@@ -106,11 +110,14 @@ class Executor:
             c.meta_info = dict(self.meta_info)
             c.messages_ = [dict(m) for m in self.messages_]
             c.cur_role, c.cur_role_begin = self.cur_role, self.cur_role_begin
+            c.fork_start, c.var_scopes = len(self.text_), dict(self.var_scopes)
             children.append(c)
         return children
 
-    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
-        """Text as it is appended (only variable var_name's text if given) until the state is done; then raises its error."""
+    def text_iter(self, var_name: str | None = None,
+                  with_meta: bool = False) -> Iterator[str | tuple[str, dict[str, Any] | None]]:
+        """Text as it is appended (only variable var_name's text if given) until the state is done; then raises its
+        error. with_meta: (text, meta_info of the gen or select that wrote it, as far as it is known) pairs."""
         i = 0
         while True:
             with self._cond:
@@ -118,9 +125,9 @@ class Executor:
                 new = self.chunks[i:]
                 i = len(self.chunks)
                 done = self._done()
-            for var, text in new:
+            for var, text, meta in new:
                 if var_name is None or var == var_name:
-                    yield text
+                    yield (text, meta) if with_meta else text
             if done:
                 break
         if self.error is not None:
@@ -166,15 +173,21 @@ class Executor:
             self._role_end(node.role)
         elif isinstance(node, SetVar):
             self._set(node.name, node.value, None)
+        elif isinstance(node, VarScopeBegin):
+            self.var_scopes[node.name] = len(self.text_)
+        elif isinstance(node, VarScopeEnd):
+            if node.name not in self.var_scopes:
+                raise ValueError(f"var_scope {node.name!r} ended without beginning")
+            self._set(node.name, self.text_[self.var_scopes.pop(node.name):], None)
         else:
             raise TypeError(f"cannot execute {type(node).__name__}")
 
-    def _append(self, text: str, var: str | None) -> None:
+    def _append(self, text: str, var: str | None, meta: dict[str, Any] | None = None) -> None:
         if not text:
             return
         with self._cond:
             self.text_ += text
-            self.chunks.append((var, text))
+            self.chunks.append((var, text, meta))
             self._cond.notify_all()
 
     def _set(self, name: str | None, value: Any, meta: dict[str, Any] | None) -> None:
@@ -191,34 +204,46 @@ class Executor:
         if self.ticket is not None:
             self.ticket.arrive(prompt)
 
+    def _prompt(self) -> str | list[dict[str, str]]:
+        """The text so far, or for a chat-only backend (an OpenAI chat model) the messages so far, which it can
+        continue only with a new assistant message: so the gen must open that message."""
+        if not getattr(self.backend, "chat_only", False):
+            return self.text_
+        if self.cur_role != "assistant" or len(self.text_) != self.cur_role_begin:
+            raise ValueError(f"{self.backend!r} is a chat model: a gen must come right after sgl.assistant / "
+                             "assistant_begin (the model only writes whole assistant messages)")
+        return [dict(m) for m in self.messages_]
+
     def _gen(self, node: Gen) -> None:
         params = {k: v for k, v in {**self.defaults, **node.params}.items() if v is not None}
         logprob_args = {k: params.pop(k) for k in _LOGPROB_ARGS if k in params}
-        prompt = self.text_
-        self._backend_call_gate(prompt)
+        prompt = self._prompt()
+        self._backend_call_gate(self.text_)
         if self.stream:
             value, meta, out_logprobs = "", {}, []
             for chunk in self.backend.generate_stream(prompt, params, **logprob_args):
-                self._append(chunk["text"], node.name)
-                value += chunk["text"]
-                meta = chunk["meta_info"]
+                meta = dict(chunk["meta_info"])
                 out_logprobs += meta.get("output_token_logprobs") or []
-            meta = dict(meta)  # the last chunk's, copied: it is amended below
-            if logprob_args.get("return_logprob"):
-                meta["output_token_logprobs"] = out_logprobs  # stream chunks carry only the new entries
+                if logprob_args.get("return_logprob"):
+                    meta["output_token_logprobs"] = list(out_logprobs)  # stream chunks carry only the new entries
+                self._append(chunk["text"], node.name, meta)
+                value += chunk["text"]
         else:
             out = self.backend.generate(text=prompt, sampling_params=params, **logprob_args)
             value, meta = out["text"], out["meta_info"]
-            self._append(value, node.name)
+            self._append(value, node.name, meta)
         self._set(node.name, value, meta)
 
     def _select(self, node: Select) -> None:
         self._backend_call_gate(self.text_)
-        logprobs = self.backend.choice_logprobs(self.text_, node.choices)
-        decision = node.choices_method(node.choices, logprobs)
-        choice = node.choices[decision.index]
-        self._append(choice, node.name)
-        self._set(node.name, choice, decision.meta_info)
+        method = node.choices_method
+        scores = self.backend.score_choices(self.text_, node.choices,
+                                            getattr(method, "requires_unconditional_logprobs", False))
+        decision = method(choices=node.choices, **scores)
+        if decision.decision not in node.choices:
+            raise ValueError(f"choices_method {method!r} decided {decision.decision!r}, not one of the choices")
+        self._append(decision.decision, node.name, decision.meta_info)
+        self._set(node.name, decision.decision, decision.meta_info)
 
     def _role_begin(self, role: str) -> None:
         if self.cur_role is not None:

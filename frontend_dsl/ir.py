@@ -58,6 +58,18 @@ class SetVar(Expr):
 
 
 @dataclass(eq=False)
+class VarScopeBegin(Expr):
+    """`with s.var_scope(name):` opens here: the text appended until VarScopeEnd becomes variable `name`."""
+
+    name: str
+
+
+@dataclass(eq=False)
+class VarScopeEnd(Expr):
+    name: str
+
+
+@dataclass(eq=False)
 class ExprList(Expr):
     items: list[Expr]
 
@@ -93,4 +105,4 @@ def flatten(e: Expr) -> Iterator[Expr]:
 
 def written_vars(e: Expr) -> list[str]:
     """Names of the variables that running e sets, in order (repeats kept: each one is a pending write)."""
-    return [x.name for x in flatten(e) if isinstance(x, (Gen, Select, SetVar)) and x.name is not None]
+    return [x.name for x in flatten(e) if isinstance(x, (Gen, Select, SetVar, VarScopeEnd)) and x.name is not None]

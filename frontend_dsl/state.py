@@ -1,12 +1,14 @@
 """ProgramState (`s` in a program) and ProgramStateGroup (what `s.fork(n)` returns)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from frontend_dsl.executor import Executor
-from frontend_dsl.ir import Expr, RoleBegin, RoleEnd, SetVar, as_expr, role_message
+from frontend_dsl.errors import NotSupportedError
+from frontend_dsl.ir import Expr, RoleBegin, RoleEnd, SetVar, Text, VarScopeBegin, VarScopeEnd, as_expr, role_message
 
 
 class ProgramState:
@@ -66,14 +68,34 @@ class ProgramState:
         """Text pieces as they are produced (with run(stream=True), gen output token by token); var_name: only that gen's."""
         return self.executor.text_iter(var_name)
 
-    def fork(self, size: int = 1) -> "ProgramStateGroup":
+    async def text_async_iter(self, var_name: str | None = None,
+                              return_meta_data: bool = False) -> AsyncIterator[str | tuple[str, Any]]:
+        """text_iter for asyncio code: the waiting happens on a worker thread, so the event loop keeps running.
+        return_meta_data: (text, meta_info of the gen that wrote it so far) pairs, as SGLang gives them."""
+        loop = asyncio.get_running_loop()
+        pieces = self.executor.text_iter(var_name, with_meta=return_meta_data)
+        done = object()
+        while (piece := await loop.run_in_executor(None, next, pieces, done)) is not done:
+            yield piece
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """`with s.var_scope("x"): s += ...` sets variable x to the text appended inside the block."""
+        self.executor.submit(VarScopeBegin(name))
+        yield
+        self.executor.submit(VarScopeEnd(name))
+
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ProgramStateGroup":
         """`size` independent copies of this state that run concurrently; the shared prefix is computed once."""
+        if position_ids_offset is not None:
+            raise NotSupportedError("fork(position_ids_offset=...) is not supported: radixserve positions every "
+                                    "token by its place in the text")
         return ProgramStateGroup([ProgramState(e) for e in self.executor.fork(size)], self)
 
     @contextmanager
-    def copy(self) -> Iterator["ProgramState"]:
+    def copy(self, position_ids_offset: Any = None) -> Iterator["ProgramState"]:
         """A single fork, joined back (its new variables gathered) when the block ends."""
-        group = self.fork(1)
+        group = self.fork(1, position_ids_offset)
         try:
             yield group[0]
         finally:
@@ -141,10 +163,18 @@ class ProgramStateGroup:
                 s += other
         return self
 
-    def join(self) -> None:
-        """Wait for every fork; each variable a fork created is set in the parent as the list of the forks' values."""
+    def join(self, mode: str = "gather_variable") -> None:
+        """Wait for every fork. gather_variable: each variable a fork created is set in the parent as the list of the
+        forks' values. concate_and_append: instead append to the parent what each fork appended, in fork order (as
+        in SGLang, the forks' variables stay in the forks)."""
+        if mode not in ("gather_variable", "concate_and_append"):
+            raise ValueError(f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}")
         for s in self.states:
             s.sync()
+        if mode == "concate_and_append":
+            self.parent.executor.submit(Text("".join(s.executor.text_[s.executor.fork_start:] for s in self.states)))
+            self.parent.sync()
+            return
         self.parent.executor.wait_idle()
         parent_vars = set(self.parent.executor.variables)
         gathered: dict[str, list[Any]] = {}

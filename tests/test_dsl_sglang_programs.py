@@ -158,3 +158,32 @@ def test_run_batch_over_16_inputs() -> None:
     # the same answers as one at a time
     assert [st["answer"] for st in states[:3]] == [text_qa.run(question=q, temperature=0)["answer"]
                                                    for q in questions[:3]]
+
+
+# 6. tool use: gen with choices, then the choice's logprobs from meta_info ---------------------------------------
+
+@sgl.function
+def tool_use(s, question):
+    s += "To answer this question: " + question + ". "
+    s += "I need to use a " + sgl.gen("tool", choices=["calculator", "search engine"]) + ". "
+    if s["tool"] == "calculator":
+        s += "The math expression is" + sgl.gen("expression", max_tokens=8)
+    elif s["tool"] == "search engine":
+        s += "The key word to search is" + sgl.gen("word", max_tokens=8)
+
+
+def test_tool_use_reads_the_choices_logprobs() -> None:
+    state = tool_use.run(question="What is 39 + 3?", temperature=0)
+    meta = state.get_meta_info("tool")
+    assert len(meta["input_token_logprobs"]) == 2 and len(meta["normalized_prompt_logprobs"]) == 2
+    assert len(meta["output_token_logprobs"]) == 2
+    assert ("expression" in state) == (state["tool"] == "calculator")
+
+
+# 7. asyncio streaming of one variable ------------------------------------------------------------------------------
+
+async def test_async_stream_of_one_answer() -> None:
+    state = multi_turn_question.run(question_1="What is the capital of France?",
+                                    question_2="List two local attractions.", stream=True, temperature=0)
+    pieces = [out async for out in state.text_async_iter(var_name="answer_2")]
+    assert "".join(pieces) == state["answer_2"] and len(pieces) > 1

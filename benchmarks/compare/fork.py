@@ -98,6 +98,9 @@ class RecordingBackend(Backend):
     def cache_stats(self) -> dict[str, Any]:
         return self.inner.cache_stats()
 
+    def get_server_info(self) -> dict[str, Any]:
+        return self.inner.get_server_info()
+
     def flush_cache(self) -> bool:
         return self.inner.flush_cache()
 

@@ -6,28 +6,14 @@ Every request has a timeout, and any failure (unreachable, timeout, HTTP error s
 """
 from __future__ import annotations
 
-import json
-import socket
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 from frontend_dsl.backends.base import Backend
+from frontend_dsl.backends.http import HttpClient
 from frontend_dsl.errors import BackendError
 
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
-
-
-def _error_message(body: bytes) -> str:
-    """The message of an OpenAI-style error body, else the body's text."""
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace")[:500]
-    if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
-        return str(obj["error"].get("message", obj["error"]))
-    return str(obj)[:500]
 
 
 class RuntimeEndpoint(Backend):
@@ -35,91 +21,37 @@ class RuntimeEndpoint(Backend):
         """Connect to a radixserve server (checked now: an unreachable server raises BackendError here).
         timeout_s bounds every request (for a stream: the wait for each next chunk)."""
         super().__init__()
-        self.base_url = base_url.rstrip("/")
-        self.api_key = api_key
-        self.timeout_s = timeout_s
-        self.model_info = self._json("GET", "/get_model_info")
+        self.http = HttpClient(base_url, api_key, timeout_s)
+        self.base_url = self.http.base_url
+        self.model_info = self.http.json("GET", "/get_model_info")
         self._renderer: Any = None
-
-    # ---- HTTP ---------------------------------------------------------------------------------------------------
-
-    def _open(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        url = self.base_url + path
-        headers = {"Accept": "application/json, text/event-stream"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(url, data=data, method=method, headers=headers)
-        try:
-            return urllib.request.urlopen(req, timeout=self.timeout_s)
-        except urllib.error.HTTPError as e:
-            raise BackendError(f"{method} {url} failed with HTTP {e.code}: {_error_message(e.read())}",
-                               status=e.code) from None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, (TimeoutError, socket.timeout)):
-                raise BackendError(f"{method} {url}: no answer within {self.timeout_s} s") from None
-            raise BackendError(f"cannot reach the radixserve server at {self.base_url}: {e.reason}") from None
-        except (TimeoutError, socket.timeout):
-            raise BackendError(f"{method} {url}: no answer within {self.timeout_s} s") from None
-        except OSError as e:
-            raise BackendError(f"{method} {url} failed: {e}") from None
-
-    def _read(self, method: str, path: str, body: dict[str, Any] | None = None) -> bytes:
-        with self._open(method, path, body) as resp:
-            try:
-                return resp.read()
-            except (TimeoutError, socket.timeout):
-                raise BackendError(f"{method} {self.base_url + path}: answer not complete within "
-                                   f"{self.timeout_s} s") from None
-
-    def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        raw = self._read(method, path, body)
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise BackendError(f"{method} {self.base_url + path} answered non-JSON: {raw[:200]!r}") from None
 
     # ---- Backend ------------------------------------------------------------------------------------------------
 
     def generate(self, *, text: str | None = None, input_ids: list[list[int]] | None = None,
                  sampling_params: dict[str, Any] | None = None, return_logprob: bool = False,
-                 logprob_start_len: int = -1, top_logprobs_num: int = 0) -> dict[str, Any] | list[dict[str, Any]]:
+                 logprob_start_len: int = -1, top_logprobs_num: int = 0,
+                 return_text_in_logprobs: bool = False) -> dict[str, Any] | list[dict[str, Any]]:
         body: dict[str, Any] = {"sampling_params": sampling_params or {}, "return_logprob": return_logprob,
-                                "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num}
+                                "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num,
+                                "return_text_in_logprobs": return_text_in_logprobs}
         body |= {"text": text} if text is not None else {"input_ids": input_ids}
-        return self._json("POST", "/generate", body)
+        return self.http.json("POST", "/generate", body)
 
     def generate_stream(self, text: str, sampling_params: dict[str, Any], return_logprob: bool = False,
-                        logprob_start_len: int = -1, top_logprobs_num: int = 0) -> Iterator[dict[str, Any]]:
+                        logprob_start_len: int = -1, top_logprobs_num: int = 0,
+                        return_text_in_logprobs: bool = False) -> Iterator[dict[str, Any]]:
         body = {"text": text, "sampling_params": sampling_params, "stream": True, "return_logprob": return_logprob,
-                "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num}
-        url = self.base_url + "/generate"
-        with self._open("POST", "/generate", body) as resp:  # leaving early closes the connection: the server aborts
-            while True:
-                try:
-                    line = resp.readline()
-                except (TimeoutError, socket.timeout):
-                    raise BackendError(f"POST {url}: no stream chunk within {self.timeout_s} s") from None
-                if not line:
-                    raise BackendError(f"POST {url}: the stream ended before the request finished")
-                line = line.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[len(b"data:"):].strip()
-                if payload == b"[DONE]":
-                    return
-                chunk = json.loads(payload)
-                if "error" in chunk:
-                    raise BackendError(f"POST {url} failed mid-stream: {_error_message(payload)}")
-                yield chunk
-                if chunk["meta_info"].get("finish_reason") is not None:
-                    return
+                "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num,
+                "return_text_in_logprobs": return_text_in_logprobs}
+        for chunk in self.http.events("POST", "/generate", body):
+            yield chunk
+            if chunk["meta_info"].get("finish_reason") is not None:
+                return
+        raise BackendError(f"POST {self.base_url}/generate: the stream ended without a finish_reason")
 
     def tokenize(self, text: str) -> list[int]:
-        return self._json("POST", "/tokenize", {"prompt": text})["tokens"]
+        return self.http.json("POST", "/tokenize", {"prompt": text})["tokens"]
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         if self._renderer is None:
@@ -146,7 +78,7 @@ class RuntimeEndpoint(Backend):
         """The server's unlabeled radixserve_* Prometheus samples, named as in Engine.metrics() (counters end in _total)."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        text = self._read("GET", "/metrics").decode()
+        text = self.http.read("GET", "/metrics").decode()
         out: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -159,9 +91,12 @@ class RuntimeEndpoint(Backend):
         hit, prompt = int(m.get("cached_tokens_total", 0)), int(m.get("prompt_tokens_total", 0))
         return {"hit_tokens": hit, "prompt_tokens": prompt, "hit_rate": hit / prompt if prompt else 0.0}
 
+    def get_server_info(self) -> dict[str, Any]:
+        return dict(self.model_info)
+
     def flush_cache(self) -> bool:
         try:
-            self._read("POST", "/flush_cache")
+            self.http.read("POST", "/flush_cache")
         except BackendError as e:
             if e.status is not None and 400 <= e.status < 500:  # refused while requests are running
                 return False
