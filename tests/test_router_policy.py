@@ -78,18 +78,22 @@ def test_remove_worker_forgets_only_that_worker() -> None:
     assert t.size(A) == 0 and t.size(B) == len("shared prefix two")
 
 
+def key(path: str, body: dict, authorization: str | None = None) -> str:
+    return routing_key(path, body, authorization)[0]
+
+
 def test_chat_keys_grow_with_the_conversation_and_keep_namespaces_apart() -> None:
     turn1 = {"messages": [{"role": "system", "content": "be terse"}, {"role": "user", "content": "hi"}]}
     turn2 = {"messages": turn1["messages"] + [{"role": "assistant", "content": "hello"},
                                               {"role": "user", "content": "more"}]}
-    k1, k2 = routing_key("/v1/chat/completions", turn1), routing_key("/v1/chat/completions", turn2)
+    k1, k2 = key("/v1/chat/completions", turn1), key("/v1/chat/completions", turn2)
     assert k2.startswith(k1) and len(k2) > len(k1)
-    salted = routing_key("/v1/chat/completions", {**turn1, "cache_salt": "s"})
-    keyed = routing_key("/v1/chat/completions", turn1, authorization="Bearer k")
+    salted = key("/v1/chat/completions", {**turn1, "cache_salt": "s"})
+    keyed = key("/v1/chat/completions", turn1, authorization="Bearer k")
     assert not salted.startswith(k1[:-1]) and not keyed.startswith(k1) and salted != keyed
     # token ids: "1 2" is not a prefix of "1 23"
-    assert not routing_key("/generate", {"input_ids": [1, 23]}).startswith(routing_key("/generate", {"input_ids": [1, 2]}))
-    assert routing_key("/v1/completions", {"prompt": ["first", "second"]}).endswith("first")
+    assert not key("/generate", {"input_ids": [1, 23]}).startswith(key("/generate", {"input_ids": [1, 2]}))
+    assert key("/v1/completions", {"prompt": ["first", "second"]}).endswith("first")
 
 
 def workers(*loads: int) -> list[Worker]:
@@ -157,6 +161,21 @@ def test_relative_threshold_keeps_affinity_under_high_even_load() -> None:
     other = ws[1] if home is ws[0] else ws[0]
     home.load, other.load = 100, 90  # 10 apart (> 4) but 100 < 1.5 * 90: not overloaded
     assert p.choose("prefix prefix prefix and more", ws) == (home, "cache_hit")
+
+
+def test_namespace_does_not_count_toward_the_match_rate() -> None:
+    p = CacheAware(CacheAwareConfig(cache_threshold=0.3))
+    ws = workers(0, 0)
+    system = {"role": "system", "content": "short"}
+    first = {"messages": [system, {"role": "user", "content": "a first question of some length"}]}
+    second = {"messages": [system, {"role": "user", "content": "what differs here, in a question long enough to tell"}]}
+    auth = "Bearer a-long-api-key-shared-by-every-request"
+    k1, start = routing_key("/v1/chat/completions", first, auth)
+    assert p.choose(k1, ws, start)[0] is ws[0]
+    k2, start = routing_key("/v1/chat/completions", second, auth)
+    shared = len("system") + len("short") + len("user") + 3  # the system message, and the role of the next
+    assert shared / (len(k2) - start) < 0.3 < (start + shared) / len(k2)  # the case: the namespace would tip it
+    assert p.choose(k2, ws, start) == (ws[1], "smallest_tree")
 
 
 def test_forget_drops_affinity() -> None:

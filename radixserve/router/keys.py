@@ -44,16 +44,22 @@ def _prompt(prompt: Any) -> str:
     return ""
 
 
-def routing_key(path: str, body: dict[str, Any], authorization: str | None = None) -> str:
-    ns = namespace(authorization, body)
+def prompt_text(path: str, body: dict[str, Any]) -> str:
     if path == "/v1/chat/completions":
         messages = body.get("messages")
         if not isinstance(messages, list):
-            return ns
-        return ns + "".join(f"{m.get('role', '')}{ROLE}{_content(m.get('content'))}{SEP}"
-                            for m in messages if isinstance(m, dict))
+            return ""
+        return "".join(f"{m.get('role', '')}{ROLE}{_content(m.get('content'))}{SEP}"
+                       for m in messages if isinstance(m, dict))
     if path == "/v1/completions":
-        return ns + _prompt(body.get("prompt"))
+        return _prompt(body.get("prompt"))
     if path == "/generate":
-        return ns + _prompt(body.get("text") if body.get("text") is not None else body.get("input_ids"))
-    return ns
+        return _prompt(body.get("text") if body.get("text") is not None else body.get("input_ids"))
+    return ""
+
+
+def routing_key(path: str, body: dict[str, Any], authorization: str | None = None) -> tuple[str, int]:
+    """The key, and the length of its namespace prefix (not prompt text: match rates leave it out, or every request
+    of one API key would look half cached on whichever worker saw that key first)."""
+    ns = namespace(authorization, body)
+    return ns + prompt_text(path, body), len(ns)

@@ -44,7 +44,8 @@ class CacheAwareConfig:
 class Policy:
     name = ""
 
-    def choose(self, key: str, workers: list[Worker]) -> tuple[Worker, str]:
+    def choose(self, key: str, workers: list[Worker], start: int = 0) -> tuple[Worker, str]:
+        """key[:start] is the namespace, which must match but does not count toward the match rate."""
         raise NotImplementedError
 
     def forget(self, url: str) -> None:
@@ -57,7 +58,7 @@ class RoundRobin(Policy):
     def __init__(self) -> None:
         self.counter = itertools.count()
 
-    def choose(self, key: str, workers: list[Worker]) -> tuple[Worker, str]:
+    def choose(self, key: str, workers: list[Worker], start: int = 0) -> tuple[Worker, str]:
         return workers[next(self.counter) % len(workers)], "round_robin"
 
 
@@ -68,7 +69,7 @@ def least_loaded(workers: list[Worker]) -> Worker:
 class LeastLoad(Policy):
     name = "least_load"
 
-    def choose(self, key: str, workers: list[Worker]) -> tuple[Worker, str]:
+    def choose(self, key: str, workers: list[Worker], start: int = 0) -> tuple[Worker, str]:
         return least_loaded(workers), "least_load"
 
 
@@ -84,16 +85,17 @@ class CacheAware(Policy):
         c = self.config
         return worker.load - min_load > c.balance_abs_threshold and worker.load > c.balance_rel_threshold * min_load
 
-    def choose(self, key: str, workers: list[Worker]) -> tuple[Worker, str]:
+    def choose(self, key: str, workers: list[Worker], start: int = 0) -> tuple[Worker, str]:
         with self.lock:
-            return self._choose(key, workers)
+            return self._choose(key, workers, start)
 
-    def _choose(self, key: str, workers: list[Worker]) -> tuple[Worker, str]:
+    def _choose(self, key: str, workers: list[Worker], start: int) -> tuple[Worker, str]:
         min_load = min(w.load for w in workers)
         by_url = {w.url: w for w in workers}
         matched = {u: n for u, n in self.tree.match(key).items() if u in by_url}
         best = max(matched, key=lambda u: (matched[u], -by_url[u].load), default=None)
-        if best is not None and key and matched[best] / len(key) > self.config.cache_threshold:
+        rate = (matched[best] - start) / (len(key) - start) if best is not None and len(key) > start else 0.0
+        if rate > self.config.cache_threshold:
             chosen, why = by_url[best], "cache_hit"
             if self.overloaded(chosen, min_load):
                 chosen, why = least_loaded(workers), "imbalanced"

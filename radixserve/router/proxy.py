@@ -45,7 +45,7 @@ async def forward_generation(router: Router, request: Request) -> Response:
     if not isinstance(data, dict):
         return error(400, "the request body must be a JSON object", "invalid_request_error")
     path = request.url.path
-    key = routing_key(path, data, request.headers.get("authorization"))
+    key, start = routing_key(path, data, request.headers.get("authorization"))
     headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
     tried: set[str] = set()
     last = "no healthy worker"
@@ -53,7 +53,7 @@ async def forward_generation(router: Router, request: Request) -> Response:
         workers = router.pool.healthy(exclude=tried)
         if not workers:
             break
-        worker, why = router.policy.choose(key, workers)
+        worker, why = router.policy.choose(key, workers, start)
         tried.add(worker.url)
         router.decisions[worker.url, why] += 1
         if attempt:
