@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -266,3 +270,38 @@ def test_metrics_are_summed_over_workers(fakes, make_router) -> None:
     routed = [s for s in samples if s.name == "radixserve_router_requests_total"]
     assert sum(s.value for s in routed) == 1 and routed[0].labels["reason"] == "smallest_tree"
     assert http.get("/v1/models").json()["data"][0]["id"] in ("a", "b")
+
+
+def test_route_command_in_its_own_process(fakes) -> None:
+    """`radixserve route` as deployed: a separate process in front of workers given by URL (the multi-machine
+    layout, with every host on 127.0.0.1)."""
+    fs, urls = fakes
+    port = int(dead_url().rsplit(":", 1)[1])
+    proc = subprocess.Popen([sys.executable, "-m", "radixserve.cli", "route", "--port", str(port),
+                             "--worker", urls[0], "--worker", urls[1].removeprefix("http://"), "--health-interval", "0.2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the router did not come up"
+            time.sleep(0.1)
+        homes = {httpx.post(base + "/v1/chat/completions", json=chat(f"{word} " * 20),
+                            timeout=30).headers[WORKER_HEADER] for word in ("alpha", "omega")}
+        assert homes == set(urls[:2])
+        fs[0].healthy = False  # the router's own health thread notices (every 0.2 s, two failures)
+        deadline = time.monotonic() + 30
+        while any(w["healthy"] for w in httpx.get(base + "/workers").json()["workers"] if w["url"] == urls[0]):
+            assert time.monotonic() < deadline, "the health checks did not take the worker out"
+            time.sleep(0.1)
+        assert httpx.post(base + "/v1/chat/completions", json=chat("alpha " * 20, "a", "b"),
+                          timeout=30).headers[WORKER_HEADER] == urls[1]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0

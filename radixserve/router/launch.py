@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 
 from radixserve.router.policy import POLICIES, CacheAwareConfig
 from radixserve.router.state import RouterConfig
@@ -36,6 +37,16 @@ def run_router(args: argparse.Namespace) -> None:
 
     from radixserve.router.app import build_router_app
 
+    class Server(uvicorn.Server):
+        """SIGTERM: finish the streams in flight (up to the grace period), then exit 0. Stock uvicorn re-raises the
+        signal once shut down, so the process would die by it and a supervisor would see a failure."""
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            if sig != signal.SIGTERM:
+                return super().handle_exit(sig, frame)  # type: ignore[arg-type]
+            self.force_exit = self.should_exit  # a second SIGTERM: stop waiting
+            self.should_exit = True
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cache = CacheAwareConfig(args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold,
                              args.max_tree_chars, args.eviction_interval)
@@ -45,6 +56,8 @@ def run_router(args: argparse.Namespace) -> None:
     app = build_router_app(args.worker, args.policy, cache, config, admin_key=args.admin_key)
     try:
         # Many idle keep-alive connections are normal for a front: keep them a while.
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="off", timeout_keep_alive=30)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off",
+                                timeout_keep_alive=30, timeout_graceful_shutdown=30)
+        Server(config).run()
     finally:
         app.state.close()
