@@ -1,8 +1,10 @@
 """The router on one machine: prompt cache hit rate of a multi-turn workload through 2 replicas + router, per policy,
 beside one replica alone; and the latency the router adds per request.
 
-Hit rate: C conversations (default 16) x T turns sharing one system prompt (benchmarks.http_load's workload: each
-answer is written back into its conversation), run against (1) one replica directly, (2) the router over two
+Hit rate: C conversations (default 16) x T turns (default 4), all sharing one system prompt; each opens with its own
+document (D words, default 150) and a question, and each answer is written back into its conversation before the
+next question (as chat clients do), so most of a later turn's prompt is cached only where its earlier turns ran.
+Run against (1) one replica directly, (2) the router over two
 replicas with each policy. Every replica is its own server process with one torch thread; the router is its own
 process; caches are flushed and the router restarted (empty tree) between runs. Hit rate = cached / prompt tokens,
 summed from the usage of every answer. Also reported: how the requests split over the two replicas.
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
+import random
 import signal
 import subprocess
 import sys
@@ -29,8 +33,11 @@ from pathlib import Path
 import httpx
 
 from benchmarks.http_load import (
-    QUESTIONS, REPO, SYSTEM, free_port, pct, resolve_model_arg, run_http, start_server, warm_up_server,
+    QUESTIONS, REPO, SYSTEM, Report, Turn, free_port, pct, resolve_model_arg, start_server, warm_up_server,
 )
+
+WORDS = ("cache page token prefix tree worker router replica batch decode prefill kernel tensor stream queue "
+         "latency memory block hash model layer head vector scale").split()
 
 STUB = """
 from starlette.applications import Starlette
@@ -88,10 +95,56 @@ def flush(urls: list[str]) -> None:
         httpx.post(u + "/flush_cache", timeout=60).raise_for_status()
 
 
+def document(conv: int, words: int) -> str:
+    """Conversation conv's own text (deterministic): what its later turns can only find in its own worker's cache."""
+    rng = random.Random(conv)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+async def conversation(client: httpx.AsyncClient, conv: int, args: argparse.Namespace, out: list[Turn]) -> None:
+    """T turns, streamed; each answer goes back into the conversation as clients do."""
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Read this document ({conv}): {document(conv, args.doc_words)}\n"
+                                            + QUESTIONS[conv % len(QUESTIONS)]}]
+    for turn in range(args.turns):
+        body = {"messages": messages, "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}
+        t0 = time.perf_counter()
+        ttft, answer, usage = None, [], None
+        async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices", []):
+                    if choice["delta"].get("content"):
+                        ttft = ttft if ttft is not None else time.perf_counter() - t0
+                        answer.append(choice["delta"]["content"])
+        e2e = time.perf_counter() - t0
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        out.append(Turn(ttft if ttft is not None else e2e, e2e, usage["completion_tokens"], usage["prompt_tokens"],
+                        cached))
+        messages = messages + [{"role": "assistant", "content": "".join(answer)},
+                               {"role": "user", "content": QUESTIONS[(conv + turn + 1) % len(QUESTIONS)]}]
+
+
+async def run_workload(url: str, args: argparse.Namespace) -> Report:
+    limits = httpx.Limits(max_connections=args.conversations + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
+        report = Report(0.0)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(conversation(client, c, args, report.turns) for c in range(args.conversations)))
+        report.wall = time.perf_counter() - t0
+        return report
+
+
 def hit_rate_runs(replicas: list[str], args: argparse.Namespace) -> list[tuple[str, dict, str]]:
     rows = []
     flush(replicas)
-    one = asyncio.run(run_http(replicas[0], args.conversations, args.turns, args.max_tokens, None)).row()
+    one = asyncio.run(run_workload(replicas[0], args)).row()
     rows.append(("1 replica, direct", one, "-"))
     runs = [("cache_aware", []), ("cache_aware", ["--balance-abs-threshold", "4"]), ("round_robin", []),
             ("least_load", [])]
@@ -99,7 +152,7 @@ def hit_rate_runs(replicas: list[str], args: argparse.Namespace) -> list[tuple[s
         flush(replicas)
         proc, url = start_router(replicas, policy, extra)
         try:
-            row = asyncio.run(run_http(url, args.conversations, args.turns, args.max_tokens, None)).row()
+            row = asyncio.run(run_workload(url, args)).row()
             split = "/".join(str(w["requests"]) for w in httpx.get(url + "/workers").json()["workers"])
         finally:
             stop(proc)
@@ -158,6 +211,7 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=16)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--doc-words", type=int, default=150, help="words of each conversation's own document (0: none)")
     ap.add_argument("--overhead-requests", type=int, default=1000)
     ap.add_argument("--skip-hit-rate", action="store_true")
     args = ap.parse_args()
@@ -186,7 +240,7 @@ def main() -> None:
                 stop(p)
     single = rows[0][1]["hit_rate"]
     print(f"workload: {args.conversations} conversations x {args.turns} turns, {args.max_tokens} tokens per answer, "
-          f"model {args.model}, page size {args.page_size}")
+          f"a {args.doc_words}-word document per conversation, model {args.model}, page size {args.page_size}")
     print("| setup | hit rate | vs 1 replica | requests per replica | TTFT p50 ms | TTFT p99 ms | wall s |")
     print("|---|---|---|---|---|---|---|")
     for name, row, split in rows:
