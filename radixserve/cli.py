@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(gen, temperature=0.0)
     gen.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
     gen.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
+
+    from radixserve.router.launch import add_route_args  # no torch: `route` stays light
+    add_route_args(sub.add_parser("route", help="route requests across several radixserve servers (cache-aware)"))
     return parser
 
 
@@ -250,7 +253,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"serve": cmd_serve, "chat": cmd_chat, "generate": cmd_generate}
+def cmd_route(args: argparse.Namespace) -> int:
+    from radixserve.router.launch import run_router
+
+    run_router(args)
+    return 0
+
+
+COMMANDS = {"serve": cmd_serve, "chat": cmd_chat, "generate": cmd_generate, "route": cmd_route}
 
 
 def main(argv: list[str] | None = None) -> int:
