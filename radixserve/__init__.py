@@ -1,5 +1,6 @@
 """radixserve: an LLM serving engine built around a radix tree of token-hashed KV pages."""
 import os
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 # OpenMP threads that spin at every barrier lose their core to any other runnable thread (the engine's own Python
@@ -10,7 +11,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if TYPE_CHECKING:
     from radixserve.engine import Engine
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "__version__"]
+
+try:
+    __version__ = version("radixserve")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0.0.0+source"
 
 
 def __getattr__(name: str) -> Any:

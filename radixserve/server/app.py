@@ -8,7 +8,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from radixserve.server import native_api, openai_api
@@ -16,6 +16,7 @@ from radixserve.server.auth import ApiKeyAuth
 from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
 from radixserve.server.metrics import RequestCounter, ServerMetrics
+from radixserve.server.openapi import openapi_document
 from radixserve.server.serving import ClientGone, ServerState
 from radixserve.server.timeouts import BodyTimeout, BodyTimeoutMiddleware, body_timeout_handler
 
@@ -25,6 +26,13 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
     return Response(status_code=499)  # nobody reads it: the client left and its request was aborted
+
+
+async def _openapi(request: Request) -> Response:
+    from radixserve import __version__
+
+    doc = openapi_document(f"radixserve: {request.app.state.server.model_name}", __version__)
+    return JSONResponse(doc)
 
 
 def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int | None = None,
@@ -63,6 +71,7 @@ def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int 
         Route("/get_model_info", native_api.get_model_info, methods=["GET"]),
         Route("/health", native_api.health, methods=["GET"]),
         Route("/metrics", native_api.metrics, methods=["GET"]),
+        Route("/openapi.json", _openapi, methods=["GET"]),
     ]
     middleware = [Middleware(BodyTimeoutMiddleware, seconds=body_timeout_s), Middleware(RequestCounter, metrics=metrics)]
     if api_key:
