@@ -218,15 +218,13 @@ class Engine:
 
     def _process_oldest(self) -> None:
         """Wait for the oldest launched step and process it. If running it failed, every launched step fails with it
-        (a later one may read its sampled ids): their requests finish with an error and free what they held."""
+        (a later one may read its sampled ids); see Scheduler.fail_batches for what happens to their requests."""
         batch, fut = self._live[0]
         try:
             out = (self.runner.execute(batch) if fut is None else fut.result()).wait()
         except Exception as exc:
-            for b, f in self._live:
-                if f is not None:
-                    futures.wait([f])
-                self.scheduler.fail_batch(b, exc)
+            futures.wait([f for _, f in self._live if f is not None])
+            self.scheduler.fail_batches([b for b, _ in self._live], exc)
             self._live.clear()
             raise
         self._live.pop(0)

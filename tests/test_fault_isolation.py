@@ -176,10 +176,33 @@ def test_a_failing_step_fails_its_batch_and_the_engine_goes_on(engine: Any, refe
     monkeypatch.setattr(engine.runner, "forward", once)
     with pytest.raises(RequestFailedError):
         engine.generate(input_ids=PROMPT, sampling_params=GREEDY)
-    monkeypatch.undo()
     wait_idle(engine)
     engine.check_invariants()
     serves_as_before(engine, reference)  # no half-written page was cached: the same tokens as before
+
+    # Two requests in the failing step: the newer one fails, the older one runs again and gets its own tokens.
+    import asyncio
+
+    other = [9, 10, 11, 12, 13]
+    alone = engine.generate(input_ids=other, sampling_params=GREEDY)["output_ids"]
+    calls["n"] = 0
+
+    async def together() -> list[Any]:
+        first = asyncio.ensure_future(engine.async_generate(input_ids=other, sampling_params=GREEDY))
+        second = asyncio.ensure_future(engine.async_generate(input_ids=PROMPT, sampling_params=GREEDY))
+        return await asyncio.gather(first, second, return_exceptions=True)
+
+    engine.flush_cache()
+    first, second = asyncio.run(together())
+    if isinstance(first, RequestFailedError):  # both were alone in their steps: the first step held only it
+        assert calls["n"] >= 1
+    else:
+        assert first["output_ids"] == alone
+    assert isinstance(second, RequestFailedError) or second["output_ids"] == reference
+    assert isinstance(first, RequestFailedError) != isinstance(second, RequestFailedError)
+    monkeypatch.undo()
+    wait_idle(engine)
+    engine.check_invariants()
 
 
 def test_a_fault_in_every_step_stops_the_engine_cleanly(tiny_model_dir: Path) -> None:

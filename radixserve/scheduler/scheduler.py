@@ -419,19 +419,28 @@ class Scheduler:
                 self._release(req)
         req.emit(RequestFailedError(req.rid))
 
-    def fail_batch(self, batch: ScheduledBatch, exc: BaseException) -> None:
-        """A step failed with no request to blame: undo its effect on each of its requests, then fail them."""
-        for req, n, srow in zip(batch.reqs, batch.chunks, batch.sample_rows):
-            req.steps_in_flight -= 1
-            req.kv_inflight -= n
-            req.kv_len -= n  # its KV was never (validly) written: nothing of it may be cached
-            if srow is not None:
-                req.inflight_tokens -= 1
-        for req in batch.reqs:
+    def fail_batches(self, batches: list[ScheduledBatch], exc: BaseException) -> None:
+        """Steps failed with no request to blame: undo their effect on their requests, fail the newest request
+        (the likeliest culprit: the others ran before it came), and send the rest back to the queue to run again
+        (their outputs so far are kept; their KV of the failed steps was never cached)."""
+        reqs: dict[int, Req] = {}
+        for batch in batches:
+            for req, n, srow in zip(batch.reqs, batch.chunks, batch.sample_rows):
+                req.steps_in_flight -= 1
+                req.kv_inflight -= n
+                req.kv_len -= n
+                if srow is not None:
+                    req.inflight_tokens -= 1
+                reqs[id(req)] = req
+        live = [r for r in reqs.values() if not r.finished]
+        for req in reqs.values():
             if req in self.finishing:
                 self._settle(req)
-            elif not req.finished:
-                self.fail(req, exc)
+        if live:
+            self.fail(max(live, key=lambda r: r.created), exc)
+        for req in live:
+            if not req.finished and req in self.running:
+                self._retract(req)
 
     def _check_stop(self, req: Req, tok: int) -> None:
         p = req.params
