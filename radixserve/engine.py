@@ -581,6 +581,8 @@ class Engine:
                 "generation_tokens_total": s.generation_tokens,
                 "cached_tokens_total": s.hit_tokens,
                 "computed_prefill_tokens_total": s.computed_prefill_tokens,
+                "failed_requests_total": s.failed,
+                "failed_steps_total": s.failed_steps,
             }
 
         return self._call(snapshot)

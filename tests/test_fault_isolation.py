@@ -305,6 +305,9 @@ def test_internal_errors_answer_500_naming_the_request(http: httpx.Client, engin
     err = r.json()["error"]
     assert "req-42" in err["message"] and "secret" not in r.text
     assert http.get("/health").status_code == 200
+    metrics = http.get("/metrics").text
+    failed = [line for line in metrics.splitlines() if line.startswith("radixserve_failed_requests_total ")]
+    assert failed and float(failed[0].split()[1]) >= 1
 
 
 def test_slow_headers_and_stalled_bodies_are_cut_off(engine: Any) -> None:

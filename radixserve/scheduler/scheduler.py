@@ -60,6 +60,7 @@ class SchedulerStats:
     retractions: int = 0
     finished: int = 0
     failed: int = 0  # requests finished by an internal error (see Scheduler.fail)
+    failed_steps: int = 0  # steps that failed as a whole (see Scheduler.fail_batches)
     steps: int = 0
 
 
@@ -423,6 +424,7 @@ class Scheduler:
         """Steps failed with no request to blame: undo their effect on their requests, fail the newest request
         (the likeliest culprit: the others ran before it came), and send the rest back to the queue to run again
         (their outputs so far are kept; their KV of the failed steps was never cached)."""
+        self.stats.failed_steps += 1
         reqs: dict[int, Req] = {}
         for batch in batches:
             for req, n, srow in zip(batch.reqs, batch.chunks, batch.sample_rows):

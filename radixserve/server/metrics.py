@@ -25,6 +25,8 @@ ENGINE_COUNTERS = {  # engine.metrics() key (ending in _total) -> help
     "generation_tokens_total": "tokens generated",
     "cached_tokens_total": "prompt tokens served from the radix cache",
     "computed_prefill_tokens_total": "prompt tokens computed by prefill",
+    "failed_requests_total": "requests ended by an internal error (each alone; the others went on)",
+    "failed_steps_total": "model steps that failed (their newest request failed, the others ran again)",
 }
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
