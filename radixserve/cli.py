@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Coroutine, TypeVar
 
+from radixserve import __version__
 from radixserve.model.resolve import resolve_model
+from radixserve.summary import startup_summary
 
 T = TypeVar("T")
 EXIT_USAGE = 2
@@ -22,22 +24,31 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="Hugging Face folder or .gguf file (default: Qwen2.5-Coder-0.5B-Instruct)")
     p.add_argument("--cache-dir", default=None, help="where the default model and converted GGUFs live "
                    "(default: $RADIXSERVE_CACHE or ~/.cache/radixserve)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights and KV cache dtype; 'auto' is bfloat16 (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="'cpu', 'cuda' or 'cuda:N' (default: %(default)s)")
+    p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (default: from free memory)")
     p.add_argument("--context-length", type=int, default=None, help="cap the context below the model's own")
     p.add_argument("--attention-backend", default=None, choices=["torch", "triton", "flashinfer"],
                    help="default: flashinfer on CUDA, torch elsewhere")
     p.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule step N+1 while step N runs (default: on for CUDA, off on CPU)")
-    p.add_argument("--chunked-prefill-size", type=int, default=512, help="max prompt tokens computed per step")
+    p.add_argument("--chunked-prefill-size", type=int, default=512,
+                   help="max prompt tokens computed per step (default: %(default)s)")
     p.add_argument("--prefill-merge-tokens", type=_merge_tokens, default="auto",
                    help="a prefill chunk longer than this runs in a step with no other prefill "
                         "('auto': 32 on CPU, no limit on CUDA; 'none': no limit)")
-    p.add_argument("--schedule-policy", default="lpm", choices=["lpm", "fcfs"])
-    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument("--schedule-policy", default="lpm", choices=["lpm", "fcfs"],
+                   help="queue order: 'lpm' admits the longest cached prefix first, 'fcfs' arrival order "
+                        "(default: %(default)s)")
+    p.add_argument("--max-running-requests", type=int, default=64,
+                   help="requests decoding at once; more wait in the queue (default: %(default)s)")
     p.add_argument("--disable-radix-cache", action="store_true", help="compute every prompt from scratch")
+    p.add_argument("--sampling-defaults", default="model", choices=["model", "none"],
+                   help="'model': requests that leave temperature, top_p, top_k, min_p or repetition_penalty unset "
+                        "get the model publisher's values (generation_config.json, or a table for known GGUFs); "
+                        "'none': the API defaults (temperature 1, no truncation). Default: %(default)s")
 
 
 def _merge_tokens(value: str) -> int | str | None:
@@ -46,22 +57,24 @@ def _merge_tokens(value: str) -> int | str | None:
     return int(value)
 
 
-def _add_sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--temperature", type=float, default=temperature, help=f"0 is greedy (default {temperature})")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--seed", type=int, default=None)
+def _add_sampling_args(p: argparse.ArgumentParser, temperature: float | None) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=512, help="most tokens in an answer (default: %(default)s)")
+    what = "the model's recommended value (see --sampling-defaults), else 1" if temperature is None else temperature
+    p.add_argument("--temperature", type=float, default=temperature, help=f"0 is greedy (default: {what})")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1] (default: the model's)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k best tokens, -1 off (default: the model's)")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling (default: random)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixserve", description="An LLM serving engine with a radix prefix cache.")
+    parser.add_argument("--version", action="version", version=f"radixserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     _add_engine_args(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=30000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=30000, help="port to listen on (default: %(default)s)")
     serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every request")
     serve.add_argument("--max-queued-requests", type=int, default=None, help="answer 429 beyond this many waiting")
     serve.add_argument("--served-model-name", default=None, help="the model id the API reports (default: folder name)")
@@ -76,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="chat with the model in the terminal")
     _add_engine_args(chat)
-    _add_sampling_args(chat, temperature=0.7)
+    _add_sampling_args(chat, temperature=None)
     chat.add_argument("--system", default=None, help="system prompt")
 
     gen = sub.add_parser("generate", help="print one completion of PROMPT")
@@ -106,11 +119,14 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "max_running_requests": args.max_running_requests,
         "enable_radix_cache": not args.disable_radix_cache,
         "overlap_schedule": args.overlap_schedule,
+        "sampling_defaults": args.sampling_defaults,
     }
 
 
 def sampling_params(args: argparse.Namespace) -> dict[str, Any]:
-    params = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    params = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+              "top_k": args.top_k}
+    params = {k: v for k, v in params.items() if v is not None}  # unset: the model's defaults apply
     if args.seed is not None:
         params["seed"] = args.seed
     return params
@@ -219,15 +235,19 @@ def cmd_chat(args: argparse.Namespace) -> int:
     runner = _LoopRunner()
     messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
     params = sampling_params(args)
-    print(f"radixserve chat with {engine.model_info()['model_name']}. Ctrl-D or 'exit' quits; Ctrl-C stops an answer.",
+    print(f"radixserve {__version__}\n{startup_summary(engine)}", file=sys.stderr)
+    print(f"ready: chat with {engine.model_info()['model_name']}. Ctrl-D or 'exit' quits; Ctrl-C stops an answer.",
           file=sys.stderr)
     try:
         while True:
             try:
                 line = input(">>> ")
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 print()
                 break
+            except KeyboardInterrupt:  # at the prompt there is no answer to stop: say how to quit instead
+                print("\n(Ctrl-D or 'exit' quits)", file=sys.stderr)
+                continue
             if not line.strip():
                 continue
             if line.strip() in ("exit", "quit", "/exit", "/quit"):

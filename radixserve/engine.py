@@ -20,6 +20,7 @@ import torch
 from radixserve.detokenizer import IncrementalDetokenizer
 from radixserve.errors import EngineDeadError, ParamError, QueueFullError
 from radixserve.model.resolve import resolve_model
+from radixserve.model.sampling_defaults import load_sampling_defaults
 from radixserve.model.runner import ModelRunner, PendingOutput, bind_device, default_attention_backend
 from radixserve.request import Req
 from radixserve.sampling.sampler import SamplingInfo, make_generator
@@ -91,6 +92,7 @@ class Engine:
         init_new_token_ratio: float = 0.7,
         overlap_schedule: bool | None = None,
         prefill_merge_tokens: int | str | None = "auto",
+        sampling_defaults: str = "model",
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -105,6 +107,10 @@ class Engine:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.attention_backend = attention_backend or default_attention_backend(self.device, _DTYPES[dtype])
         self.tokenizer = Tokenizer.from_dir(self.model_path)
+        if sampling_defaults not in ("model", "none"):
+            raise ValueError(f"sampling_defaults must be 'model' or 'none', got {sampling_defaults!r}")
+        # Applied to what a request leaves unset (see radixserve/model/sampling_defaults.py).
+        self.sampling_defaults = load_sampling_defaults(self.model_path) if sampling_defaults == "model" else {}
         self.runner = ModelRunner(
             self.model_path, _DTYPES[dtype], self.device, page_size, max_total_tokens, self.attention_backend,
             max_running_requests, context_length,
@@ -302,9 +308,9 @@ class Engine:
         if isinstance(sampling_params, list):
             if len(sampling_params) != len(ids_list):
                 raise ParamError("sampling_params", "sampling_params list must have one entry per prompt")
-            params = [SamplingParams.from_dict(p) for p in sampling_params]
+            params = [self._params(p) for p in sampling_params]
         else:
-            params = [SamplingParams.from_dict(sampling_params)] * len(ids_list)
+            params = [self._params(sampling_params)] * len(ids_list)
         rids = [rid] if isinstance(rid, str) else (rid if isinstance(rid, list) else [None] * len(ids_list))
         if (rid is not None and not isinstance(rid, (str, list))) or len(rids) != len(ids_list) \
                 or not all(r is None or isinstance(r, str) for r in rids):
@@ -321,6 +327,15 @@ class Engine:
                       top_logprobs_num)
             )
         return specs, single and specs[0].params.n == 1
+
+    def _params(self, given: dict[str, Any] | SamplingParams | None) -> SamplingParams:
+        """A request's params: the model's defaults under what it sets (a SamplingParams instance sets everything)."""
+        if isinstance(given, SamplingParams) or not self.sampling_defaults:
+            return SamplingParams.from_dict(given)
+        if given is not None and not isinstance(given, dict):
+            raise ParamError("sampling_params", f"must be an object, got {type(given).__name__}")
+        unset = {k: v for k, v in self.sampling_defaults.items() if (given or {}).get(k) is None}
+        return SamplingParams.from_dict({**(given or {}), **unset})
 
     def encode_prompts(self, prompt: str | list[str]) -> list[list[int]]:
         """Token ids of each prompt, after checking its size: a prompt far longer than the context could ever hold
@@ -541,8 +556,8 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
@@ -602,4 +617,5 @@ class Engine:
             "vocab_size": self.runner.config.vocab_size,
             "dtype": self.dtype_name,
             "attention_backend": self.attention_backend,
+            "sampling_defaults": dict(self.sampling_defaults),
         }

@@ -48,5 +48,6 @@ def hf_model(real_gguf: Path) -> Any:
 @pytest.fixture(scope="module")
 def real_engine(real_model_dir: Path) -> Iterator[Any]:
     """A float32 engine on the default model with a small KV pool; left with no page leaked."""
-    with engine_left_at_rest(real_model_dir, dtype="float32", max_total_tokens=8192) as eng:
+    # The publisher's sampling defaults off: parity tests compare the model's raw greedy tokens with transformers'.
+    with engine_left_at_rest(real_model_dir, dtype="float32", max_total_tokens=8192, sampling_defaults="none") as eng:
         yield eng

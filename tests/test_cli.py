@@ -46,6 +46,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "model": str(tiny_model_dir), "dtype": "float32", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
         "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False, "overlap_schedule": None,
+        "sampling_defaults": "model",
     }
     from radixserve import Engine
 
@@ -89,3 +90,26 @@ def test_chat_in_a_pty_reuses_the_cache_on_turn_two(tiny_model_dir: Path) -> Non
     (hit1, prompt1), (hit2, prompt2) = cached
     assert hit1 == 0 and prompt2 > prompt1
     assert hit2 >= prompt1 // 16 * 16 > 0  # at least the first turn's full pages came from the radix cache
+
+
+def test_every_option_has_help_and_version_prints(capsys) -> None:
+    import argparse
+
+    from radixserve import __version__
+    from radixserve.cli import build_parser
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, path: list[str]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+            elif action.option_strings and not action.help:
+                missing.append((path, action.option_strings))
+
+    walk(build_parser(), [])
+    assert not missing, f"options without help: {missing}"
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"radixserve {__version__}"

@@ -83,6 +83,10 @@ def test_sigterm_drains_and_exits_zero(tiny_model_factory: Callable[..., Path]) 
         assert json.loads(finished[-2])["choices"][0]["finish_reason"] == "length"
         assert "".join(json.loads(e)["choices"][0]["text"] for e in finished[:-1] if json.loads(e)["choices"])
         assert cut[-1] != "[DONE]", cut[-3:]  # the one that could not finish was cut at the end of the grace period
+        printed = proc.stdout.read().decode()  # type: ignore[union-attr]
+        for field in ("model", "dtype / device", "KV pool", "context", "sampling defaults", "URL", "API key"):
+            assert f"  {field} " in printed, printed[:2000]  # the start-up summary
+        assert f"ready: serving on {url}" in printed
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -12,9 +12,11 @@ from radixserve.router.state import RouterConfig
 def add_route_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker", action="append", default=[], metavar="URL",
                    help="a radixserve server (repeat for each; more can be added at run time with POST /workers)")
-    p.add_argument("--policy", default="cache_aware", choices=POLICIES)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--policy", default="cache_aware", choices=POLICIES,
+                   help="where a request goes: the worker holding its prefix (cache_aware), in turn (round_robin), "
+                        "or the least busy (least_load) (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=30000, help="port to listen on (default: %(default)s)")
     d, r = CacheAwareConfig(), RouterConfig()
     p.add_argument("--cache-threshold", type=float, default=d.cache_threshold,
                    help="cache_aware: route to the worker with the longest match when it covers more than this "

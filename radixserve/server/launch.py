@@ -11,7 +11,9 @@ from typing import Any
 
 import uvicorn
 
+from radixserve import __version__
 from radixserve.server.app import DEFAULT_MAX_BODY_BYTES, build_app
+from radixserve.summary import startup_summary
 from radixserve.server.timeouts import header_timeout_protocol
 
 log = logging.getLogger("radixserve.server")
@@ -22,9 +24,15 @@ class DrainingServer(uvicorn.Server):
     (uvicorn's timeout_graceful_shutdown, after which their tasks are cancelled and the engine aborts them), exit 0.
     uvicorn would re-raise the signal after shutting down, which kills the process with -SIGTERM instead."""
 
-    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None]) -> None:
+    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None], ready_line: str = "") -> None:
         super().__init__(config)
         self.on_drain = on_drain
+        self.ready_line = ready_line
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.ready_line:
+            print(self.ready_line, flush=True)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.on_drain()
@@ -63,7 +71,9 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
         config = uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="off",
                                 timeout_graceful_shutdown=grace_period_s, timeout_keep_alive=5,
                                 limit_concurrency=max_connections, http=header_timeout_protocol(header_timeout_s))
-        server = DrainingServer(config, drain)
+        url = f"http://{host}:{port}"
+        print(f"radixserve {__version__}\n{startup_summary(engine, url, api_key=bool(api_key))}", flush=True)
+        server = DrainingServer(config, drain, ready_line=f"ready: serving on {url}")
         watchdog = threading.Thread(target=_exit_when_engine_dies, args=(engine, server, drain), daemon=True)
         watchdog.start()
         server.run()

@@ -44,8 +44,12 @@ class Job:
 
 # ---------------------------------------------------------------- shared validation
 
+# Any server answers to "default" as well as its model's name: clients and examples need not know which model runs.
+DEFAULT_MODEL_ALIAS = "default"
+
+
 def check_model(state: ServerState, model: str | None) -> None:
-    if model and model not in (state.model_name, state.model_path):
+    if model and model not in (state.model_name, state.model_path, DEFAULT_MODEL_ALIAS):
         raise ApiError(404, f"model {model!r} does not exist; this server serves {state.model_name!r}",
                        param="model", code="model_not_found", type="not_found_error")
 
@@ -382,5 +386,7 @@ async def completion_events(state: ServerState, job: Job, streams: list[Stream],
 
 async def models(request: Request) -> Response:
     state = server_state(request)
-    body = ModelList([ModelCard(state.model_name, state.created, max_model_len=state.context_length)])
+    defaults = state.engine.sampling_defaults
+    body = ModelList([ModelCard(state.model_name, state.created, max_model_len=state.context_length,
+                                sampling_defaults=defaults or None)])
     return Response(state.json.encode(body), media_type="application/json")

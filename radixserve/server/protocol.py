@@ -216,6 +216,7 @@ class ModelCard(msgspec.Struct):
     created: int
     owned_by: str = "radixserve"
     max_model_len: int | None = None
+    sampling_defaults: dict[str, Any] | None = None  # what requests that leave them unset get
     object: str = "model"
 
 
