@@ -68,8 +68,11 @@ def _first_diff_page(a: bytes, b: bytes, page_size: int) -> int:
 class RadixCache:
     """Prefix cache over a KVPool: the tree owns the pages it holds and frees them on eviction or reset.
 
-    lock_ref counts locks on a node and its descendants; the root is never counted.
+    lock_ref counts locks on a node and its descendants; the root is never counted. (NullCache, in
+    null_cache.py, has the same interface for an engine with caching off.)
     """
+
+    enabled = True
 
     def __init__(self, pool: KVPool, page_size: int, hash_fn: Callable[[bytes, int], int] | None = None) -> None:
         if page_size != pool.page_size:

@@ -7,6 +7,7 @@ from typing import Any
 
 
 from radixserve.cache.kv_pool import KVPool
+from radixserve.cache.null_cache import NullCache
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
 from radixserve.request import Req
@@ -67,7 +68,7 @@ class Scheduler(OutputProcessor):
     def __init__(self, cfg: SchedulerConfig, pool: KVPool, eos_ids: frozenset[int]) -> None:
         self.cfg = cfg
         self.pool = pool
-        self.cache = RadixCache(pool, cfg.page_size)
+        self.cache: RadixCache | NullCache = RadixCache(pool, cfg.page_size) if cfg.enable_radix_cache else NullCache()
         self.eos_ids = eos_ids
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -97,13 +98,13 @@ class Scheduler(OutputProcessor):
         if n == 0:
             return []
         pages = self.pool.alloc(n)
-        if pages is None and self.cfg.enable_radix_cache:
+        if pages is None:
             self.cache.evict(n - self.pool.num_free_pages)
             pages = self.pool.alloc(n)
         return pages
 
     def _available(self) -> int:
-        return self.pool.num_free_pages + (self.cache.evictable_pages if self.cfg.enable_radix_cache else 0)
+        return self.pool.num_free_pages + self.cache.evictable_pages
 
     def _reserve(self, req: Req) -> int:
         """Pages this request will still want: the rest of its prefill plus an estimate of its decode."""
@@ -114,10 +115,8 @@ class Scheduler(OutputProcessor):
 
     def _insert(self, req: Req) -> None:
         """Give the request's computed full pages to the tree and point its page table at the tree's copies."""
-        if not self.cfg.enable_radix_cache:
-            return
         ps = self.cfg.page_size
-        # Only KV that processed steps computed is cached: a step still in flight may yet fail (see fail_batch),
+        # Only KV that processed steps computed is cached: a step still in flight may yet fail (see fail_batches),
         # and kv_len may count a token still being sampled (overlap), which cannot be keyed.
         n_full = min(req.kv_len - req.kv_inflight, req.num_fill) // ps
         if n_full <= req.num_tree_pages:
@@ -135,7 +134,7 @@ class Scheduler(OutputProcessor):
     def _release(self, req: Req) -> None:
         """Cache what the request computed, free its private pages and its lock; it then holds nothing."""
         self._insert(req)
-        private = req.pages[req.num_tree_pages :] if self.cfg.enable_radix_cache else req.pages
+        private = req.pages[req.num_tree_pages :]
         self.pool.free(private)
         if req.node is not None:
             self.cache.unlock(req.node)
@@ -224,7 +223,7 @@ class Scheduler(OutputProcessor):
 
     def _admit(self, budget: int, chunks: dict[int, int]) -> int:
         ps = self.cfg.page_size
-        cache_on = self.cfg.enable_radix_cache
+        cache_on = self.cache.enabled
         reserved = sum(self._reserve(r) for r in self.running)
         candidates = list(self.waiting)
         matches: dict[int, Any] = {}
@@ -237,8 +236,8 @@ class Scheduler(OutputProcessor):
             if budget <= 0 or len(self.running) + len(self.finishing) >= self.cfg.max_running_requests:
                 break  # (finishing requests still hold their runner slot)
             # Re-match: an eviction while admitting an earlier candidate may have shortened this match.
-            m = self.cache.match_prefix(req.match_ids(), req.namespace) if cache_on else None
-            matched_pages = m.pages if m is not None else []
+            m = self.cache.match_prefix(req.match_ids(), req.namespace)
+            matched_pages = m.pages
             start = len(matched_pages) * ps
             # Two requests admitted together would both compute a prefix they share; hold the later one back a
             # step so it finds the first one's pages in the tree instead.
@@ -250,20 +249,18 @@ class Scheduler(OutputProcessor):
             if not self._may_merge(chunk, chunks):
                 continue
             need = _cdiv(start + chunk, ps) - len(matched_pages)
-            if m is not None:
-                self.cache.lock(m.node)
+            self.cache.lock(m.node)
             req.pages = list(matched_pages)
             req.kv_len = start
             reserve = self._reserve(req) - need
             if self._available() < need + reserve + reserved:
-                if m is not None:
-                    self.cache.unlock(m.node)
+                self.cache.unlock(m.node)
                 req.pages, req.kv_len = [], 0
                 break
             pages = self._alloc(need)
             assert pages is not None, "available pages were counted, so allocation cannot fail"
             req.pages.extend(pages)
-            req.node = m.node if m is not None else None
+            req.node = m.node
             req.num_tree_pages = len(matched_pages)
             if not req.admitted:
                 req.admitted = True
@@ -341,7 +338,7 @@ class Scheduler(OutputProcessor):
         """Every page is free, in the tree, or private to exactly one running request; lock counts add up."""
         self.cache.check_invariants()
         holders = self.running + self.finishing
-        private = [p for r in holders for p in (r.pages[r.num_tree_pages :] if self.cfg.enable_radix_cache else r.pages)]
+        private = [p for r in holders for p in r.pages[r.num_tree_pages :]]
         assert len(private) == len(set(private)), "a private page is held by two requests"
         total = self.pool.num_free_pages + self.cache.total_pages + len(private)
         assert total == self.pool.capacity, (

@@ -1,0 +1,195 @@
+"""After the forward: a step's results taken in request by request (prompt logprobs, cache inserts, sampled tokens,
+stop checks), finished requests emitted, and failures kept to the request that had them.
+
+A mixin of `Scheduler` (it works on the scheduler's queues, stats and page bookkeeping)."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from radixserve.errors import RequestFailedError
+from radixserve.request import Req
+from radixserve.scheduler.batch import ScheduledBatch, StepOutput
+
+if TYPE_CHECKING:
+    from collections import deque
+
+    from radixserve.scheduler.scheduler import SchedulerConfig, SchedulerStats
+
+log = logging.getLogger("radixserve.scheduler")
+
+
+class OutputProcessor:
+    cfg: SchedulerConfig
+    stats: SchedulerStats
+    eos_ids: frozenset[int]
+    waiting: deque[Req]
+    running: list[Req]
+    finishing: list[Req]
+    # and Scheduler's page bookkeeping: _insert, _release, _retract
+
+    # ---- after the forward ------------------------------------------------------------------------------------
+    def process(self, batch: ScheduledBatch, out: StepOutput) -> None:
+        """Take in one executed step: prompt logprobs, cache inserts, sampled tokens, stops; finish and emit.
+
+        A request whose handling raises (detokenizing, stop matching, building its output) or whose sampling failed
+        is finished alone with an error (`fail`); the others go on."""
+        now = time.perf_counter()
+        prompt = iter(out.prompt_logprobs)
+        k = 0
+        for req, n, pr, srow in zip(batch.reqs, batch.chunks, batch.prompt_rows, batch.sample_rows):
+            req.steps_in_flight -= 1
+            req.kv_inflight -= n
+            lps = next(prompt) if pr is not None else None
+            sample_k = None
+            if srow is not None:
+                sample_k, k = k, k + 1
+                req.inflight_tokens -= 1
+            if req.finished:  # aborted or stopped while this step was in flight: its token is dropped
+                continue
+            try:
+                if sample_k is not None and sample_k in out.failed:
+                    raise RuntimeError(f"sampling failed: {out.failed[sample_k]}")
+                self._take(req, n, pr, lps, sample_k, out, now)
+            except Exception as exc:  # noqa: BLE001 - one request's fault must not reach the others
+                self.fail(req, exc)
+        for req in batch.reqs:
+            try:
+                self._settle(req)
+            except Exception as exc:  # noqa: BLE001
+                self.fail(req, exc)
+
+    def _take(self, req: Req, n: int, pr: tuple[int, int, int] | None, lps: Any, k: int | None, out: StepOutput,
+              now: float) -> None:
+        """One request's share of a step: prompt logprobs, its cache insert, its sampled token and stop check."""
+        if pr is not None:
+            pos = pr[2]
+            for i, (lp, top) in enumerate(zip(*lps)):
+                req.input_token_logprobs.append((lp, req.input_ids[pos + i]))
+                req.input_top_logprobs.append(top)
+        if n > 1 or k is None:
+            self._insert(req)  # after each prefill chunk
+        if k is None:
+            return
+        tok = out.next_ids[k]
+        req.append_token(tok)
+        self.stats.generation_tokens += 1
+        if req.first_token_time is None:
+            req.first_token_time = now
+        if req.return_logprob:
+            assert out.logprobs is not None
+            req.output_token_logprobs.append((out.logprobs[k], tok))
+            if req.top_logprobs_num and out.top_logprobs is not None:
+                req.output_top_logprobs.append(out.top_logprobs[k])
+        self._check_stop(req, tok)
+
+    def _settle(self, req: Req) -> None:
+        """After a step: release a finished request's pages once no step of it is in flight; emit what is new."""
+        if req in self.finishing:
+            if req.steps_in_flight == 0:
+                self.finishing.remove(req)
+                self._release(req)
+            return
+        if req.failed:
+            return
+        if not req.finished and req.params.max_new_tokens == 0 and req.pending == 0:
+            req.finish_reason = {"type": "length", "matched": None}
+        if req.finished:
+            self.running.remove(req)
+            self._finish(req, req.finish_reason)
+        elif req.stream and len(req.output_ids) > req.sent_ids:
+            req.emit(self._output(req, final=False))
+
+    def fail(self, req: Req, exc: BaseException) -> None:
+        """Finish one request with an internal error: log it, free what it holds, tell its caller (never raises)."""
+        log.error("request %s failed: %r", req.rid, exc, exc_info=exc)
+        self.stats.failed += 1
+        req.finish_reason = {"type": "error", "matched": None, "message": "internal error"}
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+            if req.steps_in_flight:
+                self.finishing.append(req)
+            else:
+                self._release(req)
+        req.emit(RequestFailedError(req.rid))
+
+    def fail_batches(self, batches: list[ScheduledBatch], exc: BaseException) -> None:
+        """Steps failed with no request to blame: undo their effect on their requests, fail the newest request
+        (the likeliest culprit: the others ran before it came), and send the rest back to the queue to run again
+        (their outputs so far are kept; their KV of the failed steps was never cached)."""
+        self.stats.failed_steps += 1
+        reqs: dict[int, Req] = {}
+        for batch in batches:
+            for req, n, srow in zip(batch.reqs, batch.chunks, batch.sample_rows):
+                req.steps_in_flight -= 1
+                req.kv_inflight -= n
+                req.kv_len -= n
+                if srow is not None:
+                    req.inflight_tokens -= 1
+                reqs[id(req)] = req
+        live = [r for r in reqs.values() if not r.finished]
+        for req in reqs.values():
+            if req in self.finishing:
+                self._settle(req)
+        if live:
+            self.fail(max(live, key=lambda r: r.created), exc)
+        for req in live:
+            if not req.finished and req in self.running:
+                self._retract(req)
+
+    def _check_stop(self, req: Req, tok: int) -> None:
+        p = req.params
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
+            req.finish_reason = {"type": "stop", "matched": tok}
+            return
+        _, matched = req.detok.step([tok])
+        if matched is not None:
+            req.finish_reason = {"type": "stop", "matched": matched}
+        elif len(req.output_ids) >= p.max_new_tokens or req.num_fill >= self.cfg.context_length:
+            req.finish_reason = {"type": "length", "matched": None}
+
+    def _finish(self, req: Req, reason: dict[str, Any] | None) -> None:
+        """Emit the final result; the pages go back now, or when the request's last step in flight is processed."""
+        req.finish_reason = reason
+        if req.steps_in_flight:
+            self.finishing.append(req)
+        else:
+            self._release(req)
+        if not (reason and reason["type"] == "stop" and isinstance(reason["matched"], str)):
+            req.detok.flush()  # text held back for a possible stop string is the caller's after all
+        self.stats.finished += 1
+        req.emit(self._output(req, final=True))
+
+    def _output(self, req: Req, final: bool) -> dict[str, Any]:
+        """A result chunk: the whole result, or for a stream only what is new since the last chunk."""
+        now = time.perf_counter()
+        if req.stream:
+            ids = req.output_ids[req.sent_ids :]
+            text = req.detok.text[req.sent_text :]
+            req.sent_ids, req.sent_text = len(req.output_ids), len(req.detok.text)
+        else:
+            ids, text = list(req.output_ids), req.detok.text
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.cached_tokens,
+            "finish_reason": req.finish_reason if final else None,
+            "ttft": (req.first_token_time - req.created) if req.first_token_time else None,
+            "e2e_latency": now - req.created,
+        }
+        if req.return_logprob:
+            lo = req.sent_logprobs if req.stream else 0
+            meta["output_token_logprobs"] = req.output_token_logprobs[lo:]
+            if req.top_logprobs_num:
+                meta["output_top_logprobs"] = req.output_top_logprobs[lo:]
+            if req.logprob_start_len >= 0 and (not req.stream or lo == 0):
+                meta["input_token_logprobs"] = req.input_token_logprobs
+                if req.top_logprobs_num:
+                    meta["input_top_logprobs"] = req.input_top_logprobs
+            if req.stream:
+                req.sent_logprobs = len(req.output_token_logprobs)
+        return {"text": text, "output_ids": ids, "meta_info": meta}
