@@ -23,9 +23,10 @@ from radixserve.model.resolve import resolve_model
 from radixserve.model.sampling_defaults import load_sampling_defaults
 from radixserve.model.runner import ModelRunner, PendingOutput, bind_device, default_attention_backend
 from radixserve.request import Req
-from radixserve.sampling.sampler import SamplingInfo, make_generator
+from radixserve.sampling.info import SamplingInfo
+from radixserve.sampling.sampler import make_generator
 from radixserve.sampling_params import SamplingParams
-from radixserve.scheduler.batch import ScheduledBatch
+from radixserve.step import ScheduledBatch
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixserve.tokenizer import Tokenizer
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.detokenizer import IncrementalDetokenizer
-from radixserve.sampling.sampler import SamplingInfo
+from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling_params import SamplingParams
 
 

@@ -219,7 +219,7 @@ def test_roofline_counts_llama3_8b() -> None:
 
     cfg = llama3_8b()
     assert total_params(cfg) == 8_030_261_248  # Meta-Llama-3-8B's published parameter count
-    assert kv_bytes_per_token(cfg, 2) == 2 * 32 * 8 * 128 * 2
+    assert kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 2) == 2 * 32 * 8 * 128 * 2
     embed = 128256 * 4096
     # Batch 1 over 2048 cached tokens: every weight but the embedding table, one embedding row, 2049 tokens of KV.
     assert decode_step_bytes(cfg, 1, 2048, 2) == (8_030_261_248 - embed) * 2 + 4096 * 2 + 2049 * 131072

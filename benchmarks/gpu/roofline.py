@@ -7,6 +7,7 @@ are computed; divided by the measured bf16 matmul rate that gives MFU.
 """
 from __future__ import annotations
 
+from radixserve.cache.kv_pool import kv_bytes_per_token
 from radixserve.config import ModelConfig
 
 
@@ -26,10 +27,6 @@ def total_params(cfg: ModelConfig) -> int:
     return cfg.num_layers * per_layer + cfg.hidden_size + embed + (0 if cfg.tie_word_embeddings else embed)
 
 
-def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int) -> int:
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
-
-
 def decode_step_bytes(cfg: ModelConfig, batch_size: int, context_len: int, dtype_bytes: int) -> int:
     """Least device-memory traffic of one decode step: weights once, each request's KV (context_len tokens) once,
     the new token's KV written, the embedding rows of the batch."""
@@ -38,7 +35,7 @@ def decode_step_bytes(cfg: ModelConfig, batch_size: int, context_len: int, dtype
     if cfg.tie_word_embeddings:
         weights += embed * dtype_bytes
     rows = batch_size * cfg.hidden_size * dtype_bytes
-    kv = batch_size * (context_len + 1) * kv_bytes_per_token(cfg, dtype_bytes)
+    kv = batch_size * (context_len + 1) * kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes)
     return weights + rows + kv
 
 

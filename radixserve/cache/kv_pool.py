@@ -77,6 +77,7 @@ class KVPool:
         kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, k.to(self.dtype))
         vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, v.to(self.dtype))
 
-    def bytes_per_token(self) -> int:
-        k = self.k_buffers[0]
-        return 2 * len(self.k_buffers) * k.shape[2] * k.shape[3] * k.element_size()
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """Bytes of K and V one token takes in the pool, over all layers."""
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes

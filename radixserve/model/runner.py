@@ -8,12 +8,12 @@ from pathlib import Path
 import torch
 
 from radixserve.attention.base import AttentionBackend
-from radixserve.cache.kv_pool import KVPool
+from radixserve.cache.kv_pool import KVPool, kv_bytes_per_token
 from radixserve.config import ModelConfig
 from radixserve.forward_batch import ForwardBatch
 from radixserve.model.loader import load_model
 from radixserve.sampling.sampler import chosen_logprobs, sample_ids, token_logprobs
-from radixserve.scheduler.batch import ScheduledBatch, StepOutput
+from radixserve.step import ScheduledBatch, StepOutput
 from radixserve.transfer import device_tensor
 
 # On a CPU a bigger pool only costs start-up time (it is zeroed) and memory: 64k tokens hold dozens of long
@@ -95,7 +95,7 @@ class ModelRunner:
         bind_device(device)
         self.config, self.model = load_model(model_path, dtype, device)
         cfg = self.config
-        bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+        bytes_per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype.itemsize)
         if max_total_tokens is None:
             max_total_tokens = int(_available_memory(device) * mem_fraction) // bytes_per_token
             if device.type == "cpu":

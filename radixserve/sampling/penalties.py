@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.sampling.info import SamplingInfo
 from radixserve.transfer import device_tensor
 
-if TYPE_CHECKING:
-    from radixserve.sampling.sampler import SamplingInfo
 
 
 def _padded_ids(id_lists: Sequence[Sequence[int]], vocab: int,
@@ -30,7 +28,7 @@ def _padded_ids(id_lists: Sequence[Sequence[int]], vocab: int,
     return torch.where(valid, ids, first.clamp_(max=vocab - 1)), valid, any_valid
 
 
-def apply_penalties(logits: torch.Tensor, infos: Sequence["SamplingInfo"]) -> torch.Tensor:
+def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.Tensor:
     """Return logits [B, V] with penalties applied (a new tensor when any row has one; the input is never modified).
 
     repetition_penalty (HF): each token in prompt + output has its logit divided by p if positive, else multiplied.

@@ -6,24 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling.penalties import apply_penalties
-from radixserve.sampling_params import SamplingParams
 from radixserve.transfer import device_tensor
 
 # Top-p finds its cut among this many best ids per row; a row whose nucleus is wider falls back to a full sort.
 TOP_P_CANDIDATES = 512
-
-
-@dataclass
-class SamplingInfo:
-    """One row of a batch: its settings, RNG, and the tokens the penalties look at."""
-
-    params: SamplingParams
-    generator: torch.Generator | None  # per request, seeded from params.seed; None draws from torch's global RNG
-    output_ids: Sequence[int]  # generated so far (frequency/presence and repetition penalties)
-    prompt_ids: Sequence[int]  # repetition penalty also covers the prompt (HF semantics)
-    top_logprobs_num: int = 0
-    return_logprob: bool = False
 
 
 @dataclass

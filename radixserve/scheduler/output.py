@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import RequestFailedError
 from radixserve.request import Req
-from radixserve.scheduler.batch import ScheduledBatch, StepOutput
+from radixserve.step import ScheduledBatch, StepOutput
 
 if TYPE_CHECKING:
     from collections import deque

@@ -11,7 +11,7 @@ from radixserve.cache.null_cache import NullCache
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
 from radixserve.request import Req
-from radixserve.scheduler.batch import ScheduledBatch
+from radixserve.step import ScheduledBatch
 from radixserve.scheduler.output import OutputProcessor
 
 

@@ -1,11 +1,12 @@
-"""One scheduled step: what the model computes and samples, and what comes back."""
+"""One scheduled step: what the model computes and samples, and what comes back. The types between the scheduler
+and the model runner, below both (the runner imports nothing of the scheduler)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from radixserve.forward_batch import ForwardBatch
 from radixserve.request import Req
-from radixserve.sampling.sampler import SamplingInfo
+from radixserve.sampling.info import SamplingInfo
 
 
 @dataclass

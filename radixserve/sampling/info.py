@@ -1,0 +1,21 @@
+"""What the sampler needs of one request: its settings, its RNG, and the tokens its penalties look at."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingInfo:
+    """One row of a batch: its settings, RNG, and the tokens the penalties look at."""
+
+    params: SamplingParams
+    generator: torch.Generator | None  # per request, seeded from params.seed; None draws from torch's global RNG
+    output_ids: Sequence[int]  # generated so far (frequency/presence and repetition penalties)
+    prompt_ids: Sequence[int]  # repetition penalty also covers the prompt (HF semantics)
+    top_logprobs_num: int = 0
+    return_logprob: bool = False
