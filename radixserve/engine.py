@@ -11,21 +11,18 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from radixserve.detokenizer import IncrementalDetokenizer
 from radixserve.errors import EngineDeadError, ParamError, QueueFullError
 from radixserve.model.resolve import resolve_model
+from radixserve.inputs import RequestBuilder, RequestSpec
 from radixserve.model.sampling_defaults import load_sampling_defaults
 from radixserve.model.runner import ModelRunner, PendingOutput, bind_device, default_attention_backend
 from radixserve.request import Req
-from radixserve.sampling.info import SamplingInfo
-from radixserve.sampling.sampler import make_generator
-from radixserve.sampling_params import SamplingParams
 from radixserve.step import ScheduledBatch
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixserve.tokenizer import Tokenizer
@@ -40,9 +37,6 @@ _CPU_PREFILL_MERGE_TOKENS = 32
 # A step that fails this many times in a row is no one request's fault: the engine stops (health 503; the server
 # exits non-zero so that a supervisor restarts it) rather than failing every request that arrives.
 _MAX_STEP_FAILURES = 3
-# A token of any tokenizer here covers far fewer characters than this: longer prompts cannot fit the context.
-_CHARS_PER_TOKEN = 32
-_MAX_BATCH_PROMPTS = 256  # prompts in one call (each n samples more): bounds the work one call can queue
 _HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop silent this long counts as stuck
 
 
@@ -58,19 +52,6 @@ def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any)
         loop.call_soon_threadsafe(fn, item)
     except RuntimeError:
         pass  # that loop has closed: its caller left (its request was aborted), so nobody waits for this
-
-
-@dataclass(frozen=True)
-class _Spec:
-    """One request to submit: validated, tokenized, not yet queued."""
-
-    input_ids: list[int]
-    params: SamplingParams
-    rid: str
-    cache_salt: str
-    return_logprob: bool
-    logprob_start_len: int
-    top_logprobs_num: int
 
 
 class Engine:
@@ -124,8 +105,10 @@ class Engine:
             raise ValueError(f"context_length {context_length} exceeds what the model supports ({limit})")
         self.context_length = context_length or limit
         self.max_queued_requests = max_queued_requests
-        self.max_prompt_chars = _CHARS_PER_TOKEN * self.context_length
-        self.max_batch_prompts = _MAX_BATCH_PROMPTS
+        pool = self.runner.pool
+        self.inputs = RequestBuilder(self.tokenizer, cfg.vocab_size, self.context_length,
+                                     pool.capacity * pool.page_size, self.sampling_defaults)
+        self.encode_prompts = self.inputs.encode_prompts  # the server tokenizes prompts in a thread with it
         if prefill_merge_tokens == "auto":  # see SchedulerConfig.prefill_merge_tokens
             prefill_merge_tokens = None if self.device.type == "cuda" else _CPU_PREFILL_MERGE_TOKENS
         elif isinstance(prefill_merge_tokens, str):
@@ -284,103 +267,6 @@ class Engine:
         if self._error is not None or not self._thread.is_alive():
             raise EngineDeadError(f"engine is not running: {self._error!r}")
 
-    # ---- request preparation ------------------------------------------------------------------------------------
-    def _specs(
-        self,
-        prompt: str | list[str] | None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | SamplingParams | None,
-        input_ids: list[int] | list[list[int]] | None,
-        return_logprob: bool,
-        logprob_start_len: int,
-        top_logprobs_num: int,
-        cache_salt: str,
-        rid: str | list[str] | None,
-    ) -> tuple[list[_Spec], bool]:
-        """Validate and tokenize; returns the specs and whether the caller passed a single prompt."""
-        if (prompt is None) == (input_ids is None):
-            raise ParamError("prompt", "pass exactly one of prompt or input_ids")
-        if prompt is not None:
-            single = isinstance(prompt, str)
-            ids_list = self.encode_prompts(prompt)
-        else:
-            single, ids_list = self._id_lists(input_ids)
-        if len(ids_list) > self.max_batch_prompts:
-            raise ParamError("prompt", f"a batch holds at most {self.max_batch_prompts} prompts, got {len(ids_list)}")
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != len(ids_list):
-                raise ParamError("sampling_params", "sampling_params list must have one entry per prompt")
-            params = [self._params(p) for p in sampling_params]
-        else:
-            params = [self._params(sampling_params)] * len(ids_list)
-        rids = [rid] if isinstance(rid, str) else (rid if isinstance(rid, list) else [None] * len(ids_list))
-        if (rid is not None and not isinstance(rid, (str, list))) or len(rids) != len(ids_list) \
-                or not all(r is None or isinstance(r, str) for r in rids):
-            raise ParamError("rid", "rid must be a string, or a list of strings with one entry per prompt")
-        if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
-            raise ParamError("top_logprobs_num", f"top_logprobs_num must be an integer >= 0, got {top_logprobs_num!r}")
-        if isinstance(logprob_start_len, bool) or not isinstance(logprob_start_len, int):
-            raise ParamError("logprob_start_len", f"logprob_start_len must be an integer, got {logprob_start_len!r}")
-        specs = []
-        for ids, p, r in zip(ids_list, params, rids):
-            self._validate_prompt(ids, p)
-            specs.append(
-                _Spec(ids, p, r or uuid.uuid4().hex, cache_salt, bool(return_logprob), logprob_start_len,
-                      top_logprobs_num)
-            )
-        return specs, single and specs[0].params.n == 1
-
-    def _params(self, given: dict[str, Any] | SamplingParams | None) -> SamplingParams:
-        """A request's params: the model's defaults under what it sets (a SamplingParams instance sets everything)."""
-        if isinstance(given, SamplingParams) or not self.sampling_defaults:
-            return SamplingParams.from_dict(given)
-        if given is not None and not isinstance(given, dict):
-            raise ParamError("sampling_params", f"must be an object, got {type(given).__name__}")
-        unset = {k: v for k, v in self.sampling_defaults.items() if (given or {}).get(k) is None}
-        return SamplingParams.from_dict({**(given or {}), **unset})
-
-    def encode_prompts(self, prompt: str | list[str]) -> list[list[int]]:
-        """Token ids of each prompt, after checking its size: a prompt far longer than the context could ever hold
-        is refused before any tokenizing (which costs about a second a megabyte)."""
-        texts = [prompt] if isinstance(prompt, str) else prompt
-        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise ParamError("prompt", "prompt must be a string or a list of strings")
-        limit = self.max_prompt_chars
-        for t in texts:
-            if len(t) > limit:
-                raise ParamError("prompt", f"prompt of {len(t)} characters exceeds the limit of {limit} "
-                                 f"({_CHARS_PER_TOKEN} per token of the {self.context_length}-token context)",
-                                 code="prompt_too_large")
-        return [self.tokenizer.encode(t) for t in texts]
-
-    def _id_lists(self, input_ids: Any) -> tuple[bool, list[list[int]]]:
-        """(single, one id list per prompt) from a list of ids or a list of such lists; ragged nesting refused."""
-        if not isinstance(input_ids, list):
-            raise ParamError("input_ids", "input_ids must be a list of token ids or a list of such lists")
-        single = not input_ids or not isinstance(input_ids[0], list)
-        lists = [input_ids] if single else input_ids
-        for ids in lists:
-            if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
-                raise ParamError("input_ids", "input_ids must be a list of token ids or a list of such lists")
-        return single, [list(ids) for ids in lists]
-
-    def _validate_prompt(self, ids: list[int], p: SamplingParams) -> None:
-        if not ids:
-            raise ParamError("prompt", "prompt is empty")
-        vocab = self.runner.config.vocab_size
-        if any(t < 0 or t >= vocab for t in ids):
-            raise ParamError("prompt", f"token ids must be in [0, {vocab})")
-        if any(t >= vocab for t in p.stop_token_ids):
-            raise ParamError("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
-        pool = self.runner.pool
-        for limit, fails in ((self.context_length, f"exceeds the context length {self.context_length}"),
-                             (pool.capacity * pool.page_size,
-                              f"cannot fit in the KV pool of {pool.capacity * pool.page_size} tokens")):
-            if len(ids) > limit:
-                raise ParamError("prompt", f"prompt of {len(ids)} tokens {fails}", code="context_length_exceeded")
-            if len(ids) + p.max_new_tokens > limit:
-                raise ParamError("max_new_tokens", f"prompt of {len(ids)} tokens + max_new_tokens {p.max_new_tokens} "
-                                 f"{fails}", code="context_length_exceeded")
-
     def _reserve(self, count: int, field: str) -> None:
         """Count `count` requests in flight, all or none: QueueFullError when the waiting queue cannot take them all
         now, ParamError (naming `field`) when it never could."""
@@ -398,7 +284,7 @@ class Engine:
         with self._inflight_lock:
             self._inflight -= count
 
-    def _submit(self, spec: _Spec, emit: Callable[[Any], None], stream: bool) -> Req:
+    def _submit(self, spec: RequestSpec, emit: Callable[[Any], None], stream: bool) -> Req:
         """Queue one request the caller has reserved a place for (`_reserve`); the place is given back when the
         request finishes, or here if building it fails."""
         try:
@@ -407,40 +293,14 @@ class Engine:
             self._unreserve(1)
             raise
 
-    def _build_and_queue(self, spec: _Spec, emit: Callable[[Any], None], stream: bool) -> Req:
+    def _build_and_queue(self, spec: RequestSpec, emit: Callable[[Any], None], stream: bool) -> Req:
         def emit_and_count(item: Any) -> None:
             if isinstance(item, BaseException) or item["meta_info"]["finish_reason"] is not None:
                 with self._inflight_lock:
                     self._inflight -= 1
             emit(item)
 
-        p = spec.params
-        req = Req(
-            rid=spec.rid,
-            input_ids=spec.input_ids,
-            params=p,
-            sampling=SamplingInfo(
-                params=p,
-                generator=None if p.is_greedy else make_generator(p.seed),
-                output_ids=[],
-                prompt_ids=spec.input_ids,
-                top_logprobs_num=spec.top_logprobs_num,
-                return_logprob=spec.return_logprob,
-            ),
-            detok=IncrementalDetokenizer(self.tokenizer, spec.input_ids, p.skip_special_tokens, p.stop),
-            emit=emit_and_count,
-            namespace=spec.cache_salt,
-            stream=stream,
-            return_logprob=spec.return_logprob,
-            logprob_start_len=spec.logprob_start_len if spec.return_logprob else -1,
-            top_logprobs_num=spec.top_logprobs_num,
-        )
-        req.sampling.output_ids = req.output_ids  # the sampler reads penalties from the live list
-        if req.logprob_start_len >= 0 and req.logprob_start_len < len(spec.input_ids):
-            req.next_prompt_logprob_pos = max(req.logprob_start_len, 1)
-            if req.logprob_start_len == 0:
-                req.input_token_logprobs.append((None, spec.input_ids[0]))
-                req.input_top_logprobs.append(None)
+        req = self.inputs.make_req(spec, emit_and_count, stream)
         self._inbox.put(("add", req))
         return req
 
@@ -460,7 +320,7 @@ class Engine:
         """stream=False: an awaitable of a dict (list for list input or n > 1); stream=True: an async iterator of chunks.
 
         Arguments are validated here, before anything is queued, so bad input raises ValueError at the call."""
-        specs, single = self._specs(
+        specs, single = self.inputs.specs(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, cache_salt, rid
         )
         if stream:
@@ -469,7 +329,7 @@ class Engine:
             return self._stream(specs[0])
         return self._collect(specs, single)
 
-    async def _stream(self, spec: _Spec) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, spec: RequestSpec) -> AsyncIterator[dict[str, Any]]:
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue[Any] = asyncio.Queue()
         self._reserve(1, "prompt")
@@ -486,7 +346,7 @@ class Engine:
             if not done:  # the caller left early (break, aclose, cancellation, disconnect)
                 self.abort(req.rid)
 
-    async def _run_one(self, spec: _Spec) -> dict[str, Any]:
+    async def _run_one(self, spec: RequestSpec) -> dict[str, Any]:
         """Submit one request that reports only its final result, and wait for it (cancelling aborts it)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
@@ -505,11 +365,11 @@ class Engine:
             raise item
         return item
 
-    async def _collect(self, specs: list[_Spec], single: bool) -> dict[str, Any] | list[dict[str, Any]]:
+    async def _collect(self, specs: list[RequestSpec], single: bool) -> dict[str, Any] | list[dict[str, Any]]:
         # n > 1: prefill each prompt once (a zero-token request), so the n samples all hit its pages in the tree.
         multi = [replace(s, rid=uuid.uuid4().hex, params=s.params.replace(max_new_tokens=0, n=1), return_logprob=False)
                  for s in specs if s.params.n > 1]
-        expanded: list[_Spec] = []
+        expanded: list[RequestSpec] = []
         for s in specs:
             for i in range(s.params.n):
                 seed = s.params.seed + i if s.params.seed is not None else None

@@ -1,0 +1,173 @@
+"""Requests from the caller's arguments: validated (every bad value a ParamError naming its field), tokenized with
+the prompt's size checked first, the model's sampling defaults under what the request sets; and the scheduler's
+`Req` built from a validated spec. Runs on the caller's thread, never in the engine loop."""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from radixserve.detokenizer import IncrementalDetokenizer
+from radixserve.errors import ParamError
+from radixserve.request import Req
+from radixserve.sampling.info import SamplingInfo
+from radixserve.sampling.sampler import make_generator
+from radixserve.sampling_params import SamplingParams
+from radixserve.tokenizer import Tokenizer
+
+# A token of any tokenizer here covers far fewer characters than this: longer prompts cannot fit the context.
+CHARS_PER_TOKEN = 32
+MAX_BATCH_PROMPTS = 256  # prompts in one call (each n samples more): bounds the work one call can queue
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request to submit: validated, tokenized, not yet queued."""
+
+    input_ids: list[int]
+    params: SamplingParams
+    rid: str
+    cache_salt: str
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+
+
+class RequestBuilder:
+    """Checks and tokenizes requests for one engine (its tokenizer, vocabulary, context, KV pool and defaults)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, context_length: int, pool_tokens: int,
+                 sampling_defaults: dict[str, Any]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.context_length = context_length
+        self.pool_tokens = pool_tokens
+        self.sampling_defaults = sampling_defaults
+        self.max_prompt_chars = CHARS_PER_TOKEN * context_length
+        self.max_batch_prompts = MAX_BATCH_PROMPTS
+
+    def specs(
+        self,
+        prompt: str | list[str] | None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | SamplingParams | None,
+        input_ids: list[int] | list[list[int]] | None,
+        return_logprob: bool,
+        logprob_start_len: int,
+        top_logprobs_num: int,
+        cache_salt: str,
+        rid: str | list[str] | None,
+    ) -> tuple[list[RequestSpec], bool]:
+        """Validate and tokenize; returns the specs and whether the caller passed a single prompt."""
+        if (prompt is None) == (input_ids is None):
+            raise ParamError("prompt", "pass exactly one of prompt or input_ids")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            ids_list = self.encode_prompts(prompt)
+        else:
+            single, ids_list = self.id_lists(input_ids)
+        if len(ids_list) > self.max_batch_prompts:
+            raise ParamError("prompt", f"a batch holds at most {self.max_batch_prompts} prompts, got {len(ids_list)}")
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(ids_list):
+                raise ParamError("sampling_params", "sampling_params list must have one entry per prompt")
+            params = [self.params(p) for p in sampling_params]
+        else:
+            params = [self.params(sampling_params)] * len(ids_list)
+        rids = [rid] if isinstance(rid, str) else (rid if isinstance(rid, list) else [None] * len(ids_list))
+        if (rid is not None and not isinstance(rid, (str, list))) or len(rids) != len(ids_list) \
+                or not all(r is None or isinstance(r, str) for r in rids):
+            raise ParamError("rid", "rid must be a string, or a list of strings with one entry per prompt")
+        if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
+            raise ParamError("top_logprobs_num", f"top_logprobs_num must be an integer >= 0, got {top_logprobs_num!r}")
+        if isinstance(logprob_start_len, bool) or not isinstance(logprob_start_len, int):
+            raise ParamError("logprob_start_len", f"logprob_start_len must be an integer, got {logprob_start_len!r}")
+        specs = []
+        for ids, p, r in zip(ids_list, params, rids):
+            self.validate_prompt(ids, p)
+            specs.append(
+                RequestSpec(ids, p, r or uuid.uuid4().hex, cache_salt, bool(return_logprob), logprob_start_len,
+                      top_logprobs_num)
+            )
+        return specs, single and specs[0].params.n == 1
+
+    def params(self, given: dict[str, Any] | SamplingParams | None) -> SamplingParams:
+        """A request's params: the model's defaults under what it sets (a SamplingParams instance sets everything)."""
+        if isinstance(given, SamplingParams) or not self.sampling_defaults:
+            return SamplingParams.from_dict(given)
+        if given is not None and not isinstance(given, dict):
+            raise ParamError("sampling_params", f"must be an object, got {type(given).__name__}")
+        unset = {k: v for k, v in self.sampling_defaults.items() if (given or {}).get(k) is None}
+        return SamplingParams.from_dict({**(given or {}), **unset})
+
+    def encode_prompts(self, prompt: str | list[str]) -> list[list[int]]:
+        """Token ids of each prompt, after checking its size: a prompt far longer than the context could ever hold
+        is refused before any tokenizing (which costs about a second a megabyte)."""
+        texts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise ParamError("prompt", "prompt must be a string or a list of strings")
+        limit = self.max_prompt_chars
+        for t in texts:
+            if len(t) > limit:
+                raise ParamError("prompt", f"prompt of {len(t)} characters exceeds the limit of {limit} "
+                                 f"({CHARS_PER_TOKEN} per token of the {self.context_length}-token context)",
+                                 code="prompt_too_large")
+        return [self.tokenizer.encode(t) for t in texts]
+
+    def id_lists(self, input_ids: Any) -> tuple[bool, list[list[int]]]:
+        """(single, one id list per prompt) from a list of ids or a list of such lists; ragged nesting refused."""
+        if not isinstance(input_ids, list):
+            raise ParamError("input_ids", "input_ids must be a list of token ids or a list of such lists")
+        single = not input_ids or not isinstance(input_ids[0], list)
+        lists = [input_ids] if single else input_ids
+        for ids in lists:
+            if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+                raise ParamError("input_ids", "input_ids must be a list of token ids or a list of such lists")
+        return single, [list(ids) for ids in lists]
+
+    def validate_prompt(self, ids: list[int], p: SamplingParams) -> None:
+        if not ids:
+            raise ParamError("prompt", "prompt is empty")
+        vocab = self.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ParamError("prompt", f"token ids must be in [0, {vocab})")
+        if any(t >= vocab for t in p.stop_token_ids):
+            raise ParamError("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
+        for limit, fails in ((self.context_length, f"exceeds the context length {self.context_length}"),
+                             (self.pool_tokens, f"cannot fit in the KV pool of {self.pool_tokens} tokens")):
+            if len(ids) > limit:
+                raise ParamError("prompt", f"prompt of {len(ids)} tokens {fails}", code="context_length_exceeded")
+            if len(ids) + p.max_new_tokens > limit:
+                raise ParamError("max_new_tokens", f"prompt of {len(ids)} tokens + max_new_tokens {p.max_new_tokens} "
+                                 f"{fails}", code="context_length_exceeded")
+
+    def make_req(self, spec: RequestSpec, emit: Callable[[Any], None], stream: bool) -> Req:
+        """The scheduler's request for a validated spec; `emit` receives its output chunks (or an exception)."""
+        p = spec.params
+        req = Req(
+            rid=spec.rid,
+            input_ids=spec.input_ids,
+            params=p,
+            sampling=SamplingInfo(
+                params=p,
+                generator=None if p.is_greedy else make_generator(p.seed),
+                output_ids=[],
+                prompt_ids=spec.input_ids,
+                top_logprobs_num=spec.top_logprobs_num,
+                return_logprob=spec.return_logprob,
+            ),
+            detok=IncrementalDetokenizer(self.tokenizer, spec.input_ids, p.skip_special_tokens, p.stop),
+            emit=emit,
+            namespace=spec.cache_salt,
+            stream=stream,
+            return_logprob=spec.return_logprob,
+            logprob_start_len=spec.logprob_start_len if spec.return_logprob else -1,
+            top_logprobs_num=spec.top_logprobs_num,
+        )
+        req.sampling.output_ids = req.output_ids  # the sampler reads penalties from the live list
+        if req.logprob_start_len >= 0 and req.logprob_start_len < len(spec.input_ids):
+            req.next_prompt_logprob_pos = max(req.logprob_start_len, 1)
+            if req.logprob_start_len == 0:
+                req.input_token_logprobs.append((None, spec.input_ids[0]))
+                req.input_top_logprobs.append(None)
+        return req
