@@ -3,47 +3,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
-import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from radixserve.errors import EngineDeadError, ParamError, QueueFullError
+from radixserve.errors import ParamError, QueueFullError
 from radixserve.model.resolve import resolve_model
+from radixserve.engine_loop import EngineLoop
 from radixserve.inputs import RequestBuilder, RequestSpec
 from radixserve.model.sampling_defaults import load_sampling_defaults
-from radixserve.model.runner import ModelRunner, PendingOutput, bind_device, default_attention_backend
+from radixserve.model.runner import ModelRunner, default_attention_backend
 from radixserve.request import Req
-from radixserve.step import ScheduledBatch
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixserve.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_IDLE_WAIT_S = 0.05
 # Measured on the default model (2 AVX-512 cores, benchmarks/prefill_step_cost.py): a step costs ~59 ms plus ~2.2 ms
 # per prefill token, so merging prefills pays only below ~27 tokens each; 32 leans a little toward throughput.
 _CPU_PREFILL_MERGE_TOKENS = 32
-# A step that fails this many times in a row is no one request's fault: the engine stops (health 503; the server
-# exits non-zero so that a supervisor restarts it) rather than failing every request that arrives.
-_MAX_STEP_FAILURES = 3
-_HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop silent this long counts as stuck
-
-
-def _stop_loop(stop: threading.Event, thread: threading.Thread) -> None:
-    stop.set()
-    if thread.is_alive() and thread is not threading.current_thread():
-        thread.join()
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any) -> None:
@@ -126,24 +111,15 @@ class Engine:
         eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
 
-        # Overlap: a worker thread runs step N (on a GPU it only launches kernels) while this loop processes step N-1
+        # Overlap: a worker thread runs step N (on a GPU it only launches kernels) while the loop processes step N-1
         # and schedules N+1. On a CPU both would share the same cores, so it is off there by default.
         self.overlap_schedule = self.device.type == "cuda" if overlap_schedule is None else overlap_schedule
-        self._worker = (ThreadPoolExecutor(1, thread_name_prefix="radixserve-step", initializer=bind_device,
-                                           initargs=(self.device,)) if self.overlap_schedule else None)
-        self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self._inflight = 0
+        self._inflight = 0  # requests submitted and not finished (the queue limit counts those not yet running)
         self._inflight_lock = threading.Lock()
-        self._live: list[tuple[ScheduledBatch, Future[PendingOutput] | None]] = []  # launched, not yet processed
-        self._running_snapshot = 0
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._heartbeat = time.monotonic()
-        self._thread = threading.Thread(target=self._loop, name="radixserve-loop", daemon=True)
-        self._thread.start()
+        self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule)
         # An engine never shut down still stops its loop at interpreter exit, before torch's threads are torn down
         # under it (that aborts the process).
-        weakref.finalize(self, _stop_loop, self._stop, self._thread)
+        weakref.finalize(self, self.loop.stop)
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> "Engine":
@@ -154,128 +130,25 @@ class Engine:
 
     def shutdown(self) -> None:
         """Stop the loop; requests still queued or running end with finish_reason abort."""
-        _stop_loop(self._stop, self._thread)
+        self.loop.stop()
 
     def is_alive(self) -> bool:
-        return self._thread.is_alive() and self._error is None and time.monotonic() - self._heartbeat < _HEARTBEAT_LIMIT_S
+        return self.loop.is_alive()
 
-    # ---- the loop (its own thread; the only code that touches scheduler state) --------------------------------
-    def _loop(self) -> None:
-        sched = self.scheduler
-        failures = 0
-        try:
-            bind_device(self.device)
-            while not self._stop.is_set():
-                try:
-                    self._step()
-                    failures = 0
-                except Exception as exc:  # noqa: BLE001 - isolated below; a fault that repeats stops the engine
-                    failures += 1
-                    log.error("engine step failed (%d in a row): %r", failures, exc, exc_info=exc)
-                    if failures >= _MAX_STEP_FAILURES:
-                        raise
-                self._running_snapshot = len(sched.running)
-                self._heartbeat = time.monotonic()
-            while self._live:
-                self._process_oldest()
-        except BaseException as exc:  # noqa: BLE001 - the loop must report any death to every waiting caller
-            self._error = exc
-            self._fail_all(EngineDeadError(f"engine loop died: {exc!r}"))
-            raise
-        finally:
-            if self._worker is not None:
-                self._worker.shutdown(wait=True)
-        self._drain_inbox(block=False)
-        for req in list(sched.waiting) + list(sched.running):
-            sched.abort(req.rid)
-
-    def _step(self) -> None:
-        """Schedule one step and run it; with overlap, launch it and process the previous one meanwhile."""
-        sched = self.scheduler
-        self._drain_inbox(block=not self._live and not sched.has_work())
-        batch = sched.schedule(can_retract=not self._live)
-        if self._live and (batch is None or batch.needs_sync):
-            self._process_oldest()
-        if batch is None:
-            return
-        if self._worker is None:
-            self._live.append((batch, None))
-        else:
-            self._live.append((batch, self._worker.submit(self.runner.execute, batch)))
-            if len(self._live) == 1:
-                return
-        self._process_oldest()
-
-    def _process_oldest(self) -> None:
-        """Wait for the oldest launched step and process it. If running it failed, every launched step fails with it
-        (a later one may read its sampled ids); see Scheduler.fail_batches for what happens to their requests."""
-        batch, fut = self._live[0]
-        try:
-            out = (self.runner.execute(batch) if fut is None else fut.result()).wait()
-        except Exception as exc:
-            futures.wait([f for _, f in self._live if f is not None])
-            self.scheduler.fail_batches([b for b, _ in self._live], exc)
-            self._live.clear()
-            raise
-        self._live.pop(0)
-        self.scheduler.process(batch, out)
-
-    def _drain_inbox(self, block: bool) -> None:
-        try:
-            msg = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            kind = msg[0]
-            if kind == "add":
-                self.scheduler.add(msg[1])
-            elif kind == "abort":
-                self.scheduler.abort(msg[1])
-            elif kind == "call":
-                fn, fut = msg[1], msg[2]
-                try:
-                    fut.set_result(fn())
-                except BaseException as exc:  # noqa: BLE001 - handed back to the caller
-                    fut.set_exception(exc)
-            try:
-                msg = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-
-    def _fail_all(self, exc: BaseException) -> None:
-        reqs = list(self.scheduler.waiting) + list(self.scheduler.running)
-        while True:
-            try:
-                msg = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if msg[0] == "add":
-                reqs.append(msg[1])
-            elif msg[0] == "call":
-                msg[2].set_exception(exc)
-        for req in reqs:
-            req.emit(exc)
-
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        """Run fn on the loop thread between steps, so it sees consistent scheduler state."""
-        self._check_alive()
-        fut: Future[Any] = Future()
-        self._inbox.put(("call", fn, fut))
-        return fut.result()
-
-    def _check_alive(self) -> None:
-        if self._error is not None or not self._thread.is_alive():
-            raise EngineDeadError(f"engine is not running: {self._error!r}")
+    @property
+    def error(self) -> BaseException | None:
+        """What stopped the engine loop, if it stopped on an error."""
+        return self.loop.error
 
     def _reserve(self, count: int, field: str) -> None:
         """Count `count` requests in flight, all or none: QueueFullError when the waiting queue cannot take them all
         now, ParamError (naming `field`) when it never could."""
-        self._check_alive()
+        self.loop.check_alive()
         limit = self.max_queued_requests
         if limit is not None and count > limit:
             raise ParamError(field, f"{count} requests at once can never fit the queue of {limit} (max_queued_requests)")
         with self._inflight_lock:
-            waiting = self._inflight - self._running_snapshot
+            waiting = self._inflight - self.loop.running_snapshot
             if limit is not None and waiting + count > limit:
                 raise QueueFullError(f"{waiting} requests are already waiting (max_queued_requests {limit})")
             self._inflight += count
@@ -301,7 +174,7 @@ class Engine:
             emit(item)
 
         req = self.inputs.make_req(spec, emit_and_count, stream)
-        self._inbox.put(("add", req))
+        self.loop.inbox.put(("add", req))
         return req
 
     # ---- async API ----------------------------------------------------------------------------------------------
@@ -425,11 +298,11 @@ class Engine:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def abort(self, rid: str) -> None:
-        self._inbox.put(("abort", rid))
+        self.loop.inbox.put(("abort", rid))
 
     # ---- introspection ------------------------------------------------------------------------------------------
     def cache_stats(self) -> dict[str, Any]:
-        return self._call(self._cache_stats)
+        return self.loop.call(self._cache_stats)
 
     def _cache_stats(self) -> dict[str, Any]:
         s = self.scheduler.stats
@@ -461,13 +334,13 @@ class Engine:
                 "failed_steps_total": s.failed_steps,
             }
 
-        return self._call(snapshot)
+        return self.loop.call(snapshot)
 
     def flush_cache(self) -> bool:
-        return self._call(self.scheduler.flush_cache)
+        return self.loop.call(self.scheduler.flush_cache)
 
     def check_invariants(self) -> None:
-        self._call(self.scheduler.check_invariants)
+        self.loop.call(self.scheduler.check_invariants)
 
     def model_info(self) -> dict[str, Any]:
         return {

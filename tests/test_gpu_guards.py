@@ -134,7 +134,7 @@ def test_every_engine_thread_binds_the_device(tiny_model_dir: Path, overlap: boo
     """CUDA's current device is per thread: the loop thread and the overlap worker each bind the engine's."""
     import threading
 
-    import radixserve.engine as engine_module
+    import radixserve.engine_loop as engine_module
     from radixserve import Engine
 
     bound: list[tuple[str, torch.device]] = []

@@ -77,16 +77,16 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
         watchdog = threading.Thread(target=_exit_when_engine_dies, args=(engine, server, drain), daemon=True)
         watchdog.start()
         server.run()
-        if engine._error is not None:
-            raise SystemExit(f"engine stopped: {engine._error!r}")  # exit status 1
+        if engine.error is not None:
+            raise SystemExit(f"engine stopped: {engine.error!r}")  # exit status 1
     finally:
         engine.shutdown()
 
 
 def _exit_when_engine_dies(engine: Any, server: uvicorn.Server, drain: Callable[[], None]) -> None:
     while not server.should_exit:
-        if engine._error is not None:
-            log.error("engine stopped (%r): draining and exiting with status 1", engine._error)
+        if engine.error is not None:
+            log.error("engine stopped (%r): draining and exiting with status 1", engine.error)
             drain()
             server.should_exit = True
             return

@@ -1,0 +1,160 @@
+"""The engine's loop: one thread that alone touches scheduler state. It takes requests, aborts and calls from an
+inbox, schedules a step, runs it (with overlap: launches it on a worker thread and processes the previous one
+meanwhile), and keeps a failure to the requests it belongs to (Scheduler.fail_batches); a fault that repeats in
+every step stops it, and every waiting caller is told."""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from radixserve.errors import EngineDeadError
+from radixserve.model.runner import ModelRunner, PendingOutput, bind_device
+from radixserve.scheduler.scheduler import Scheduler
+from radixserve.step import ScheduledBatch
+
+log = logging.getLogger("radixserve.engine")
+
+IDLE_WAIT_S = 0.05
+# A step that fails this many times in a row is no one request's fault: the engine stops (health 503; the server
+# exits non-zero so that a supervisor restarts it) rather than failing every request that arrives.
+MAX_STEP_FAILURES = 3
+HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop silent this long counts as stuck
+
+
+class EngineLoop:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, device: torch.device, overlap: bool) -> None:
+        self.scheduler, self.runner, self.device = scheduler, runner, device
+        self.worker = (ThreadPoolExecutor(1, thread_name_prefix="radixserve-step", initializer=bind_device,
+                                          initargs=(device,)) if overlap else None)
+        self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.live: list[tuple[ScheduledBatch, Future[PendingOutput] | None]] = []  # launched, not yet processed
+        self.running_snapshot = 0  # requests running after the last step (read by other threads)
+        self.error: BaseException | None = None
+        self.heartbeat = time.monotonic()
+        self._stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="radixserve-loop", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop and wait for it; requests still queued or running end with finish_reason abort."""
+        self._stopping.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join()
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive() and self.error is None and time.monotonic() - self.heartbeat < HEARTBEAT_LIMIT_S
+
+    def run(self) -> None:
+        sched = self.scheduler
+        failures = 0
+        try:
+            bind_device(self.device)
+            while not self._stopping.is_set():
+                try:
+                    self._step()
+                    failures = 0
+                except Exception as exc:  # noqa: BLE001 - isolated below; a fault that repeats stops the engine
+                    failures += 1
+                    log.error("engine step failed (%d in a row): %r", failures, exc, exc_info=exc)
+                    if failures >= MAX_STEP_FAILURES:
+                        raise
+                self.running_snapshot = len(sched.running)
+                self.heartbeat = time.monotonic()
+            while self.live:
+                self._process_oldest()
+        except BaseException as exc:  # noqa: BLE001 - the loop must report any death to every waiting caller
+            self.error = exc
+            self.fail_all(EngineDeadError(f"engine loop died: {exc!r}"))
+            raise
+        finally:
+            if self.worker is not None:
+                self.worker.shutdown(wait=True)
+        self.drain_inbox(block=False)
+        for req in list(sched.waiting) + list(sched.running):
+            sched.abort(req.rid)
+
+    def _step(self) -> None:
+        """Schedule one step and run it; with overlap, launch it and process the previous one meanwhile."""
+        sched = self.scheduler
+        self.drain_inbox(block=not self.live and not sched.has_work())
+        batch = sched.schedule(can_retract=not self.live)
+        if self.live and (batch is None or batch.needs_sync):
+            self._process_oldest()
+        if batch is None:
+            return
+        if self.worker is None:
+            self.live.append((batch, None))
+        else:
+            self.live.append((batch, self.worker.submit(self.runner.execute, batch)))
+            if len(self.live) == 1:
+                return
+        self._process_oldest()
+
+    def _process_oldest(self) -> None:
+        """Wait for the oldest launched step and process it. If running it failed, every launched step fails with it
+        (a later one may read its sampled ids); see Scheduler.fail_batches for what happens to their requests."""
+        batch, fut = self.live[0]
+        try:
+            out = (self.runner.execute(batch) if fut is None else fut.result()).wait()
+        except Exception as exc:
+            futures.wait([f for _, f in self.live if f is not None])
+            self.scheduler.fail_batches([b for b, _ in self.live], exc)
+            self.live.clear()
+            raise
+        self.live.pop(0)
+        self.scheduler.process(batch, out)
+
+    def drain_inbox(self, block: bool) -> None:
+        try:
+            msg = self.inbox.get(timeout=IDLE_WAIT_S) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind = msg[0]
+            if kind == "add":
+                self.scheduler.add(msg[1])
+            elif kind == "abort":
+                self.scheduler.abort(msg[1])
+            elif kind == "call":
+                fn, fut = msg[1], msg[2]
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                    fut.set_exception(exc)
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def fail_all(self, exc: BaseException) -> None:
+        reqs = list(self.scheduler.waiting) + list(self.scheduler.running)
+        while True:
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if msg[0] == "add":
+                reqs.append(msg[1])
+            elif msg[0] == "call":
+                msg[2].set_exception(exc)
+        for req in reqs:
+            req.emit(exc)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the loop thread between steps, so it sees consistent scheduler state."""
+        self.check_alive()
+        fut: Future[Any] = Future()
+        self.inbox.put(("call", fn, fut))
+        return fut.result()
+
+    def check_alive(self) -> None:
+        if self.error is not None or not self.thread.is_alive():
+            raise EngineDeadError(f"engine is not running: {self.error!r}")
