@@ -45,6 +45,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running-requests", type=int, default=64,
                    help="requests decoding at once; more wait in the queue (default: %(default)s)")
     p.add_argument("--disable-radix-cache", action="store_true", help="compute every prompt from scratch")
+    p.add_argument("--init-new-token-ratio", type=float, default=0.7,
+                   help="share of each request's max_new_tokens that admission reserves pages for at first; it decays "
+                        "while requests stop early and rises after a retraction (default: %(default)s)")
     p.add_argument("--sampling-defaults", default="model", choices=["model", "none"],
                    help="'model': requests that leave temperature, top_p, top_k, min_p or repetition_penalty unset "
                         "get the model publisher's values (generation_config.json, or a table for known GGUFs); "
@@ -120,6 +123,7 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "enable_radix_cache": not args.disable_radix_cache,
         "overlap_schedule": args.overlap_schedule,
         "sampling_defaults": args.sampling_defaults,
+        "init_new_token_ratio": args.init_new_token_ratio,
     }
 
 

@@ -15,6 +15,7 @@ import torch
 
 from radixserve.errors import ParamError, QueueFullError
 from radixserve.model.resolve import resolve_model
+from radixserve.engine_config import EngineConfig
 from radixserve.engine_loop import EngineLoop
 from radixserve.inputs import RequestBuilder, RequestSpec
 from radixserve.model.sampling_defaults import load_sampling_defaults
@@ -42,78 +43,62 @@ def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any)
 class Engine:
     """In-process LLM engine with a radix prefix cache; thread-safe, usable from sync code and from event loops."""
 
-    def __init__(
-        self,
-        model: str | Path | None = None,
-        dtype: str = "auto",
-        page_size: int = 16,
-        max_total_tokens: int | None = None,
-        enable_radix_cache: bool = True,
-        schedule_policy: str = "lpm",
-        chunked_prefill_size: int = 512,
-        attention_backend: str | None = None,
-        max_running_requests: int = 64,
-        max_queued_requests: int | None = None,
-        context_length: int | None = None,
-        device: str = "cpu",
-        init_new_token_ratio: float = 0.7,
-        overlap_schedule: bool | None = None,
-        prefill_merge_tokens: int | str | None = "auto",
-        sampling_defaults: str = "model",
-    ) -> None:
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        if dtype == "auto":
-            dtype = "bfloat16"  # the fast dtype on AVX-512-BF16 CPUs and on GPUs alike
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
-        self.model_path = resolve_model(None if model is None else str(model))
+    def __init__(self, config: EngineConfig | str | Path | None = None, **settings: Any) -> None:
+        """`Engine(EngineConfig(...))`, or the same settings as keywords (`Engine(model=..., dtype=...)`); a first
+        positional str or Path is the model."""
+        if not isinstance(config, EngineConfig):
+            if config is not None:
+                settings = {"model": config, **settings}
+            config = EngineConfig.from_kwargs(settings)
+        elif settings:
+            raise TypeError("pass an EngineConfig or keyword settings, not both")
+        self.config = c = config
+        dtype = "bfloat16" if c.dtype == "auto" else c.dtype  # the fast dtype on AVX-512-BF16 CPUs and GPUs alike
+        self.model_path = resolve_model(None if c.model is None else str(c.model))
         self.dtype_name = dtype
-        self.device = torch.device(device)
+        self.device = torch.device(c.device)
         if self.device.type == "cuda" and self.device.index is None:  # pin it: each thread binds this same device
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.attention_backend = attention_backend or default_attention_backend(self.device, _DTYPES[dtype])
+        self.attention_backend = c.attention_backend or default_attention_backend(self.device, _DTYPES[dtype])
         self.tokenizer = Tokenizer.from_dir(self.model_path)
-        if sampling_defaults not in ("model", "none"):
-            raise ValueError(f"sampling_defaults must be 'model' or 'none', got {sampling_defaults!r}")
         # Applied to what a request leaves unset (see radixserve/model/sampling_defaults.py).
-        self.sampling_defaults = load_sampling_defaults(self.model_path) if sampling_defaults == "model" else {}
+        self.sampling_defaults = load_sampling_defaults(self.model_path) if c.sampling_defaults == "model" else {}
         self.runner = ModelRunner(
-            self.model_path, _DTYPES[dtype], self.device, page_size, max_total_tokens, self.attention_backend,
-            max_running_requests, context_length,
+            self.model_path, _DTYPES[dtype], self.device, c.page_size, c.max_total_tokens, self.attention_backend,
+            c.max_running_requests, c.context_length,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is
         # implemented), so a windowed model is exact only up to its window.
         limit = min(cfg.max_position_embeddings, cfg.sliding_window or cfg.max_position_embeddings)
-        if context_length is not None and context_length > limit:
-            raise ValueError(f"context_length {context_length} exceeds what the model supports ({limit})")
-        self.context_length = context_length or limit
-        self.max_queued_requests = max_queued_requests
+        if c.context_length is not None and c.context_length > limit:
+            raise ParamError("context_length", f"context_length {c.context_length} exceeds what the model supports "
+                             f"({limit})")
+        self.context_length = c.context_length or limit
+        self.max_queued_requests = c.max_queued_requests
         pool = self.runner.pool
         self.inputs = RequestBuilder(self.tokenizer, cfg.vocab_size, self.context_length,
                                      pool.capacity * pool.page_size, self.sampling_defaults)
         self.encode_prompts = self.inputs.encode_prompts  # the server tokenizes prompts in a thread with it
-        if prefill_merge_tokens == "auto":  # see SchedulerConfig.prefill_merge_tokens
-            prefill_merge_tokens = None if self.device.type == "cuda" else _CPU_PREFILL_MERGE_TOKENS
-        elif isinstance(prefill_merge_tokens, str):
-            raise ValueError(f"prefill_merge_tokens must be an int, None or 'auto', got {prefill_merge_tokens!r}")
+        merge = c.prefill_merge_tokens
+        if merge == "auto":  # see SchedulerConfig.prefill_merge_tokens
+            merge = None if self.device.type == "cuda" else _CPU_PREFILL_MERGE_TOKENS
         sched_cfg = SchedulerConfig(
-            page_size=page_size,
+            page_size=c.page_size,
             context_length=self.context_length,
-            chunked_prefill_size=chunked_prefill_size,
-            max_running_requests=max_running_requests,
-            schedule_policy=schedule_policy,
-            enable_radix_cache=enable_radix_cache,
-            init_new_token_ratio=init_new_token_ratio,
-            prefill_merge_tokens=prefill_merge_tokens,
+            chunked_prefill_size=c.chunked_prefill_size,
+            max_running_requests=c.max_running_requests,
+            schedule_policy=c.schedule_policy,
+            enable_radix_cache=c.enable_radix_cache,
+            init_new_token_ratio=c.init_new_token_ratio,
+            prefill_merge_tokens=merge,
         )
         eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
 
         # Overlap: a worker thread runs step N (on a GPU it only launches kernels) while the loop processes step N-1
         # and schedules N+1. On a CPU both would share the same cores, so it is off there by default.
-        self.overlap_schedule = self.device.type == "cuda" if overlap_schedule is None else overlap_schedule
+        self.overlap_schedule = self.device.type == "cuda" if c.overlap_schedule is None else c.overlap_schedule
         self._inflight = 0  # requests submitted and not finished (the queue limit counts those not yet running)
         self._inflight_lock = threading.Lock()
         self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule)

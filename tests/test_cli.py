@@ -46,7 +46,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "model": str(tiny_model_dir), "dtype": "float32", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
         "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False, "overlap_schedule": None,
-        "sampling_defaults": "model",
+        "sampling_defaults": "model", "init_new_token_ratio": 0.7,
     }
     from radixserve import Engine
 
@@ -113,3 +113,16 @@ def test_every_option_has_help_and_version_prints(capsys) -> None:
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"radixserve {__version__}"
+
+
+def test_engine_flags_cover_every_engine_config_field(tiny_model_dir: Path) -> None:
+    """The CLI and EngineConfig cannot drift: every field has a flag (serve adds the queue limit), every flag a field."""
+    from dataclasses import fields
+
+    from radixserve.cli import build_parser, engine_kwargs
+    from radixserve.engine_config import EngineConfig
+
+    args = build_parser().parse_args(["serve", "--model", str(tiny_model_dir)])
+    served = set(engine_kwargs(args, tiny_model_dir)) | {"max_queued_requests"}
+    assert served == {f.name for f in fields(EngineConfig)}
+    EngineConfig(**engine_kwargs(args, tiny_model_dir))  # and every default the CLI passes is valid

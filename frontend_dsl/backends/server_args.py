@@ -8,7 +8,6 @@ a TypeError, as a misspelt keyword would be.
 """
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import Any
 
@@ -50,9 +49,11 @@ REFUSED = {
 
 
 def _engine_params() -> set[str]:
-    from radixserve import Engine
+    from dataclasses import fields
 
-    return set(inspect.signature(Engine.__init__).parameters) - {"self", "model"}
+    from radixserve.engine_config import EngineConfig
+
+    return {f.name for f in fields(EngineConfig)} - {"model"}
 
 
 def engine_args_from_server_args(server_args: dict[str, Any]) -> dict[str, Any]:

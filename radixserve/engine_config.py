@@ -1,0 +1,76 @@
+"""Every setting of an Engine in one validated dataclass: `Engine(EngineConfig(...))` or `Engine(**fields)`; the
+CLI's engine flags are checked against these fields (tests/test_cli.py) and the scheduler's and runner's settings
+are derived from it. A bad value raises ParamError naming the field, at construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from radixserve.errors import ParamError
+
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | Path | None = None  # HF folder or .gguf; None: the default model
+    dtype: str = "auto"  # auto: bfloat16
+    device: str = "cpu"
+    page_size: int = 16
+    max_total_tokens: int | None = None  # KV pool tokens; None: from free memory (CPU: at most 64k)
+    context_length: int | None = None  # None: the model's own
+    attention_backend: str | None = None  # None: flashinfer on CUDA (triton for float32), torch elsewhere
+    enable_radix_cache: bool = True
+    schedule_policy: str = "lpm"
+    chunked_prefill_size: int = 512
+    max_running_requests: int = 64
+    max_queued_requests: int | None = None  # None: no limit
+    init_new_token_ratio: float = 0.7
+    overlap_schedule: bool | None = None  # None: on for CUDA, off on CPU
+    prefill_merge_tokens: int | str | None = "auto"  # "auto": 32 on CPU, no limit on CUDA; None: no limit
+    sampling_defaults: str = "model"  # "model": the publisher's values for what a request leaves unset; "none"
+
+    def __post_init__(self) -> None:
+        for name, ok, why in self._checks():
+            if not ok:
+                raise ParamError(name, f"{name} {why}, got {getattr(self, name)!r}")
+
+    def _checks(self) -> list[tuple[str, bool, str]]:
+        merge = self.prefill_merge_tokens
+        return [
+            ("dtype", self.dtype in ("auto", *DTYPES), f"must be one of auto, {', '.join(DTYPES)}"),
+            ("page_size", _int(self.page_size) and self.page_size >= 1, "must be an integer >= 1"),
+            ("max_total_tokens", self.max_total_tokens is None or (_int(self.max_total_tokens)
+                                                                   and self.max_total_tokens >= 1),
+             "must be an integer >= 1 or None"),
+            ("context_length", self.context_length is None or (_int(self.context_length) and self.context_length >= 2),
+             "must be an integer >= 2 or None"),
+            ("attention_backend", self.attention_backend in (None, *ATTENTION_BACKENDS),
+             f"must be one of {', '.join(ATTENTION_BACKENDS)} or None"),
+            ("schedule_policy", self.schedule_policy in ("lpm", "fcfs"), "must be 'lpm' or 'fcfs'"),
+            ("chunked_prefill_size", _int(self.chunked_prefill_size) and self.chunked_prefill_size >= 1,
+             "must be an integer >= 1"),
+            ("max_running_requests", _int(self.max_running_requests) and self.max_running_requests >= 1,
+             "must be an integer >= 1"),
+            ("max_queued_requests", self.max_queued_requests is None or (_int(self.max_queued_requests)
+                                                                         and self.max_queued_requests >= 0),
+             "must be an integer >= 0 or None"),
+            ("init_new_token_ratio", isinstance(self.init_new_token_ratio, (int, float))
+             and 0 <= self.init_new_token_ratio <= 1, "must be in [0, 1]"),
+            ("prefill_merge_tokens", merge in ("auto", None) or (_int(merge) and merge >= 1),
+             "must be an integer >= 1, None or 'auto'"),
+            ("sampling_defaults", self.sampling_defaults in ("model", "none"), "must be 'model' or 'none'"),
+        ]
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> EngineConfig:
+        unknown = set(kwargs) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown engine setting(s): {', '.join(sorted(unknown))}")
+        return cls(**kwargs)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
