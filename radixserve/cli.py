@@ -26,6 +26,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "(default: $RADIXSERVE_CACHE or ~/.cache/radixserve)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights and KV cache dtype; 'auto' is bfloat16 (default: %(default)s)")
+    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8"],
+                   help="CPU weight format: 'int8' is weight-only int8 per output channel; 'auto' picks what the "
+                        "CPU runs fastest (see /get_model_info's quantization_reason) (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="'cpu', 'cuda' or 'cuda:N' (default: %(default)s)")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (default: from free memory)")
@@ -111,6 +114,7 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
     return {
         "model": str(model_path),
         "dtype": args.dtype,
+        "quantization": args.quantization,
         "device": args.device,
         "page_size": args.page_size,
         "max_total_tokens": args.max_total_tokens,

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from radixserve.errors import ParamError, QueueFullError
+from radixserve.model.cpu_select import choose
 from radixserve.model.resolve import resolve_model
 from radixserve.engine_config import EngineConfig
 from radixserve.engine_loop import EngineLoop
@@ -53,7 +54,9 @@ class Engine:
         elif settings:
             raise TypeError("pass an EngineConfig or keyword settings, not both")
         self.config = c = config
-        dtype = "bfloat16" if c.dtype == "auto" else c.dtype  # the fast dtype on AVX-512-BF16 CPUs and GPUs alike
+        # "auto" dtype and quantization resolved by what the CPU has (radixserve/model/cpu_select.py)
+        self.cpu_choice = choose(c.dtype, c.quantization, torch.device(c.device).type)
+        dtype, self.quantization = self.cpu_choice.dtype, self.cpu_choice.quantization
         self.model_path = resolve_model(None if c.model is None else str(c.model))
         self.dtype_name = dtype
         self.device = torch.device(c.device)
@@ -65,7 +68,7 @@ class Engine:
         self.sampling_defaults = load_sampling_defaults(self.model_path) if c.sampling_defaults == "model" else {}
         self.runner = ModelRunner(
             self.model_path, _DTYPES[dtype], self.device, c.page_size, c.max_total_tokens, self.attention_backend,
-            c.max_running_requests, c.context_length,
+            c.max_running_requests, c.context_length, quantization=self.quantization,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is
@@ -335,6 +338,8 @@ class Engine:
             "page_size": self.runner.pool.page_size,
             "vocab_size": self.runner.config.vocab_size,
             "dtype": self.dtype_name,
+            "quantization": self.quantization,
+            "quantization_reason": self.cpu_choice.reason,
             "attention_backend": self.attention_backend,
             "sampling_defaults": dict(self.sampling_defaults),
         }

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.errors import ParamError
+from radixserve.model.cpu_select import QUANTIZATIONS
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")
@@ -31,6 +32,7 @@ class EngineConfig:
     overlap_schedule: bool | None = None  # None: on for CUDA, off on CPU
     prefill_merge_tokens: int | str | None = "auto"  # "auto": 32 on CPU, no limit on CUDA; None: no limit
     sampling_defaults: str = "model"  # "model": the publisher's values for what a request leaves unset; "none"
+    quantization: str = "auto"  # CPU weight format: auto (chosen by the CPU), none, int8 (radixserve/model/quant.py)
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():
@@ -62,6 +64,7 @@ class EngineConfig:
             ("prefill_merge_tokens", merge in ("auto", None) or (_int(merge) and merge >= 1),
              "must be an integer >= 1, None or 'auto'"),
             ("sampling_defaults", self.sampling_defaults in ("model", "none"), "must be 'model' or 'none'"),
+            ("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}"),
         ]
 
     @classmethod

@@ -32,7 +32,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
     fake.run_server = lambda *args, **kwargs: calls.append((args, kwargs))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "radixserve.server.launch", fake)
     argv = ["serve", "--model", str(tiny_model_dir), "--host", "0.0.0.0", "--port", "31234", "--api-key", "sk-x",
-            "--max-queued-requests", "7", "--page-size", "1", "--max-total-tokens", "4096", "--dtype", "float32",
+            "--max-queued-requests", "7", "--page-size", "1", "--max-total-tokens", "4096", "--dtype", "float32", "--quantization", "int8",
             "--attention-backend", "torch", "--chunked-prefill-size", "64", "--schedule-policy", "fcfs",
             "--prefill-merge-tokens", "none", "--disable-radix-cache", "--context-length", "512",
             "--max-connections", "99", "--header-timeout", "3", "--body-timeout", "4", "--max-body-mb", "1"]
@@ -43,7 +43,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
     assert kwargs == {"served_model_name": None, "max_connections": 99, "header_timeout_s": 3.0, "body_timeout_s": 4.0,
                       "max_body_bytes": 1 << 20}
     assert engine_kwargs == {
-        "model": str(tiny_model_dir), "dtype": "float32", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
+        "model": str(tiny_model_dir), "dtype": "float32", "quantization": "int8", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
         "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False, "overlap_schedule": None,
         "sampling_defaults": "model", "init_new_token_ratio": 0.7,
@@ -51,7 +51,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
     from radixserve import Engine
 
     with Engine(**engine_kwargs) as eng:  # every key is one the Engine takes
-        assert eng.model_info()["page_size"] == 1
+        assert eng.model_info()["page_size"] == 1 and eng.model_info()["quantization"] == "int8"
 
 
 def test_generate_prints_the_greedy_answer(tiny_model_dir: Path, make_engine: Callable, capsys) -> None:

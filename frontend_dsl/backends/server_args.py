@@ -38,7 +38,7 @@ HARMLESS = {
 REFUSED = {
     "tokenizer_path": "a different tokenizer changes the prompt tokens",
     "chat_template": "a different chat template changes the role text",
-    "quantization": "radixserve has no quantized kernels; ignoring it would run another model",
+    "quantization": "radixserve's own formats are auto, none and int8 (CPU); another one would run another model",
     "kv_cache_dtype": "the KV cache has the model's dtype; another one changes results",
     "lora_paths": "radixserve has no LoRA adapters", "revision": "models are local folders",
     "load_format": "models load from safetensors or GGUF only", "is_embedding": "radixserve only generates",
@@ -46,6 +46,10 @@ REFUSED = {
     "skip_tokenizer_init": "the DSL needs the tokenizer", "json_model_override_args": "configs are not overridden",
     "speculative_algorithm": "radixserve has no speculative decoding",
 }
+
+
+# Names SGLang and radixserve share with different value sets: only radixserve's values pass through.
+_OWN_VALUES = {"quantization": ("auto", "none", "int8")}
 
 
 def _engine_params() -> set[str]:
@@ -64,7 +68,7 @@ def engine_args_from_server_args(server_args: dict[str, Any]) -> dict[str, Any]:
         if name in MAPPED:
             target, convert = MAPPED[name]
             out[target] = convert(value)
-        elif name in own:
+        elif name in own and not (name in REFUSED and value not in _OWN_VALUES.get(name, ())):
             out[name] = value
         elif name in HARMLESS:
             if name in ("tp_size", "dp_size") and value not in (None, 1):

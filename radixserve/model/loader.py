@@ -10,6 +10,7 @@ from safetensors import SafetensorError, safe_open
 
 from radixserve.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM, can_pack
+from radixserve.model.quant import quantize_model_int8
 
 
 def read_config(path: Path) -> ModelConfig:
@@ -54,7 +55,8 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ValueError(f"cannot read weights from {file}: {e}") from e
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> tuple[ModelConfig, LlamaForCausalLM]:
+def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu",
+               quantization: str = "none") -> tuple[ModelConfig, LlamaForCausalLM]:
     """Build the model in `dtype` on `device` and fill it from the folder's weights; ValueError for a bad folder."""
     path = Path(path)
     if not path.is_dir():
@@ -65,6 +67,8 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device 
     with torch.device(device):
         model = LlamaForCausalLM(config, dtype)
     model.load_weights(iter_safetensors(files))
-    if can_pack(dtype, torch.device(device)):
+    if quantization == "int8":
+        quantize_model_int8(model)  # replaces every Linear, so nothing is left for oneDNN to pack
+    elif can_pack(dtype, torch.device(device)):
         model.pack_for_cpu()
     return config, model.eval()

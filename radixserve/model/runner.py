@@ -90,10 +90,11 @@ class ModelRunner:
         context_length: int | None = None,
         cuda_graph: bool = True,
         mem_fraction: float = 0.3,
+        quantization: str = "none",
     ) -> None:
         self.device = device
         bind_device(device)
-        self.config, self.model = load_model(model_path, dtype, device)
+        self.config, self.model = load_model(model_path, dtype, device, quantization)
         cfg = self.config
         bytes_per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype.itemsize)
         if max_total_tokens is None:

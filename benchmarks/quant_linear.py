@@ -1,0 +1,60 @@
+"""Per-shape cost of one linear on this CPU: float32, bf16 (oneDNN-packed), int8 weight-only (fp32 / bf16 acts).
+
+The default model's projection shapes (Qwen2.5-0.5B: qkv 1152x896, o 896x896, gate_up 9728x896, down 896x4864,
+lm_head 151936x896) at 1 and 96 rows: decode and an uncached prefill tail. Prints the CPU flags with the figures.
+
+    .venv/bin/python -m benchmarks.quant_linear [--rows 1 96] [--iters 20]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from radixserve.model import cpu_select
+from radixserve.model.llama import Linear
+from radixserve.model.quant import Int8Linear
+
+SHAPES = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864), "lm_head": (151936, 896)}
+
+
+def _time(fn, iters: int) -> float:
+    fn()
+    ts = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e6
+
+
+@torch.no_grad()
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 96])
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    a = ap.parse_args()
+    print(f"cpu={cpu_select.cpu_capability()} bf16_hw={cpu_select.has_bf16_hardware()} threads={torch.get_num_threads()}")
+    print("| shape | rows | fp32 us | bf16 packed us | int8 fp32-act us | int8 bf16-act us |")
+    print("|---|---|---|---|---|---|")
+    for name in a.shapes:
+        n, k = SHAPES[name]
+        w = torch.randn(n, k) * 0.02
+        bf = Linear(k, n, False, torch.bfloat16)
+        bf.weight.data.copy_(w)
+        if cpu_select.has_bf16_hardware():
+            bf.pack()
+        q = Int8Linear.from_float(w, None)
+        for m in a.rows:
+            x = torch.randn(m, k)
+            xb = x.bfloat16()
+            row = [_time(lambda: torch.nn.functional.linear(x, w), a.iters), _time(lambda: bf(xb), a.iters),
+                   _time(lambda: q(x), a.iters), _time(lambda: q(xb), a.iters)]
+            print(f"| {name} {n}x{k} | {m} | " + " | ".join(f"{v:.0f}" for v in row) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
