@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Any
 # little. libgomp reads this when torch loads, so it must be set before the first `import torch`.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from radixserve.io import FinishReason, GenerateOutput, GenerateRequest, StreamChunk  # no torch: stays light
+
 if TYPE_CHECKING:
     from radixserve.engine import Engine
 
-__all__ = ["Engine", "__version__"]
+__all__ = ["Engine", "FinishReason", "GenerateOutput", "GenerateRequest", "StreamChunk", "__version__"]
 
 try:
     __version__ = version("radixserve")

@@ -10,11 +10,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Coroutine, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, TypeVar
 
 from radixserve import __version__
+from radixserve.io import GenerateRequest, OutputMeta
 from radixserve.model.resolve import resolve_model
 from radixserve.summary import startup_summary
+
+if TYPE_CHECKING:
+    from radixserve.engine import Engine
 
 T = TypeVar("T")
 EXIT_USAGE = 2
@@ -166,33 +170,35 @@ class Turn:
     """The outcome of one streamed request."""
 
     text: str
-    meta: dict[str, Any]
+    meta: OutputMeta | None  # of the last chunk; None if none came
     elapsed: float
 
     def stats(self) -> str:
         """One line: tokens, time to first token, decode tokens/s, prompt tokens served from the cache."""
-        n = self.meta.get("completion_tokens", 0)
-        ttft = self.meta.get("ttft", 0.0)
-        decode_s = self.meta.get("e2e_latency", self.elapsed) - ttft
+        m = self.meta
+        n = m.completion_tokens if m else 0
+        ttft = (m.ttft if m else None) or 0.0
+        decode_s = (m.e2e_latency if m else self.elapsed) - ttft
         rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0
-        prompt, cached = self.meta.get("prompt_tokens", 0), self.meta.get("cached_tokens", 0)
+        prompt, cached = (m.prompt_tokens, m.cached_tokens) if m else (0, 0)
         share = 100.0 * cached / prompt if prompt else 0.0
         return (f"[{n} tokens | ttft {ttft:.2f}s | {rate:.1f} tok/s | "
                 f"cached {cached}/{prompt} prompt tokens ({share:.0f}%)]")
 
 
-async def stream_turn(engine: Any, input_ids: list[int], params: dict[str, Any], write: Callable[[str], Any]) -> Turn:
+async def stream_turn(engine: Engine, input_ids: list[int], params: dict[str, Any],
+                      write: Callable[[str], Any]) -> Turn:
     """Stream one request's text through `write` as it is generated; returns the whole text and the final meta_info."""
     start = time.perf_counter()
     pieces: list[str] = []
-    meta: dict[str, Any] = {}
-    stream = engine.async_generate(input_ids=input_ids, sampling_params=params, stream=True)
-    async with contextlib.aclosing(stream):
+    meta = None
+    stream = engine.stream(GenerateRequest(input_ids=input_ids, sampling_params=params))
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
         async for chunk in stream:
-            if chunk["text"]:
-                write(chunk["text"])
-                pieces.append(chunk["text"])
-            meta = chunk["meta_info"]
+            if chunk.text:
+                write(chunk.text)
+                pieces.append(chunk.text)
+            meta = chunk.meta_info
     return Turn("".join(pieces), meta, time.perf_counter() - start)
 
 

@@ -6,7 +6,7 @@ import logging
 import threading
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from radixserve.model.resolve import resolve_model
 from radixserve.engine_config import EngineConfig
 from radixserve.engine_loop import EngineLoop
 from radixserve.inputs import RequestBuilder, RequestSpec
+from radixserve.io import GenerateOutput, GenerateRequest, StreamChunk
 from radixserve.model.sampling_defaults import load_sampling_defaults
 from radixserve.model.runner import ModelRunner, default_attention_backend
 from radixserve.request import Req
@@ -31,6 +32,19 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # Measured on the default model (2 AVX-512 cores, benchmarks/prefill_step_cost.py): a step costs ~59 ms plus ~2.2 ms
 # per prefill token, so merging prefills pays only below ~27 tokens each; 32 leans a little toward throughput.
 _CPU_PREFILL_MERGE_TOKENS = 32
+
+
+async def _as_dicts(outputs: Awaitable[list[GenerateOutput]], single: bool) -> dict[str, Any] | list[dict[str, Any]]:
+    dicts = [o.to_dict() for o in await outputs]
+    return dicts[0] if single else dicts
+
+
+async def _dicts(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[dict[str, Any]]:
+    try:
+        async for chunk in chunks:
+            yield chunk.to_dict()
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]  # an early exit aborts the request
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any) -> None:
@@ -155,8 +169,8 @@ class Engine:
             raise
 
     def _build_and_queue(self, spec: RequestSpec, emit: Callable[[Any], None], stream: bool) -> Req:
-        def emit_and_count(item: Any) -> None:
-            if isinstance(item, BaseException) or item["meta_info"]["finish_reason"] is not None:
+        def emit_and_count(item: GenerateOutput | BaseException) -> None:
+            if isinstance(item, BaseException) or item.finished:
                 with self._inflight_lock:
                     self._inflight -= 1
             emit(item)
@@ -165,32 +179,25 @@ class Engine:
         self.loop.inbox.put(("add", req))
         return req
 
-    # ---- async API ----------------------------------------------------------------------------------------------
-    def async_generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        cache_salt: str = "",
-        rid: str | list[str] | None = None,
-        stream: bool = False,
-    ) -> Any:
-        """stream=False: an awaitable of a dict (list for list input or n > 1); stream=True: an async iterator of chunks.
+    # ---- typed API: GenerateRequest in, GenerateOutput / StreamChunk out -----------------------------------------
+    async def run(self, request: GenerateRequest) -> list[GenerateOutput]:
+        """Run a request to the end: one output per prompt and sample (prompt-major). Bad input raises ParamError
+        before anything is queued; cancelling aborts what was queued."""
+        specs, _ = self._specs(request)
+        return await self._collect(specs)
 
-        Arguments are validated here, before anything is queued, so bad input raises ValueError at the call."""
-        specs, single = self.inputs.specs(
-            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, cache_salt, rid
-        )
-        if stream:
-            if len(specs) != 1 or specs[0].params.n != 1:
-                raise ValueError("stream=True takes a single prompt with n == 1")
-            return self._stream(specs[0])
-        return self._collect(specs, single)
+    def stream(self, request: GenerateRequest) -> AsyncIterator[StreamChunk]:
+        """A single prompt with n == 1, chunk by chunk (bad input raises here, at the call)."""
+        specs, _ = self._specs(request)
+        if len(specs) != 1 or specs[0].params.n != 1:
+            raise ParamError("stream", "stream=True takes a single prompt with n == 1")
+        return self._stream(specs[0])
 
-    async def _stream(self, spec: RequestSpec) -> AsyncIterator[dict[str, Any]]:
+    def _specs(self, r: GenerateRequest) -> tuple[list[RequestSpec], bool]:
+        return self.inputs.specs(r.prompt, r.sampling_params, r.input_ids, r.return_logprob, r.logprob_start_len,
+                                 r.top_logprobs_num, r.cache_salt, r.rid)
+
+    async def _stream(self, spec: RequestSpec) -> AsyncIterator[StreamChunk]:
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue[Any] = asyncio.Queue()
         self._reserve(1, "prompt")
@@ -201,13 +208,13 @@ class Engine:
                 chunk = await chunks.get()
                 if isinstance(chunk, BaseException):
                     raise chunk
-                done = chunk["meta_info"]["finish_reason"] is not None
+                done = chunk.finished
                 yield chunk
         finally:
             if not done:  # the caller left early (break, aclose, cancellation, disconnect)
                 self.abort(req.rid)
 
-    async def _run_one(self, spec: RequestSpec) -> dict[str, Any]:
+    async def _run_one(self, spec: RequestSpec) -> GenerateOutput:
         """Submit one request that reports only its final result, and wait for it (cancelling aborts it)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
@@ -226,7 +233,7 @@ class Engine:
             raise item
         return item
 
-    async def _collect(self, specs: list[RequestSpec], single: bool) -> dict[str, Any] | list[dict[str, Any]]:
+    async def _collect(self, specs: list[RequestSpec]) -> list[GenerateOutput]:
         # n > 1: prefill each prompt once (a zero-token request), so the n samples all hit its pages in the tree.
         multi = [replace(s, rid=uuid.uuid4().hex, params=s.params.replace(max_new_tokens=0, n=1), return_logprob=False)
                  for s in specs if s.params.n > 1]
@@ -246,9 +253,31 @@ class Engine:
             results = await asyncio.gather(*(self._run_one(s) for s in expanded))
         finally:
             self._unreserve(unsent)  # the samples never submitted (their prefill failed or was cancelled)
-        return results[0] if single else list(results)
+        return list(results)
 
-    # ---- sync API -----------------------------------------------------------------------------------------------
+    # ---- dict API (the documented contract: {"text", "output_ids", "meta_info"}, built from the typed outputs) ----
+    def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        cache_salt: str = "",
+        rid: str | list[str] | None = None,
+        stream: bool = False,
+    ) -> Any:
+        """stream=False: an awaitable of a dict (list for list input or n > 1); stream=True: an async iterator of chunks.
+
+        Arguments are validated here, before anything is queued, so bad input raises ValueError at the call."""
+        request = GenerateRequest(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
+                                  top_logprobs_num, cache_salt, rid)
+        if stream:
+            return _dicts(self.stream(request))
+        specs, single = self._specs(request)
+        return _as_dicts(self._collect(specs), single)
+
     def generate(
         self,
         prompt: str | list[str] | None = None,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.detokenizer import IncrementalDetokenizer
+from radixserve.io import FinishReason, GenerateOutput
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling_params import SamplingParams
 
@@ -24,7 +25,7 @@ class Req:
     params: SamplingParams
     sampling: SamplingInfo
     detok: IncrementalDetokenizer
-    emit: Callable[[dict[str, Any]], None]
+    emit: Callable[[GenerateOutput | BaseException], None]
     namespace: str = ""
     stream: bool = False
     return_logprob: bool = False
@@ -42,7 +43,7 @@ class Req:
     kv_inflight: int = 0  # tokens of kv_len that steps in flight are still computing (never cached before done)
     inflight_tokens: int = 0  # tokens sampled by such steps that the scheduler has not seen yet
     cached_tokens: int = 0
-    finish_reason: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
 
     # logprobs gathered so far
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
@@ -81,7 +82,7 @@ class Req:
 
     @property
     def failed(self) -> bool:
-        return self.finish_reason is not None and self.finish_reason["type"] == "error"
+        return self.finish_reason is not None and self.finish_reason.type == "error"
 
     def match_ids(self) -> list[int]:
         """The tokens to look up in the radix cache: prompt logprobs still owed must be computed, not looked up.

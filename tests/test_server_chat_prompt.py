@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from radixserve.io import STOP_LENGTH, FinishReason
 from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.tokenizer import Tokenizer
 from tiny_tokenizer import build_tokenizer
 
 EOS = {"type": "stop", "matched": None}
-LENGTH = {"type": "length", "matched": None}
+LENGTH = STOP_LENGTH
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_turns_extend_prompt_plus_generated_ids(tok: Tokenizer) -> None:
         assert prompt[: len(context)] == context, turn  # the whole previous turn is a prefix
         assert tok.decode(prompt, skip_special_tokens=False) == tok.apply_chat_template(msgs)  # same text
         generated = odd_ids(tok, answer) + [tok.token_to_id("<|im_end|>")]
-        b.remember("ns", answer, generated, {"type": "stop", "matched": generated[-1]})
+        b.remember("ns", answer, generated, FinishReason("stop", generated[-1]))
         context = prompt + generated[:-1]  # the EOS is replaced by the template's own end-of-turn
         msgs += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"question {turn}"}]
 
@@ -60,7 +61,7 @@ def test_ids_that_do_not_spell_the_text_are_not_kept(tok: Tokenizer) -> None:
     b = ChatPromptBuilder(tok)
     b.remember("", "hello there", odd_ids(tok, "hello where"), LENGTH)
     b.remember("", "", [], LENGTH)
-    b.remember("", "hello there", odd_ids(tok, "hello there"), {"type": "abort", "matched": None, "message": "x"})
+    b.remember("", "hello there", odd_ids(tok, "hello there"), FinishReason("abort", None, "x"))
     assert b._answers == {}
 
 
@@ -68,7 +69,7 @@ def test_stop_string_tail_is_trimmed(tok: Tokenizer) -> None:
     """A stop string cut the text: the ids past it are dropped so the kept ids spell exactly the text."""
     b = ChatPromptBuilder(tok)
     ids = odd_ids(tok, "hello there STOP")
-    b.remember("", "hello there", ids, {"type": "stop", "matched": " STOP"})
+    b.remember("", "hello there", ids, FinishReason("stop", " STOP"))
     assert list(b._answers[("", "hello there")]) == ids[: len("hello there")]
 
 

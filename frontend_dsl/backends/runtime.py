@@ -5,7 +5,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-from radixserve.server.native_api import add_token_text
+from radixserve.server.native_api import with_token_text
 
 from frontend_dsl.backends.base import Backend
 from frontend_dsl.backends.server_args import engine_args_from_server_args
@@ -61,8 +61,8 @@ class Runtime(Backend):
         if not return_text_in_logprobs:
             return out
         if isinstance(out, list):
-            return [add_token_text(self.engine.tokenizer, o) for o in out]
-        return add_token_text(self.engine.tokenizer, out)
+            return [with_token_text(self.engine.tokenizer, o) for o in out]
+        return with_token_text(self.engine.tokenizer, out)
 
     def generate_stream(self, text: str, sampling_params: dict[str, Any], return_logprob: bool = False,
                         logprob_start_len: int = -1, top_logprobs_num: int = 0,
@@ -86,7 +86,7 @@ class Runtime(Backend):
                         raise BackendError(f"engine failed the request: {type(e).__name__}: {e}") from e
                     if not more:
                         return
-                    yield add_token_text(self.engine.tokenizer, chunk) if return_text_in_logprobs else chunk
+                    yield with_token_text(self.engine.tokenizer, chunk) if return_text_in_logprobs else chunk
             finally:
                 loop.run_until_complete(chunks.aclose())
         finally:

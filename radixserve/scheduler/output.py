@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import RequestFailedError
+from radixserve.io import INTERNAL_ERROR, STOP_LENGTH, FinishReason, GenerateOutput, OutputMeta, StreamChunk
 from radixserve.request import Req
 from radixserve.step import ScheduledBatch, StepOutput
 
@@ -94,7 +95,7 @@ class OutputProcessor:
         if req.failed:
             return
         if not req.finished and req.params.max_new_tokens == 0 and req.pending == 0:
-            req.finish_reason = {"type": "length", "matched": None}
+            req.finish_reason = STOP_LENGTH
         if req.finished:
             self.running.remove(req)
             self._finish(req, req.finish_reason)
@@ -105,7 +106,7 @@ class OutputProcessor:
         """Finish one request with an internal error: log it, free what it holds, tell its caller (never raises)."""
         log.error("request %s failed: %r", req.rid, exc, exc_info=exc)
         self.stats.failed += 1
-        req.finish_reason = {"type": "error", "matched": None, "message": "internal error"}
+        req.finish_reason = INTERNAL_ERROR
         if req in self.waiting:
             self.waiting.remove(req)
         if req in self.running:
@@ -143,28 +144,28 @@ class OutputProcessor:
     def _check_stop(self, req: Req, tok: int) -> None:
         p = req.params
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
-            req.finish_reason = {"type": "stop", "matched": tok}
+            req.finish_reason = FinishReason("stop", tok)
             return
         _, matched = req.detok.step([tok])
         if matched is not None:
-            req.finish_reason = {"type": "stop", "matched": matched}
+            req.finish_reason = FinishReason("stop", matched)
         elif len(req.output_ids) >= p.max_new_tokens or req.num_fill >= self.cfg.context_length:
-            req.finish_reason = {"type": "length", "matched": None}
+            req.finish_reason = STOP_LENGTH
 
-    def _finish(self, req: Req, reason: dict[str, Any] | None) -> None:
+    def _finish(self, req: Req, reason: FinishReason | None) -> None:
         """Emit the final result; the pages go back now, or when the request's last step in flight is processed."""
         req.finish_reason = reason
         if req.steps_in_flight:
             self.finishing.append(req)
         else:
             self._release(req)
-        if not (reason and reason["type"] == "stop" and isinstance(reason["matched"], str)):
+        if not (reason and reason.stopped_on_string):
             req.detok.flush()  # text held back for a possible stop string is the caller's after all
         self.stats.finished += 1
         req.emit(self._output(req, final=True))
 
-    def _output(self, req: Req, final: bool) -> dict[str, Any]:
-        """A result chunk: the whole result, or for a stream only what is new since the last chunk."""
+    def _output(self, req: Req, final: bool) -> GenerateOutput:
+        """A result: the whole result, or for a stream a chunk of only what is new since the last chunk."""
         now = time.perf_counter()
         if req.stream:
             ids = req.output_ids[req.sent_ids :]
@@ -172,24 +173,25 @@ class OutputProcessor:
             req.sent_ids, req.sent_text = len(req.output_ids), len(req.detok.text)
         else:
             ids, text = list(req.output_ids), req.detok.text
-        meta: dict[str, Any] = {
-            "id": req.rid,
-            "prompt_tokens": len(req.input_ids),
-            "completion_tokens": len(req.output_ids),
-            "cached_tokens": req.cached_tokens,
-            "finish_reason": req.finish_reason if final else None,
-            "ttft": (req.first_token_time - req.created) if req.first_token_time else None,
-            "e2e_latency": now - req.created,
-        }
+        meta = OutputMeta(
+            id=req.rid,
+            prompt_tokens=len(req.input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            finish_reason=req.finish_reason if final else None,
+            ttft=(req.first_token_time - req.created) if req.first_token_time else None,
+            e2e_latency=now - req.created,
+        )
         if req.return_logprob:
             lo = req.sent_logprobs if req.stream else 0
-            meta["output_token_logprobs"] = req.output_token_logprobs[lo:]
-            if req.top_logprobs_num:
-                meta["output_top_logprobs"] = req.output_top_logprobs[lo:]
+            top = bool(req.top_logprobs_num)
+            meta.output_token_logprobs = req.output_token_logprobs[lo:]
+            if top:
+                meta.output_top_logprobs = req.output_top_logprobs[lo:]
             if req.logprob_start_len >= 0 and (not req.stream or lo == 0):
-                meta["input_token_logprobs"] = req.input_token_logprobs
-                if req.top_logprobs_num:
-                    meta["input_top_logprobs"] = req.input_top_logprobs
+                meta.input_token_logprobs = req.input_token_logprobs
+                if top:
+                    meta.input_top_logprobs = req.input_top_logprobs
             if req.stream:
                 req.sent_logprobs = len(req.output_token_logprobs)
-        return {"text": text, "output_ids": ids, "meta_info": meta}
+        return (StreamChunk if req.stream else GenerateOutput)(text, ids, meta)

@@ -10,6 +10,7 @@ from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.null_cache import NullCache
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
+from radixserve.io import ABORTED
 from radixserve.request import Req
 from radixserve.step import ScheduledBatch
 from radixserve.scheduler.output import OutputProcessor
@@ -87,7 +88,7 @@ class Scheduler(OutputProcessor):
         for queue in (self.waiting, self.running):
             for req in [r for r in queue if r.rid == rid]:
                 queue.remove(req)
-                self._finish(req, {"type": "abort", "matched": None, "message": "aborted"})
+                self._finish(req, ABORTED)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.finishing)

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from radixserve.io import FinishReason
 from radixserve.tokenizer import Tokenizer
 
 _SENTINEL = "\ue000radixserve-answer-{}\ue001"  # private-use code points: never in real chat text
@@ -36,14 +37,14 @@ class ChatPromptBuilder:
         self._answers: OrderedDict[tuple[str, str], array] = OrderedDict()
         self._lock = threading.Lock()  # build() runs in worker threads, remember() on the event loop
 
-    def remember(self, namespace: str, text: str, output_ids: Sequence[int], finish_reason: dict[str, Any] | None,
+    def remember(self, namespace: str, text: str, output_ids: Sequence[int], finish_reason: FinishReason | None,
                  skip_special_tokens: bool = True) -> None:
         """Record that `output_ids` produced the answer `text` (as the engine decoded it) in this cache namespace."""
-        if not text or not finish_reason or finish_reason["type"] == "abort":
+        if not text or not finish_reason or finish_reason.type == "abort":
             return
         ids = list(output_ids)
-        if finish_reason["type"] == "stop" and isinstance(finish_reason["matched"], int) and ids \
-                and ids[-1] == finish_reason["matched"]:
+        if finish_reason.type == "stop" and isinstance(finish_reason.matched, int) and ids \
+                and ids[-1] == finish_reason.matched:
             ids.pop()  # the EOS/stop token: the template writes its own end-of-turn after the content
         trimmed = 0
         while self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) != text:

@@ -9,6 +9,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from radixserve.io import OutputMeta
+
 PREFIX = "radixserve_"
 ENGINE_GAUGES = {  # engine.metrics() key -> help
     "hit_rate": "fraction of prompt tokens served from the radix cache since start",
@@ -64,11 +66,11 @@ class ServerMetrics:
         self.http_requests = Counter(PREFIX + "http_requests", "HTTP requests answered, by route and status",
                                      ["route", "status"], registry=self.registry)
 
-    def observe(self, meta: dict) -> None:
+    def observe(self, meta: OutputMeta) -> None:
         """Record one finished generation from its meta_info (engine-measured ttft and e2e_latency)."""
-        if meta.get("finish_reason", {}) and meta["finish_reason"]["type"] == "abort":
+        if meta.finish_reason is not None and meta.finish_reason.type == "abort":
             return
-        ttft, e2e, n = meta.get("ttft"), meta.get("e2e_latency"), meta.get("completion_tokens", 0)
+        ttft, e2e, n = meta.ttft, meta.e2e_latency, meta.completion_tokens
         if ttft is not None and n > 0:
             self.ttft.observe(ttft)
         if e2e is not None:

@@ -16,8 +16,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from radixserve.io import GenerateOutput, GenerateRequest
 from radixserve.server.errors import ApiError, bad_request
-from radixserve.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
+from radixserve.server.protocol import DetokenizeRequest, GenerateBody, TokenizeRequest
 from radixserve.server.serving import (
     SSE_DONE, EventStream, ServerState, Stream, admit, cache_salt, close_streams, engine_errors, generate, merged,
     open_streams, read_json, server_state, sse,
@@ -32,19 +33,24 @@ def _with_text(tok: Tokenizer, entries: list | None) -> list | None:
     return None if entries is None else [(lp, t, tok.token_to_str(t)) for lp, t in entries]
 
 
-def add_token_text(tok: Tokenizer, out: dict) -> dict:
-    """return_text_in_logprobs: (logprob, id) -> (logprob, id, token text), as SGLang reports them."""
-    meta = dict(out["meta_info"])
+def add_token_text(tok: Tokenizer, out: GenerateOutput) -> dict[str, Any]:
+    """return_text_in_logprobs: the output's JSON with (logprob, id) -> (logprob, id, token text), as SGLang has it."""
+    return with_token_text(tok, out.to_dict())
+
+
+def with_token_text(tok: Tokenizer, d: dict[str, Any]) -> dict[str, Any]:
+    """The same for an output already in its dict shape (the Engine's dict API); `d` is changed in place."""
+    d["meta_info"] = meta = dict(d["meta_info"])
     for key in LOGPROB_KEYS:
         if key in meta:
             meta[key] = _with_text(tok, meta[key])
     for key in TOP_LOGPROB_KEYS:
         if key in meta:
             meta[key] = [_with_text(tok, top) for top in meta[key]]
-    return {**out, "meta_info": meta}
+    return d
 
 
-def generate_call(req: GenerateRequest, salt: str) -> tuple[dict[str, Any], int]:
+def generate_call(req: GenerateBody, salt: str) -> tuple[GenerateRequest, int]:
     """The engine call for a /generate body and how many prompts it holds (for admission)."""
     if (req.text is None) == (req.input_ids is None):
         raise bad_request("pass exactly one of text or input_ids", param="text")
@@ -66,15 +72,15 @@ def generate_call(req: GenerateRequest, salt: str) -> tuple[dict[str, Any], int]
     n = max((v for v in ns if isinstance(v, int)), default=1)  # bad values: the engine names them
     if req.stream and (batch or n != 1):
         raise bad_request("stream takes a single prompt with n == 1", param="stream")
-    call = dict(prompt=req.text, input_ids=req.input_ids, sampling_params=params, return_logprob=req.return_logprob,
-                logprob_start_len=req.logprob_start_len, top_logprobs_num=req.top_logprobs_num, cache_salt=salt,
-                rid=rid)
+    call = GenerateRequest(prompt=req.text, input_ids=req.input_ids, sampling_params=params,
+                           return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
+                           top_logprobs_num=req.top_logprobs_num, cache_salt=salt, rid=rid)
     return call, count * max(n, 1)
 
 
 async def generate_endpoint(request: Request) -> Response:
     state = server_state(request)
-    req = await read_json(request, GenerateRequest)
+    req = await read_json(request, GenerateBody)
     call, count = generate_call(req, cache_salt(request, req.cache_salt))
     await admit(state, count)
     default_param = "text" if req.text is not None else "input_ids"
@@ -86,14 +92,13 @@ async def generate_endpoint(request: Request) -> Response:
     with engine_errors(default_param):
         [outs] = await generate(request, state, [call])
     for o in outs:
-        if o["meta_info"]["finish_reason"]["type"] == "abort":
-            raise ApiError(503, f"request aborted: {o['meta_info']['finish_reason'].get('message')}",
-                           type="service_unavailable")
-        state.metrics.observe(o["meta_info"])
-    if req.return_text_in_logprobs:
-        outs = [add_token_text(tok, o) for o in outs]
-    single = not isinstance(call["rid"], list) and len(outs) == 1
-    return Response(state.json.encode(outs[0] if single else outs), media_type="application/json")
+        fin = o.finish_reason
+        if fin is not None and fin.type == "abort":
+            raise ApiError(503, f"request aborted: {fin.message}", type="service_unavailable")
+        state.metrics.observe(o.meta_info)
+    body: list[Any] = [add_token_text(tok, o) for o in outs] if req.return_text_in_logprobs else outs
+    single = not isinstance(call.rid, list) and len(outs) == 1
+    return Response(state.json.encode(body[0] if single else body), media_type="application/json")
 
 
 async def generate_events(state: ServerState, stream: Stream, text_in_logprobs: bool) -> AsyncIterator[bytes]:
@@ -103,8 +108,8 @@ async def generate_events(state: ServerState, stream: Stream, text_in_logprobs: 
         async with contextlib.aclosing(merged([stream])) as chunks:
             async for _, c in chunks:
                 yield sse(state, add_token_text(tok, c) if text_in_logprobs else c)
-                if c["meta_info"]["finish_reason"] is not None:
-                    state.metrics.observe(c["meta_info"])
+                if c.finished:
+                    state.metrics.observe(c.meta_info)
     except Exception as exc:  # the status line is gone: report in-band, as the OpenAI routes do
         yield sse(state, {"error": {"message": f"engine failed: {exc}", "type": "service_unavailable"}})
     finally:

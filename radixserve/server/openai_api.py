@@ -6,12 +6,13 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from radixserve.io import FinishReason, GenerateOutput, GenerateRequest, OutputMeta, StreamChunk
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.errors import ApiError, ErrorBody, ErrorDetail, bad_request
 from radixserve.server.protocol import (
@@ -35,7 +36,7 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 class Job:
     """One validated generation request, ready for the engine: one engine call per prompt (each with n samples)."""
     rid: str
-    calls: list[dict[str, Any]]
+    calls: list[GenerateRequest]
     n: int
     salt: str
     skip_special_tokens: bool
@@ -85,16 +86,16 @@ def max_tokens(value: int | None, param: str, prompt_len: int, state: ServerStat
     return room if default is None else min(default, room)
 
 
-def fan_out(job: Job) -> list[dict[str, Any]]:
+def fan_out(job: Job) -> list[GenerateRequest]:
     """One stream per sample (engine streams take n == 1): sample i of a prompt seeds with seed + i, as the engine does."""
     calls = []
     for call in job.calls:
         for i in range(job.n):
-            params = dict(call["sampling_params"], n=1)
+            params = dict(call.sampling_params, n=1)
             if "seed" in params:
                 params["seed"] += i
-            rid = call["rid"] if job.n == 1 else f"{call['rid']}-{i}"
-            calls.append(dict(call, sampling_params=params, rid=rid))
+            rid = call.rid if job.n == 1 else f"{call.rid}-{i}"
+            calls.append(replace(call, sampling_params=params, rid=rid))
     return calls
 
 
@@ -102,57 +103,58 @@ async def start_streams(request: Request, state: ServerState, job: Job, default_
     """Open the job's streams; with n > 1 each prompt is prefilled once first, so its samples share the cached pages."""
     with engine_errors(default_param, {"max_new_tokens": job.max_param}):
         if job.n > 1:
-            prefill = [dict(c, sampling_params=dict(c["sampling_params"], max_new_tokens=0, n=1), return_logprob=False,
-                            logprob_start_len=-1, rid=f"{c['rid']}-prefill") for c in job.calls]
+            prefill = [replace(c, sampling_params=dict(c.sampling_params, max_new_tokens=0, n=1), return_logprob=False,
+                               logprob_start_len=-1, rid=f"{c.rid}-prefill") for c in job.calls]
             await generate(request, state, prefill)
         return await open_streams(request, state, fan_out(job))
 
 
-def usage(outs: list[dict], per_prompt: int) -> Usage:
+def usage(outs: list[GenerateOutput], per_prompt: int) -> Usage:
     """Prompt tokens (and their cached part) count once per prompt; completion tokens count per sample."""
-    firsts = [o["meta_info"] for o in outs[::per_prompt]]
-    prompt = sum(m["prompt_tokens"] for m in firsts)
-    completion = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(sum(m["cached_tokens"] for m in firsts)))
+    firsts = [o.meta_info for o in outs[::per_prompt]]
+    prompt = sum(m.prompt_tokens for m in firsts)
+    completion = sum(o.meta_info.completion_tokens for o in outs)
+    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(sum(m.cached_tokens for m in firsts)))
 
 
-def finish_reason(meta: dict) -> str | None:
-    fin = meta["finish_reason"]
+def finish_reason(fin: FinishReason | None) -> str | None:
     if fin is None:
         return None
-    if fin["type"] == "abort":
-        raise ApiError(503, f"request aborted: {fin.get('message', 'aborted')}", type="service_unavailable")
-    return fin["type"]
+    if fin.type == "abort":
+        raise ApiError(503, f"request aborted: {fin.message or 'aborted'}", type="service_unavailable")
+    return fin.type
 
 
 def error_event(state: ServerState, err: ApiError) -> bytes:
     return sse(state, ErrorBody(ErrorDetail(err.message, err.type, err.param, err.code)))
 
 
-def observe_and_remember(state: ServerState, job: Job, outs: list[dict], chat: bool) -> None:
+def observe_and_remember(state: ServerState, job: Job, outs: list[GenerateOutput], chat: bool) -> None:
     for o in outs:
-        state.metrics.observe(o["meta_info"])
+        state.metrics.observe(o.meta_info)
         if chat:
-            state.prompts.remember(job.salt, o["text"], o["output_ids"], o["meta_info"]["finish_reason"],
-                                   job.skip_special_tokens)
+            state.prompts.remember(job.salt, o.text, o.output_ids, o.finish_reason, job.skip_special_tokens)
 
 
-def empty_output() -> dict[str, Any]:
-    return {"text": "", "output_ids": [], "meta_info": {}}
+def accumulate(acc: GenerateOutput | None, chunk: StreamChunk) -> GenerateOutput:
+    """Fold a stream chunk into acc (None before the first), so that it ends as the non-streaming output would be;
+    counts in meta_info are cumulative already."""
+    if acc is None:
+        return GenerateOutput(chunk.text, list(chunk.output_ids), chunk.meta_info)
+    return GenerateOutput(acc.text + chunk.text, acc.output_ids + chunk.output_ids, chunk.meta_info)
 
 
-def accumulate(acc: dict[str, Any], chunk: dict) -> None:
-    """Fold a stream chunk into acc, so that it ends as the non-streaming output would be."""
-    acc["text"] += chunk["text"]
-    acc["output_ids"] += chunk["output_ids"]
-    acc["meta_info"] = chunk["meta_info"]  # counts are cumulative already
+def folded(acc: list[GenerateOutput | None]) -> list[GenerateOutput]:
+    """Every stream's whole output, once all have finished (a stream always yields at least one chunk)."""
+    assert all(a is not None for a in acc)
+    return acc  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------- logprobs
 
-def chat_logprobs(tok: Tokenizer, meta: dict) -> ChatLogprobs:
-    lps = meta.get("output_token_logprobs") or []
-    tops = meta.get("output_top_logprobs") or [[] for _ in lps]
+def chat_logprobs(tok: Tokenizer, meta: OutputMeta) -> ChatLogprobs:
+    lps = meta.output_token_logprobs or []
+    tops = meta.output_top_logprobs or [[] for _ in lps]
     content = []
     for (lp, tid), top in zip(lps, tops):
         # The token's own bytes: a piece of a multi-byte character has no text of its own (OpenAI's `bytes` field).
@@ -161,14 +163,14 @@ def chat_logprobs(tok: Tokenizer, meta: dict) -> ChatLogprobs:
     return ChatLogprobs(content)
 
 
-def completion_logprobs(tok: Tokenizer, meta: dict, with_prompt: bool, offset: int) -> CompletionLogprobs:
+def completion_logprobs(tok: Tokenizer, meta: OutputMeta, with_prompt: bool, offset: int) -> CompletionLogprobs:
     """Legacy logprobs: token strings, their logprobs, top alternatives as {token: logprob}, character offsets."""
     pairs: list[tuple[tuple[float | None, int], list | None]] = []
     if with_prompt:
-        inp = meta.get("input_token_logprobs") or []
-        pairs += zip(inp, meta.get("input_top_logprobs") or [None] * len(inp))
-    out = meta.get("output_token_logprobs") or []
-    pairs += zip(out, meta.get("output_top_logprobs") or [[] for _ in out])
+        inp = meta.input_token_logprobs or []
+        pairs += zip(inp, meta.input_top_logprobs or [None] * len(inp))
+    out = meta.output_token_logprobs or []
+    pairs += zip(out, meta.output_top_logprobs or [[] for _ in out])
     res = CompletionLogprobs([], [], [], [])
     for (lp, tid), top in pairs:
         s = tok.token_to_str(tid)
@@ -228,8 +230,8 @@ async def chat_completions(request: Request) -> Response:
     params = sampling_dict(req, max_tokens(limit, max_param, len(ids), state, None, "messages"), max_param)
     await admit(state, req.n)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    call = dict(input_ids=ids, sampling_params=params, return_logprob=req.logprobs,
-                top_logprobs_num=req.top_logprobs or 0, cache_salt=salt, rid=rid)
+    call = GenerateRequest(input_ids=ids, sampling_params=params, return_logprob=req.logprobs,
+                           top_logprobs_num=req.top_logprobs or 0, cache_salt=salt, rid=rid)
     job = Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param)
     created = int(time.time())
     if req.stream:
@@ -239,8 +241,8 @@ async def chat_completions(request: Request) -> Response:
 
     with engine_errors("messages", {"max_new_tokens": max_param}):
         [outs] = await generate(request, state, [call])
-    choices = [ChatChoice(i, ChatResponseMessage("assistant", o["text"]), finish_reason(o["meta_info"]),
-                          chat_logprobs(state.engine.tokenizer, o["meta_info"]) if req.logprobs else None)
+    choices = [ChatChoice(i, ChatResponseMessage("assistant", o.text), finish_reason(o.finish_reason),
+                          chat_logprobs(state.engine.tokenizer, o.meta_info) if req.logprobs else None)
                for i, o in enumerate(outs)]
     observe_and_remember(state, job, outs, chat=True)
     body = ChatCompletionResponse(rid, created, state.model_name, choices, usage(outs, job.n))
@@ -251,7 +253,7 @@ async def chat_events(state: ServerState, job: Job, streams: list[Stream], creat
                       include_usage: bool) -> AsyncIterator[bytes]:
     """SSE of chat.completion.chunk objects: a role delta per choice, content deltas, a finish chunk, [DONE]."""
     tok = state.engine.tokenizer
-    acc = [empty_output() for _ in streams]
+    acc: list[GenerateOutput | None] = [None] * len(streams)
 
     def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> bytes:
         return sse(state, ChatCompletionChunk(job.rid, created, state.model_name, choices, use))
@@ -261,17 +263,17 @@ async def chat_events(state: ServerState, job: Job, streams: list[Stream], creat
             yield chunk([ChatChunkChoice(i, ChatDelta(role="assistant", content=""))])
         async with contextlib.aclosing(merged(streams)) as events:
             async for i, c in events:
-                accumulate(acc[i], c)
-                meta = c["meta_info"]
-                lp = chat_logprobs(tok, meta) if logprobs and meta.get("output_token_logprobs") else None
-                if c["text"] or lp is not None:
-                    yield chunk([ChatChunkChoice(i, ChatDelta(content=c["text"]), None, lp)])
-                reason = finish_reason(meta)
+                acc[i] = accumulate(acc[i], c)
+                meta = c.meta_info
+                lp = chat_logprobs(tok, meta) if logprobs and meta.output_token_logprobs else None
+                if c.text or lp is not None:
+                    yield chunk([ChatChunkChoice(i, ChatDelta(content=c.text), None, lp)])
+                reason = finish_reason(meta.finish_reason)
                 if reason is not None:
                     yield chunk([ChatChunkChoice(i, ChatDelta(), reason)])
         if include_usage:
-            yield chunk([], usage(acc, job.n))
-        observe_and_remember(state, job, acc, chat=True)
+            yield chunk([], usage(folded(acc), job.n))
+        observe_and_remember(state, job, folded(acc), chat=True)
     except ApiError as err:
         yield error_event(state, err)
     except Exception as exc:  # the engine died mid-stream: tell the client in-band, the status line is gone
@@ -318,8 +320,9 @@ async def completions(request: Request) -> Response:
     salt = cache_salt(request, req.cache_salt)
     want_lp = req.logprobs is not None
     echo_lp = req.echo and want_lp
-    calls = [dict(input_ids=ids, sampling_params=params, return_logprob=want_lp, logprob_start_len=0 if echo_lp else -1,
-                  top_logprobs_num=req.logprobs or 0, cache_salt=salt, rid=f"{rid}-{p}")
+    calls = [GenerateRequest(input_ids=ids, sampling_params=params, return_logprob=want_lp,
+                             logprob_start_len=0 if echo_lp else -1, top_logprobs_num=req.logprobs or 0,
+                             cache_salt=salt, rid=f"{rid}-{p}")
              for p, ids in enumerate(ids_list)]
     job = Job(rid, calls, req.n, salt, req.skip_special_tokens, "max_tokens")
     created = int(time.time())
@@ -336,8 +339,8 @@ async def completions(request: Request) -> Response:
     choices = []
     for k, o in enumerate(outs):
         head = texts[k // req.n] if req.echo else ""
-        lp = completion_logprobs(tok, o["meta_info"], echo_lp, 0) if want_lp else None
-        choices.append(CompletionChoice(k, head + o["text"], finish_reason(o["meta_info"]), lp))
+        lp = completion_logprobs(tok, o.meta_info, echo_lp, 0) if want_lp else None
+        choices.append(CompletionChoice(k, head + o.text, finish_reason(o.finish_reason), lp))
     observe_and_remember(state, job, outs, chat=False)
     body = CompletionResponse(rid, created, state.model_name, choices, usage(outs, req.n))
     return Response(state.json.encode(body), media_type="application/json")
@@ -348,7 +351,7 @@ async def completion_events(state: ServerState, job: Job, streams: list[Stream],
                             include_usage: bool) -> AsyncIterator[bytes]:
     """SSE of text_completion chunks (choice index = prompt * n + sample), then usage if asked, then [DONE]."""
     tok = state.engine.tokenizer
-    acc = [empty_output() for _ in streams]
+    acc: list[GenerateOutput | None] = [None] * len(streams)
     offsets = [0] * len(streams)
 
     def chunk(choices: list[CompletionChoice], use: Usage | None = None) -> bytes:
@@ -357,22 +360,22 @@ async def completion_events(state: ServerState, job: Job, streams: list[Stream],
     try:
         async with contextlib.aclosing(merged(streams)) as events:
             async for i, c in events:
-                first = not acc[i]["meta_info"]
-                accumulate(acc[i], c)
-                meta = c["meta_info"]
-                text = c["text"]
+                first = acc[i] is None
+                acc[i] = accumulate(acc[i], c)
+                meta = c.meta_info
+                text = c.text
                 if echo and first:
                     text = (texts[i // job.n] or "") + text
                 lp = None
                 if logprobs:
                     lp = completion_logprobs(tok, meta, echo and first, offsets[i])
                     offsets[i] += sum(len(s) for s in lp.tokens)
-                reason = finish_reason(meta)
+                reason = finish_reason(meta.finish_reason)
                 if text or lp is not None or reason is not None:
                     yield chunk([CompletionChoice(i, text, reason, lp)])
         if include_usage:
-            yield chunk([], usage(acc, job.n))
-        observe_and_remember(state, job, acc, chat=False)
+            yield chunk([], usage(folded(acc), job.n))
+        observe_and_remember(state, job, folded(acc), chat=False)
     except ApiError as err:
         yield error_event(state, err)
     except Exception as exc:

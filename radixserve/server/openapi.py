@@ -8,13 +8,13 @@ import msgspec
 
 from radixserve.server.errors import ErrorBody
 from radixserve.server.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest,
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateBody, TokenizeRequest,
 )
 
 POST_ROUTES: dict[str, tuple[type, str]] = {
     "/v1/chat/completions": (ChatCompletionRequest, "Create a chat completion (OpenAI-compatible)"),
     "/v1/completions": (CompletionRequest, "Create a completion (OpenAI-compatible)"),
-    "/generate": (GenerateRequest, "Generate (SGLang-native)"),
+    "/generate": (GenerateBody, "Generate (SGLang-native)"),
     "/tokenize": (TokenizeRequest, "Token ids of a prompt"),
     "/detokenize": (DetokenizeRequest, "Text of token ids"),
 }

@@ -77,7 +77,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
     logprobs: int | None = None
 
 
-class GenerateRequest(Strict):
+class GenerateBody(Strict):
     """SGLang-native /generate: exactly one of text / input_ids, single or batch."""
     text: str | list[str] | None = None
     input_ids: list[Any] | None = None

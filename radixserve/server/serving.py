@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -17,6 +17,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from radixserve.errors import ParamError, QueueFullError, RequestFailedError
+from radixserve.io import GenerateOutput, GenerateRequest, StreamChunk
 from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.metrics import ServerMetrics
@@ -149,21 +150,20 @@ async def unless_disconnected(request: Request, aw: Awaitable[T], on_gone: Any =
     return task.result()
 
 
-def abort_all(engine: Any, rids: list[str | list[str]]) -> None:
+def abort_all(engine: Engine, rids: list[str | list[str] | None]) -> None:
     for rid in rids:
-        for r in [rid] if isinstance(rid, str) else rid:
+        for r in [rid] if isinstance(rid, str) else rid or []:
             engine.abort(r)
 
 
-async def generate(request: Request, state: ServerState, calls: list[dict[str, Any]]) -> list[list[dict]]:
-    """Run engine calls (each an async_generate kwargs dict with a rid) concurrently; one list of outputs per call."""
+async def generate(request: Request, state: ServerState, calls: list[GenerateRequest]) -> list[list[GenerateOutput]]:
+    """Run engine calls (each with its rid set) concurrently; one list of outputs per call."""
     eng = state.engine
 
-    async def one(kwargs: dict[str, Any]) -> list[dict]:
-        out = await eng.async_generate(**await tokenized(eng, kwargs))
-        return out if isinstance(out, list) else [out]
+    async def one(call: GenerateRequest) -> list[GenerateOutput]:
+        return await eng.run(await tokenized(eng, call))
 
-    rids = [kw["rid"] for kw in calls]
+    rids = [c.rid for c in calls]
     return await unless_disconnected(request, asyncio.gather(*(one(kw) for kw in calls)),
                                      on_gone=lambda: abort_all(eng, rids))
 
@@ -172,36 +172,37 @@ async def generate(request: Request, state: ServerState, calls: list[dict[str, A
 class Stream:
     """One engine stream whose first chunk has arrived (so its input was accepted)."""
     rid: str
-    first: dict
-    rest: AsyncIterator[dict]
+    first: StreamChunk
+    rest: AsyncIterator[StreamChunk]
     finished: bool = False
 
 
-async def tokenized(eng: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+async def tokenized(eng: Engine, call: GenerateRequest) -> GenerateRequest:
     """The call with a text prompt replaced by its ids, tokenized in a thread: the event loop never waits for it."""
-    prompt = kwargs.get("prompt")
+    prompt = call.prompt
     if prompt is None:
-        return kwargs
+        return call
     ids = await asyncio.to_thread(eng.encode_prompts, prompt)
-    return {**kwargs, "prompt": None, "input_ids": ids[0] if isinstance(prompt, str) else ids}
+    return replace(call, prompt=None, input_ids=ids[0] if isinstance(prompt, str) else ids)
 
 
-async def _open(eng: Any, kwargs: dict[str, Any]) -> Stream:
-    it = eng.async_generate(**await tokenized(eng, kwargs), stream=True)
+async def _open(eng: Engine, call: GenerateRequest) -> Stream:
+    assert isinstance(call.rid, str)
+    it = eng.stream(await tokenized(eng, call))
     try:
         first = await it.__anext__()
     except BaseException:
-        eng.abort(kwargs["rid"])
-        await it.aclose()
+        eng.abort(call.rid)
+        await it.aclose()  # type: ignore[attr-defined]
         raise
-    return Stream(kwargs["rid"], first, it, finished=first["meta_info"]["finish_reason"] is not None)
+    return Stream(call.rid, first, it, finished=first.finished)
 
 
-async def open_streams(request: Request, state: ServerState, calls: list[dict[str, Any]]) -> list[Stream]:
+async def open_streams(request: Request, state: ServerState, calls: list[GenerateRequest]) -> list[Stream]:
     """Start one engine stream per call and wait for every first chunk, so bad input fails before any byte is sent."""
     eng = state.engine
-    tasks = [asyncio.ensure_future(_open(eng, kw)) for kw in calls]
-    rids = [kw["rid"] for kw in calls]
+    tasks = [asyncio.ensure_future(_open(eng, c)) for c in calls]
+    rids = [c.rid for c in calls]
     try:
         return await unless_disconnected(request, asyncio.gather(*tasks), on_gone=lambda: abort_all(eng, rids))
     except BaseException:
@@ -213,7 +214,7 @@ async def open_streams(request: Request, state: ServerState, calls: list[dict[st
         raise
 
 
-async def close_streams(eng: Any, streams: list[Stream]) -> None:
+async def close_streams(eng: Engine, streams: list[Stream]) -> None:
     """Abort what has not finished, then close the iterators (idempotent)."""
     for s in streams:  # aborting is synchronous: it happens even if this task is being cancelled
         if not s.finished:
@@ -226,7 +227,7 @@ async def close_streams(eng: Any, streams: list[Stream]) -> None:
             await s.rest.aclose()
 
 
-async def merged(streams: list[Stream]) -> AsyncIterator[tuple[int, dict]]:
+async def merged(streams: list[Stream]) -> AsyncIterator[tuple[int, StreamChunk]]:
     """Chunks of all streams as (stream index, chunk), first chunks first, then in arrival order."""
     for i, s in enumerate(streams):
         yield i, s.first
@@ -234,10 +235,10 @@ async def merged(streams: list[Stream]) -> AsyncIterator[tuple[int, dict]]:
         s = streams[0]
         if not s.finished:
             async for chunk in s.rest:
-                s.finished = chunk["meta_info"]["finish_reason"] is not None
+                s.finished = chunk.finished
                 yield 0, chunk
         return
-    queue: asyncio.Queue[tuple[int, dict | BaseException | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, StreamChunk | BaseException | None]] = asyncio.Queue()
 
     async def pump(i: int, s: Stream) -> None:
         try:
@@ -257,7 +258,7 @@ async def merged(streams: list[Stream]) -> AsyncIterator[tuple[int, dict]]:
             elif isinstance(item, BaseException):
                 raise item
             else:
-                streams[i].finished = item["meta_info"]["finish_reason"] is not None
+                streams[i].finished = item.finished
                 yield i, item
     finally:
         for t in tasks:

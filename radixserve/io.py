@@ -1,0 +1,109 @@
+"""The typed request and results shared by the server, the Engine and the DSL: `GenerateRequest` in, `GenerateOutput`
+(one whole result) or `StreamChunk`s (a result piece by piece) out, each ending with a `FinishReason`.
+
+Results encode to the documented JSON shape `{"text", "output_ids", "meta_info": {...}}` as they are (msgspec
+encodes the structs field by field); `to_dict()` gives the same shape for the Engine's dict API. Nothing past this
+module builds or reads result dicts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+LogprobEntry = tuple[float | None, int]  # (logprob, token id); a prompt's first token has no logprob
+TopLogprobs = list[tuple[float, int]] | None
+
+
+class FinishReason(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Why a request ended. matched: the stop token id or stop string that ended it (None otherwise); message: what
+    went wrong, for abort and error."""
+
+    type: Literal["stop", "length", "abort", "error"]
+    matched: int | str | None
+    message: str | None = None
+
+    @property
+    def stopped_on_string(self) -> bool:
+        return self.type == "stop" and isinstance(self.matched, str)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": self.type, "matched": self.matched}
+        if self.message is not None:
+            d["message"] = self.message
+        return d
+
+
+STOP_LENGTH = FinishReason("length", None)
+ABORTED = FinishReason("abort", None, "aborted")
+INTERNAL_ERROR = FinishReason("error", None, "internal error")
+
+
+class OutputMeta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """meta_info of a result: counts are cumulative (also in a stream); logprob lists appear only when asked for
+    (in a stream, the output ones hold only what is new, the input ones come with the first chunk)."""
+
+    id: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: FinishReason | None
+    ttft: float | None
+    e2e_latency: float
+    output_token_logprobs: list[LogprobEntry] | None = None
+    output_top_logprobs: list[TopLogprobs] | None = None
+    input_token_logprobs: list[LogprobEntry] | None = None
+    input_top_logprobs: list[TopLogprobs] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if name == "finish_reason":
+                d[name] = None if value is None else value.to_dict()
+            elif value is not None or name in _ALWAYS:
+                d[name] = value
+        return d
+
+
+_ALWAYS = frozenset(("finish_reason", "ttft"))
+
+
+class GenerateOutput(msgspec.Struct):
+    """One request's whole result (or, as a StreamChunk, what is new since the previous chunk)."""
+
+    text: str
+    output_ids: list[int]
+    meta_info: OutputMeta
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self.meta_info.finish_reason
+
+    @property
+    def finished(self) -> bool:
+        return self.meta_info.finish_reason is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "output_ids": self.output_ids, "meta_info": self.meta_info.to_dict()}
+
+
+class StreamChunk(GenerateOutput):
+    """A piece of a streamed result: text, output_ids and output logprobs hold only what is new since the previous
+    chunk; counts are cumulative; the last chunk has the finish_reason."""
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One engine call: a prompt as text or token ids (a list of them for a batch), its sampling params as given
+    (a dict, a list of dicts with one per prompt, or a SamplingParams; the engine validates them and fills what is
+    unset from the model's defaults), logprob options, the cache namespace and the request id(s)."""
+
+    prompt: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: Any = None
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    cache_salt: str = ""
+    rid: str | list[str] | None = None
