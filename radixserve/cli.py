@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds between two pieces of a request body before 408 (default: %(default)s)")
     serve.add_argument("--max-body-mb", type=float, default=16.0,
                        help="largest request body in MiB; past it 413 (default: %(default)s)")
+    serve.add_argument("--dp", type=int, default=1,
+                       help="data parallel: run this many replicas (ports after --port, cores or GPUs split between "
+                            "them) behind the cache-aware router on --port (default: %(default)s, no router)")
+    from radixserve.router.policy import POLICIES  # no torch
+
+    serve.add_argument("--router-policy", default="cache_aware", choices=POLICIES,
+                       help="with --dp: how the router picks a replica (default: %(default)s)")
 
     chat = sub.add_parser("chat", help="chat with the model in the terminal")
     _add_engine_args(chat)
@@ -216,7 +223,14 @@ def _make_engine(args: argparse.Namespace) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     from radixserve.server.launch import run_server
 
-    kwargs = engine_kwargs(args, resolve_model(args.model, args.cache_dir))
+    model = resolve_model(args.model, args.cache_dir)
+    if args.dp < 1:
+        raise ValueError(f"--dp must be >= 1, got {args.dp}")
+    if args.dp > 1:
+        from radixserve.router.replicas import run_replicas
+
+        return run_replicas(args, args.argv, model)
+    kwargs = engine_kwargs(args, model)
     run_server(kwargs, args.host, args.port, args.api_key, args.max_queued_requests,
                served_model_name=args.served_model_name, max_connections=args.max_connections,
                header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
@@ -300,6 +314,7 @@ COMMANDS = {"serve": cmd_serve, "chat": cmd_chat, "generate": cmd_generate, "rou
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `radixserve` command; returns the exit code (2 for a bad model path or option)."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve --dp` starts replicas with the same options
     try:
         return COMMANDS[args.command](args)
     except ValueError as e:  # a missing or broken model path, a bad option: one line, no traceback
