@@ -9,18 +9,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from radixserve.server.auth import principal_of
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from radixserve.server.serving import (
-    SSE_DONE, EventStream, ServerState, Stream, admit, cache_salt, close_streams, engine_errors, generate, merged,
-    open_streams, read_json, server_state, sse,
+    SSE_DONE, EventStream, ServerState, Stream, aborted, admit, cache_salt, close_streams, engine_errors, generate, merged,
+    open_streams, read_json, scheduling, server_state, sse,
 )
 from radixserve.tokenizer import Tokenizer
 
@@ -57,10 +58,15 @@ def generate_call(req: GenerateRequest, salt: str) -> tuple[dict[str, Any], int]
         count = len(req.input_ids) if batch else 1
     if batch and count == 0:
         raise bad_request("the batch is empty", param="text" if req.text is not None else "input_ids")
-    rid: str | list[str] | None = req.rid
-    if rid is None:
-        base = uuid.uuid4().hex
-        rid = [f"{base}-{i}" for i in range(count)] if batch else base
+    # The engine's ids are the server's own, unique per request: a client's rid is only a label (meta_info.id), so
+    # another tenant sending the same rid can neither abort, read nor replace this request.
+    # (The client's rid leads the server's id, so logs and error messages still name it.)
+    base = uuid.uuid4().hex
+    if req.rid is not None and (isinstance(req.rid, list) != batch or (batch and len(req.rid) != count)):
+        raise bad_request("rid must be a string, or a list of strings with one entry per prompt", param="rid")
+    given = req.rid if isinstance(req.rid, list) else [req.rid] * count
+    own = [f"{g}@{base}-{i}" if g is not None else f"{base}-{i}" for i, g in enumerate(given)]
+    rid: str | list[str] = own if batch else own[0].removesuffix("-0")
     params = req.sampling_params
     ns = [p.get("n") for p in (params if isinstance(params, list) else [params or {}])]
     n = max((v for v in ns if isinstance(v, int)), default=1)  # bad values: the engine names them
@@ -72,37 +78,57 @@ def generate_call(req: GenerateRequest, salt: str) -> tuple[dict[str, Any], int]
     return call, count * max(n, 1)
 
 
+def labeler(internal: str | list[str], given: str | list[str] | None) -> Callable[[dict], dict]:
+    """Puts the client's rid (or the server's id if it gave none) into each output's meta_info.id."""
+    if given is None:
+        return lambda out: out
+    pairs = zip(internal, given) if isinstance(internal, list) else [(internal, given)]
+    names = {i: str(g) for i, g in pairs}
+
+    def label(out: dict) -> dict:
+        own = out["meta_info"]["id"]
+        for i, g in names.items():  # n > 1 makes ids "<rid>-<sample>"
+            if own == i or own.startswith(i + "-"):
+                return {**out, "meta_info": {**out["meta_info"], "id": g + own[len(i):]}}
+        return out
+
+    return label
+
+
 async def generate_endpoint(request: Request) -> Response:
     state = server_state(request)
     req = await read_json(request, GenerateRequest)
     call, count = generate_call(req, cache_salt(request, req.cache_salt))
+    call.update(scheduling(request, req.priority, req.timeout))
+    label = labeler(call["rid"], req.rid)
     await admit(state, count)
     default_param = "text" if req.text is not None else "input_ids"
     tok = state.engine.tokenizer
     if req.stream:
         with engine_errors(default_param):
             streams = await open_streams(request, state, [call])
-        return EventStream(generate_events(state, streams[0], req.return_text_in_logprobs))
+        return EventStream(generate_events(state, streams[0], req.return_text_in_logprobs, label))
     with engine_errors(default_param):
         [outs] = await generate(request, state, [call])
     for o in outs:
         if o["meta_info"]["finish_reason"]["type"] == "abort":
-            raise ApiError(503, f"request aborted: {o['meta_info']['finish_reason'].get('message')}",
-                           type="service_unavailable")
+            raise aborted(o["meta_info"]["finish_reason"])
         state.metrics.observe(o["meta_info"])
+    outs = [label(o) for o in outs]
     if req.return_text_in_logprobs:
         outs = [add_token_text(tok, o) for o in outs]
     single = not isinstance(call["rid"], list) and len(outs) == 1
     return Response(state.json.encode(outs[0] if single else outs), media_type="application/json")
 
 
-async def generate_events(state: ServerState, stream: Stream, text_in_logprobs: bool) -> AsyncIterator[bytes]:
+async def generate_events(state: ServerState, stream: Stream, text_in_logprobs: bool,
+                          label: Callable[[dict], dict]) -> AsyncIterator[bytes]:
     """SSE of the engine's chunks as they come (text, output_ids and output logprobs hold only what is new), [DONE]."""
     tok = state.engine.tokenizer
     try:
         async with contextlib.aclosing(merged([stream])) as chunks:
             async for _, c in chunks:
-                yield sse(state, add_token_text(tok, c) if text_in_logprobs else c)
+                yield sse(state, label(add_token_text(tok, c) if text_in_logprobs else c))
                 if c["meta_info"]["finish_reason"] is not None:
                     state.metrics.observe(c["meta_info"])
     except Exception as exc:  # the status line is gone: report in-band, as the OpenAI routes do
@@ -130,8 +156,13 @@ async def detokenize(request: Request) -> Response:
 
 
 async def flush_cache(request: Request) -> Response:
-    """Drop every cached page; 409 while requests run (nothing is flushed then)."""
+    """An admin key drops every cached page (409 while requests run: nothing is flushed then); a user key drops the
+    unlocked pages of its own namespaces only (other tenants' entries stay, so flushing says nothing about them)."""
     state = server_state(request)
+    who = principal_of(request)
+    if not who.is_admin:
+        pages = await asyncio.to_thread(state.engine.flush_cache, who.can_see)
+        return JSONResponse({"success": True, "message": "your namespace's cache flushed", "flushed_pages": pages})
     if not await asyncio.to_thread(state.engine.flush_cache):
         raise ApiError(409, "cache not flushed: requests are running", type="conflict_error", code="requests_running")
     return JSONResponse({"success": True, "message": "cache flushed"})
@@ -141,7 +172,10 @@ async def get_model_info(request: Request) -> Response:
     """The engine's model_info plus what a client needs to render prompts itself: chat template, special tokens."""
     state = server_state(request)
     tok = state.engine.tokenizer
-    return JSONResponse({**state.engine.model_info(), "served_model_name": state.model_name, "is_generation": True,
+    info = state.engine.model_info()
+    if not principal_of(request).is_admin:
+        info.pop("model_path")  # where the server keeps its files is the operator's business
+    return JSONResponse({**info, "served_model_name": state.model_name, "is_generation": True,
                          "chat_template": tok.select_chat_template(), "special_tokens": tok.special_tokens})
 
 
@@ -154,6 +188,9 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """Admin keys read every figure; a user key reads only its own key's counters."""
     state = server_state(request)
-    body = await asyncio.to_thread(state.metrics.render)  # reading engine state waits for its loop: off the event loop
+    who = principal_of(request)
+    # reading engine state waits for its loop: off the event loop
+    body = await asyncio.to_thread(state.metrics.render, None if who.is_admin else who.name)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
