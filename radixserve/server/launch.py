@@ -76,7 +76,7 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
                                 limit_concurrency=max_connections, http=header_timeout_protocol(header_timeout_s))
         url = f"http://{host}:{port}"
         print(f"radixserve {__version__}\n{startup_summary(engine, url, api_key=keys is not None)}", flush=True)
-        if keys is not None and keys.sources is not None and threading.current_thread() is threading.main_thread():
+        if keys is not None and keys.file is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGHUP, lambda sig, frame: keys.reload())  # uvicorn leaves SIGHUP alone
         server = DrainingServer(config, drain, ready_line=f"ready: serving on {url}")
         watchdog = threading.Thread(target=_exit_when_engine_dies, args=(engine, server, drain), daemon=True)

@@ -141,21 +141,31 @@ class KeySources:
         return bool(self.cli or self.file is not None or self.env is not None)
 
     def load(self) -> list[KeyEntry]:
+        return combine(self.fixed(), self.file)
+
+    def fixed(self) -> list[KeyEntry]:
+        """The entries of the command line and the environment (parsed once: only their digests are kept)."""
         entries = []
         for i, value in enumerate(self.cli):
             entries += [parse_entry(e, "admin", f"--api-key #{i + 1}") for e in split_entries(value)]
         if self.env is not None:
             entries += [parse_entry(e, "admin", ENV_VAR) for e in split_entries(self.env)]
-        if self.file is not None:
-            try:
-                text = self.file.read_text()
-            except OSError as exc:
-                raise ApiKeyError(f"--api-key-file {self.file}: {exc.strerror}") from None
-            entries += parse_file(text, str(self.file))
-        if self.configured and not entries:
-            raise ApiKeyError("API keys were configured but none was given (an empty key would turn auth off)")
-        _check_unique(entries)
         return entries
+
+
+def combine(fixed: list[KeyEntry], file: Path | None) -> list[KeyEntry]:
+    """The fixed entries plus the key file's, checked: at least one key, none twice, no name twice."""
+    entries = list(fixed)
+    if file is not None:
+        try:
+            text = file.read_text()
+        except OSError as exc:
+            raise ApiKeyError(f"--api-key-file {file}: {exc.strerror}") from None
+        entries += parse_file(text, str(file))
+    if not entries:
+        raise ApiKeyError("API keys were configured but none was given (an empty key would turn auth off)")
+    _check_unique(entries)
+    return entries
 
 
 def _check_unique(entries: list[KeyEntry]) -> None:
@@ -170,13 +180,13 @@ def _check_unique(entries: list[KeyEntry]) -> None:
 
 
 class KeyRing:
-    """The keys in force (digests only); `lookup` is constant-time over all of them; `reload` swaps them at once."""
+    """The keys in force (digests only: the sources' text is not kept); `lookup` is constant-time over all of them;
+    `reload` reads the key file again and swaps the keys at once."""
 
-    def __init__(self, sources: KeySources | list[KeyEntry]) -> None:
-        self.sources = sources if isinstance(sources, KeySources) else None
-        self._entries: tuple[KeyEntry, ...] = tuple(sources.load() if isinstance(sources, KeySources) else sources)
-        if not self._entries:
-            raise ApiKeyError("a key ring needs at least one key")
+    def __init__(self, sources: KeySources) -> None:
+        self._fixed = sources.fixed()
+        self.file = sources.file
+        self._entries: tuple[KeyEntry, ...] = tuple(combine(self._fixed, self.file))
         self._lock = threading.Lock()
 
     @classmethod
@@ -198,11 +208,11 @@ class KeyRing:
 
     def reload(self) -> bool:
         """Read the sources again; on an error keep the keys in force and log why. Returns whether it swapped."""
-        if self.sources is None:
+        if self.file is None:
             return False
         with self._lock:
             try:
-                entries = self.sources.load()
+                entries = combine(self._fixed, self.file)
             except ApiKeyError as exc:
                 log.error("API keys not reloaded, the old ones stay in force: %s", exc)
                 return False
