@@ -7,7 +7,8 @@ starts from the least count among the busy ones, so it cannot bank credit while 
 (however well its prompts hit the cache) cannot push another's requests back: they interleave by tokens served.
 
 Priority sits above both: a waiting request of higher priority is admitted first, and when slots or pages are short
-it may retract a running request of lower priority (`victim`).
+it may retract a running request of lower priority; with fair share on, a tenant holding far fewer running requests
+than another may retract one of the other's (`preemptible`).
 """
 from __future__ import annotations
 
@@ -81,6 +82,20 @@ def victim_key(req: Req) -> tuple[int, int, float]:
     return (req.priority, len(req.output_ids), -req.created)
 
 
-def preemptible(running: Iterable[Req], than: Req) -> list[Req]:
-    """Running requests `than` may retract to make room for itself: lower priority, no step in flight."""
-    return [r for r in running if r.priority < than.priority and not r.steps_in_flight]
+def preemptible(running: Iterable[Req], than: Req, fair: bool) -> list[Req]:
+    """Running requests `than` may retract to make room for itself (none with a step in flight): those of lower
+    priority; failing those, with fair share on, those of equal or lower priority of the tenant holding the most
+    running requests, when it holds at least two more than `than`'s tenant (so that two tenants never trade the
+    same slot back and forth). Without the second rule a tenant arriving while another's flood holds every slot
+    would wait for one of the flood's requests to end."""
+    free = [r for r in running if not r.steps_in_flight]
+    lower = [r for r in free if r.priority < than.priority]
+    if lower or not fair:
+        return lower
+    held: dict[str, int] = defaultdict(int)
+    for r in running:
+        held[r.tenant] += 1
+    top = max(held, key=lambda t: held[t], default=None)
+    if top is None or held[top] < held[than.tenant] + 2:
+        return []
+    return [r for r in free if r.tenant == top and r.priority <= than.priority]

@@ -165,9 +165,10 @@ class Scheduler(OutputProcessor):
         return min(self.running, key=victim_key)
 
     def _preempt(self, req: Req, chunks: dict[int, int], can_retract: bool) -> int | None:
-        """Retract a running request of lower priority than `req` to make room for it; returns the prefill tokens
-        the victim had in this step (0 for a decode), or None if there is none to retract."""
-        victims = preemptible(self.running, req) if can_retract else []
+        """Retract a running request to make room for `req` (one of lower priority, or one of a tenant holding far
+        more running requests: fairness.preemptible); returns the prefill tokens the victim had in this step (0 for
+        a decode), or None if there is none to retract."""
+        victims = preemptible(self.running, req, self.fair is not None) if can_retract else []
         if not victims:
             return None
         victim = min(victims, key=victim_key)
