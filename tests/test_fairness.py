@@ -197,3 +197,31 @@ def test_flush_namespaces_drops_only_unlocked_pages_of_those_namespaces() -> Non
     assert cache.flush_namespaces(lambda ns: ns == "key-a") == 2
     cache.check_invariants()
     assert pool.num_free_pages + cache.total_pages == pool.capacity
+
+
+def test_a_tenant_holding_every_slot_gives_one_up_to_another(tiny_model_dir: Path, make_engine: Callable) -> None:
+    results = {}
+    for fair in (True, False):
+        eng = make_engine(tiny_model_dir, page_size=4, max_running_requests=3, fair_share=fair)
+
+        async def scenario() -> list[str]:
+            order: list[str] = []
+
+            async def run(name: str, **kw: Any) -> None:
+                out = await eng.async_generate(**kw)
+                assert out["meta_info"]["finish_reason"]["type"] == "length"
+                order.append(name)
+
+            flood = [asyncio.ensure_future(run(f"A{i}", input_ids=[7 + i, 8, 9], tenant="A",
+                                               sampling_params={**GREEDY, "max_new_tokens": 150})) for i in range(3)]
+            while eng.metrics()["num_running"] < 3:
+                await asyncio.sleep(0.005)
+            await run("B", input_ids=[40, 41, 42], tenant="B", sampling_params={**GREEDY, "max_new_tokens": 4})
+            await asyncio.gather(*flood)
+            return order
+
+        results[fair] = asyncio.run(scenario())
+        wait_idle(eng)
+        eng.check_invariants()
+    assert results[True][0] == "B", results[True]  # it took a slot from A's flood at once
+    assert results[False].index("B") >= 1, results[False]  # it waited for a slot
