@@ -93,6 +93,8 @@ def test_reload_swaps_keys_and_keeps_them_on_a_bad_file(tmp_path: Path) -> None:
     path.write_text("sk-broken role=boss\n")
     assert not ring.reload()  # logged; the keys in force stay
     assert ring.lookup(b"sk-new") is not None
+    ring.reload_in_background()  # what SIGHUP runs: off the signal handler
+    assert "new" in ring.describe() and "sk-" not in ring.describe()
 
 
 def _fake_launch(monkeypatch: pytest.MonkeyPatch) -> list:

@@ -113,7 +113,14 @@ def test_user_flush_drops_only_its_own_namespace(server: BackgroundServer, engin
     engine.check_invariants()
     assert cached(server, "bob") > 0  # the other tenant's entries are intact (no flush-then-probe side channel)
     assert cached(server, "alice") == 0  # alice's are gone
-    with client(server, "admin") as c:  # the admin flushes everything
+    with client(server, "alice") as c:  # a user may not name another key
+        r = c.post("/flush_cache", params={"key": "bob"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "admin_only"
+    assert cached(server, "alice") > 0 and cached(server, "bob") > 0
+    with client(server, "admin") as c:  # the admin flushes one key's namespaces, then everything
+        assert c.post("/flush_cache", params={"key": "nobody-by-that-name"}).status_code == 404
+        assert c.post("/flush_cache", params={"key": "alice"}).json()["flushed_pages"] > 0
+        assert cached(server, "alice") == 0 and cached(server, "bob") > 0
         wait_idle(engine)
         assert c.post("/flush_cache").json()["message"] == "cache flushed"
     assert cached(server, "bob") == 0

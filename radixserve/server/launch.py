@@ -75,9 +75,9 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
                                 timeout_graceful_shutdown=grace_period_s, timeout_keep_alive=5,
                                 limit_concurrency=max_connections, http=header_timeout_protocol(header_timeout_s))
         url = f"http://{host}:{port}"
-        print(f"radixserve {__version__}\n{startup_summary(engine, url, api_key=keys is not None)}", flush=True)
+        print(f"radixserve {__version__}\n{startup_summary(engine, url, api_key=keys.describe() if keys else None)}", flush=True)
         if keys is not None and keys.file is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGHUP, lambda sig, frame: keys.reload())  # uvicorn leaves SIGHUP alone
+            signal.signal(signal.SIGHUP, lambda sig, frame: keys.reload_in_background())  # uvicorn leaves SIGHUP alone
         server = DrainingServer(config, drain, ready_line=f"ready: serving on {url}")
         watchdog = threading.Thread(target=_exit_when_engine_dies, args=(engine, server, drain), daemon=True)
         watchdog.start()

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from radixserve.server.auth import principal_of
+from radixserve.server.auth import forbidden, principal_of
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from radixserve.server.serving import (
@@ -156,13 +156,23 @@ async def detokenize(request: Request) -> Response:
 
 
 async def flush_cache(request: Request) -> Response:
-    """An admin key drops every cached page (409 while requests run: nothing is flushed then); a user key drops the
-    unlocked pages of its own namespaces only (other tenants' entries stay, so flushing says nothing about them)."""
+    """An admin key drops every cached page (409 while requests run: nothing is flushed then), or with `?key=NAME`
+    the unlocked pages of that key's namespaces; a user key drops the unlocked pages of its own namespaces only
+    (other tenants' entries stay, so flushing says nothing about them)."""
     state = server_state(request)
     who = principal_of(request)
-    if not who.is_admin:
-        pages = await asyncio.to_thread(state.engine.flush_cache, who.can_see)
-        return JSONResponse({"success": True, "message": "your namespace's cache flushed", "flushed_pages": pages})
+    name = request.query_params.get("key")
+    if name is not None or not who.is_admin:
+        target = who if name is None or name == who.name else None
+        if target is None:
+            if not who.is_admin:
+                raise forbidden("flushing another key's namespace")
+            target = state.keys.named(name) if state.keys is not None else None
+            if target is None:
+                raise ApiError(404, f"no key is named {name!r}", param="key", type="not_found_error")
+        pages = await asyncio.to_thread(state.engine.flush_cache, target.owns)
+        return JSONResponse({"success": True, "message": f"cache of key {target.name!r} flushed",
+                             "flushed_pages": pages})
     if not await asyncio.to_thread(state.engine.flush_cache):
         raise ApiError(409, "cache not flushed: requests are running", type="conflict_error", code="requests_running")
     return JSONResponse({"success": True, "message": "cache flushed"})

@@ -46,12 +46,13 @@ class Principal:
     def is_admin(self) -> bool:
         return self.role == "admin"
 
-    def can_see(self, namespace: str) -> bool:
-        """Whether this principal may read or flush `namespace` (a cache namespace: the key's own, or the key's
-        own with a `|cache_salt` suffix). Admins see every namespace."""
-        if self.is_admin:
-            return True
+    def owns(self, namespace: str) -> bool:
+        """Whether `namespace` (a cache namespace) is this key's: its own, or its own with a `|cache_salt` suffix."""
         return namespace == self.namespace or namespace.startswith(self.namespace + "|")
+
+    def can_see(self, namespace: str) -> bool:
+        """Whether this principal may read or flush `namespace`: admins every one, users their own."""
+        return self.is_admin or self.owns(namespace)
 
 
 # The server without keys: everyone is the operator, in one shared namespace (how it was before keys had roles).
@@ -197,6 +198,19 @@ class KeyRing:
     @property
     def principals(self) -> list[Principal]:
         return [e.principal for e in self._entries]
+
+    def named(self, name: str) -> Principal | None:
+        return next((p for p in self.principals if p.name == name), None)
+
+    def describe(self) -> str:
+        """For the start-up summary: how many keys, and their names by role (never the keys)."""
+        by_role = {r: [p.name for p in self.principals if p.role == r] for r in ROLES}
+        return f"required: {len(self._entries)} keys ({'; '.join(f'{r}: ' + ', '.join(n) for r, n in by_role.items() if n)})"
+
+    def reload_in_background(self) -> None:
+        """What SIGHUP does: reload on a thread, so the signal handler neither blocks the event loop on the file
+        nor re-enters a reload it interrupted."""
+        threading.Thread(target=self.reload, name="radixserve-key-reload", daemon=True).start()
 
     def lookup(self, token: bytes) -> Principal | None:
         digest = hashlib.sha256(token).digest()
