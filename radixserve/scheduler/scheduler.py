@@ -267,8 +267,9 @@ class Scheduler(OutputProcessor):
         reserved = sum(self._reserve(r) for r in self.running)
         first_pages: set[tuple[str, int, tuple[int, ...]]] = set()
         for req in self._order(list(self.waiting)):
+            took_slot = False
             while self._slots_full() and (freed := self._preempt(req, chunks, can_retract)) is not None:
-                budget += freed  # a higher priority may take a lower one's slot
+                budget, took_slot = budget + freed, True  # priority or fair share took another's slot
             if budget <= 0 or self._slots_full():
                 break
             # Re-match: an eviction while admitting an earlier candidate may have shortened this match.
@@ -279,10 +280,10 @@ class Scheduler(OutputProcessor):
             # step so it finds the first one's pages in the tree instead.
             fill = req.fill_ids
             nxt = (req.namespace, start, tuple(fill[start : start + ps]))
-            if cache_on and len(nxt[2]) == ps and nxt in first_pages:
-                continue
             chunk = min(req.num_fill - start, budget)
-            if not self._may_merge(chunk, chunks):
+            if (cache_on and len(nxt[2]) == ps and nxt in first_pages) or not self._may_merge(chunk, chunks):
+                if took_slot:
+                    break  # the slot it freed is kept for it: it comes first again next step
                 continue
             need = _cdiv(start + chunk, ps) - len(matched_pages)
             self.cache.lock(m.node)
