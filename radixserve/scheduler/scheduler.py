@@ -15,6 +15,7 @@ from radixserve.step import ScheduledBatch
 from radixserve.scheduler.fairness import FairShare, by_priority_only, preemptible, victim_key
 from radixserve.scheduler.output import OutputProcessor
 
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -291,7 +292,7 @@ class Scheduler(OutputProcessor):
             req.kv_len = start
             reserve = self._reserve(req) - need
             while self._available() < need + reserve + reserved:
-                freed = self._preempt(req, chunks, can_retract)  # a higher priority may take a lower one's pages
+                freed = self._preempt(req, chunks, can_retract)  # priority or fair share may take another's pages
                 if freed is None:
                     break
                 budget += freed
