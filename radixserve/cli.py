@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "$RADIXSERVE_API_KEYS (same format as --api-key)")
     serve.add_argument("--api-key-file", default=None, metavar="PATH",
                        help="keys, one a line: KEY [name=NAME] [role=admin|user] [max_concurrent=N] [max_queued=N] "
-                            "[tokens_per_minute=N] ('#' comments; role user unless it says admin); reread on SIGHUP")
+                            "[tokens_per_minute=N] ('#' after a blank starts a comment; role user unless it says "
+                            "admin); reread on SIGHUP")
     serve.add_argument("--shutdown-grace-seconds", type=float, default=30.0,
                        help="on SIGTERM, how long running requests get to finish before they are stopped "
                             "(default: %(default)s)")

@@ -25,12 +25,14 @@ KEY_FILE = """\
 sk-alice name=alice max_concurrent=2 max_queued=4 tokens_per_minute=1000
 sk-ops   name=ops role=admin   # the operator
 sk-bob                          # no name: named by a digest prefix, role user
+sk-#hash name=hash
 
 """
 
 
 def test_key_file_entries_roles_and_limits() -> None:
-    alice, ops, bob = (e.principal for e in parse_file(KEY_FILE, "keys.txt"))
+    alice, ops, bob, hashed = (e.principal for e in parse_file(KEY_FILE, "keys.txt"))
+    assert hashed.name == "hash" and hashed.namespace == tenant_of("sk-#hash")  # '#' inside a key is no comment
     assert (alice.name, alice.role, alice.limits) == ("alice", "user", Limits(2, 4, 1000))
     assert (ops.name, ops.role, ops.limits) == ("ops", "admin", Limits())
     assert bob.role == "user" and bob.name.startswith("key-") and "sk-bob" not in bob.name
@@ -38,7 +40,7 @@ def test_key_file_entries_roles_and_limits() -> None:
 
 
 def test_command_line_and_environment_keys_are_admin_unless_they_say_so(tmp_path: Path) -> None:
-    src = KeySources(cli=("sk-a, sk-b name=bee role=user", "sk-c"), env="sk-d\nsk-e role=user")
+    src = KeySources(cli=("sk-a, sk-b name=bee role=user", "sk-c"), env="sk-d\nsk-e role=user\n")
     roles = {p.name: p.role for p in KeyRing(src).principals}
     assert sorted(roles.values()) == ["admin", "admin", "admin", "user", "user"] and roles["bee"] == "user"
     ring = KeyRing.from_keys("k1,k2")
@@ -50,6 +52,7 @@ def test_command_line_and_environment_keys_are_admin_unless_they_say_so(tmp_path
     (KeySources(cli=("a,,b",)), "empty API key"),
     (KeySources(cli=("name=x",)), "empty API key"),
     (KeySources(env=""), "empty API key"),
+    (KeySources(env="a\n\nb"), "empty API key"),
     (KeySources(cli=("a role=root",)), "role must be admin or user"),
     (KeySources(cli=("a max_concurrent=0",)), "max_concurrent must be an integer >= 1"),
     (KeySources(cli=("a colour=red",)), "unknown option 'colour'"),
@@ -116,7 +119,7 @@ def test_cli_keys_from_flags_file_and_environment(tiny_model_dir: Path, tmp_path
     (args, kwargs), = calls
     keys = args[3]
     assert keys.cli == ("sk-1,sk-2", "sk-3") and keys.env == "sk-env" and keys.file == path
-    assert len(keys.load()) == 7 and kwargs["grace_period_s"] == 7.0
+    assert len(keys.load()) == 8 and kwargs["grace_period_s"] == 7.0
     for bad in (["--api-key", ""], ["--api-key-file", str(tmp_path / "missing")], ["--api-key", "a role=x"]):
         assert main(["serve", "--model", str(tiny_model_dir), *bad]) == 2
         assert capsys.readouterr().err.startswith("radixserve: error: ")

@@ -2,7 +2,7 @@
 
 A key entry is the key, then optional `name=`, `role=admin|user` and limits (`max_concurrent=`, `max_queued=`,
 `tokens_per_minute=`), separated by spaces. Entries come from `--api-key` (repeatable, commas separate entries),
-`--api-key-file` (one entry a line, `#` starts a comment) and `RADIXSERVE_API_KEYS` (commas or newlines separate
+`--api-key-file` (one entry a line, a `#` at the start or after a blank starts a comment) and `RADIXSERVE_API_KEYS` (commas or newlines separate
 entries). Keys from `--api-key` and the environment are the operator's: `admin` unless they say otherwise; keys from
 the file are tenants': `user` unless they say otherwise.
 
@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ log = logging.getLogger("radixserve.server")
 ROLES = ("admin", "user")
 LIMITS = ("max_concurrent", "max_queued", "tokens_per_minute")
 ENV_VAR = "RADIXSERVE_API_KEYS"
+_COMMENT = re.compile(r"(^|\s)#.*$")  # a '#' starting a line or after a blank: a key itself may hold '#'
 
 
 @dataclass(frozen=True)
@@ -112,14 +114,15 @@ def parse_entry(text: str, default_role: str, where: str) -> KeyEntry:
 
 
 def split_entries(value: str) -> list[str]:
-    """Entries of a --api-key value or the environment variable: separated by commas or newlines."""
-    return [e.strip() for e in value.replace("\n", ",").split(",")]
+    """Entries of a --api-key value or the environment variable: separated by commas or newlines (surrounding
+    blanks are ignored; an empty entry between two separators is an empty key)."""
+    return [e.strip() for e in value.strip().replace("\n", ",").split(",")]
 
 
 def parse_file(text: str, where: str) -> list[KeyEntry]:
     entries = []
     for n, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
+        line = _COMMENT.sub("", line).strip()
         if line:
             entries.append(parse_entry(line, "user", f"{where}:{n}"))
     return entries
