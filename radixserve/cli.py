@@ -49,6 +49,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule-policy", default="lpm", choices=["lpm", "fcfs"],
                    help="queue order: 'lpm' admits the longest cached prefix first, 'fcfs' arrival order "
                         "(default: %(default)s)")
+    p.add_argument("--fair-share", action=argparse.BooleanOptionalAction, default=True,
+                   help="admit tenants (API keys) in turn by prefill tokens served, so one tenant's flood cannot "
+                        "starve another; within a tenant --schedule-policy applies (default: on)")
     p.add_argument("--max-running-requests", type=int, default=64,
                    help="requests decoding at once; more wait in the queue (default: %(default)s)")
     p.add_argument("--disable-radix-cache", action="store_true", help="compute every prompt from scratch")
@@ -85,7 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     serve.add_argument("--port", type=int, default=30000, help="port to listen on (default: %(default)s)")
-    serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every request")
+    serve.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                       help="require `Authorization: Bearer KEY` on every request but /health; repeat it (or separate "
+                            "keys with commas) for several keys, each its own cache namespace; a key may be followed "
+                            "by options, e.g. 'sk-x name=ops role=user' (these keys are admin unless role=user). "
+                            "Keys on the command line show in the process list: prefer --api-key-file or "
+                            "$RADIXSERVE_API_KEYS (same format as --api-key)")
+    serve.add_argument("--api-key-file", default=None, metavar="PATH",
+                       help="keys, one a line: KEY [name=NAME] [role=admin|user] [max_concurrent=N] [max_queued=N] "
+                            "[tokens_per_minute=N] ('#' after a blank starts a comment; role user unless it says "
+                            "admin); reread on SIGHUP")
+    serve.add_argument("--shutdown-grace-seconds", type=float, default=30.0,
+                       help="on SIGTERM, how long running requests get to finish before they are stopped "
+                            "(default: %(default)s)")
     serve.add_argument("--max-queued-requests", type=int, default=None, help="answer 429 beyond this many waiting")
     serve.add_argument("--served-model-name", default=None, help="the model id the API reports (default: folder name)")
     serve.add_argument("--max-connections", type=int, default=1024,
@@ -134,6 +149,7 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "chunked_prefill_size": args.chunked_prefill_size,
         "prefill_merge_tokens": args.prefill_merge_tokens,
         "schedule_policy": args.schedule_policy,
+        "fair_share": args.fair_share,
         "max_running_requests": args.max_running_requests,
         "enable_radix_cache": not args.disable_radix_cache,
         "overlap_schedule": args.overlap_schedule,
@@ -222,7 +238,13 @@ def _make_engine(args: argparse.Namespace) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from radixserve.server.launch import run_server
+    from radixserve.server.tenants import KeySources
 
+    keys = KeySources.from_environment(args.api_key, args.api_key_file)
+    if keys.configured:
+        keys.load()  # a bad or empty key stops the start here, before the model loads
+    if args.shutdown_grace_seconds < 0:
+        raise ValueError(f"--shutdown-grace-seconds must be >= 0, got {args.shutdown_grace_seconds}")
     model = resolve_model(args.model, args.cache_dir)
     if args.dp < 1:
         raise ValueError(f"--dp must be >= 1, got {args.dp}")
@@ -231,10 +253,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         return run_replicas(args, args.argv, model)
     kwargs = engine_kwargs(args, model)
-    run_server(kwargs, args.host, args.port, args.api_key, args.max_queued_requests,
+    run_server(kwargs, args.host, args.port, keys if keys.configured else None, args.max_queued_requests,
                served_model_name=args.served_model_name, max_connections=args.max_connections,
                header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-               max_body_bytes=int(args.max_body_mb * 1024 * 1024))
+               max_body_bytes=int(args.max_body_mb * 1024 * 1024), grace_period_s=args.shutdown_grace_seconds)
     return 0
 
 

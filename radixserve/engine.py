@@ -107,6 +107,7 @@ class Engine:
             max_running_requests=c.max_running_requests,
             schedule_policy=c.schedule_policy,
             enable_radix_cache=c.enable_radix_cache,
+            fair_share=c.fair_share,
             init_new_token_ratio=c.init_new_token_ratio,
             prefill_merge_tokens=merge,
         )
@@ -195,7 +196,7 @@ class Engine:
 
     def _specs(self, r: GenerateRequest) -> tuple[list[RequestSpec], bool]:
         return self.inputs.specs(r.prompt, r.sampling_params, r.input_ids, r.return_logprob, r.logprob_start_len,
-                                 r.top_logprobs_num, r.cache_salt, r.rid)
+                                 r.top_logprobs_num, r.cache_salt, r.rid, r.priority, r.timeout, r.tenant)
 
     async def _stream(self, spec: RequestSpec) -> AsyncIterator[StreamChunk]:
         loop = asyncio.get_running_loop()
@@ -267,12 +268,18 @@ class Engine:
         cache_salt: str = "",
         rid: str | list[str] | None = None,
         stream: bool = False,
+        priority: int = 0,
+        timeout: float | None = None,
+        tenant: str | None = None,
     ) -> Any:
         """stream=False: an awaitable of a dict (list for list input or n > 1); stream=True: an async iterator of chunks.
 
-        Arguments are validated here, before anything is queued, so bad input raises ValueError at the call."""
+        priority: higher is admitted first and may retract lower-priority running requests; timeout: seconds after
+        which the request is aborted (finish_reason abort, message "timeout") and its pages freed; tenant: the group
+        whose fair share of prefill it uses (default: cache_salt). Arguments are validated here, before anything is
+        queued, so bad input raises ValueError at the call."""
         request = GenerateRequest(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                  top_logprobs_num, cache_salt, rid)
+                                  top_logprobs_num, cache_salt, rid, priority, timeout, tenant)
         if stream:
             return _dicts(self.stream(request))
         specs, single = self._specs(request)
@@ -288,6 +295,9 @@ class Engine:
         top_logprobs_num: int = 0,
         cache_salt: str = "",
         rid: str | list[str] | None = None,
+        priority: int = 0,
+        timeout: float | None = None,
+        tenant: str | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """Blocking generate: a dict for one prompt (n == 1), else a list (prompt-major, then sample)."""
         try:
@@ -297,7 +307,8 @@ class Engine:
         else:
             raise RuntimeError("Engine.generate blocks; inside an event loop use `await engine.async_generate(...)`")
         coro = self.async_generate(
-            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, cache_salt, rid
+            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, cache_salt, rid,
+            priority=priority, timeout=timeout, tenant=tenant,
         )
         return asyncio.run(coro)
 
@@ -353,8 +364,12 @@ class Engine:
 
         return self.loop.call(snapshot)
 
-    def flush_cache(self) -> bool:
-        return self.loop.call(self.scheduler.flush_cache)
+    def flush_cache(self, namespace: Callable[[str], bool] | None = None) -> bool | int:
+        """namespace None: drop every cached page (False while requests run, nothing dropped then). With a predicate
+        on namespaces: drop the unlocked cached pages of the namespaces it accepts, whatever runs; returns how many."""
+        if namespace is None:
+            return self.loop.call(self.scheduler.flush_cache)
+        return self.loop.call(lambda: self.scheduler.cache.flush_namespaces(namespace))
 
     def check_invariants(self) -> None:
         self.loop.call(self.scheduler.check_invariants)

@@ -25,6 +25,7 @@ class EngineConfig:
     attention_backend: str | None = None  # None: flashinfer on CUDA (triton for float32), torch elsewhere
     enable_radix_cache: bool = True
     schedule_policy: str = "lpm"
+    fair_share: bool = True  # admission shares prefill tokens fairly between tenants (radixserve/scheduler/fairness.py)
     chunked_prefill_size: int = 512
     max_running_requests: int = 64
     max_queued_requests: int | None = None  # None: no limit
@@ -52,6 +53,7 @@ class EngineConfig:
             ("attention_backend", self.attention_backend in (None, *ATTENTION_BACKENDS),
              f"must be one of {', '.join(ATTENTION_BACKENDS)} or None"),
             ("schedule_policy", self.schedule_policy in ("lpm", "fcfs"), "must be 'lpm' or 'fcfs'"),
+            ("fair_share", isinstance(self.fair_share, bool), "must be True or False"),
             ("chunked_prefill_size", _int(self.chunked_prefill_size) and self.chunked_prefill_size >= 1,
              "must be an integer >= 1"),
             ("max_running_requests", _int(self.max_running_requests) and self.max_running_requests >= 1,

@@ -32,6 +32,9 @@ class RequestSpec:
     return_logprob: bool
     logprob_start_len: int
     top_logprobs_num: int
+    priority: int = 0  # higher runs first, and may retract lower-priority requests (radixserve/scheduler/fairness.py)
+    timeout: float | None = None  # seconds from submission after which the request is aborted; None: never
+    tenant: str | None = None  # whose fair share the request's prefill counts against; None: its cache_salt
 
 
 class RequestBuilder:
@@ -57,6 +60,9 @@ class RequestBuilder:
         top_logprobs_num: int,
         cache_salt: str,
         rid: str | list[str] | None,
+        priority: int = 0,
+        timeout: float | None = None,
+        tenant: str | None = None,
     ) -> tuple[list[RequestSpec], bool]:
         """Validate and tokenize; returns the specs and whether the caller passed a single prompt."""
         if (prompt is None) == (input_ids is None):
@@ -82,12 +88,13 @@ class RequestBuilder:
             raise ParamError("top_logprobs_num", f"top_logprobs_num must be an integer >= 0, got {top_logprobs_num!r}")
         if isinstance(logprob_start_len, bool) or not isinstance(logprob_start_len, int):
             raise ParamError("logprob_start_len", f"logprob_start_len must be an integer, got {logprob_start_len!r}")
+        check_scheduling(priority, timeout)
         specs = []
         for ids, p, r in zip(ids_list, params, rids):
             self.validate_prompt(ids, p)
             specs.append(
                 RequestSpec(ids, p, r or uuid.uuid4().hex, cache_salt, bool(return_logprob), logprob_start_len,
-                      top_logprobs_num)
+                            top_logprobs_num, priority, timeout, tenant)
             )
         return specs, single and specs[0].params.n == 1
 
@@ -159,11 +166,15 @@ class RequestBuilder:
             detok=IncrementalDetokenizer(self.tokenizer, spec.input_ids, p.skip_special_tokens, p.stop),
             emit=emit,
             namespace=spec.cache_salt,
+            tenant=spec.cache_salt if spec.tenant is None else spec.tenant,
+            priority=spec.priority,
             stream=stream,
             return_logprob=spec.return_logprob,
             logprob_start_len=spec.logprob_start_len if spec.return_logprob else -1,
             top_logprobs_num=spec.top_logprobs_num,
         )
+        if spec.timeout is not None:
+            req.deadline = req.created + spec.timeout
         req.sampling.output_ids = req.output_ids  # the sampler reads penalties from the live list
         if req.logprob_start_len >= 0 and req.logprob_start_len < len(spec.input_ids):
             req.next_prompt_logprob_pos = max(req.logprob_start_len, 1)
@@ -171,3 +182,11 @@ class RequestBuilder:
                 req.input_token_logprobs.append((None, spec.input_ids[0]))
                 req.input_top_logprobs.append(None)
         return req
+
+
+def check_scheduling(priority: Any, timeout: Any) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
+        raise ParamError("priority", f"priority must be an integer (higher runs first), got {priority!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 < timeout < 1e9):
+        raise ParamError("timeout", f"timeout must be a number of seconds > 0, got {timeout!r}")

@@ -97,7 +97,7 @@ class StreamChunk(GenerateOutput):
 class GenerateRequest:
     """One engine call: a prompt as text or token ids (a list of them for a batch), its sampling params as given
     (a dict, a list of dicts with one per prompt, or a SamplingParams; the engine validates them and fills what is
-    unset from the model's defaults), logprob options, the cache namespace and the request id(s)."""
+    unset from the model's defaults), logprob options, the cache namespace, the request id(s) and scheduling."""
 
     prompt: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
@@ -107,3 +107,6 @@ class GenerateRequest:
     top_logprobs_num: int = 0
     cache_salt: str = ""
     rid: str | list[str] | None = None
+    priority: int = 0  # higher runs first and may retract lower-priority requests
+    timeout: float | None = None  # seconds after which the request is aborted and its pages freed
+    tenant: str | None = None  # whose fair share of prefill it uses (None: its cache_salt)

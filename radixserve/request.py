@@ -27,6 +27,9 @@ class Req:
     detok: IncrementalDetokenizer
     emit: Callable[[GenerateOutput | BaseException], None]
     namespace: str = ""
+    tenant: str = ""  # fair-share group (radixserve/scheduler/fairness.py)
+    priority: int = 0  # higher is admitted first and may retract lower-priority running requests
+    deadline: float | None = None  # perf_counter time past which the request is aborted
     stream: bool = False
     return_logprob: bool = False
     logprob_start_len: int = -1

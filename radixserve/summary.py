@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def startup_summary(engine: Any, url: str | None = None, api_key: bool = False) -> str:
+def startup_summary(engine: Any, url: str | None = None, api_key: bool | str | None = False) -> str:
     """One screen: model, architecture, dtype, device and attention backend, KV pool, context, sampling defaults,
     and for a server its URL and whether it needs a key."""
     info, pool, cfg = engine.model_info(), engine.runner.pool, engine.runner.config
@@ -21,6 +21,6 @@ def startup_summary(engine: Any, url: str | None = None, api_key: bool = False) 
     ]
     if url is not None:
         rows += [("URL", f"{url}  (OpenAI API at {url}/v1, model name {info['model_name']!r} or 'default')"),
-                 ("API key", "required" if api_key else "off")]
+                 ("API key", api_key if isinstance(api_key, str) else "required" if api_key else "off")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

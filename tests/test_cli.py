@@ -38,14 +38,14 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
             "--max-connections", "99", "--header-timeout", "3", "--body-timeout", "4", "--max-body-mb", "1"]
     assert main(argv) == 0
     (args, kwargs), = calls
-    engine_kwargs, host, port, api_key, max_queued = args
-    assert (host, port, api_key, max_queued) == ("0.0.0.0", 31234, "sk-x", 7)
+    engine_kwargs, host, port, keys, max_queued = args
+    assert (host, port, keys.cli, max_queued) == ("0.0.0.0", 31234, ("sk-x",), 7)
     assert kwargs == {"served_model_name": None, "max_connections": 99, "header_timeout_s": 3.0, "body_timeout_s": 4.0,
-                      "max_body_bytes": 1 << 20}
+                      "max_body_bytes": 1 << 20, "grace_period_s": 30.0}
     assert engine_kwargs == {
         "model": str(tiny_model_dir), "dtype": "float32", "quantization": "int8", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
-        "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False, "overlap_schedule": None,
+        "fair_share": True, "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False, "overlap_schedule": None,
         "sampling_defaults": "model", "init_new_token_ratio": 0.7,
     }
     from radixserve import Engine

@@ -29,5 +29,8 @@ class NullCache:
     def reset(self) -> None:
         pass
 
+    def flush_namespaces(self, accept: object) -> int:
+        return 0
+
     def check_invariants(self) -> None:
         pass

@@ -345,6 +345,29 @@ class RadixCache:
         self._heap = []
         self._num_nodes = self._evictable = self._protected = 0
 
+    def flush_namespaces(self, accept: Callable[[str], bool]) -> int:
+        """Drop the unlocked pages of every namespace `accept` takes (what running requests lock stays, and every
+        other namespace is untouched); returns the pages freed."""
+        freed: list[int] = []
+        stack = [c for c in self.root.children.values() if accept(c.namespace)]
+        while stack:
+            node = stack.pop()
+            if node.lock_ref:  # a running request's path: keep it, look below it
+                stack.extend(node.children.values())
+                continue
+            # Unlocked, so is all below it (a lock counts on every ancestor): the whole subtree goes.
+            del node.parent.children[node.keys[0]]  # type: ignore[union-attr]
+            sub = [node]
+            while sub:
+                n = sub.pop()
+                sub.extend(n.children.values())
+                freed.extend(n.pages)
+                n.parent, n.children = None, {}
+                self._num_nodes -= 1
+        self._evictable -= len(freed)
+        self.pool.free(freed)
+        return len(freed)
+
     def check_invariants(self) -> None:
         """Raise AssertionError naming the first broken rule of the tree."""
         root = self.root

@@ -1,20 +1,20 @@
 """Cache-aware continuous batching: admit, chunk, decode, retract; then sample and finish what the model produced."""
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
 
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.null_cache import NullCache
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
-from radixserve.io import ABORTED
+from radixserve.io import FinishReason
 from radixserve.request import Req
 from radixserve.step import ScheduledBatch
+from radixserve.scheduler.fairness import FairShare, by_priority_only, preemptible, victim_key
 from radixserve.scheduler.output import OutputProcessor
-
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -34,6 +34,7 @@ class SchedulerConfig:
     max_running_requests: int = 64
     schedule_policy: str = "lpm"  # "lpm" (longest cached prefix first) or "fcfs"
     enable_radix_cache: bool = True
+    fair_share: bool = True  # interleave tenants' admissions by prefill tokens served (see fairness.py)
     lpm_queue_limit: int = 128  # past this many waiting requests, lpm's per-step matching costs more than it saves
     # Admission reserves pages for future decode tokens: remaining max_new_tokens * ratio. The ratio decays while
     # nothing goes wrong (most requests stop early) and jumps back up after a retraction.
@@ -77,6 +78,7 @@ class Scheduler(OutputProcessor):
         self.finishing: list[Req] = []
         self._free_slots = list(range(cfg.max_running_requests - 1, -1, -1))
         self.stats = SchedulerStats()
+        self.fair = FairShare() if cfg.fair_share else None
         self.new_token_ratio = cfg.init_new_token_ratio
 
     # ---- queue management -------------------------------------------------------------------------------------
@@ -85,10 +87,18 @@ class Scheduler(OutputProcessor):
 
     def abort(self, rid: str) -> None:
         """Drop a request wherever it is; what it held goes back (its computed full pages stay cached)."""
+        self._drop(lambda r: r.rid == rid, "aborted")
+
+    def _drop(self, which: Callable[[Req], bool], message: str) -> None:
         for queue in (self.waiting, self.running):
-            for req in [r for r in queue if r.rid == rid]:
+            for req in [r for r in queue if which(r)]:
                 queue.remove(req)
-                self._finish(req, ABORTED)
+                self._finish(req, FinishReason("abort", None, message))
+
+    def expire(self) -> None:
+        """Abort the requests whose timeout has passed (message "timeout"); their pages go back."""
+        now = time.perf_counter()
+        self._drop(lambda r: r.deadline is not None and r.deadline <= now, "timeout")
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.finishing)
@@ -153,8 +163,20 @@ class Scheduler(OutputProcessor):
         self.new_token_ratio = min(1.0, max(self.new_token_ratio, self.cfg.init_new_token_ratio) + 0.1)
 
     def _victim(self) -> Req:
-        """The least advanced running request: fewest generated tokens, newest first among equals."""
-        return min(self.running, key=lambda r: (len(r.output_ids), -r.created))
+        """The lowest-priority running request, the least advanced (fewest generated tokens, newest) among those."""
+        return min(self.running, key=victim_key)
+
+    def _preempt(self, req: Req, chunks: dict[int, int], can_retract: bool) -> int | None:
+        """Retract a running request to make room for `req` (one of lower priority, or one of a tenant holding far
+        more running requests: fairness.preemptible); returns the prefill tokens the victim had in this step (0 for
+        a decode), or None if there is none to retract."""
+        victims = preemptible(self.running, req, self.fair is not None) if can_retract else []
+        if not victims:
+            return None
+        victim = min(victims, key=victim_key)
+        chunk = chunks.pop(id(victim), 0)
+        self._retract(victim)
+        return chunk if chunk > 1 else 0
 
     # ---- scheduling -------------------------------------------------------------------------------------------
     def _may_sample(self, req: Req) -> bool:
@@ -168,6 +190,7 @@ class Scheduler(OutputProcessor):
         With `can_retract=False` (a step is in flight, whose requests must keep their pages), a step that would need
         a retraction returns None instead: the caller processes the step in flight and asks again."""
         self.stats.steps += 1
+        self.expire()
         self.new_token_ratio = max(self.cfg.min_new_token_ratio, self.new_token_ratio - self.cfg.new_token_ratio_decay)
         ps = self.cfg.page_size
         chunks: dict[int, int] = {}  # id(req) -> tokens this step
@@ -205,9 +228,11 @@ class Scheduler(OutputProcessor):
             req.pages.extend(pages)
             chunks[id(req)] = chunk
             budget -= chunk
+            if self.fair is not None:
+                self.fair.charge(req.tenant, chunk)
 
         if budget > 0 and self.waiting:
-            budget = self._admit(budget, chunks)
+            budget = self._admit(budget, chunks, can_retract)
 
         if not chunks:
             if self.running and can_retract and not any(r.steps_in_flight for r in self.running):
@@ -222,20 +247,33 @@ class Scheduler(OutputProcessor):
         limit = self.cfg.prefill_merge_tokens
         return limit is None or chunk <= limit or all(c == 1 for c in chunks.values())
 
-    def _admit(self, budget: int, chunks: dict[int, int]) -> int:
+    def _order(self, candidates: list[Req]) -> list[Req]:
+        """Admission order: priority, then fair share between tenants (if on), then the queue policy."""
+        within = list  # fcfs: arrival order
+        if self.cache.enabled and self.cfg.schedule_policy == "lpm" and len(candidates) <= self.cfg.lpm_queue_limit:
+            cached = {id(r): self.cache.match_prefix(r.match_ids(), r.namespace).num_tokens for r in candidates}
+
+            def within(reqs: list[Req]) -> list[Req]:
+                return sorted(reqs, key=lambda r: -cached[id(r)])  # stable: FCFS among equals
+
+        if self.fair is not None:
+            return self.fair.order(candidates, within)
+        return by_priority_only(candidates, within)
+
+    def _slots_full(self) -> bool:
+        return len(self.running) + len(self.finishing) >= self.cfg.max_running_requests  # finishing hold a slot
+
+    def _admit(self, budget: int, chunks: dict[int, int], can_retract: bool = True) -> int:
         ps = self.cfg.page_size
         cache_on = self.cache.enabled
         reserved = sum(self._reserve(r) for r in self.running)
-        candidates = list(self.waiting)
-        matches: dict[int, Any] = {}
-        if cache_on and self.cfg.schedule_policy == "lpm" and len(candidates) <= self.cfg.lpm_queue_limit:
-            for r in candidates:
-                matches[id(r)] = self.cache.match_prefix(r.match_ids(), r.namespace)
-            candidates.sort(key=lambda r: -matches[id(r)].num_tokens)  # stable: FCFS among equals
         first_pages: set[tuple[str, int, tuple[int, ...]]] = set()
-        for req in candidates:
-            if budget <= 0 or len(self.running) + len(self.finishing) >= self.cfg.max_running_requests:
-                break  # (finishing requests still hold their runner slot)
+        for req in self._order(list(self.waiting)):
+            took_slot = False
+            while self._slots_full() and (freed := self._preempt(req, chunks, can_retract)) is not None:
+                budget, took_slot = budget + freed, True  # priority or fair share took another's slot
+            if budget <= 0 or self._slots_full():
+                break
             # Re-match: an eviction while admitting an earlier candidate may have shortened this match.
             m = self.cache.match_prefix(req.match_ids(), req.namespace)
             matched_pages = m.pages
@@ -244,16 +282,22 @@ class Scheduler(OutputProcessor):
             # step so it finds the first one's pages in the tree instead.
             fill = req.fill_ids
             nxt = (req.namespace, start, tuple(fill[start : start + ps]))
-            if cache_on and len(nxt[2]) == ps and nxt in first_pages:
-                continue
             chunk = min(req.num_fill - start, budget)
-            if not self._may_merge(chunk, chunks):
+            if (cache_on and len(nxt[2]) == ps and nxt in first_pages) or not self._may_merge(chunk, chunks):
+                if took_slot:
+                    break  # the slot it freed is kept for it: it comes first again next step
                 continue
             need = _cdiv(start + chunk, ps) - len(matched_pages)
             self.cache.lock(m.node)
             req.pages = list(matched_pages)
             req.kv_len = start
             reserve = self._reserve(req) - need
+            while self._available() < need + reserve + reserved:
+                freed = self._preempt(req, chunks, can_retract)  # priority or fair share may take another's pages
+                if freed is None:
+                    break
+                budget += freed
+                reserved = sum(self._reserve(r) for r in self.running)
             if self._available() < need + reserve + reserved:
                 self.cache.unlock(m.node)
                 req.pages, req.kv_len = [], 0
@@ -275,6 +319,8 @@ class Scheduler(OutputProcessor):
             budget -= chunk
             reserved += reserve
             first_pages.add(nxt)
+            if self.fair is not None:
+                self.fair.charge(req.tenant, chunk)
         return budget
 
     def _build(self, reqs: list[Req], chunks: dict[int, int]) -> ScheduledBatch:

@@ -17,7 +17,9 @@ from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
 from radixserve.server.metrics import RequestCounter, ServerMetrics
 from radixserve.server.openapi import openapi_document
+from radixserve.server.quotas import QuotaBook, QuotaGate
 from radixserve.server.serving import ClientGone, ServerState
+from radixserve.server.tenants import KeyRing
 from radixserve.server.timeouts import BodyTimeout, BodyTimeoutMiddleware, body_timeout_handler
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -35,18 +37,22 @@ async def _openapi(request: Request) -> Response:
     return JSONResponse(doc)
 
 
-def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int | None = None,
+def build_app(engine: Any, api_key: str | list[str] | KeyRing | None = None, max_queued_requests: int | None = None,
               served_model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> Starlette:
-    """The HTTP app over `engine`. api_key may list several keys separated by commas (one cache namespace each);
-    max_queued_requests bounds the waiting queue (429 past it); the app's ServerState is at app.state.server."""
+    """The HTTP app over `engine`. api_key: a KeyRing, or `--api-key`-style entries (a str may hold several,
+    separated by commas; admin unless an entry says `role=user`; one cache namespace each); None: no keys (an empty
+    key is an error). max_queued_requests bounds the waiting queue (429 past it); the app's ServerState is at
+    app.state.server."""
     if max_queued_requests is not None and max_queued_requests < 0:
         raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     info = engine.model_info()
     stats = engine.cache_stats()
-    metrics = ServerMetrics(engine)
+    keys = api_key if isinstance(api_key, KeyRing) or api_key is None else KeyRing.from_keys(api_key)
+    quotas = QuotaBook()
+    metrics = ServerMetrics(engine, quotas)
     state = ServerState(
         engine=engine,
         model_name=served_model_name or info["model_name"],
@@ -59,6 +65,7 @@ def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int 
         max_body_bytes=max_body_bytes,
         metrics=metrics,
         prompts=ChatPromptBuilder(engine.tokenizer),
+        keys=keys,
     )
     routes = [
         Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
@@ -73,9 +80,8 @@ def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int 
         Route("/metrics", native_api.metrics, methods=["GET"]),
         Route("/openapi.json", _openapi, methods=["GET"]),
     ]
-    middleware = [Middleware(BodyTimeoutMiddleware, seconds=body_timeout_s), Middleware(RequestCounter, metrics=metrics)]
-    if api_key:
-        middleware.append(Middleware(ApiKeyAuth, keys=[k.strip() for k in api_key.split(",")]))
+    middleware = [Middleware(BodyTimeoutMiddleware, seconds=body_timeout_s), Middleware(RequestCounter, metrics=metrics),
+                  Middleware(ApiKeyAuth, keys=keys), Middleware(QuotaGate, book=quotas)]
     handlers = {ApiError: api_error_handler, HTTPException: http_exception_handler, ClientGone: _client_gone,
                 BodyTimeout: body_timeout_handler, Exception: internal_error_handler}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)

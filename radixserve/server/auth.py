@@ -1,51 +1,60 @@
-"""API keys: every endpoint but /health needs `Authorization: Bearer <key>`; each key is its own cache namespace."""
+"""API keys: every endpoint but /health needs `Authorization: Bearer <key>`; each key is its own cache namespace.
+
+The middleware puts the request's Principal (radixserve/server/tenants.py: name, role, namespace, limits) in
+scope["state"]["principal"]; handlers read it with `principal_of(request)`. Without keys every request is OPEN
+(the operator, one shared namespace)."""
 from __future__ import annotations
 
-import hashlib
-import hmac
-
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixserve.server.errors import ApiError, error_response
+from radixserve.server.tenants import NOBODY, OPEN, KeyRing, Principal, tenant_of
+
+__all__ = ["ApiKeyAuth", "OPEN_PATHS", "principal_of", "tenant_of", "forbidden"]
 
 OPEN_PATHS = frozenset({"/health"})
 
 
-def tenant_of(key: str) -> str:
-    """The cache namespace of an API key: a digest, so the key itself never travels into the cache."""
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+def principal_of(request: Request | Scope) -> Principal:
+    scope = request.scope if isinstance(request, Request) else request
+    return scope.get("state", {}).get("principal", OPEN)
+
+
+def forbidden(what: str) -> ApiError:
+    return ApiError(403, f"{what} needs an admin key", type="permission_error", code="admin_only")
 
 
 class ApiKeyAuth:
-    """ASGI middleware: 401 without a valid bearer key; with one, scope["state"]["tenant"] names the key's namespace."""
+    """ASGI middleware: 401 without a valid bearer key; with one, the key's Principal goes into the scope."""
 
-    def __init__(self, app: ASGIApp, keys: list[str]) -> None:
-        if not keys or any(not k for k in keys):
-            raise ValueError("api keys must be non-empty strings")
+    def __init__(self, app: ASGIApp, keys: KeyRing | None) -> None:
         self.app = app
-        self.keys = [(k.encode(), tenant_of(k)) for k in keys]
+        self.keys = keys
 
-    def _tenant(self, scope: Scope) -> str | None:
+    def _principal(self, scope: Scope) -> Principal | None:
+        assert self.keys is not None
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         scheme, _, token = header.partition(b" ")
         if scheme.lower() != b"bearer":
             return None
-        token = token.strip()
-        found = None
-        for key, tenant in self.keys:  # compare against every key: the time taken says nothing about which matched
-            if hmac.compare_digest(token, key):
-                found = tenant
-        return found
+        return self.keys.lookup(token.strip())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        tenant = self._tenant(scope)
-        if tenant is None:
+        state = scope.setdefault("state", {})
+        if self.keys is None or scope["path"] in OPEN_PATHS:
+            state["principal"] = OPEN if self.keys is None else NOBODY
+            await self.app(scope, receive, send)
+            return
+        principal = self._principal(scope)
+        if principal is None:
             err = ApiError(401, "missing or invalid API key: send `Authorization: Bearer <key>`",
                            type="authentication_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             await error_response(err)(scope, receive, send)
             return
-        scope.setdefault("state", {})["tenant"] = tenant
+        state["principal"] = principal
+        state["tenant"] = principal.namespace
         await self.app(scope, receive, send)

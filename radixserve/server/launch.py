@@ -13,6 +13,7 @@ import uvicorn
 
 from radixserve import __version__
 from radixserve.server.app import DEFAULT_MAX_BODY_BYTES, build_app
+from radixserve.server.tenants import KeyRing, KeySources
 from radixserve.summary import startup_summary
 from radixserve.server.timeouts import header_timeout_protocol
 
@@ -44,7 +45,8 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None,
+def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int = 30000,
+               api_key: str | list[str] | KeySources | None = None,
                max_queued_requests: int | None = None, served_model_name: str | None = None,
                grace_period_s: float = 30.0, max_connections: int = 1024, header_timeout_s: float = 10.0,
                body_timeout_s: float = 30.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
@@ -52,12 +54,13 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
     stops (a fault that repeats every step), the server drains and the process exits 1 for a supervisor to restart."""
     from radixserve import Engine
 
+    keys = _key_ring(api_key)  # before the model loads: a bad key file fails fast
     kwargs = dict(engine_kwargs)
     if max_queued_requests is not None:
         kwargs["max_queued_requests"] = max_queued_requests  # the engine enforces it without a round trip
     engine = Engine(**kwargs)
     try:
-        app = build_app(engine, api_key=api_key, max_queued_requests=max_queued_requests,
+        app = build_app(engine, api_key=keys, max_queued_requests=max_queued_requests,
                         served_model_name=served_model_name, max_body_bytes=max_body_bytes,
                         body_timeout_s=body_timeout_s)
         state = app.state.server
@@ -72,7 +75,9 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
                                 timeout_graceful_shutdown=grace_period_s, timeout_keep_alive=5,
                                 limit_concurrency=max_connections, http=header_timeout_protocol(header_timeout_s))
         url = f"http://{host}:{port}"
-        print(f"radixserve {__version__}\n{startup_summary(engine, url, api_key=bool(api_key))}", flush=True)
+        print(f"radixserve {__version__}\n{startup_summary(engine, url, api_key=keys.describe() if keys else None)}", flush=True)
+        if keys is not None and keys.file is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGHUP, lambda sig, frame: keys.reload_in_background())  # uvicorn leaves SIGHUP alone
         server = DrainingServer(config, drain, ready_line=f"ready: serving on {url}")
         watchdog = threading.Thread(target=_exit_when_engine_dies, args=(engine, server, drain), daemon=True)
         watchdog.start()
@@ -81,6 +86,14 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
             raise SystemExit(f"engine stopped: {engine.error!r}")  # exit status 1
     finally:
         engine.shutdown()
+
+
+def _key_ring(api_key: str | list[str] | KeySources | None) -> KeyRing | None:
+    if api_key is None:
+        return None
+    if isinstance(api_key, KeySources):
+        return KeyRing(api_key)
+    return KeyRing.from_keys(api_key)
 
 
 def _exit_when_engine_dies(engine: Any, server: uvicorn.Server, drain: Callable[[], None]) -> None:

@@ -10,6 +10,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.io import OutputMeta
+from radixserve.server.quotas import KeyCollector, QuotaBook
 
 PREFIX = "radixserve_"
 ENGINE_GAUGES = {  # engine.metrics() key -> help
@@ -53,9 +54,12 @@ class EngineCollector(Collector):
 class ServerMetrics:
     """One registry per app (nothing global): engine state plus what the HTTP layer measures."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, quotas: QuotaBook | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine))
+        self.quotas = quotas
+        if quotas is not None:
+            self.registry.register(KeyCollector(quotas))
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "time from submission to the first output token",
                               buckets=LATENCY_BUCKETS, registry=self.registry)
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
@@ -78,8 +82,15 @@ class ServerMetrics:
         if ttft is not None and e2e is not None and n > 1:
             self.itl.observe(max(e2e - ttft, 0.0) / (n - 1))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, key_name: str | None = None) -> bytes:
+        """Everything (what an admin reads), or with `key_name` only that key's own counters (what a user key reads:
+        server-wide figures would tell it about the other tenants)."""
+        if key_name is None:
+            return generate_latest(self.registry)
+        own = CollectorRegistry()
+        if self.quotas is not None:
+            own.register(KeyCollector(self.quotas, only=key_name))
+        return generate_latest(own)
 
 
 class RequestCounter:

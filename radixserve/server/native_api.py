@@ -1,6 +1,6 @@
 """SGLang-native endpoints: /generate, /tokenize, /detokenize, /flush_cache, /get_model_info, /health, /metrics.
 
-/generate answers with the engine's output dicts as they are ({"text", "output_ids", "meta_info"}, a list for a batch
+/generate answers with the engine's outputs as they are ({"text", "output_ids", "meta_info"}, a list for a batch
 or n > 1). Streamed, each event is one engine chunk: text, output_ids and output logprobs hold only what is new,
 meta_info counts are cumulative, and the last event has the finish_reason; then `data: [DONE]`.
 """
@@ -9,22 +9,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import Any, TypeVar
 
+import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from radixserve.io import GenerateOutput, GenerateRequest
+from radixserve.io import GenerateOutput, GenerateRequest, StreamChunk
+from radixserve.server.auth import forbidden, principal_of
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.protocol import DetokenizeRequest, GenerateBody, TokenizeRequest
 from radixserve.server.serving import (
-    SSE_DONE, EventStream, ServerState, Stream, admit, cache_salt, close_streams, engine_errors, generate, merged,
-    open_streams, read_json, server_state, sse,
+    SSE_DONE, EventStream, ServerState, Stream, aborted, admit, cache_salt, close_streams, engine_errors, generate, merged,
+    open_streams, read_json, scheduling, server_state, sse,
 )
 from radixserve.tokenizer import Tokenizer
 
+Out = TypeVar("Out", bound=GenerateOutput)
 LOGPROB_KEYS = ("output_token_logprobs", "input_token_logprobs")
 TOP_LOGPROB_KEYS = ("output_top_logprobs", "input_top_logprobs")
 
@@ -63,10 +67,15 @@ def generate_call(req: GenerateBody, salt: str) -> tuple[GenerateRequest, int]:
         count = len(req.input_ids) if batch else 1
     if batch and count == 0:
         raise bad_request("the batch is empty", param="text" if req.text is not None else "input_ids")
-    rid: str | list[str] | None = req.rid
-    if rid is None:
-        base = uuid.uuid4().hex
-        rid = [f"{base}-{i}" for i in range(count)] if batch else base
+    # The engine's ids are the server's own, unique per request: a client's rid is only a label (meta_info.id), so
+    # another tenant sending the same rid can neither abort, read nor replace this request.
+    # (The client's rid leads the server's id, so logs and error messages still name it.)
+    base = uuid.uuid4().hex
+    if req.rid is not None and (isinstance(req.rid, list) != batch or (batch and len(req.rid) != count)):
+        raise bad_request("rid must be a string, or a list of strings with one entry per prompt", param="rid")
+    given = req.rid if isinstance(req.rid, list) else [req.rid] * count
+    own = [f"{g}@{base}-{i}" if g is not None else f"{base}-{i}" for i, g in enumerate(given)]
+    rid: str | list[str] = own if batch else own[0].removesuffix("-0")
     params = req.sampling_params
     ns = [p.get("n") for p in (params if isinstance(params, list) else [params or {}])]
     n = max((v for v in ns if isinstance(v, int)), default=1)  # bad values: the engine names them
@@ -78,35 +87,58 @@ def generate_call(req: GenerateBody, salt: str) -> tuple[GenerateRequest, int]:
     return call, count * max(n, 1)
 
 
+def labeler(internal: str | list[str] | None, given: str | list[str] | None) -> Callable[[Out], Out]:
+    """Puts the client's rid (or the server's id if it gave none) into each output's meta_info.id."""
+    if given is None or internal is None:
+        return lambda out: out
+    pairs = zip(internal, given) if isinstance(internal, list) else [(internal, given)]
+    names = {i: str(g) for i, g in pairs}
+
+    def label(out: Out) -> Out:
+        own = out.meta_info.id
+        for i, g in names.items():  # n > 1 makes ids "<rid>-<sample>"
+            if own == i or own.startswith(i + "-"):
+                return msgspec.structs.replace(out, meta_info=msgspec.structs.replace(out.meta_info,
+                                                                                      id=g + own[len(i):]))
+        return out
+
+    return label
+
+
 async def generate_endpoint(request: Request) -> Response:
     state = server_state(request)
     req = await read_json(request, GenerateBody)
     call, count = generate_call(req, cache_salt(request, req.cache_salt))
+    call = replace(call, **scheduling(request, req.priority, req.timeout))
+    label = labeler(call.rid, req.rid)
     await admit(state, count)
     default_param = "text" if req.text is not None else "input_ids"
     tok = state.engine.tokenizer
     if req.stream:
         with engine_errors(default_param):
             streams = await open_streams(request, state, [call])
-        return EventStream(generate_events(state, streams[0], req.return_text_in_logprobs))
+        return EventStream(generate_events(state, streams[0], req.return_text_in_logprobs, label))
     with engine_errors(default_param):
         [outs] = await generate(request, state, [call])
     for o in outs:
         fin = o.finish_reason
         if fin is not None and fin.type == "abort":
-            raise ApiError(503, f"request aborted: {fin.message}", type="service_unavailable")
+            raise aborted(fin)
         state.metrics.observe(o.meta_info)
+    outs = [label(o) for o in outs]
     body: list[Any] = [add_token_text(tok, o) for o in outs] if req.return_text_in_logprobs else outs
     single = not isinstance(call.rid, list) and len(outs) == 1
     return Response(state.json.encode(body[0] if single else body), media_type="application/json")
 
 
-async def generate_events(state: ServerState, stream: Stream, text_in_logprobs: bool) -> AsyncIterator[bytes]:
+async def generate_events(state: ServerState, stream: Stream, text_in_logprobs: bool,
+                          label: Callable[[StreamChunk], StreamChunk]) -> AsyncIterator[bytes]:
     """SSE of the engine's chunks as they come (text, output_ids and output logprobs hold only what is new), [DONE]."""
     tok = state.engine.tokenizer
     try:
         async with contextlib.aclosing(merged([stream])) as chunks:
             async for _, c in chunks:
+                c = label(c)
                 yield sse(state, add_token_text(tok, c) if text_in_logprobs else c)
                 if c.finished:
                     state.metrics.observe(c.meta_info)
@@ -135,8 +167,23 @@ async def detokenize(request: Request) -> Response:
 
 
 async def flush_cache(request: Request) -> Response:
-    """Drop every cached page; 409 while requests run (nothing is flushed then)."""
+    """An admin key drops every cached page (409 while requests run: nothing is flushed then), or with `?key=NAME`
+    the unlocked pages of that key's namespaces; a user key drops the unlocked pages of its own namespaces only
+    (other tenants' entries stay, so flushing says nothing about them)."""
     state = server_state(request)
+    who = principal_of(request)
+    name = request.query_params.get("key")
+    if name is not None or not who.is_admin:
+        target = who if name is None or name == who.name else None
+        if target is None:
+            if not who.is_admin:
+                raise forbidden("flushing another key's namespace")
+            target = state.keys.named(name) if state.keys is not None else None
+            if target is None:
+                raise ApiError(404, f"no key is named {name!r}", param="key", type="not_found_error")
+        pages = await asyncio.to_thread(state.engine.flush_cache, target.owns)
+        return JSONResponse({"success": True, "message": f"cache of key {target.name!r} flushed",
+                             "flushed_pages": pages})
     if not await asyncio.to_thread(state.engine.flush_cache):
         raise ApiError(409, "cache not flushed: requests are running", type="conflict_error", code="requests_running")
     return JSONResponse({"success": True, "message": "cache flushed"})
@@ -146,7 +193,10 @@ async def get_model_info(request: Request) -> Response:
     """The engine's model_info plus what a client needs to render prompts itself: chat template, special tokens."""
     state = server_state(request)
     tok = state.engine.tokenizer
-    return JSONResponse({**state.engine.model_info(), "served_model_name": state.model_name, "is_generation": True,
+    info = state.engine.model_info()
+    if not principal_of(request).is_admin:
+        info.pop("model_path")  # where the server keeps its files is the operator's business
+    return JSONResponse({**info, "served_model_name": state.model_name, "is_generation": True,
                          "chat_template": tok.select_chat_template(), "special_tokens": tok.special_tokens})
 
 
@@ -159,6 +209,9 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """Admin keys read every figure; a user key reads only its own key's counters."""
     state = server_state(request)
-    body = await asyncio.to_thread(state.metrics.render)  # reading engine state waits for its loop: off the event loop
+    who = principal_of(request)
+    # reading engine state waits for its loop: off the event loop
+    body = await asyncio.to_thread(state.metrics.render, None if who.is_admin else who.name)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -21,8 +21,8 @@ from radixserve.server.protocol import (
     CompletionResponse, ModelCard, ModelList, PromptTokensDetails, SamplingFields, TokenLogprob, TopLogprob, Usage,
 )
 from radixserve.server.serving import (
-    SSE_DONE, EventStream, ServerState, Stream, admit, cache_salt, close_streams, engine_errors, generate, merged,
-    open_streams, read_json, server_state, sse,
+    SSE_DONE, EventStream, ServerState, Stream, aborted, admit, cache_salt, close_streams, engine_errors, generate, merged,
+    open_streams, read_json, scheduling, server_state, sse,
 )
 from radixserve.tokenizer import Tokenizer
 
@@ -121,7 +121,7 @@ def finish_reason(fin: FinishReason | None) -> str | None:
     if fin is None:
         return None
     if fin.type == "abort":
-        raise ApiError(503, f"request aborted: {fin.message or 'aborted'}", type="service_unavailable")
+        raise aborted(fin)
     return fin.type
 
 
@@ -231,7 +231,8 @@ async def chat_completions(request: Request) -> Response:
     await admit(state, req.n)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     call = GenerateRequest(input_ids=ids, sampling_params=params, return_logprob=req.logprobs,
-                           top_logprobs_num=req.top_logprobs or 0, cache_salt=salt, rid=rid)
+                           top_logprobs_num=req.top_logprobs or 0, cache_salt=salt, rid=rid,
+                           **scheduling(request, req.priority, req.timeout))
     job = Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param)
     created = int(time.time())
     if req.stream:
@@ -322,7 +323,7 @@ async def completions(request: Request) -> Response:
     echo_lp = req.echo and want_lp
     calls = [GenerateRequest(input_ids=ids, sampling_params=params, return_logprob=want_lp,
                              logprob_start_len=0 if echo_lp else -1, top_logprobs_num=req.logprobs or 0,
-                             cache_salt=salt, rid=f"{rid}-{p}")
+                             cache_salt=salt, rid=f"{rid}-{p}", **scheduling(request, req.priority, req.timeout))
              for p, ids in enumerate(ids_list)]
     job = Job(rid, calls, req.n, salt, req.skip_special_tokens, "max_tokens")
     created = int(time.time())

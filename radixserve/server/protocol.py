@@ -54,6 +54,8 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = None
+    priority: int = 0  # extra: higher is admitted first and may retract lower-priority requests
+    timeout: float | None = None  # extra: seconds after which the request is aborted and its pages freed
     # accepted and ignored: they never change the tokens
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -88,7 +90,9 @@ class GenerateBody(Strict):
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     cache_salt: str | None = None
-    rid: str | list[str] | None = None
+    rid: str | list[str] | None = None  # a label echoed in meta_info.id; the server's own id is unique per request
+    priority: int = 0
+    timeout: float | None = None
 
 
 class TokenizeRequest(Strict):

@@ -17,11 +17,14 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from radixserve.errors import ParamError, QueueFullError, RequestFailedError
-from radixserve.io import GenerateOutput, GenerateRequest, StreamChunk
+from radixserve.io import FinishReason, GenerateOutput, GenerateRequest, StreamChunk
 from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.auth import principal_of
 from radixserve.server.protocol import decode_body
+from radixserve.server.quotas import charge
+from radixserve.server.tenants import KeyRing
 
 if TYPE_CHECKING:
     from radixserve.engine import Engine
@@ -44,6 +47,7 @@ class ServerState:
     max_body_bytes: int
     metrics: ServerMetrics
     prompts: ChatPromptBuilder
+    keys: KeyRing | None = None  # None: no keys, every request is the operator's (tenants.OPEN)
     draining: bool = False  # set on SIGTERM: admit nothing new, let running requests finish
     json: msgspec.json.Encoder = field(default_factory=msgspec.json.Encoder)
 
@@ -78,6 +82,21 @@ def cache_salt(request: Request, requested: str | None) -> str:
     if not tenant:
         return requested or ""
     return f"{tenant}|{requested}" if requested else tenant
+
+
+def scheduling(request: Request, priority: int, timeout: float | None) -> dict[str, Any]:
+    """The engine call's scheduling arguments: priority, timeout, and the tenant whose fair share it uses (the
+    key's namespace; without keys, each cache_salt is its own)."""
+    who = principal_of(request)
+    return {"priority": priority, "timeout": timeout, "tenant": who.namespace or None}
+
+
+def aborted(fin: FinishReason) -> ApiError:
+    """The error for a request the engine aborted: 504 if its own timeout ran out, else 503."""
+    if fin.message == "timeout":
+        return ApiError(504, "request timed out (its `timeout` ran out); it was stopped and its pages freed",
+                        type="timeout_error", code="timeout")
+    return ApiError(503, f"request aborted: {fin.message or 'aborted'}", type="service_unavailable")
 
 
 async def admit(state: ServerState, count: int = 1) -> None:
@@ -161,7 +180,9 @@ async def generate(request: Request, state: ServerState, calls: list[GenerateReq
     eng = state.engine
 
     async def one(call: GenerateRequest) -> list[GenerateOutput]:
-        return await eng.run(await tokenized(eng, call))
+        outs = await eng.run(await tokenized(eng, call))
+        charge(sum(o.meta_info.prompt_tokens + o.meta_info.completion_tokens for o in outs))
+        return outs
 
     rids = [c.rid for c in calls]
     return await unless_disconnected(request, asyncio.gather(*(one(kw) for kw in calls)),
@@ -175,6 +196,15 @@ class Stream:
     first: StreamChunk
     rest: AsyncIterator[StreamChunk]
     finished: bool = False
+    charged: int = 0  # tokens counted against the key's quota so far
+
+    def took(self, chunk: StreamChunk) -> None:
+        """A chunk was read: note whether it ends the stream, and charge its new tokens to the key's quota."""
+        meta = chunk.meta_info
+        self.finished = meta.finish_reason is not None
+        total = meta.prompt_tokens + meta.completion_tokens
+        charge(total - self.charged)
+        self.charged = total
 
 
 async def tokenized(eng: Engine, call: GenerateRequest) -> GenerateRequest:
@@ -230,12 +260,13 @@ async def close_streams(eng: Engine, streams: list[Stream]) -> None:
 async def merged(streams: list[Stream]) -> AsyncIterator[tuple[int, StreamChunk]]:
     """Chunks of all streams as (stream index, chunk), first chunks first, then in arrival order."""
     for i, s in enumerate(streams):
+        s.took(s.first)
         yield i, s.first
     if len(streams) == 1:
         s = streams[0]
         if not s.finished:
             async for chunk in s.rest:
-                s.finished = chunk.finished
+                s.took(chunk)
                 yield 0, chunk
         return
     queue: asyncio.Queue[tuple[int, StreamChunk | BaseException | None]] = asyncio.Queue()
@@ -258,7 +289,7 @@ async def merged(streams: list[Stream]) -> AsyncIterator[tuple[int, StreamChunk]
             elif isinstance(item, BaseException):
                 raise item
             else:
-                streams[i].finished = item.finished
+                streams[i].took(item)
                 yield i, item
     finally:
         for t in tasks:

@@ -1,0 +1,158 @@
+"""Two tenants, one flooding at 10x the other's rate (issue 21): the quiet tenant's time to first token alone, beside
+the flood with fair share on, and with it off; and high-priority requests under a low-priority flood vs unloaded.
+
+Open-loop Poisson arrivals against the in-process Engine (the server passes each API key's namespace as the
+request's `tenant`, so this is what two keys get, without the HTTP client sharing the CPU with the engine). The
+flood's prompts share a long system prompt, so longest-prefix-first favours them; the quiet tenant's prompts are
+unique. The scenarios run interleaved, round after round, so drift of a shared machine hits them alike. A flood
+request still queued when a scenario ends is aborted; a quiet request that waits past --give-up s counts as that long.
+
+    python -m benchmarks.tenants [--rate 1] [--flood-factor 10] [--duration 20] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.random_model import make_random_model
+from radixserve import Engine
+
+SYSTEM = list(range(3, 259))  # the flood's shared system prompt: 256 tokens, cached after the first request
+
+
+class Load:
+    """One open-loop stream of requests: Poisson arrivals at `rate` for `duration` s; TTFTs of those that finish."""
+
+    def __init__(self, eng: Engine, rate: float, tenant: str, prompt: Any, new_tokens: int, priority: int = 0,
+                 give_up: float | None = None) -> None:
+        self.eng, self.rate, self.tenant, self.prompt = eng, rate, tenant, prompt
+        self.new_tokens, self.priority, self.give_up = new_tokens, priority, give_up
+        self.ttfts: list[float] = []
+        self.gave_up = 0
+        self.tasks: list[asyncio.Task] = []
+
+    async def one(self, i: int) -> None:
+        out = await self.eng.async_generate(
+            input_ids=self.prompt(i), sampling_params={"max_new_tokens": self.new_tokens, "temperature": 0,
+                                                       "ignore_eos": True},
+            tenant=self.tenant, priority=self.priority, timeout=self.give_up)
+        meta = out["meta_info"]
+        if meta["finish_reason"]["type"] == "abort":
+            self.gave_up += 1
+            self.ttfts.append(self.give_up or 0.0)
+        else:
+            self.ttfts.append(meta["ttft"])
+
+    async def arrivals(self, duration: float, rng: random.Random) -> None:
+        start = time.perf_counter()
+        t, i = 0.0, 0
+        while True:
+            t += rng.expovariate(self.rate)
+            if t > duration:
+                return
+            await asyncio.sleep(max(0.0, start + t - time.perf_counter()))
+            self.tasks.append(asyncio.ensure_future(self.one(i)))
+            i += 1
+
+
+async def scenario(measured: Load, flood: Load | None, duration: float, seed: int) -> None:
+    """Run the measured load (and the flood beside it) for `duration` s; wait for the measured requests, then
+    abort what the flood still has queued."""
+    rng = random.Random(seed)
+    loads = [measured] + ([flood] if flood else [])
+    await asyncio.gather(*(ld.arrivals(duration, random.Random(rng.random())) for ld in loads))
+    await asyncio.gather(*measured.tasks)
+    if flood:
+        for t in flood.tasks:
+            t.cancel()  # cancelling aborts the request in the engine
+        await asyncio.gather(*flood.tasks, return_exceptions=True)
+    while measured.eng.metrics()["num_running"] or measured.eng.metrics()["num_waiting"]:
+        await asyncio.sleep(0.05)
+
+
+def p95(xs: list[float]) -> float:
+    return float(np.percentile(xs, 95)) if xs else float("nan")
+
+
+def machine() -> str:
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
+    return (f"{platform.node()}, CPU {name}, {torch.get_num_threads()} torch threads, torch {torch.__version__} "
+            f"({torch.backends.cpu.get_cpu_capability()}), {time.strftime('%Y-%m-%d %H:%M')}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=float, default=1.0, help="quiet tenant's (and high priority's) requests/s")
+    ap.add_argument("--flood-factor", type=float, default=10.0)
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per scenario per round")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--give-up", type=float, default=30.0, help="a measured request waiting longer is aborted")
+    ap.add_argument("--max-running-requests", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--json", default=None, help="write the raw figures here")
+    args = ap.parse_args()
+    model = make_random_model(Path(tempfile.mkdtemp()) / "m", layers=args.layers, hidden=args.hidden, heads=8,
+                              kv_heads=2, intermediate=3 * args.hidden, vocab=512, context=4096)
+    settings = dict(model=model, dtype="float32", page_size=16, max_total_tokens=32768,
+                    max_running_requests=args.max_running_requests)
+    quiet_rate, flood_rate = args.rate, args.rate * args.flood_factor
+
+    def quiet_prompt(seed: int) -> Any:
+        return lambda i: [(seed * 7919 + i * 131 + k * 17) % 500 + 3 for k in range(128)]  # unique: no hits
+
+    def flood_prompt(i: int) -> list[int]:
+        return SYSTEM + [(i * 37 + k) % 500 + 3 for k in range(32)]
+
+    results: dict[str, list[float]] = {}
+    gave_up: dict[str, int] = {}
+    with Engine(**settings, fair_share=True) as on, Engine(**settings, fair_share=False) as off:
+        for eng in (on, off):  # warm up and cache the system prompt
+            eng.generate(input_ids=flood_prompt(0), sampling_params={"max_new_tokens": 4})
+        for rnd in range(args.rounds):
+            seed = 1000 * rnd
+            cases = {
+                "quiet alone": (on, None, 0),
+                "quiet + flood, fair share on": (on, "flood", 0),
+                "quiet + flood, fair share off": (off, "flood", 0),
+                "high priority, unloaded": (off, None, 1),
+                "high priority + low-priority flood": (off, "low", 1),
+            }
+            for name, (eng, flood_kind, prio) in cases.items():
+                measured = Load(eng, quiet_rate, "quiet" if prio == 0 else "flood", quiet_prompt(seed + rnd),
+                                16, priority=prio, give_up=args.give_up)
+                flood = None if flood_kind is None else Load(eng, flood_rate, "flood", flood_prompt, 32, priority=0)
+                asyncio.run(scenario(measured, flood, args.duration, seed))
+                results.setdefault(name, []).extend(measured.ttfts)
+                gave_up[name] = gave_up.get(name, 0) + measured.gave_up
+                print(f"round {rnd + 1} {name}: n={len(measured.ttfts)} p95 {p95(measured.ttfts):.3f} s", flush=True)
+    print(f"\nmachine: {machine()}")
+    print(f"flags: {json.dumps({k: str(v) for k, v in settings.items() if k != 'model'})}, {args.layers} layers "
+          f"hidden {args.hidden}, quiet {quiet_rate}/s, flood {flood_rate}/s, {args.duration:g} s x {args.rounds} rounds\n")
+    print("| scenario | requests | TTFT p50 s | TTFT p95 s | gave up |")
+    print("|---|---|---|---|---|")
+    for name, xs in results.items():
+        print(f"| {name} | {len(xs)} | {np.percentile(xs, 50):.3f} | {p95(xs):.3f} | {gave_up[name]} |")
+    alone, fair, unfair = (p95(results[k]) for k in ("quiet alone", "quiet + flood, fair share on",
+                                                      "quiet + flood, fair share off"))
+    hi0, hi = p95(results["high priority, unloaded"]), p95(results["high priority + low-priority flood"])
+    print(f"\nquiet p95 with fair share on / alone: {fair / alone:.2f}x (goal <= 2); off / alone: {unfair / alone:.2f}x")
+    print(f"high-priority p95 under the flood / unloaded: {hi / hi0:.2f}x (goal <= 1.5)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "gave_up": gave_up, "machine": machine()}))
+
+
+if __name__ == "__main__":
+    main()
