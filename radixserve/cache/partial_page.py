@@ -42,6 +42,7 @@ class PartialTail:
     token_bytes: bytes
     page: int
     owner: Any  # the running request whose private page it is (live), None once the registry holds it (kept)
+    used: int = 0  # the registry's clock at its last hit or keep: the least recently used goes first
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class PartialPages:
         self.page_size = page_size
         self._by_key: dict[int, list[PartialTail]] = {}
         self._kept: OrderedDict[int, PartialTail] = OrderedDict()  # id(tail) -> tail, least recently used first
+        self._clock = 0
 
     @property
     def kept_pages(self) -> int:
@@ -97,7 +99,8 @@ class PartialPages:
         tails = self._by_key.setdefault(tail.key, [])
         tails.append(tail)
         self._kept[id(tail)] = tail
-        kept = [t for t in tails if t.owner is None]
+        self._touch(tail)
+        kept = sorted((t for t in tails if t.owner is None), key=lambda t: t.used)
         for old in kept[: max(0, len(kept) - MAX_TAILS_PER_KEY)]:
             self._drop(old)
         return True
@@ -119,7 +122,7 @@ class PartialPages:
             if n and (best is None or n > best.num_tokens):
                 best = PartialHit(tail.page, n)
                 if tail.owner is None:
-                    self._kept.move_to_end(id(tail))
+                    self._touch(tail)
         pb = 4 * self.page_size
         for child in node.children.values():
             if is_root and child.namespace != namespace:
@@ -158,6 +161,11 @@ class PartialPages:
                 assert tail.page in owner_pages[tail.owner.num_tree_pages :], "a live tail's page is its owner's"
 
     # ---- internals -----------------------------------------------------------------------------------------------
+    def _touch(self, tail: PartialTail) -> None:
+        self._clock += 1
+        tail.used = self._clock
+        self._kept.move_to_end(id(tail))
+
     def _valid(self, tail: PartialTail) -> bool:
         node = tail.node
         if node.parent is None and node.keys:  # evicted (the root has no keys and no parent)
