@@ -268,3 +268,21 @@ def test_registry_drops_a_tail_whose_prefix_was_evicted() -> None:
     assert reg.lookup(res.node, tail.key, "", query, False) is None
     assert reg.kept_pages == 0 and pool.is_free(page)
     reg.check_invariants()
+
+
+@pytest.mark.parametrize("shared", [5, PS + 4])
+def test_requests_sent_together_share_rows_past_their_cached_pages(tiny_model_dir: Path, make_engine,
+                                                                   shared: int) -> None:
+    """Two prompts sharing `shared` tokens, nothing cached: the second waits a step (as it would for a shared full
+    page) and copies the rows the first computed, as page size 1 would reuse them."""
+    rng = random.Random(19)
+    common = prefix_ids(rng, shared)
+    prompts = [common + suffix_ids(rng, 12), common + suffix_ids(rng, 9)]
+    outs = {}
+    for on in (False, True):
+        eng = make_engine(tiny_model_dir, page_size=PS, max_total_tokens=2048, enable_partial_page_reuse=on)
+        got = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+        outs[on] = [o["output_ids"] for o in got]
+        cached = sorted(o["meta_info"]["cached_tokens"] for o in got)
+        assert cached == ([0, shared] if on else [0, shared // PS * PS])
+    assert outs[True] == outs[False]

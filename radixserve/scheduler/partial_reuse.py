@@ -25,6 +25,11 @@ class PartialReuse:
     partial: PartialPages | None
     _copies: dict[int, tuple[int, int, int]]
 
+    @property
+    def partial_pages(self) -> int:
+        """Partial pages kept for reuse (cached and evictable, outside the tree's count)."""
+        return 0 if self.partial is None else self.partial.kept_pages
+
     def _boundary_key(self, node: Any, namespace: str) -> int:
         """Key of the last full page of `node` (the namespace's root key for the root): where tails hang."""
         return self.cache.root_key(namespace) if node is self.cache.root else node.keys[-1]

@@ -116,11 +116,6 @@ class Scheduler(OutputProcessor, PartialReuse):
     def _available(self) -> int:
         return self.pool.num_free_pages + self.cache.evictable_pages + self.partial_pages
 
-    @property
-    def partial_pages(self) -> int:
-        """Partial pages kept for reuse (cached and evictable, outside the tree's count)."""
-        return 0 if self.partial is None else self.partial.kept_pages
-
     def _reserve(self, req: Req) -> int:
         """Pages this request will still want: the rest of its prefill plus an estimate of its decode."""
         ps = self.cfg.page_size
@@ -259,6 +254,7 @@ class Scheduler(OutputProcessor, PartialReuse):
                 matches[id(r)] = self.cache.match_prefix(r.match_ids(), r.namespace)
             candidates.sort(key=lambda r: -matches[id(r)].num_tokens)  # stable: FCFS among equals
         first_pages: set[tuple[str, int, tuple[int, ...]]] = set()
+        first_rows: set[tuple[str, int, tuple[int, ...]]] = set()
         for req in candidates:
             if budget <= 0 or len(self.running) + len(self.finishing) >= self.cfg.max_running_requests:
                 break  # (finishing requests still hold their runner slot)
@@ -273,6 +269,11 @@ class Scheduler(OutputProcessor, PartialReuse):
             fill = req.fill_ids
             nxt = (req.namespace, start, tuple(fill[start : start + ps]))
             if cache_on and len(nxt[2]) == ps and nxt in first_pages:
+                continue
+            # Below the page the same holds with partial-page reuse: sharing even the next token, the later one
+            # waits a step and copies the first one's rows (what page size 1 does by the rule above).
+            nxt_row = (req.namespace, start + copied, tuple(fill[start : start + copied + 1]))
+            if nxt_row in first_rows:
                 continue
             chunk = min(req.num_fill - start - copied, budget)
             if not self._may_merge(chunk, chunks):
@@ -309,6 +310,8 @@ class Scheduler(OutputProcessor, PartialReuse):
             budget -= chunk
             reserved += reserve
             first_pages.add(nxt)
+            if self.partial is not None:
+                first_rows.add(nxt_row)
         return budget
 
     def _build(self, reqs: list[Req], chunks: dict[int, int]) -> ScheduledBatch:
