@@ -286,3 +286,30 @@ def test_requests_sent_together_share_rows_past_their_cached_pages(tiny_model_di
         cached = sorted(o["meta_info"]["cached_tokens"] for o in got)
         assert cached == ([0, shared] if on else [0, shared // PS * PS])
     assert outs[True] == outs[False]
+
+
+def test_a_failed_step_with_a_copy_caches_nothing_of_it(tiny_model_dir: Path, make_engine,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixserve.errors import RequestFailedError
+
+    rng = random.Random(20)
+    owner = prefix_ids(rng, PS + 11)
+    reader = owner[: PS + 7] + suffix_ids(rng, 6)
+    want = make_engine(tiny_model_dir, page_size=PS, max_total_tokens=2048, enable_partial_page_reuse=False)
+    want_ids = want.generate(input_ids=reader, sampling_params=GREEDY)["output_ids"]
+    eng = make_engine(tiny_model_dir, page_size=PS, max_total_tokens=2048)
+    eng.generate(input_ids=owner, sampling_params={**GREEDY, "max_new_tokens": 1})
+    real = eng.runner.forward
+
+    def fail_once(batch):
+        monkeypatch.setattr(eng.runner, "forward", real)
+        raise RuntimeError("injected forward fault")
+
+    monkeypatch.setattr(eng.runner, "forward", fail_once)  # fails the step that copies (after the copy ran)
+    with pytest.raises(RequestFailedError):
+        eng.generate(input_ids=reader, sampling_params=GREEDY)
+    wait_idle(eng)
+    eng.check_invariants()
+    assert eng.cache_stats()["partial_pages"] == 1  # still the owner's alone
+    again = eng.generate(input_ids=reader, sampling_params=GREEDY)
+    assert again["output_ids"] == want_ids and again["meta_info"]["cached_tokens"] == PS + 7
