@@ -124,8 +124,10 @@ class PartialPages:
                 if tail.owner is None:
                     self._touch(tail)
         pb = 4 * self.page_size
+        first = query[:4]
         for child in node.children.values():
-            if is_root and child.namespace != namespace:
+            # (the first-token test is a cheap filter: the root may have thousands of children)
+            if not child.token_bytes.startswith(first) or (is_root and child.namespace != namespace):
                 continue
             n = _common_tokens(query, child.token_bytes[:pb])
             if n and (best is None or n > best.num_tokens):
