@@ -313,3 +313,23 @@ def test_a_failed_step_with_a_copy_caches_nothing_of_it(tiny_model_dir: Path, ma
     assert eng.cache_stats()["partial_pages"] == 1  # still the owner's alone
     again = eng.generate(input_ids=reader, sampling_params=GREEDY)
     assert again["output_ids"] == want_ids and again["meta_info"]["cached_tokens"] == PS + 7
+
+
+async def test_a_reader_copies_from_a_running_owner_that_keeps_writing(tiny_model_dir: Path, make_engine) -> None:
+    """The owner decodes on into its partial page (rows past those it recorded) while a reader copies the recorded
+    rows it matches; the reader's tokens equal the feature off's."""
+    rng = random.Random(21)
+    owner = prefix_ids(rng, PS + 9)
+    reader = owner[: PS + 5] + suffix_ids(rng, 6)
+    want = make_engine(tiny_model_dir, page_size=PS, max_total_tokens=2048, enable_partial_page_reuse=False)
+    want_ids = (await want.async_generate(input_ids=reader, sampling_params=GREEDY))["output_ids"]
+    eng = make_engine(tiny_model_dir, page_size=PS, max_total_tokens=2048)
+    copies = spy_copies(eng)
+    stream = eng.async_generate(input_ids=owner, sampling_params={"max_new_tokens": 400, "ignore_eos": True},
+                                stream=True)
+    await stream.__anext__()  # the owner has prefilled and decodes on
+    got = await eng.async_generate(input_ids=reader, sampling_params=GREEDY)
+    owner_pages = await asyncio.to_thread(eng.loop.call, lambda: [r.pages for r in eng.scheduler.running])
+    await stream.aclose()  # aborts the owner
+    assert got["output_ids"] == want_ids and got["meta_info"]["cached_tokens"] == PS + 5
+    assert [src for src, _ in copies] == [[owner_pages[0][1] * PS + r for r in range(5)]], "the owner's live page"
