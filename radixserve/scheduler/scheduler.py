@@ -228,7 +228,7 @@ class Scheduler(OutputProcessor, PartialReuse):
             budget -= chunk
 
         if budget > 0 and self.waiting:
-            budget = self._admit(budget, chunks)
+            budget = self._admit(budget, chunks, hold_rows=can_retract)
 
         if not chunks:
             if self.running and can_retract and not any(r.steps_in_flight for r in self.running):
@@ -243,7 +243,7 @@ class Scheduler(OutputProcessor, PartialReuse):
         limit = self.cfg.prefill_merge_tokens
         return limit is None or chunk <= limit or all(c == 1 for c in chunks.values())
 
-    def _admit(self, budget: int, chunks: dict[int, int]) -> int:
+    def _admit(self, budget: int, chunks: dict[int, int], hold_rows: bool = True) -> int:
         ps = self.cfg.page_size
         cache_on = self.cache.enabled
         reserved = sum(self._reserve(r) for r in self.running)
@@ -271,9 +271,10 @@ class Scheduler(OutputProcessor, PartialReuse):
             if cache_on and len(nxt[2]) == ps and nxt in first_pages:
                 continue
             # Below the page the same holds with partial-page reuse: sharing even the next token, the later one
-            # waits a step and copies the first one's rows (what page size 1 does by the rule above).
+            # waits a step and copies the first one's rows (what page size 1 does by the rule above). Only with no
+            # step in flight (hold_rows): else the next step is scheduled before this one's rows are recorded.
             nxt_row = (req.namespace, start + copied, tuple(fill[start : start + copied + 1]))
-            if nxt_row in first_rows:
+            if hold_rows and nxt_row in first_rows:
                 continue
             chunk = min(req.num_fill - start - copied, budget)
             if not self._may_merge(chunk, chunks):
