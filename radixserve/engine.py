@@ -108,6 +108,7 @@ class Engine:
             schedule_policy=c.schedule_policy,
             enable_radix_cache=c.enable_radix_cache,
             fair_share=c.fair_share,
+            enable_partial_page_reuse=c.enable_partial_page_reuse,
             init_new_token_ratio=c.init_new_token_ratio,
             prefill_merge_tokens=merge,
         )
@@ -337,12 +338,14 @@ class Engine:
         cache = self.scheduler.cache
         return {
             "hit_tokens": s.hit_tokens,
+            "partial_page_hit_tokens": s.partial_page_hit_tokens,
             "prompt_tokens": s.prompt_tokens,
             "hit_rate": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
             "total_pages": self.runner.pool.capacity,
             "free_pages": self.runner.pool.num_free_pages,
-            "cached_pages": cache.total_pages,
-            "evictable_pages": cache.evictable_pages,
+            "cached_pages": cache.total_pages + self.scheduler.partial_pages,
+            "evictable_pages": cache.evictable_pages + self.scheduler.partial_pages,
+            "partial_pages": self.scheduler.partial_pages,
             "page_size": self.runner.pool.page_size,
         }
 
@@ -357,6 +360,7 @@ class Engine:
                 "prompt_tokens_total": s.prompt_tokens,
                 "generation_tokens_total": s.generation_tokens,
                 "cached_tokens_total": s.hit_tokens,
+                "partial_page_hit_tokens_total": s.partial_page_hit_tokens,
                 "computed_prefill_tokens_total": s.computed_prefill_tokens,
                 "failed_requests_total": s.failed,
                 "failed_steps_total": s.failed_steps,

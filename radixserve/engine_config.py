@@ -24,6 +24,7 @@ class EngineConfig:
     context_length: int | None = None  # None: the model's own
     attention_backend: str | None = None  # None: flashinfer on CUDA (triton for float32), torch elsewhere
     enable_radix_cache: bool = True
+    enable_partial_page_reuse: bool = True  # copy the matched rows of a cached partial page (page_size > 1)
     schedule_policy: str = "lpm"
     fair_share: bool = True  # admission shares prefill tokens fairly between tenants (radixserve/scheduler/fairness.py)
     chunked_prefill_size: int = 512
@@ -52,6 +53,7 @@ class EngineConfig:
              "must be an integer >= 2 or None"),
             ("attention_backend", self.attention_backend in (None, *ATTENTION_BACKENDS),
              f"must be one of {', '.join(ATTENTION_BACKENDS)} or None"),
+            ("enable_partial_page_reuse", isinstance(self.enable_partial_page_reuse, bool), "must be True or False"),
             ("schedule_policy", self.schedule_policy in ("lpm", "fcfs"), "must be 'lpm' or 'fcfs'"),
             ("fair_share", isinstance(self.fair_share, bool), "must be True or False"),
             ("chunked_prefill_size", _int(self.chunked_prefill_size) and self.chunked_prefill_size >= 1,

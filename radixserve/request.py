@@ -40,6 +40,7 @@ class Req:
     kv_len: int = 0
     num_tree_pages: int = 0
     node: Any = None  # the radix-tree node this request holds a lock on
+    tail: Any = None  # its live partial-page record, readable by other requests (cache/partial_page.py)
     admitted: bool = False  # first admission done (cache accounting happens once)
     slot: int = -1  # while running: where the runner leaves this request's newest sampled id (see ScheduledBatch)
     steps_in_flight: int = 0  # scheduled steps not yet processed: the request's pages stay until they are

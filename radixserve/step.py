@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from radixserve.forward_batch import ForwardBatch
 from radixserve.request import Req
 from radixserve.sampling.info import SamplingInfo
@@ -27,6 +29,14 @@ class ScheduledBatch:
     prompt_targets: list[tuple[list[int], int]]  # per request with prompt rows: (prompt tokens scored, top-k wanted)
     has_placeholders: bool = False  # some input ids are slots of tokens still being sampled
     needs_sync: bool = False  # a sampled request reads its own output history (penalties): it must be current
+    # Partial-page reuse: before the forward, the pool's K/V rows at flat slots copy_src are copied to copy_dst (all
+    # read before any is written); copied[i] of them are request i's, which its kv_len already counts.
+    copied: list[int] = field(default_factory=list)
+    copy_src: torch.Tensor | None = None  # [R] int64 flat slots (page * page_size + row), on CPU
+    copy_dst: torch.Tensor | None = None
+
+    def copied_rows(self, i: int) -> int:
+        return self.copied[i] if self.copied else 0
 
 
 @dataclass

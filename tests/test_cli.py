@@ -45,7 +45,8 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
     assert engine_kwargs == {
         "model": str(tiny_model_dir), "dtype": "float32", "quantization": "int8", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
-        "fair_share": True, "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False, "overlap_schedule": None,
+        "fair_share": True, "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False,
+        "enable_partial_page_reuse": True, "overlap_schedule": None,
         "sampling_defaults": "model", "init_new_token_ratio": 0.7,
     }
     from radixserve import Engine

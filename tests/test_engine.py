@@ -16,21 +16,25 @@ def rand_ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(3, 500) for _ in range(n)]
 
 
-def test_repeated_prompt_reports_full_pages_cached(tiny_model_dir: Path, make_engine) -> None:
-    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=2048)
+@pytest.mark.parametrize("partial", [False, True])
+def test_repeated_prompt_reports_cached_tokens(tiny_model_dir: Path, make_engine, partial: bool) -> None:
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=2048, enable_partial_page_reuse=partial)
     prompt = rand_ids(random.Random(1), 70)
     first = eng.generate(input_ids=prompt, sampling_params=GREEDY)
     second = eng.generate(input_ids=prompt, sampling_params=GREEDY)
     assert first["meta_info"]["cached_tokens"] == 0
-    assert second["meta_info"]["cached_tokens"] == 64  # 4 full pages; the rest is always computed
+    # 4 full pages; with partial-page reuse also the 5 rows of the first request's partial page the prompt matches
+    assert second["meta_info"]["cached_tokens"] == (69 if partial else 64)  # never the last token: it is computed
     assert second["output_ids"] == first["output_ids"]
     exact = eng.generate(input_ids=prompt[:64], sampling_params=GREEDY)
-    assert exact["meta_info"]["cached_tokens"] == 48  # never the whole prompt: at least one token is computed
+    # never the whole prompt: at least one token is computed (partial reuse copies 15 rows of the tree's 4th page)
+    assert exact["meta_info"]["cached_tokens"] == (63 if partial else 48)
+    assert eng.cache_stats()["partial_page_hit_tokens"] == (5 + 15 if partial else 0)
 
 
 def test_cache_stats_match_hand_count(tiny_model_dir: Path, make_engine) -> None:
     """A scripted workload whose hits are known: A, A, A+tail, B, then B's prefix with another tail."""
-    eng = make_engine(tiny_model_dir, page_size=8, max_total_tokens=2048)
+    eng = make_engine(tiny_model_dir, page_size=8, max_total_tokens=2048, enable_partial_page_reuse=False)
     rng = random.Random(2)
     a, b = rand_ids(rng, 35), rand_ids(rng, 20)
     script = [(a, 0), (a, 32), (a + rand_ids(rng, 10), 32), (b, 0), (b[:17] + rand_ids(rng, 9), 16)]
@@ -55,7 +59,8 @@ def test_memory_pressure_evicts_then_retracts_and_outputs_stay_the_same(tiny_mod
     eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=320, init_new_token_ratio=0.05)
     junk = rand_ids(rng, 200)
     eng.generate(input_ids=junk, sampling_params={"max_new_tokens": 1})
-    assert eng.cache_stats()["cached_pages"] == 12
+    stats = eng.cache_stats()
+    assert (stats["cached_pages"], stats["partial_pages"]) == (13, 1)  # 12 full pages, the partial one kept
     outs = eng.generate(input_ids=prompts, sampling_params=params)
     assert [o["output_ids"] for o in outs] == alone
     m = eng.metrics()
@@ -160,8 +165,12 @@ def test_namespaces_never_share_pages(tiny_model_dir: Path, make_engine) -> None
     a2 = eng.generate(input_ids=prompt, sampling_params=GREEDY, cache_salt="tenant-a")
     plain = eng.generate(input_ids=prompt, sampling_params=GREEDY)
     assert (a1["meta_info"]["cached_tokens"], b1["meta_info"]["cached_tokens"]) == (0, 0)
-    assert a2["meta_info"]["cached_tokens"] == 48 and plain["meta_info"]["cached_tokens"] == 0
-    assert eng.cache_stats()["cached_pages"] == 3 * 3  # one copy of the 3 full pages per namespace
+    # 3 full pages and (partial-page reuse) a1's partial page up to the last prompt token, which is always computed
+    assert a2["meta_info"]["cached_tokens"] == 49 and plain["meta_info"]["cached_tokens"] == 0
+    stats = eng.cache_stats()
+    assert stats["partial_page_hit_tokens"] == 1  # only a2's copy: partial pages never cross namespaces either
+    # one copy of the 3 full pages per namespace, and one partial page each (a2's equals a1's, which is kept)
+    assert (stats["cached_pages"], stats["partial_pages"]) == (3 * 3 + 3, 3)
 
 
 def test_n_samples_share_the_prompt_pages(tiny_model_dir: Path, make_engine) -> None:
@@ -170,9 +179,10 @@ def test_n_samples_share_the_prompt_pages(tiny_model_dir: Path, make_engine) -> 
     outs = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 8, "temperature": 1.0, "n": 4,
                                                            "seed": 7, "ignore_eos": True})
     assert len(outs) == 4
-    assert all(o["meta_info"]["cached_tokens"] == 48 for o in outs)
+    # 3 full pages, and 15 rows copied from the 4th (the last token is computed for each sample's logits)
+    assert all(o["meta_info"]["cached_tokens"] == 63 for o in outs)
     assert len({tuple(o["output_ids"]) for o in outs}) > 1
-    assert eng.metrics()["computed_prefill_tokens_total"] == 64 + 4 * 16
+    assert eng.metrics()["computed_prefill_tokens_total"] == 64 + 4 * 1
 
 
 async def test_streaming_chunks_add_up(tiny_model_dir: Path, make_engine) -> None:

@@ -77,6 +77,13 @@ class KVPool:
         kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, k.to(self.dtype))
         vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, v.to(self.dtype))
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy K and V at flat slots `src` to flat slots `dst` in every layer (int64, on the pool's device): one
+        gather and one scatter per buffer, reading only the slots named. All are read before any is written."""
+        for buf in (*self.k_buffers, *self.v_buffers):
+            flat = buf.view(-1, *buf.shape[2:])
+            flat.index_copy_(0, dst, flat.index_select(0, src))
+
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     """Bytes of K and V one token takes in the pool, over all layers."""

@@ -14,7 +14,7 @@ from radixserve.forward_batch import ForwardBatch
 from radixserve.model.loader import load_model
 from radixserve.sampling.sampler import chosen_logprobs, sample_ids, token_logprobs
 from radixserve.step import ScheduledBatch, StepOutput
-from radixserve.transfer import device_tensor
+from radixserve.transfer import device_tensor, to_device
 
 # On a CPU a bigger pool only costs start-up time (it is zeroed) and memory: 64k tokens hold dozens of long
 # conversations, and a CPU computes far fewer tokens than that per minute. GPUs size it from free memory alone.
@@ -133,6 +133,8 @@ class ModelRunner:
         (`PendingOutput.wait`), so the overlap worker can queue the next step while this one runs.
         """
         batch = step.forward.to(self.device)
+        if step.copy_src is not None and step.copy_dst is not None:  # partial-page reuse, before any KV is written
+            self.pool.copy_slots(to_device(step.copy_src, self.device), to_device(step.copy_dst, self.device))
         if step.has_placeholders:
             ids = batch.input_ids
             batch.input_ids = torch.where(ids < 0, self.future_ids[(-ids - 1).clamp(min=0)], ids)

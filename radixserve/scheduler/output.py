@@ -39,9 +39,9 @@ class OutputProcessor:
         now = time.perf_counter()
         prompt = iter(out.prompt_logprobs)
         k = 0
-        for req, n, pr, srow in zip(batch.reqs, batch.chunks, batch.prompt_rows, batch.sample_rows):
+        for i, (req, n, pr, srow) in enumerate(zip(batch.reqs, batch.chunks, batch.prompt_rows, batch.sample_rows)):
             req.steps_in_flight -= 1
-            req.kv_inflight -= n
+            req.kv_inflight -= n + batch.copied_rows(i)
             lps = next(prompt) if pr is not None else None
             sample_k = None
             if srow is not None:
@@ -124,10 +124,11 @@ class OutputProcessor:
         self.stats.failed_steps += 1
         reqs: dict[int, Req] = {}
         for batch in batches:
-            for req, n, srow in zip(batch.reqs, batch.chunks, batch.sample_rows):
+            for i, (req, n, srow) in enumerate(zip(batch.reqs, batch.chunks, batch.sample_rows)):
+                c = batch.copied_rows(i)  # a failed step's copies are undone with its tokens
                 req.steps_in_flight -= 1
-                req.kv_inflight -= n
-                req.kv_len -= n
+                req.kv_inflight -= n + c
+                req.kv_len -= n + c
                 if srow is not None:
                     req.inflight_tokens -= 1
                 reqs[id(req)] = req

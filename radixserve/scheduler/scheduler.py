@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.null_cache import NullCache
+from radixserve.cache.partial_page import PartialPages
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
 from radixserve.io import FinishReason
@@ -15,7 +16,7 @@ from radixserve.request import Req
 from radixserve.step import ScheduledBatch
 from radixserve.scheduler.fairness import FairShare, by_priority_only, preemptible, victim_key
 from radixserve.scheduler.output import OutputProcessor
-
+from radixserve.scheduler.partial_reuse import PartialReuse
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -35,6 +36,8 @@ class SchedulerConfig:
     schedule_policy: str = "lpm"  # "lpm" (longest cached prefix first) or "fcfs"
     enable_radix_cache: bool = True
     fair_share: bool = True  # interleave tenants' admissions by prefill tokens served (see fairness.py)
+    # Copy the rows of a remembered partial page that a prompt matches instead of computing them (cache/partial_page.py)
+    enable_partial_page_reuse: bool = True
     lpm_queue_limit: int = 128  # past this many waiting requests, lpm's per-step matching costs more than it saves
     # Admission reserves pages for future decode tokens: remaining max_new_tokens * ratio. The ratio decays while
     # nothing goes wrong (most requests stop early) and jumps back up after a retraction.
@@ -54,7 +57,8 @@ class SchedulerConfig:
 @dataclass
 class SchedulerStats:
     prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission only)
-    hit_tokens: int = 0  # of those, served from the radix cache
+    hit_tokens: int = 0  # of those, served from the radix cache (partial-page rows included)
+    partial_page_hit_tokens: int = 0  # of hit_tokens, rows copied from a partial page (see cache/partial_page.py)
     computed_prefill_tokens: int = 0  # tokens run through the model in prefill chunks (resumes included)
     generation_tokens: int = 0
     retractions: int = 0
@@ -64,13 +68,17 @@ class SchedulerStats:
     steps: int = 0
 
 
-class Scheduler(OutputProcessor):
+class Scheduler(OutputProcessor, PartialReuse):
     """Owns the waiting queue and the running set; every page a request holds is accounted for here."""
 
     def __init__(self, cfg: SchedulerConfig, pool: KVPool, eos_ids: frozenset[int]) -> None:
         self.cfg = cfg
         self.pool = pool
         self.cache: RadixCache | NullCache = RadixCache(pool, cfg.page_size) if cfg.enable_radix_cache else NullCache()
+        reuse = cfg.enable_radix_cache and cfg.enable_partial_page_reuse and cfg.page_size > 1
+        self.partial = PartialPages(pool, cfg.page_size) if reuse else None
+        # Row copies of the step being scheduled: id(req) -> (source page, destination page, rows)
+        self._copies: dict[int, tuple[int, int, int]] = {}
         self.eos_ids = eos_ids
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -110,12 +118,15 @@ class Scheduler(OutputProcessor):
             return []
         pages = self.pool.alloc(n)
         if pages is None:
-            self.cache.evict(n - self.pool.num_free_pages)
+            short = n - self.pool.num_free_pages
+            if self.partial is not None:  # kept partial pages go first: each saves less than a full page
+                short -= self.partial.evict(short)
+            self.cache.evict(short)
             pages = self.pool.alloc(n)
         return pages
 
     def _available(self) -> int:
-        return self.pool.num_free_pages + self.cache.evictable_pages
+        return self.pool.num_free_pages + self.cache.evictable_pages + self.partial_pages
 
     def _reserve(self, req: Req) -> int:
         """Pages this request will still want: the rest of its prefill plus an estimate of its decode."""
@@ -125,7 +136,13 @@ class Scheduler(OutputProcessor):
         return prefill_pages + _cdiv(int(decode_left * self.new_token_ratio), ps)
 
     def _insert(self, req: Req) -> None:
-        """Give the request's computed full pages to the tree and point its page table at the tree's copies."""
+        """Give the request's computed full pages to the tree, point its page table at the tree's copies, and record
+        the computed tokens of its partial page after them for other requests to copy."""
+        self._insert_full(req)
+        if self.partial is not None:
+            self._note_tail(req)
+
+    def _insert_full(self, req: Req) -> None:
         ps = self.cfg.page_size
         # Only KV that processed steps computed is cached: a step still in flight may yet fail (see fail_batches),
         # and kv_len may count a token still being sampled (overlap), which cannot be keyed.
@@ -146,6 +163,11 @@ class Scheduler(OutputProcessor):
         """Cache what the request computed, free its private pages and its lock; it then holds nothing."""
         self._insert(req)
         private = req.pages[req.num_tree_pages :]
+        if req.tail is not None:
+            assert self.partial is not None
+            if self.partial.release(req.tail, keep=True):  # the registry keeps the page for later requests
+                private.remove(req.tail.page)
+            req.tail = None
         self.pool.free(private)
         if req.node is not None:
             self.cache.unlock(req.node)
@@ -191,6 +213,7 @@ class Scheduler(OutputProcessor):
         a retraction returns None instead: the caller processes the step in flight and asks again."""
         self.stats.steps += 1
         self.expire()
+        self._copies = {}
         self.new_token_ratio = max(self.cfg.min_new_token_ratio, self.new_token_ratio - self.cfg.new_token_ratio_decay)
         ps = self.cfg.page_size
         chunks: dict[int, int] = {}  # id(req) -> tokens this step
@@ -268,6 +291,7 @@ class Scheduler(OutputProcessor):
         cache_on = self.cache.enabled
         reserved = sum(self._reserve(r) for r in self.running)
         first_pages: set[tuple[str, int, tuple[int, ...]]] = set()
+        first_rows: set[tuple[str, int, tuple[int, ...]]] = set()
         for req in self._order(list(self.waiting)):
             took_slot = False
             while self._slots_full() and (freed := self._preempt(req, chunks, can_retract)) is not None:
@@ -278,19 +302,26 @@ class Scheduler(OutputProcessor):
             m = self.cache.match_prefix(req.match_ids(), req.namespace)
             matched_pages = m.pages
             start = len(matched_pages) * ps
+            hit = self._partial_hit(req, m.node, start)
+            copied = hit.num_tokens if hit is not None else 0
             # Two requests admitted together would both compute a prefix they share; hold the later one back a
             # step so it finds the first one's pages in the tree instead.
             fill = req.fill_ids
             nxt = (req.namespace, start, tuple(fill[start : start + ps]))
-            chunk = min(req.num_fill - start, budget)
-            if (cache_on and len(nxt[2]) == ps and nxt in first_pages) or not self._may_merge(chunk, chunks):
+            # Below the page the same holds with partial-page reuse: sharing even the next token, the later one
+            # waits a step and copies the first one's rows (what page size 1 does by the rule above). Only with no
+            # step in flight (can_retract): else the next step is scheduled before this one's rows are recorded.
+            nxt_row = (req.namespace, start + copied, tuple(fill[start : start + copied + 1]))
+            held = (cache_on and len(nxt[2]) == ps and nxt in first_pages) or (can_retract and nxt_row in first_rows)
+            chunk = min(req.num_fill - start - copied, budget)
+            if held or not self._may_merge(chunk, chunks):
                 if took_slot:
                     break  # the slot it freed is kept for it: it comes first again next step
                 continue
-            need = _cdiv(start + chunk, ps) - len(matched_pages)
+            need = _cdiv(start + copied + chunk, ps) - len(matched_pages)
             self.cache.lock(m.node)
             req.pages = list(matched_pages)
-            req.kv_len = start
+            req.kv_len = start + copied
             reserve = self._reserve(req) - need
             while self._available() < need + reserve + reserved:
                 freed = self._preempt(req, chunks, can_retract)  # priority or fair share may take another's pages
@@ -307,11 +338,17 @@ class Scheduler(OutputProcessor):
             req.pages.extend(pages)
             req.node = m.node
             req.num_tree_pages = len(matched_pages)
+            if hit is not None:
+                # Copied at the start of this step, before any KV is written: until the step is processed the rows
+                # count as in flight, like computed ones (a failed step never leaves them cached).
+                self._copies[id(req)] = (hit.page, pages[0], copied)
+                req.kv_inflight += copied
             if not req.admitted:
                 req.admitted = True
-                req.cached_tokens = start
+                req.cached_tokens = start + copied
                 self.stats.prompt_tokens += len(req.input_ids)
-                self.stats.hit_tokens += start
+                self.stats.hit_tokens += start + copied
+                self.stats.partial_page_hit_tokens += copied
             req.slot = self._free_slots.pop()
             self.waiting.remove(req)
             self.running.append(req)
@@ -321,6 +358,8 @@ class Scheduler(OutputProcessor):
             first_pages.add(nxt)
             if self.fair is not None:
                 self.fair.charge(req.tenant, chunk)
+            if self.partial is not None:
+                first_rows.add(nxt_row)
         return budget
 
     def _build(self, reqs: list[Req], chunks: dict[int, int]) -> ScheduledBatch:
@@ -369,31 +408,39 @@ class Scheduler(OutputProcessor):
         # Built on the CPU: the loop thread never touches the device (the runner copies the batch over, see
         # ForwardBatch.to), so scheduling step N+1 never waits behind step N's kernels.
         fb = ForwardBatch.build(token_chunks, prefix_lens, tables, self.cfg.page_size, logit_rows)
-        return ScheduledBatch(
+        batch = ScheduledBatch(
             reqs, [chunks[id(r)] for r in reqs], fb, sample_rows, prompt_rows, infos, slots, targets,
             has_placeholders=placeholders, needs_sync=needs_sync,
         )
+        if self._copies:
+            self._plan_copies(batch)
+        return batch
 
     # ---- maintenance ------------------------------------------------------------------------------------------
     def flush_cache(self) -> bool:
         if self.has_work():
             return False
+        if self.partial is not None:
+            self.partial.reset()
         self.cache.reset()
         return True
 
     def check_invariants(self) -> None:
         """Every page is free, in the tree, or private to exactly one running request; lock counts add up."""
         self.cache.check_invariants()
+        if self.partial is not None:
+            self.partial.check_invariants()
         holders = self.running + self.finishing
         private = [p for r in holders for p in r.pages[r.num_tree_pages :]]
         assert len(private) == len(set(private)), "a private page is held by two requests"
-        total = self.pool.num_free_pages + self.cache.total_pages + len(private)
+        kept = self.partial_pages
+        total = self.pool.num_free_pages + self.cache.total_pages + kept + len(private)
         assert total == self.pool.capacity, (
-            f"page leak: free {self.pool.num_free_pages} + tree {self.cache.total_pages} + private {len(private)} "
-            f"!= capacity {self.pool.capacity}"
+            f"page leak: free {self.pool.num_free_pages} + tree {self.cache.total_pages} + kept partial {kept} "
+            f"+ private {len(private)} != capacity {self.pool.capacity}"
         )
         for r in self.waiting:
-            assert not r.pages and r.node is None, f"waiting request {r.rid} holds pages"
+            assert not r.pages and r.node is None and r.tail is None, f"waiting request {r.rid} holds pages"
         if not holders:
             assert self.cache.protected_pages == 0, "no request runs, yet tree pages are locked"
             assert len(self._free_slots) == self.cfg.max_running_requests, "a runner slot leaked"

@@ -27,6 +27,7 @@ ENGINE_COUNTERS = {  # engine.metrics() key (ending in _total) -> help
     "prompt_tokens_total": "prompt tokens received",
     "generation_tokens_total": "tokens generated",
     "cached_tokens_total": "prompt tokens served from the radix cache",
+    "partial_page_hit_tokens_total": "of those, tokens copied from a cached partial page",
     "computed_prefill_tokens_total": "prompt tokens computed by prefill",
     "failed_requests_total": "requests ended by an internal error (each alone; the others went on)",
     "failed_steps_total": "model steps that failed (their newest request failed, the others ran again)",
