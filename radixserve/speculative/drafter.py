@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.request import Req
-from radixserve.speculative.prompt_lookup import MAX_GRAM, PromptLookup
+from radixserve.speculative.prompt_lookup import PromptLookup
 from radixserve.step import Draft
 
 SOURCES = ("prompt", "tree")
@@ -73,7 +73,7 @@ class Drafter:
         draft = Draft(tokens, "prompt") if tokens else None
         if self.index is not None:
             tree = self.index.lookup(req.namespace, req.fill_ids, k)
-            if tree is not None and (min(tree.match, MAX_GRAM), len(tree.tokens)) > (n_prompt, len(tokens)):
+            if tree is not None and (tree.match, len(tree.tokens)) > (n_prompt, len(tokens)):
                 draft = Draft(tree.tokens, "tree")
         if draft is None:
             return None

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 MIN_GRAM = 2  # a single repeated token predicts too little to pay for a verify row
 MAX_GRAM = 8
+MAX_MATCH = 16  # a match of MAX_GRAM is measured further back, up to this (comparable with the tree's matches)
 
 
 class PromptLookup:
@@ -32,6 +33,9 @@ class PromptLookup:
         for n in range(min(MAX_GRAM, length - 1), MIN_GRAM - 1, -1):
             end = index.get(tuple(tokens[length - n :]))
             if end is not None:
+                if n == MAX_GRAM:  # measured further back, without indexing longer grams
+                    while n < min(MAX_MATCH, end) and tokens[end - n - 1] == tokens[length - n - 1]:
+                        n += 1
                 # Past the end of the tokens the continuation repeats with the period the match shows (end is
                 # within `length`, so a run like "a b a b" drafts "a b a b ..." rather than stopping short).
                 out: list[int] = []
