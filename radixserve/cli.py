@@ -65,6 +65,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="'model': requests that leave temperature, top_p, top_k, min_p or repetition_penalty unset "
                         "get the model publisher's values (generation_config.json, or a table for known GGUFs); "
                         "'none': the API defaults (temperature 1, no truncation). Default: %(default)s")
+    p.add_argument("--speculative", default="auto", choices=["auto", "off", "ngram"],
+                   help="speculative decoding with n-gram drafts from the prompt and the radix cache; greedy output "
+                        "is unchanged, sampled output keeps its distribution; 'auto': on for CPU at batch sizes "
+                        "where it pays, off on CUDA; 'ngram': always (turns overlap scheduling off) "
+                        "(default: %(default)s)")
+    p.add_argument("--speculative-max-tokens", type=int, default=8,
+                   help="most draft tokens verified per request and step (default: %(default)s)")
 
 
 def _merge_tokens(value: str) -> int | str | None:
@@ -159,6 +166,8 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "overlap_schedule": args.overlap_schedule,
         "sampling_defaults": args.sampling_defaults,
         "init_new_token_ratio": args.init_new_token_ratio,
+        "speculative": args.speculative,
+        "speculative_max_tokens": args.speculative_max_tokens,
     }
 
 

@@ -24,6 +24,7 @@ from radixserve.model.sampling_defaults import load_sampling_defaults
 from radixserve.model.runner import ModelRunner, default_attention_backend
 from radixserve.request import Req
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixserve.speculative.mode import choose_speculative
 from radixserve.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class Engine:
         self.inputs = RequestBuilder(self.tokenizer, cfg.vocab_size, self.context_length,
                                      pool.capacity * pool.page_size, self.sampling_defaults)
         self.encode_prompts = self.inputs.encode_prompts  # the server tokenizes prompts in a thread with it
+        # Speculation runs with overlap off (radixserve/speculative/mode.py); `auto` turns it on where it pays.
+        self.speculative = choose_speculative(c.speculative, self.device.type, c.overlap_schedule)
         merge = c.prefill_merge_tokens
         if merge == "auto":  # see SchedulerConfig.prefill_merge_tokens
             merge = None if self.device.type == "cuda" else _CPU_PREFILL_MERGE_TOKENS
@@ -111,13 +114,16 @@ class Engine:
             enable_partial_page_reuse=c.enable_partial_page_reuse,
             init_new_token_ratio=c.init_new_token_ratio,
             prefill_merge_tokens=merge,
+            speculative_max_tokens=c.speculative_max_tokens if self.speculative.enabled else 0,
+            speculative_max_batch=self.speculative.max_batch,
+            vocab_size=cfg.vocab_size,
         )
         eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
 
         # Overlap: a worker thread runs step N (on a GPU it only launches kernels) while the loop processes step N-1
         # and schedules N+1. On a CPU both would share the same cores, so it is off there by default.
-        self.overlap_schedule = self.device.type == "cuda" if c.overlap_schedule is None else c.overlap_schedule
+        self.overlap_schedule = self.speculative.overlap
         self._inflight = 0  # requests submitted and not finished (the queue limit counts those not yet running)
         self._inflight_lock = threading.Lock()
         self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule)
@@ -347,6 +353,23 @@ class Engine:
             "evictable_pages": cache.evictable_pages + self.scheduler.partial_pages,
             "partial_pages": self.scheduler.partial_pages,
             "page_size": self.runner.pool.page_size,
+            **self._spec_stats(),
+        }
+
+    def _spec_stats(self) -> dict[str, Any]:
+        """Speculative decoding's counts: draft tokens proposed and accepted per source, accepted length per step."""
+        drafter = self.scheduler.drafter
+        if drafter is None:
+            return {"spec_enabled": False}
+        s = drafter.stats
+        return {
+            "spec_enabled": True,
+            "spec_draft_tokens": dict(s.proposed),
+            "spec_accepted_tokens": dict(s.accepted),
+            "spec_verify_steps": s.verify_steps,
+            "spec_accept_rate": sum(s.accepted.values()) / max(sum(s.proposed.values()), 1),
+            "spec_mean_accepted_length": s.mean_accepted_length(),
+            "spec_accepted_length_hist": list(s.accepted_hist),
         }
 
     def metrics(self) -> dict[str, Any]:
@@ -390,4 +413,5 @@ class Engine:
             "quantization_reason": self.cpu_choice.reason,
             "attention_backend": self.attention_backend,
             "sampling_defaults": dict(self.sampling_defaults),
+            "speculative": self.speculative.reason,
         }

@@ -9,6 +9,7 @@ from typing import Any
 
 from radixserve.errors import ParamError
 from radixserve.model.cpu_select import QUANTIZATIONS
+from radixserve.speculative.mode import MODES as SPECULATIVE_MODES
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")
@@ -35,6 +36,8 @@ class EngineConfig:
     prefill_merge_tokens: int | str | None = "auto"  # "auto": 32 on CPU, no limit on CUDA; None: no limit
     sampling_defaults: str = "model"  # "model": the publisher's values for what a request leaves unset; "none"
     quantization: str = "auto"  # CPU weight format: auto (chosen by the CPU), none, int8 (radixserve/model/quant.py)
+    speculative: str = "auto"  # n-gram speculative decoding: auto (on for CPU), off, ngram (radixserve/speculative/)
+    speculative_max_tokens: int = 8  # most drafted tokens verified per request and step
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():
@@ -69,6 +72,9 @@ class EngineConfig:
              "must be an integer >= 1, None or 'auto'"),
             ("sampling_defaults", self.sampling_defaults in ("model", "none"), "must be 'model' or 'none'"),
             ("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}"),
+            ("speculative", self.speculative in SPECULATIVE_MODES, f"must be one of {', '.join(SPECULATIVE_MODES)}"),
+            ("speculative_max_tokens", _int(self.speculative_max_tokens) and 1 <= self.speculative_max_tokens <= 64,
+             "must be an integer in [1, 64]"),
         ]
 
     @classmethod

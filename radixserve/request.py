@@ -48,6 +48,7 @@ class Req:
     inflight_tokens: int = 0  # tokens sampled by such steps that the scheduler has not seen yet
     cached_tokens: int = 0
     finish_reason: FinishReason | None = None
+    draft_state: Any = None  # speculative decoding's per-request state (radixserve/speculative/drafter.py)
 
     # logprobs gathered so far
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)

@@ -9,11 +9,23 @@ import torch
 from radixserve.forward_batch import ForwardBatch
 from radixserve.request import Req
 from radixserve.sampling.info import SamplingInfo
+from radixserve.sampling.speculative import DraftRun
+
+
+@dataclass
+class Draft:
+    """Guessed next tokens of one request, verified by its step (radixserve/speculative/)."""
+
+    tokens: list[int]
+    source: str  # "prompt" (its own tokens) or "tree" (the radix tree's sequences)
 
 
 @dataclass
 class ScheduledBatch:
     """Request i runs `chunks[i]` tokens from the kv_len it had when scheduled.
+
+    A request with a draft runs `1 + len(draft.tokens)` tokens (its last token, then the draft) and its sampled row
+    is the first of as many consecutive logits rows (see radixserve/sampling/speculative.py).
 
     A decode input whose token is still being sampled by the previous step appears in `forward.input_ids` as
     `-(slot + 1)`; the runner swaps in the id that step wrote to its slot (see ModelRunner.execute).
@@ -37,6 +49,13 @@ class ScheduledBatch:
 
     def copied_rows(self, i: int) -> int:
         return self.copied[i] if self.copied else 0
+    drafts: list[Draft | None] = field(default_factory=list)  # per request (empty: no request has one)
+
+    def sample_drafts(self) -> list[list[int]]:
+        """Per sampled request, in sample_infos order: its draft tokens (empty without one)."""
+        if not self.drafts:
+            return [[] for _ in self.sample_infos]
+        return [d.tokens if d is not None else [] for d, r in zip(self.drafts, self.sample_rows) if r is not None]
 
 
 @dataclass
@@ -46,3 +65,4 @@ class StepOutput:
     top_logprobs: list[list[tuple[float, int]]] | None
     prompt_logprobs: list[tuple[list[float], list[list[tuple[float, int]]]]]  # per request with prompt rows
     failed: dict[int, str] = field(default_factory=dict)  # sampled row k -> why sampling it failed (see fail)
+    runs: dict[int, DraftRun] = field(default_factory=dict)  # sampled row k with a draft -> every token it produced

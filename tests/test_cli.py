@@ -35,7 +35,8 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
             "--max-queued-requests", "7", "--page-size", "1", "--max-total-tokens", "4096", "--dtype", "float32", "--quantization", "int8",
             "--attention-backend", "torch", "--chunked-prefill-size", "64", "--schedule-policy", "fcfs",
             "--prefill-merge-tokens", "none", "--disable-radix-cache", "--context-length", "512",
-            "--max-connections", "99", "--header-timeout", "3", "--body-timeout", "4", "--max-body-mb", "1"]
+            "--max-connections", "99", "--header-timeout", "3", "--body-timeout", "4", "--max-body-mb", "1",
+            "--speculative", "ngram", "--speculative-max-tokens", "5"]
     assert main(argv) == 0
     (args, kwargs), = calls
     engine_kwargs, host, port, keys, max_queued = args
@@ -47,7 +48,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
         "fair_share": True, "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False,
         "enable_partial_page_reuse": True, "overlap_schedule": None,
-        "sampling_defaults": "model", "init_new_token_ratio": 0.7,
+        "sampling_defaults": "model", "init_new_token_ratio": 0.7, "speculative": "ngram", "speculative_max_tokens": 5,
     }
     from radixserve import Engine
 

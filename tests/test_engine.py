@@ -218,8 +218,9 @@ def test_prefill_merge_limit_runs_long_prefills_one_per_step(tiny_model_dir: Pat
     steps: list[list[int]] = []
     execute = eng.runner.execute
 
-    def recording(batch):
-        steps.append(list(batch.chunks))
+    def recording(batch):  # prefill chunks and decodes; a decode verifying a draft counts as a decode
+        drafts = batch.drafts or [None] * len(batch.chunks)
+        steps.append([c if d is None else 1 for c, d in zip(batch.chunks, drafts)])
         return execute(batch)
 
     eng.runner.execute = recording

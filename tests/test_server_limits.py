@@ -30,8 +30,9 @@ LONG = {"prompt": "The quick brown fox", "max_tokens": 450, "ignore_eos": True, 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Iterator[Engine]:
+    # Speculation off: the long request must keep the only slot busy; accepted drafts would end it in a few steps.
     with engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=POOL_TOKENS,
-                             max_running_requests=1) as eng:
+                             max_running_requests=1, speculative="off") as eng:
         yield eng
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
+from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.cache.kv_pool import KVPool
 
 _MASK64 = (1 << 64) - 1
@@ -74,7 +75,8 @@ class RadixCache:
 
     enabled = True
 
-    def __init__(self, pool: KVPool, page_size: int, hash_fn: Callable[[bytes, int], int] | None = None) -> None:
+    def __init__(self, pool: KVPool, page_size: int, hash_fn: Callable[[bytes, int], int] | None = None,
+                 index: ContinuationIndex | None = None) -> None:
         if page_size != pool.page_size:
             raise ValueError(f"page_size {page_size} differs from the pool's {pool.page_size}")
         self.pool = pool
@@ -88,6 +90,8 @@ class RadixCache:
         self._evictable = 0
         self._protected = 0
         self.root = self._new_root()
+        # Speculative drafts from the tree (see continuation_index.py): follows every page the tree gains or loses.
+        self.index = index
 
     # ---- keys ----
 
@@ -231,6 +235,9 @@ class RadixCache:
                     last_access=now,
                 )
                 node.children[first_key] = leaf
+                if self.index is not None:
+                    self.index.add_run(namespace, None if node is self.root else node.keys[-1], keys,
+                                       np.frombuffer(rest, dtype="<i4").tolist())
                 self._num_nodes += 1
                 self._evictable += len(leaf.pages)
                 out.extend(leaf.pages)
@@ -302,12 +309,16 @@ class RadixCache:
             if need < len(node.pages):
                 cut = len(node.pages) - need
                 freed.extend(node.pages[cut:])
+                if self.index is not None:
+                    self.index.remove(node.keys[cut:])
                 node.pages = node.pages[:cut]
                 node.keys = node.keys[:cut]
                 node.token_bytes = node.token_bytes[: cut * self._page_bytes]
                 heapq.heappush(heap, (node.last_access, node.id, node))
                 break
             freed.extend(node.pages)
+            if self.index is not None:
+                self.index.remove(node.keys)
             parent = node.parent
             del parent.children[node.keys[0]]
             node.parent = None
@@ -342,6 +353,8 @@ class RadixCache:
         for n in nodes:
             n.parent = None
         self.root.children = {}  # the same root object: a request holding it (nothing matched) stays valid
+        if self.index is not None:
+            self.index.clear()
         self._heap = []
         self._num_nodes = self._evictable = self._protected = 0
 
@@ -362,6 +375,8 @@ class RadixCache:
                 n = sub.pop()
                 sub.extend(n.children.values())
                 freed.extend(n.pages)
+                if self.index is not None:
+                    self.index.remove(n.keys)
                 n.parent, n.children = None, {}
                 self._num_nodes -= 1
         self._evictable -= len(freed)
@@ -410,3 +425,6 @@ class RadixCache:
         assert evictable == self._evictable, f"evictable_pages {self._evictable} matches a recount {evictable}"
         assert protected == self._protected, f"protected_pages {self._protected} matches a recount {protected}"
         assert self.total_pages == len(seen), "total_pages equals the pages held by the tree"
+        if self.index is not None:
+            keys = {k for n in nodes for k in n.keys}
+            assert self.index.keys() == keys, "the continuation index holds exactly the tree's pages"

@@ -12,7 +12,9 @@ from radixserve.cache.kv_pool import KVPool, kv_bytes_per_token
 from radixserve.config import ModelConfig
 from radixserve.forward_batch import ForwardBatch
 from radixserve.model.loader import load_model
+from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling.sampler import chosen_logprobs, sample_ids, token_logprobs
+from radixserve.sampling.speculative import verify
 from radixserve.step import ScheduledBatch, StepOutput
 from radixserve.transfer import device_tensor, to_device
 
@@ -146,22 +148,62 @@ class ModelRunner:
         rows = [r for r in step.sample_rows if r is not None]
         if not rows:
             return PendingOutput(None, StepOutput([], None, None, prompt))
-        logits = logits.index_select(0, device_tensor(rows, self.device))
         out = StepOutput([], None, None, prompt)
-        try:
-            next_ids, raw_logprobs = sample_ids(logits, step.sample_infos)
-            if raw_logprobs is not None:
-                out.logprobs, out.top_logprobs = chosen_logprobs(next_ids, raw_logprobs, step.sample_infos)
-        except Exception:  # noqa: BLE001 - find the rows at fault; the rest of the batch keeps its tokens
-            next_ids = self._sample_rows_alone(logits, step, out)
+        drafts = step.sample_drafts()
+        if any(drafts):  # a verify step: how many tokens each request gets is known only here (it syncs)
+            self._verify(logits, rows, drafts, step.sample_infos, out)
+            self.future_ids[device_tensor(step.sample_slots, self.device)] = device_tensor(out.next_ids, self.device)
+            return PendingOutput(None, out)
+        logits = logits.index_select(0, device_tensor(rows, self.device))
+        next_ids = self._sample(logits, step.sample_infos, out)
         self.future_ids[device_tensor(step.sample_slots, self.device)] = next_ids
         return PendingOutput(next_ids, out)
 
-    def _sample_rows_alone(self, logits: torch.Tensor, step: ScheduledBatch, out: StepOutput) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, infos: list[SamplingInfo], out: StepOutput) -> torch.Tensor:
+        """One id per row (with logprobs into `out` when asked); a failing batch is sampled row by row."""
+        try:
+            next_ids, raw_logprobs = sample_ids(logits, infos)
+            if raw_logprobs is not None:
+                out.logprobs, out.top_logprobs = chosen_logprobs(next_ids, raw_logprobs, infos)
+        except Exception:  # noqa: BLE001 - find the rows at fault; the rest of the batch keeps its tokens
+            next_ids = self._sample_rows_alone(logits, infos, out)
+        return next_ids
+
+    def _verify(self, logits: torch.Tensor, rows: list[int], drafts: list[list[int]], infos: list[SamplingInfo],
+                out: StepOutput) -> None:
+        """Sampled request k's tokens: plain sampling without a draft, `verify` of its 1 + k rows with one."""
+        n = len(infos)
+        ids, lps, tops = [0] * n, [0.0] * n, [[] for _ in range(n)]
+        plain = [k for k, d in enumerate(drafts) if not d]
+        if plain:
+            sub = StepOutput([], None, None, [])
+            got = self._sample(logits.index_select(0, device_tensor([rows[k] for k in plain], self.device)),
+                               [infos[k] for k in plain], sub).tolist()
+            for j, k in enumerate(plain):
+                ids[k] = got[j]
+                if sub.logprobs is not None and sub.top_logprobs is not None:
+                    lps[k], tops[k] = sub.logprobs[j], sub.top_logprobs[j]
+                if j in sub.failed:
+                    out.failed[k] = sub.failed[j]
+        for k, draft in enumerate(drafts):
+            if not draft:
+                continue
+            try:
+                run = verify(logits[rows[k] : rows[k] + 1 + len(draft)], infos[k], draft)
+            except Exception as exc:  # noqa: BLE001 - this request alone fails
+                out.failed[k] = repr(exc)
+                continue
+            out.runs[k] = run
+            ids[k] = run.ids[-1]
+        out.next_ids = ids
+        if any(i.return_logprob or i.top_logprobs_num for i in infos):
+            out.logprobs, out.top_logprobs = lps, tops
+
+    def _sample_rows_alone(self, logits: torch.Tensor, infos: list[SamplingInfo], out: StepOutput) -> torch.Tensor:
         """Sample each row by itself (every row's arithmetic is independent of the batch, so good rows get the ids
         they would have got); a row that raises is recorded in `out.failed` and given id 0."""
         ids, lps, tops = [], [], []
-        for k, info in enumerate(step.sample_infos):
+        for k, info in enumerate(infos):
             try:
                 row_ids, raw = sample_ids(logits[k : k + 1], [info])
                 lp, top = chosen_logprobs(row_ids, raw, [info]) if raw is not None else ([0.0], [[]])
@@ -172,7 +214,7 @@ class ModelRunner:
                 lp, top = [0.0], [[]]
             lps += lp
             tops += top
-        if any(i.return_logprob or i.top_logprobs_num for i in step.sample_infos):
+        if any(i.return_logprob or i.top_logprobs_num for i in infos):
             out.logprobs, out.top_logprobs = lps, tops
         return torch.cat(ids)
 

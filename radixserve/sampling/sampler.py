@@ -86,12 +86,9 @@ def _top_p_filter(logits: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     return logits.masked_fill(logits < cut, float("-inf"))
 
 
-def _sample_rows(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.Tensor:
-    """Sample one id per row of logits [R, V] (all rows non-greedy): temperature, top-k, top-p, min-p, then draw.
-
-    Every step of a row depends only on that row (fixed sizes, value thresholds), so a seeded row draws the same id
-    whatever else is in the batch.
-    """
+def filter_logits(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.Tensor:
+    """Logits [R, V] of non-greedy rows after temperature, top-k, top-p and min-p: their softmax is the distribution
+    each row samples from (masked ids are -inf)."""
     vocab, device = logits.shape[1], logits.device
     params = [info.params for info in infos]
     logits = logits / device_tensor([p.temperature for p in params], device)[:, None]
@@ -104,7 +101,17 @@ def _sample_rows(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.T
         # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p): no softmax needed, and min_p = 0 masks nothing
         log_min_p = device_tensor([p.min_p for p in params], device).log()[:, None]
         logits = logits.masked_fill(logits < logits.amax(dim=-1, keepdim=True) + log_min_p, float("-inf"))
+    return logits
 
+
+def _sample_rows(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.Tensor:
+    """Sample one id per row of logits [R, V] (all rows non-greedy): temperature, top-k, top-p, min-p, then draw.
+
+    Every step of a row depends only on that row (fixed sizes, value thresholds), so a seeded row draws the same id
+    whatever else is in the batch.
+    """
+    vocab, device = logits.shape[1], logits.device
+    logits = filter_logits(logits, infos)
     # Inverse CDF in vocabulary order: the first id whose running mass passes u * total. A filtered id adds no mass,
     # so it can never be the first to pass.
     cdf = logits.softmax(dim=-1).cumsum(dim=-1)
@@ -138,7 +145,7 @@ def chosen_logprobs(next_ids: torch.Tensor, raw_logprobs: torch.Tensor, infos: S
                     ) -> tuple[list[float], list[list[tuple[float, int]]]]:
     """Each row's logprob of its chosen id and its top_logprobs_num best (logprob, id) pairs (waits for the device)."""
     chosen = raw_logprobs.gather(1, next_ids[:, None]).squeeze(1).tolist()
-    return chosen, _top_logprobs(raw_logprobs, [info.top_logprobs_num for info in infos])
+    return chosen, best_logprobs(raw_logprobs, [info.top_logprobs_num for info in infos])
 
 
 def sample(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> SampleOutput:
@@ -150,7 +157,7 @@ def sample(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> SampleOutput:
     return SampleOutput(next_ids=next_ids.tolist(), logprobs=logprobs, top_logprobs=top_logprobs)
 
 
-def _top_logprobs(logprobs: torch.Tensor, nums: Sequence[int]) -> list[list[tuple[float, int]]]:
+def best_logprobs(logprobs: torch.Tensor, nums: Sequence[int]) -> list[list[tuple[float, int]]]:
     """Per row i, its nums[i] best (logprob, id) pairs from logprobs [B, V]."""
     kmax = min(max(nums, default=0), logprobs.shape[1])
     if kmax <= 0:
@@ -165,4 +172,4 @@ def token_logprobs(logits: torch.Tensor, target_ids: torch.Tensor,
     """Prompt logprobs: logprob of target_ids[i] under row i of logits [N, V], and each row's top_k (logprob, id)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     chosen = logprobs.gather(1, target_ids.to(logprobs.device, torch.long)[:, None]).squeeze(1).tolist()
-    return chosen, _top_logprobs(logprobs, [top_k] * logits.shape[0])
+    return chosen, best_logprobs(logprobs, [top_k] * logits.shape[0])

@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any
 from radixserve.errors import RequestFailedError
 from radixserve.io import INTERNAL_ERROR, STOP_LENGTH, FinishReason, GenerateOutput, OutputMeta, StreamChunk
 from radixserve.request import Req
-from radixserve.step import ScheduledBatch, StepOutput
+from radixserve.sampling.speculative import DraftRun
+from radixserve.step import Draft, ScheduledBatch, StepOutput
 
 if TYPE_CHECKING:
     from collections import deque
 
+    from radixserve.cache.kv_pool import KVPool
     from radixserve.scheduler.scheduler import SchedulerConfig, SchedulerStats
+    from radixserve.speculative.drafter import Drafter
 
 log = logging.getLogger("radixserve.scheduler")
 
@@ -28,6 +31,8 @@ class OutputProcessor:
     waiting: deque[Req]
     running: list[Req]
     finishing: list[Req]
+    pool: KVPool
+    drafter: Drafter | None
     # and Scheduler's page bookkeeping: _insert, _release, _retract
 
     # ---- after the forward ------------------------------------------------------------------------------------
@@ -39,7 +44,9 @@ class OutputProcessor:
         now = time.perf_counter()
         prompt = iter(out.prompt_logprobs)
         k = 0
-        for i, (req, n, pr, srow) in enumerate(zip(batch.reqs, batch.chunks, batch.prompt_rows, batch.sample_rows)):
+        drafts = batch.drafts or [None] * len(batch.reqs)
+        for i, (req, n, pr, srow, draft) in enumerate(zip(batch.reqs, batch.chunks, batch.prompt_rows, batch.sample_rows,
+                                                          drafts)):
             req.steps_in_flight -= 1
             req.kv_inflight -= n + batch.copied_rows(i)
             lps = next(prompt) if pr is not None else None
@@ -52,7 +59,7 @@ class OutputProcessor:
             try:
                 if sample_k is not None and sample_k in out.failed:
                     raise RuntimeError(f"sampling failed: {out.failed[sample_k]}")
-                self._take(req, n, pr, lps, sample_k, out, now)
+                self._take(req, n, pr, lps, sample_k, out, now, draft)
             except Exception as exc:  # noqa: BLE001 - one request's fault must not reach the others
                 self.fail(req, exc)
         for req in batch.reqs:
@@ -62,28 +69,47 @@ class OutputProcessor:
                 self.fail(req, exc)
 
     def _take(self, req: Req, n: int, pr: tuple[int, int, int] | None, lps: Any, k: int | None, out: StepOutput,
-              now: float) -> None:
-        """One request's share of a step: prompt logprobs, its cache insert, its sampled token and stop check."""
+              now: float, draft: Draft | None = None) -> None:
+        """One request's share of a step: prompt logprobs, its cache insert, its sampled tokens and stop checks."""
         if pr is not None:
             pos = pr[2]
             for i, (lp, top) in enumerate(zip(*lps)):
                 req.input_token_logprobs.append((lp, req.input_ids[pos + i]))
                 req.input_top_logprobs.append(top)
-        if n > 1 or k is None:
+        if (n > 1 and draft is None) or k is None:
             self._insert(req)  # after each prefill chunk
         if k is None:
             return
-        tok = out.next_ids[k]
-        req.append_token(tok)
-        self.stats.generation_tokens += 1
+        run = out.runs.get(k) if draft is not None else None
+        if run is None:
+            run = DraftRun([out.next_ids[k]], None if out.logprobs is None else [out.logprobs[k]],
+                           None if out.top_logprobs is None else [out.top_logprobs[k]])
+        if draft is not None:
+            self._drop_rejected(req, draft, run.accepted)
         if req.first_token_time is None:
             req.first_token_time = now
-        if req.return_logprob:
-            assert out.logprobs is not None
-            req.output_token_logprobs.append((out.logprobs[k], tok))
-            if req.top_logprobs_num and out.top_logprobs is not None:
-                req.output_top_logprobs.append(out.top_logprobs[k])
-        self._check_stop(req, tok)
+        for i, tok in enumerate(run.ids):
+            req.append_token(tok)
+            self.stats.generation_tokens += 1
+            if req.return_logprob:
+                assert run.logprobs is not None
+                req.output_token_logprobs.append((run.logprobs[i], tok))
+                if req.top_logprobs_num and run.top_logprobs is not None:
+                    req.output_top_logprobs.append(run.top_logprobs[i])
+            self._check_stop(req, tok)
+            if req.finished:
+                break  # a stop inside an accepted run cuts it there
+
+    def _drop_rejected(self, req: Req, draft: Draft, accepted: int) -> None:
+        """After a verify step: the rejected drafts' KV is not the request's; pages holding only their slots go back
+        now (the tree never sees them: only tokens below num_fill are ever cached, and drafts are not appended)."""
+        req.kv_len -= len(draft.tokens) - accepted
+        keep = max(-(-req.kv_len // self.cfg.page_size), req.num_tree_pages)
+        if len(req.pages) > keep:
+            self.pool.free(req.pages[keep:])
+            del req.pages[keep:]
+        if self.drafter is not None:
+            self.drafter.record(req, draft, accepted)
 
     def _settle(self, req: Req) -> None:
         """After a step: release a finished request's pages once no step of it is in flight; emit what is new."""

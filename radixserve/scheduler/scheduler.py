@@ -6,6 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.null_cache import NullCache
 from radixserve.cache.partial_page import PartialPages
@@ -13,10 +14,12 @@ from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
 from radixserve.io import FinishReason
 from radixserve.request import Req
-from radixserve.step import ScheduledBatch
+from radixserve.speculative.drafter import Drafter
+from radixserve.step import Draft, ScheduledBatch
 from radixserve.scheduler.fairness import FairShare, by_priority_only, preemptible, victim_key
 from radixserve.scheduler.output import OutputProcessor
 from radixserve.scheduler.partial_reuse import PartialReuse
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -44,6 +47,11 @@ class SchedulerConfig:
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
+    # Speculative decoding (radixserve/speculative/): at most this many drafted tokens per request and step (0: off),
+    # only in steps with at most `speculative_max_batch` decodes (None: any), drafts only of ids below vocab_size.
+    speculative_max_tokens: int = 0
+    speculative_max_batch: int | None = None
+    vocab_size: int = 1 << 31
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in ("lpm", "fcfs"):
@@ -74,7 +82,13 @@ class Scheduler(OutputProcessor, PartialReuse):
     def __init__(self, cfg: SchedulerConfig, pool: KVPool, eos_ids: frozenset[int]) -> None:
         self.cfg = cfg
         self.pool = pool
-        self.cache: RadixCache | NullCache = RadixCache(pool, cfg.page_size) if cfg.enable_radix_cache else NullCache()
+        spec = cfg.speculative_max_tokens > 0
+        self.cache: RadixCache | NullCache = NullCache()
+        if cfg.enable_radix_cache:
+            self.cache = RadixCache(pool, cfg.page_size, index=ContinuationIndex() if spec else None)
+        self.drafter = (Drafter(cfg.speculative_max_tokens, cfg.vocab_size, getattr(self.cache, "index", None),
+                                cfg.speculative_max_batch) if spec else None)
+        self._drafts: dict[int, Draft] = {}  # id(req) -> its draft, while a step is being scheduled
         reuse = cfg.enable_radix_cache and cfg.enable_partial_page_reuse and cfg.page_size > 1
         self.partial = PartialPages(pool, cfg.page_size) if reuse else None
         # Row copies of the step being scheduled: id(req) -> (source page, destination page, rows)
@@ -133,7 +147,8 @@ class Scheduler(OutputProcessor, PartialReuse):
         ps = self.cfg.page_size
         prefill_pages = max(_cdiv(req.num_fill, ps) - len(req.pages), 0)
         decode_left = max(req.params.max_new_tokens - len(req.output_ids), 0)
-        return prefill_pages + _cdiv(int(decode_left * self.new_token_ratio), ps)
+        draft_pages = _cdiv(self.cfg.speculative_max_tokens, ps) if decode_left > 1 else 0  # a verify step's slots
+        return prefill_pages + _cdiv(int(decode_left * self.new_token_ratio), ps) + draft_pages
 
     def _insert(self, req: Req) -> None:
         """Give the request's computed full pages to the tree, point its page table at the tree's copies, and record
@@ -217,25 +232,11 @@ class Scheduler(OutputProcessor, PartialReuse):
         self.new_token_ratio = max(self.cfg.min_new_token_ratio, self.new_token_ratio - self.cfg.new_token_ratio_decay)
         ps = self.cfg.page_size
         chunks: dict[int, int] = {}  # id(req) -> tokens this step
+        self._drafts = {}
 
         # 1. Decodes (pending == 1) get their page first; under pressure the least advanced request is retracted.
-        decodes = [r for r in self.running if r.pending == 1 and self._may_sample(r)]
-        for req in sorted(decodes, key=lambda r: -len(r.output_ids)):
-            if req not in self.running:
-                continue  # retracted as a victim earlier in this loop
-            need = _cdiv(req.kv_len + 1, ps) - len(req.pages)
-            pages = self._alloc(need)
-            while pages is None:
-                if not can_retract:
-                    return None  # pages handed out above stay with their requests; the next call reuses them
-                victim = self._victim()
-                self._retract(victim)
-                if victim is req:
-                    break
-                pages = self._alloc(need)
-            if pages is not None:
-                req.pages.extend(pages)
-                chunks[id(req)] = 1
+        if not self._schedule_decodes(chunks, can_retract):
+            return None  # pages handed out stay with their requests; the next call reuses them
 
         # 2. Unfinished chunked prefills, then 3. new requests, share the prefill token budget.
         budget = self.cfg.chunked_prefill_size
@@ -265,10 +266,57 @@ class Scheduler(OutputProcessor, PartialReuse):
             return None
         return self._build([r for r in self.running if id(r) in chunks], chunks)
 
+    def _schedule_decodes(self, chunks: dict[int, int], can_retract: bool) -> bool:
+        """A page for every decode's next token (retracting the least advanced under pressure), then drafts; False
+        when a retraction is needed but not allowed."""
+        ps = self.cfg.page_size
+        decodes = [r for r in self.running if r.pending == 1 and self._may_sample(r)]
+        for req in sorted(decodes, key=lambda r: -len(r.output_ids)):
+            if req not in self.running:
+                continue  # retracted as a victim earlier in this loop
+            need = _cdiv(req.kv_len + 1, ps) - len(req.pages)
+            pages = self._alloc(need)
+            while pages is None:
+                if not can_retract:
+                    return False
+                victim = self._victim()
+                self._retract(victim)
+                if victim is req:
+                    break
+                pages = self._alloc(need)
+            if pages is not None:
+                req.pages.extend(pages)
+                chunks[id(req)] = 1
+        if self.drafter is not None:  # after every decode has its page: a draft never costs a retraction
+            for req in [r for r in decodes if id(r) in chunks and r in self.running]:
+                if self.drafter.may_draft(req, len(decodes)):
+                    self._add_draft(req, chunks)
+        return True
+
+    def _add_draft(self, req: Req, chunks: dict[int, int]) -> None:
+        """Extend a decode by a draft: pages for its slots from the free list or the tree, else what the request's
+        pages hold already. At most max_new_tokens and the context are ever reached by what it accepts."""
+        assert self.drafter is not None
+        room = min(req.params.max_new_tokens - len(req.output_ids), self.cfg.context_length - req.num_fill) - 1
+        draft = self.drafter.propose(req, room)
+        if draft is None:
+            return
+        ps = self.cfg.page_size
+        pages = self._alloc(max(_cdiv(req.kv_len + 1 + len(draft.tokens), ps) - len(req.pages), 0))
+        if pages is None:
+            draft.tokens = draft.tokens[: len(req.pages) * ps - req.kv_len - 1]
+            if not draft.tokens:
+                return
+            pages = []
+        req.pages.extend(pages)
+        chunks[id(req)] = 1 + len(draft.tokens)
+        self._drafts[id(req)] = draft
+
     def _may_merge(self, chunk: int, chunks: dict[int, int]) -> bool:
-        """Whether a prefill chunk of this size may join a step that already holds `chunks`."""
+        """Whether a prefill chunk of this size may join a step that already holds `chunks` (a decode with a draft
+        counts as a decode: only prefills delay each other's first tokens)."""
         limit = self.cfg.prefill_merge_tokens
-        return limit is None or chunk <= limit or all(c == 1 for c in chunks.values())
+        return limit is None or chunk <= limit or all(c == 1 or i in self._drafts for i, c in chunks.items())
 
     def _order(self, candidates: list[Req]) -> list[Req]:
         """Admission order: priority, then fair share between tenants (if on), then the queue policy."""
@@ -372,8 +420,12 @@ class Scheduler(OutputProcessor, PartialReuse):
         row = 0
         for req in reqs:
             n = chunks[id(req)]
-            toks = req.fill_ids[req.kv_len : req.kv_len + n]
-            if len(toks) < n:  # the last input is the token the step in flight is sampling for this request
+            draft = self._drafts.get(id(req))
+            nd = len(draft.tokens) if draft is not None else 0
+            toks = req.fill_ids[req.kv_len : req.kv_len + n - nd]
+            if draft is not None:
+                toks += draft.tokens
+            elif len(toks) < n:  # the last input is the token the step in flight is sampling for this request
                 toks.append(-(req.slot + 1))
                 placeholders = True
             token_chunks.append(toks)
@@ -390,9 +442,9 @@ class Scheduler(OutputProcessor, PartialReuse):
                     targets.append((req.input_ids[lo + 1 : hi + 1], req.top_logprobs_num))
                     req.next_prompt_logprob_pos = hi + 1 if hi + 1 < len(req.input_ids) else -1
             prompt_rows.append(pr)
-            if req.kv_len + n == req.num_fill + req.inflight_tokens and self._may_sample(req):
+            if req.kv_len + n - nd == req.num_fill + req.inflight_tokens and self._may_sample(req):
                 sample_rows.append(len(logit_rows))
-                logit_rows.append(row + n - 1)
+                logit_rows.extend(range(row + n - 1 - nd, row + n))  # a draft's rows verify it
                 infos.append(req.sampling)
                 slots.append(req.slot)
                 p = req.params
@@ -411,6 +463,7 @@ class Scheduler(OutputProcessor, PartialReuse):
         batch = ScheduledBatch(
             reqs, [chunks[id(r)] for r in reqs], fb, sample_rows, prompt_rows, infos, slots, targets,
             has_placeholders=placeholders, needs_sync=needs_sync,
+            drafts=[self._drafts.get(id(r)) for r in reqs] if self._drafts else [],
         )
         if self._copies:
             self._plan_copies(batch)

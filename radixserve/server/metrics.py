@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -50,6 +50,27 @@ class EngineCollector(Collector):
             yield GaugeMetricFamily(PREFIX + key, doc, value=m[key])
         for key, doc in ENGINE_COUNTERS.items():
             yield CounterMetricFamily(PREFIX + key.removesuffix("_total"), doc, value=m[key])
+        if m.get("spec_enabled"):
+            yield from _speculative_metrics(m)
+
+
+def _speculative_metrics(m: dict[str, Any]) -> Iterator[Metric]:
+    """Draft tokens proposed and accepted per source; tokens accepted per verify step, as a histogram."""
+    for key, doc in (("spec_draft_tokens", "speculative draft tokens proposed, by source (prompt, tree)"),
+                     ("spec_accepted_tokens", "speculative draft tokens accepted, by source (prompt, tree)")):
+        family = CounterMetricFamily(PREFIX + key, doc, labels=["source"])
+        for source, value in m[key].items():
+            family.add_metric([source], value)
+        yield family
+    hist = m["spec_accepted_length_hist"]
+    cumulative, buckets = 0, []
+    for length, count in enumerate(hist):
+        cumulative += count
+        buckets.append((str(length), cumulative))
+    buckets.append(("+Inf", cumulative))
+    yield HistogramMetricFamily(PREFIX + "spec_accepted_drafts_per_step",
+                                "draft tokens a request accepted in one verify step",
+                                buckets=buckets, sum_value=sum(i * c for i, c in enumerate(hist)))
 
 
 class ServerMetrics:

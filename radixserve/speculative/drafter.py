@@ -1,0 +1,100 @@
+"""The drafter: per running request, up to k guessed next tokens from the better of two sources (its own tokens, the
+radix tree), with k adapted to the request's recent acceptance, and counts of what was proposed and accepted."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixserve.cache.continuation_index import ContinuationIndex
+from radixserve.request import Req
+from radixserve.speculative.prompt_lookup import PromptLookup
+from radixserve.step import Draft
+
+SOURCES = ("prompt", "tree")
+FIRST_K = 4  # draft length a request starts with (grows while every draft is accepted)
+MIN_RATE = 0.2  # below this recent acceptance rate a verify row costs more than it returns: pause drafting
+PAUSE_STEPS = 16  # decode steps without drafts after the rate fell below MIN_RATE, then probe again with k = 1
+RATE_DECAY = 0.7  # weight of the past in the acceptance-rate average
+
+
+@dataclass
+class DraftState:
+    """A request's drafting state, kept across its steps (and retractions)."""
+
+    lookup: PromptLookup
+    k: int
+    rate: float = 1.0  # moving average of accepted / proposed
+    pause: int = 0  # decode steps left without drafts
+
+
+@dataclass
+class SpecStats:
+    proposed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    accepted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    verify_steps: int = 0  # request-steps that verified a draft
+    accepted_hist: list[int] = field(default_factory=list)  # [j]: request-steps that accepted j drafts
+
+    def mean_accepted_length(self) -> float:
+        """Tokens a verify step produced per request on average: accepted drafts plus the model's own token."""
+        accepted = sum(self.accepted.values())
+        return (accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+
+
+class Drafter:
+    def __init__(self, max_tokens: int, vocab_size: int, index: ContinuationIndex | None,
+                 max_batch: int | None = None) -> None:
+        self.max_tokens = max_tokens
+        self.vocab_size = vocab_size
+        self.index = index
+        self.max_batch = max_batch  # no drafts in steps with more decodes than this (None: no limit)
+        self.stats = SpecStats(accepted_hist=[0] * (max_tokens + 1))
+
+    def may_draft(self, req: Req, num_decodes: int) -> bool:
+        """Whether this request may draft this step. Seeded sampled requests never do: their seed must give the
+        tokens it gives without speculation (a verify step draws differently), so they decode plainly."""
+        p = req.params
+        if self.max_batch is not None and num_decodes > self.max_batch:
+            return False
+        if req.inflight_tokens or req.next_prompt_logprob_pos >= 0:
+            return False  # the last token is still being sampled, or prompt logprobs are owed
+        return p.is_greedy or p.seed is None
+
+    def propose(self, req: Req, room: int) -> Draft | None:
+        """At most `room` tokens from the source with the longer match, or None (nothing matched, or paused)."""
+        state = req.draft_state
+        if state is None:
+            state = req.draft_state = DraftState(PromptLookup(), min(FIRST_K, self.max_tokens))
+        k = min(state.k, room)
+        n_prompt, tokens = state.lookup.propose(req.fill_ids, k)  # indexes new tokens even while paused
+        if state.pause > 0:
+            state.pause -= 1
+            return None
+        if k <= 0:
+            return None
+        draft = Draft(tokens, "prompt") if tokens else None
+        if self.index is not None:
+            tree = self.index.lookup(req.namespace, req.fill_ids, k)
+            if tree is not None and (tree.match, len(tree.tokens)) > (n_prompt, len(tokens)):
+                draft = Draft(tree.tokens, "tree")
+        if draft is None:
+            return None
+        for i, tok in enumerate(draft.tokens):
+            if not 0 <= tok < self.vocab_size:  # a tokenizer id the model's head cannot produce
+                draft.tokens = draft.tokens[:i]
+                break
+        return draft if draft.tokens else None
+
+    def record(self, req: Req, draft: Draft, accepted: int) -> None:
+        """Adapt the request's k to how much of its draft was accepted; count it."""
+        s = self.stats
+        s.proposed[draft.source] += len(draft.tokens)
+        s.accepted[draft.source] += accepted
+        s.verify_steps += 1
+        s.accepted_hist[min(accepted, self.max_tokens)] += 1
+        state = req.draft_state
+        if state is None:
+            return
+        proposed = len(draft.tokens)
+        state.rate = RATE_DECAY * state.rate + (1 - RATE_DECAY) * accepted / proposed
+        state.k = min(self.max_tokens, 2 * state.k) if accepted == proposed else max(1, accepted + 1)
+        if state.rate < MIN_RATE:
+            state.pause, state.k, state.rate = PAUSE_STEPS, 1, 2 * MIN_RATE

@@ -1,0 +1,38 @@
+"""Which speculation an engine runs: `--speculative {auto,off,ngram}` resolved for its device and overlap setting."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixserve.errors import ParamError
+
+MODES = ("auto", "off", "ngram")
+# `auto` drafts only in steps with at most this many decodes: a verify row is nearly free while a CPU step is bound
+# by reading the weights (batch 1), and costs a full row of compute once the step is compute-bound (many streams).
+AUTO_MAX_BATCH = 2
+
+
+@dataclass(frozen=True)
+class SpecChoice:
+    enabled: bool
+    max_batch: int | None  # no drafts in steps with more decodes than this (None: any)
+    overlap: bool  # the overlap setting the engine runs with
+    reason: str
+
+
+def choose_speculative(mode: str, device_type: str, overlap: bool | None) -> SpecChoice:
+    """Speculation needs each request's last token on the CPU before its step is built (to draft from it), so it
+    runs with overlap scheduling off; verify steps are extends, which never replay CUDA graphs."""
+    default_overlap = device_type == "cuda" if overlap is None else overlap
+    if mode == "off":
+        return SpecChoice(False, None, default_overlap, "off")
+    if mode == "ngram":
+        if overlap:
+            raise ParamError("speculative", "speculative 'ngram' needs overlap_schedule off (a draft is built from "
+                             "the token the previous step sampled)")
+        return SpecChoice(True, None, False, "ngram: on (overlap scheduling off)")
+    if device_type == "cuda":
+        return SpecChoice(False, None, default_overlap, "auto: off on CUDA (verify steps would give up overlap "
+                          "scheduling and CUDA graphs; not measured there)")
+    if overlap:
+        return SpecChoice(False, None, True, "auto: off (overlap_schedule was asked for)")
+    return SpecChoice(True, AUTO_MAX_BATCH, False, f"auto: on, in steps of at most {AUTO_MAX_BATCH} decodes (CPU)")
