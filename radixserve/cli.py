@@ -55,6 +55,14 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="'model': requests that leave temperature, top_p, top_k, min_p or repetition_penalty unset "
                         "get the model publisher's values (generation_config.json, or a table for known GGUFs); "
                         "'none': the API defaults (temperature 1, no truncation). Default: %(default)s")
+    p.add_argument("--kv-cache-dir", default=None,
+                   help="keep KV pages evicted from the pool in this directory, and the cache across restarts "
+                        "(default: off)")
+    p.add_argument("--kv-cache-disk-gb", type=float, default=10.0,
+                   help="size limit of --kv-cache-dir in GB; least recently used pages go past it "
+                        "(default: %(default)s)")
+    p.add_argument("--max-pinned-share", type=float, default=0.5,
+                   help="share of the KV pool that pinned prefixes (POST /cache/pin) may hold (default: %(default)s)")
 
 
 def _merge_tokens(value: str) -> int | str | None:
@@ -128,6 +136,9 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "overlap_schedule": args.overlap_schedule,
         "sampling_defaults": args.sampling_defaults,
         "init_new_token_ratio": args.init_new_token_ratio,
+        "kv_cache_dir": args.kv_cache_dir,
+        "kv_cache_disk_gb": args.kv_cache_disk_gb,
+        "max_pinned_share": args.max_pinned_share,
     }
 
 

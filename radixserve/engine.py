@@ -16,6 +16,7 @@ import torch
 from radixserve.errors import ParamError, QueueFullError
 from radixserve.model.cpu_select import choose
 from radixserve.model.resolve import resolve_model
+from radixserve.engine_cache import CacheSurface, Checkpointer, attach_tier, close_tier
 from radixserve.engine_config import EngineConfig
 from radixserve.engine_loop import EngineLoop
 from radixserve.inputs import RequestBuilder, RequestSpec
@@ -41,7 +42,12 @@ def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any)
         pass  # that loop has closed: its caller left (its request was aborted), so nobody waits for this
 
 
-class Engine:
+def _stop(loop: EngineLoop, scheduler: Scheduler) -> None:
+    loop.stop()
+    close_tier(scheduler)
+
+
+class Engine(CacheSurface):
     """In-process LLM engine with a radix prefix cache; thread-safe, usable from sync code and from event loops."""
 
     def __init__(self, config: EngineConfig | str | Path | None = None, **settings: Any) -> None:
@@ -95,19 +101,24 @@ class Engine:
             enable_radix_cache=c.enable_radix_cache,
             init_new_token_ratio=c.init_new_token_ratio,
             prefill_merge_tokens=merge,
+            max_pinned_share=c.max_pinned_share,
         )
         eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
+        # The disk tier under the radix tree (--kv-cache-dir): evicted pages spill there and survive restarts.
+        self.tier = attach_tier(c, self.scheduler, self.model_path, self.quantization, cfg.num_layers,
+                                cfg.num_kv_heads, cfg.head_dim)
 
         # Overlap: a worker thread runs step N (on a GPU it only launches kernels) while the loop processes step N-1
         # and schedules N+1. On a CPU both would share the same cores, so it is off there by default.
         self.overlap_schedule = self.device.type == "cuda" if c.overlap_schedule is None else c.overlap_schedule
         self._inflight = 0  # requests submitted and not finished (the queue limit counts those not yet running)
         self._inflight_lock = threading.Lock()
-        self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule)
+        self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule,
+                               idle=Checkpointer(self.scheduler))
         # An engine never shut down still stops its loop at interpreter exit, before torch's threads are torn down
-        # under it (that aborts the process).
-        weakref.finalize(self, self.loop.stop)
+        # under it (that aborts the process), and persists its cache tree to the disk tier.
+        self._stop = weakref.finalize(self, _stop, self.loop, self.scheduler)
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> "Engine":
@@ -117,8 +128,9 @@ class Engine:
         self.shutdown()
 
     def shutdown(self) -> None:
-        """Stop the loop; requests still queued or running end with finish_reason abort."""
-        self.loop.stop()
+        """Stop the loop; requests still queued or running end with finish_reason abort; the cache tree is written
+        to the disk tier (--kv-cache-dir) for the next start."""
+        self._stop()
 
     def is_alive(self) -> bool:
         return self.loop.is_alive()
@@ -304,6 +316,7 @@ class Engine:
             "cached_pages": cache.total_pages,
             "evictable_pages": cache.evictable_pages,
             "page_size": self.runner.pool.page_size,
+            **self.tier_stats(),
         }
 
     def metrics(self) -> dict[str, Any]:

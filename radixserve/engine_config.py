@@ -33,6 +33,9 @@ class EngineConfig:
     prefill_merge_tokens: int | str | None = "auto"  # "auto": 32 on CPU, no limit on CUDA; None: no limit
     sampling_defaults: str = "model"  # "model": the publisher's values for what a request leaves unset; "none"
     quantization: str = "auto"  # CPU weight format: auto (chosen by the CPU), none, int8 (radixserve/model/quant.py)
+    kv_cache_dir: str | Path | None = None  # disk tier for evicted and persisted KV pages; None: off
+    kv_cache_disk_gb: float = 10.0  # the disk tier's size limit (LRU past it)
+    max_pinned_share: float = 0.5  # pinned prefixes (/cache/pin) hold at most this share of the KV pool
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():
@@ -65,6 +68,13 @@ class EngineConfig:
              "must be an integer >= 1, None or 'auto'"),
             ("sampling_defaults", self.sampling_defaults in ("model", "none"), "must be 'model' or 'none'"),
             ("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}"),
+            ("kv_cache_dir", self.kv_cache_dir is None or (isinstance(self.kv_cache_dir, (str, Path))
+                                                           and str(self.kv_cache_dir) != ""),
+             "must be a directory path or None"),
+            ("kv_cache_disk_gb", isinstance(self.kv_cache_disk_gb, (int, float))
+             and not isinstance(self.kv_cache_disk_gb, bool) and self.kv_cache_disk_gb > 0, "must be > 0"),
+            ("max_pinned_share", isinstance(self.max_pinned_share, (int, float)) and 0 <= self.max_pinned_share <= 1,
+             "must be in [0, 1]"),
         ]
 
     @classmethod

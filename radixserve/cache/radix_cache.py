@@ -10,11 +10,15 @@ import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
 
 from radixserve.cache.kv_pool import KVPool
+
+if TYPE_CHECKING:
+    from radixserve.cache.kv_tier import KVTier
 
 _MASK64 = (1 << 64) - 1
 _SEED = 0
@@ -88,6 +92,8 @@ class RadixCache:
         self._evictable = 0
         self._protected = 0
         self.root = self._new_root()
+        # Where evicted pages go and matches continue (radixserve/cache/kv_tier.py); None: evicted KV is dropped.
+        self.tier: KVTier | None = None
 
     # ---- keys ----
 
@@ -97,6 +103,10 @@ class RadixCache:
     def root_key(self, namespace: str) -> int:
         """Start of the key chain for a namespace: distinct namespaces start distinct chains."""
         return self._hash(_NS_PREFIX + namespace.encode("utf-8"))
+
+    def next_key(self, parent_key: int, page: bytes) -> int:
+        """The key of a page (its tokens as int32 LE bytes) under the page keyed `parent_key`."""
+        return self._hash(parent_key.to_bytes(8, "little") + page)
 
     def _page_keys(self, parent_key: int, token_bytes: bytes) -> list[int]:
         keys = []
@@ -301,12 +311,16 @@ class RadixCache:
             need = num_pages - len(freed)
             if need < len(node.pages):
                 cut = len(node.pages) - need
+                if self.tier is not None:
+                    self.tier.spill(self, node, cut)
                 freed.extend(node.pages[cut:])
                 node.pages = node.pages[:cut]
                 node.keys = node.keys[:cut]
                 node.token_bytes = node.token_bytes[: cut * self._page_bytes]
                 heapq.heappush(heap, (node.last_access, node.id, node))
                 break
+            if self.tier is not None:
+                self.tier.spill(self, node, 0)
             freed.extend(node.pages)
             parent = node.parent
             del parent.children[node.keys[0]]

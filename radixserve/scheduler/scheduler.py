@@ -8,6 +8,7 @@ from typing import Any
 
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.null_cache import NullCache
+from radixserve.cache.pins import PinTable
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
 from radixserve.request import Req
@@ -39,6 +40,7 @@ class SchedulerConfig:
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
+    max_pinned_share: float = 0.5  # pinned prefixes hold at most this share of the pool
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in ("lpm", "fcfs"):
@@ -77,6 +79,7 @@ class Scheduler(OutputProcessor):
         self._free_slots = list(range(cfg.max_running_requests - 1, -1, -1))
         self.stats = SchedulerStats()
         self.new_token_ratio = cfg.init_new_token_ratio
+        self.pins = PinTable(cfg.max_pinned_share)
 
     # ---- queue management -------------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -235,7 +238,10 @@ class Scheduler(OutputProcessor):
         for req in candidates:
             if budget <= 0 or len(self.running) + len(self.finishing) >= self.cfg.max_running_requests:
                 break  # (finishing requests still hold their runner slot)
-            # Re-match: an eviction while admitting an earlier candidate may have shortened this match.
+            # Re-match: an eviction while admitting an earlier candidate may have shortened this match. Pages the
+            # second tier holds past the tree's match come back into the pool first.
+            if self.cache.tier is not None:
+                self.cache.tier.load_prefix(self.cache, req.match_ids(), req.namespace)
             m = self.cache.match_prefix(req.match_ids(), req.namespace)
             matched_pages = m.pages
             start = len(matched_pages) * ps
@@ -331,7 +337,11 @@ class Scheduler(OutputProcessor):
     def flush_cache(self) -> bool:
         if self.has_work():
             return False
+        if isinstance(self.cache, RadixCache):
+            self.pins.clear(self.cache)
         self.cache.reset()
+        if self.cache.tier is not None:
+            self.cache.tier.clear()
         return True
 
     def check_invariants(self) -> None:
@@ -348,5 +358,6 @@ class Scheduler(OutputProcessor):
         for r in self.waiting:
             assert not r.pages and r.node is None, f"waiting request {r.rid} holds pages"
         if not holders:
-            assert self.cache.protected_pages == 0, "no request runs, yet tree pages are locked"
+            pinned = len(self.pins.pinned_pages(self.cache)) if isinstance(self.cache, RadixCache) else 0
+            assert self.cache.protected_pages == pinned, "no request runs, yet tree pages other than pins are locked"
             assert len(self._free_slots) == self.cfg.max_running_requests, "a runner slot leaked"
