@@ -35,7 +35,8 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
             "--max-queued-requests", "7", "--page-size", "1", "--max-total-tokens", "4096", "--dtype", "float32", "--quantization", "int8",
             "--attention-backend", "torch", "--chunked-prefill-size", "64", "--schedule-policy", "fcfs",
             "--prefill-merge-tokens", "none", "--disable-radix-cache", "--context-length", "512",
-            "--max-connections", "99", "--header-timeout", "3", "--body-timeout", "4", "--max-body-mb", "1"]
+            "--max-connections", "99", "--header-timeout", "3", "--body-timeout", "4", "--max-body-mb", "1",
+            "--kv-cache-disk-gb", "0.5", "--max-pinned-share", "0.25"]
     assert main(argv) == 0
     (args, kwargs), = calls
     engine_kwargs, host, port, api_key, max_queued = args
@@ -46,7 +47,8 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "model": str(tiny_model_dir), "dtype": "float32", "quantization": "int8", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
         "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False, "overlap_schedule": None,
-        "sampling_defaults": "model", "init_new_token_ratio": 0.7,
+        "sampling_defaults": "model", "init_new_token_ratio": 0.7, "kv_cache_dir": None, "kv_cache_disk_gb": 0.5,
+        "max_pinned_share": 0.25,
     }
     from radixserve import Engine
 

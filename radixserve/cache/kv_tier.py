@@ -83,32 +83,33 @@ class KVTier:
         """Spill node.pages[first:]; `h` has hashed everything above the node and is left past its last page."""
         pb = 4 * cache.page_size
         todo: list[tuple[int, int, int]] = []  # (key, prefix, pool page)
-        present: list[int] = []
         for i, (key, page) in enumerate(zip(node.keys, node.pages)):
             h.update(node.token_bytes[i * pb : (i + 1) * pb])
-            if i < first:
-                continue
-            prefix = h.intdigest()
-            if self.store.lookup(key, prefix):
-                present.append(key)
-            elif self.store.writable:
+            if i >= first and self.store.writable and not self.store.lookup(key, prefix := h.intdigest()):
                 todo.append((key, prefix, page))
-        self.store.touch(reversed(present))
-        if not todo:
-            return
-        kv = self._gather([p for _, _, p in todo])
-        for (key, prefix, _), page_kv in zip(todo, kv):
-            if not self.store.put(key, prefix, page_kv.view(torch.uint8).reshape(-1).numpy().data):
-                break
-            self.stats.spilled_pages += 1
+        if todo:
+            kv = self._gather([p for _, _, p in todo])
+            # Deepest first, so that a disk tier too small for the run drops its tail, not its head.
+            for (key, prefix, _), page_kv in zip(reversed(todo), kv.flip(0)):
+                if not self.store.put(key, prefix, page_kv.view(torch.uint8).reshape(-1).numpy().data):
+                    break
+                self.stats.spilled_pages += 1
+        # Ancestors most recent: the LRU end of the disk tier holds a prefix's tail, rarely a page whose parent is gone.
+        self.store.touch(reversed(node.keys[first:]))
 
     def persist(self, cache: RadixCache) -> None:
         """Write every tree page the tier lacks, then the index (shutdown and periodic checkpoints)."""
+        order: list[tuple[TreeNode, xxhash.xxh3_128]] = []  # parents before children, each with its prefix's hash
         stack = [(child, prefix_hasher(child.namespace)) for child in cache.root.children.values()]
-        while stack and self.store.writable:
+        while stack:
             node, h = stack.pop()
-            self._spill_run(cache, node, 0, h)
+            order.append((node, h.copy()))
+            h.update(node.token_bytes)
             stack.extend((c, h.copy()) for c in node.children.values())
+        for node, h in reversed(order):  # children first: parents end up the most recently used on disk
+            if not self.store.writable:
+                break
+            self._spill_run(cache, node, 0, h)
         if self.store.dirty:
             self.store.save_index()
 
