@@ -32,6 +32,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # Measured on the default model (2 AVX-512 cores, benchmarks/prefill_step_cost.py): a step costs ~59 ms plus ~2.2 ms
 # per prefill token, so merging prefills pays only below ~27 tokens each; 32 leans a little toward throughput.
 _CPU_PREFILL_MERGE_TOKENS = 32
+_TIER_COUNTERS = ("device_hit_tokens", "disk_hit_tokens", "spilled_pages", "loaded_pages", "load_seconds")
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any) -> None:
@@ -333,6 +334,7 @@ class Engine(CacheSurface):
                 "computed_prefill_tokens_total": s.computed_prefill_tokens,
                 "failed_requests_total": s.failed,
                 "failed_steps_total": s.failed_steps,
+                **{f"{k}_total": v for k, v in self.tier_stats().items() if k in _TIER_COUNTERS},
             }
 
         return self.loop.call(snapshot)

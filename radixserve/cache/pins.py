@@ -24,6 +24,7 @@ class PinTable:
     def __init__(self, max_share: float) -> None:
         self.max_share = max_share
         self.pins: dict[tuple[str, bytes], Pin] = {}
+        self.num_pinned = 0  # len(pinned_pages()), kept current: a locked path neither splits away nor evicts
 
     @staticmethod
     def _full_pages(cache: RadixCache, tokens: Sequence[int], namespace: str) -> tuple[str, bytes]:
@@ -48,6 +49,7 @@ class PinTable:
                            f"(max_pinned_share {self.max_share} of {cache.pool.capacity})")
         cache.lock(m.node)
         self.pins[key] = Pin(m.node, n_pages)
+        self.num_pinned = total
         return n_pages
 
     def unpin(self, cache: RadixCache, tokens: Sequence[int], namespace: str) -> bool:
@@ -55,12 +57,14 @@ class PinTable:
         if pin is None:
             return False
         cache.unlock(pin.node)
+        self.num_pinned = len(self.pinned_pages(cache))
         return True
 
     def clear(self, cache: RadixCache) -> None:
         for pin in self.pins.values():
             cache.unlock(pin.node)
         self.pins.clear()
+        self.num_pinned = 0
 
     def pinned_pages(self, cache: RadixCache) -> set[int]:
         """Pool pages pinned (the union over every pin's path)."""

@@ -238,6 +238,8 @@ class Scheduler(OutputProcessor):
         for req in candidates:
             if budget <= 0 or len(self.running) + len(self.finishing) >= self.cfg.max_running_requests:
                 break  # (finishing requests still hold their runner slot)
+            if self.pins.num_pinned and self._beside_pins(req):
+                continue
             # Re-match: an eviction while admitting an earlier candidate may have shortened this match. Pages the
             # second tier holds past the tree's match come back into the pool first.
             if self.cache.tier is not None:
@@ -281,6 +283,22 @@ class Scheduler(OutputProcessor):
             reserved += reserve
             first_pages.add(nxt)
         return budget
+
+    def _beside_pins(self, req: Req) -> bool:
+        """Refuse (finish with an error) a request too big for the pool beside the pinned prefixes; it would be
+        admitted and retracted forever."""
+        need = _cdiv(req.num_fill + max(req.params.max_new_tokens - len(req.output_ids), 0), self.cfg.page_size)
+        if need <= self.pool.capacity - self.pins.num_pinned:
+            return False
+        pinned = self.pins.pinned_pages(self.cache)  # type: ignore[arg-type]  (pins exist: a RadixCache)
+        need -= sum(p in pinned for p in self.cache.match_prefix(req.match_ids(), req.namespace).pages)
+        room = self.pool.capacity - self.pins.num_pinned
+        if need <= room:
+            return False
+        self.waiting.remove(req)
+        self._finish(req, {"type": "abort", "matched": None, "message": f"needs {need} KV pages, more than the "
+                           f"{room} the pool has beside pinned prefixes (unpin some: /cache/unpin)"})
+        return True
 
     def _build(self, reqs: list[Req], chunks: dict[int, int]) -> ScheduledBatch:
         """Pack the step and advance each request by it: kv_len, in-flight counts and prompt-logprob progress."""

@@ -79,6 +79,9 @@ async def generate_endpoint(request: Request) -> Response:
     await admit(state, count)
     default_param = "text" if req.text is not None else "input_ids"
     tok = state.engine.tokenizer
+    if req.pin:  # pinned first: the generation below then hits the pinned pages
+        with engine_errors(default_param):
+            await pin_prompts(state, call)
     if req.stream:
         with engine_errors(default_param):
             streams = await open_streams(request, state, [call])
@@ -94,6 +97,15 @@ async def generate_endpoint(request: Request) -> Response:
         outs = [add_token_text(tok, o) for o in outs]
     single = not isinstance(call["rid"], list) and len(outs) == 1
     return Response(state.json.encode(outs[0] if single else outs), media_type="application/json")
+
+
+async def pin_prompts(state: ServerState, call: dict[str, Any]) -> None:
+    """`pin: true` on /generate: pin each prompt of the call in its namespace (see /cache/pin)."""
+    texts, ids = call["prompt"], call["input_ids"]
+    prompts = ([{"prompt": t} for t in (texts if isinstance(texts, list) else [texts])] if texts is not None else
+               [{"input_ids": i} for i in (ids if ids and isinstance(ids[0], list) else [ids])])
+    for p in prompts:
+        await asyncio.to_thread(state.engine.pin, **p, cache_salt=call["cache_salt"])
 
 
 async def generate_events(state: ServerState, stream: Stream, text_in_logprobs: bool) -> AsyncIterator[bytes]:

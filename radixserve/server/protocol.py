@@ -89,6 +89,14 @@ class GenerateRequest(Strict):
     return_text_in_logprobs: bool = False
     cache_salt: str | None = None
     rid: str | list[str] | None = None
+    pin: bool = False  # keep the prompt's cached prefix out of eviction once done (see /cache/pin)
+
+
+class PinRequest(Strict):
+    """/cache/pin and /cache/unpin: one prompt, as text or token ids, in a cache namespace."""
+    text: str | None = None
+    input_ids: list[int] | None = None
+    cache_salt: str | None = None
 
 
 class TokenizeRequest(Strict):
