@@ -164,3 +164,19 @@ def test_pin_keeps_a_prefix_through_eviction_within_its_share(make_engine, tiny_
     assert eng.unpin(input_ids=pinned) and not eng.unpin(input_ids=pinned)
     eng.check_invariants()
     assert eng.cache_stats()["pinned_pages"] == 1
+
+
+def test_an_idle_engine_checkpoints_its_tree_to_disk(make_engine, tiny_model_dir, tmp_path: Path,
+                                                     monkeypatch) -> None:
+    import time
+
+    from radixserve import engine_cache
+
+    monkeypatch.setattr(engine_cache, "CHECKPOINT_S", 0.0)
+    eng = make_engine(tiny_model_dir, kv_cache_dir=tmp_path, **POOL)
+    run(eng, prompts(1))  # 16 pages, all still in the pool: nothing was evicted
+    deadline = time.monotonic() + 10
+    while eng.cache_stats()["disk_pages"] < eng.cache_stats()["cached_pages"]:
+        assert time.monotonic() < deadline, eng.cache_stats()
+        time.sleep(0.05)
+    assert list(tmp_path.glob("*/index.json"))

@@ -254,5 +254,9 @@ class DiskTier:
         self._lock_fd = None
 
     @property
+    def closed(self) -> bool:
+        return self._lock_fd is None
+
+    @property
     def num_pages(self) -> int:
         return len(self.index)

@@ -70,6 +70,8 @@ class KVTier:
     # ---- spill -----------------------------------------------------------------------------------------------
     def spill(self, cache: RadixCache, node: TreeNode, first: int) -> None:
         """Write `node`'s pages from index `first` on (about to leave the pool) to the tier, if not there yet."""
+        if not self.store.writable:
+            return  # spilling is off (a write failed): eviction just drops the pages
         h = prefix_hasher(node.namespace)
         path = []
         up = node.parent
@@ -178,6 +180,8 @@ class KVTier:
         self.store.clear()
 
     def close(self, cache: RadixCache) -> None:
+        if self.store.closed:
+            return
         self.persist(cache)
         self.store.close()
 
