@@ -37,6 +37,9 @@ def test_pin_endpoints_and_pin_on_generate(make_engine: Callable, tiny_model_dir
         r = http.post("/generate", json={"input_ids": PROMPT[:8], "pin": True,
                                          "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
         assert r.status_code == 200 and gauges(http)["radixserve_pinned_pages"] == 2
+        r = http.post("/v1/completions", json={"model": eng.model_info()["model_name"], "prompt": PROMPT[:12],
+                                               "max_tokens": 2, "temperature": 0, "pin": True})
+        assert r.status_code == 200 and gauges(http)["radixserve_pinned_pages"] == 3  # shares the 2 above
         m = gauges(http)
         for name in ("radixserve_disk_pages", "radixserve_disk_bytes", "radixserve_device_bytes",
                      "radixserve_spilled_pages_total", "radixserve_loaded_pages_total",

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from radixserve.server.cache_api import pin_first
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from radixserve.server.serving import (
@@ -79,9 +80,8 @@ async def generate_endpoint(request: Request) -> Response:
     await admit(state, count)
     default_param = "text" if req.text is not None else "input_ids"
     tok = state.engine.tokenizer
-    if req.pin:  # pinned first: the generation below then hits the pinned pages
-        with engine_errors(default_param):
-            await pin_prompts(state, call)
+    if req.pin:
+        await pin_first(state, call_prompts(call), call["cache_salt"], default_param)
     if req.stream:
         with engine_errors(default_param):
             streams = await open_streams(request, state, [call])
@@ -99,13 +99,12 @@ async def generate_endpoint(request: Request) -> Response:
     return Response(state.json.encode(outs[0] if single else outs), media_type="application/json")
 
 
-async def pin_prompts(state: ServerState, call: dict[str, Any]) -> None:
-    """`pin: true` on /generate: pin each prompt of the call in its namespace (see /cache/pin)."""
+def call_prompts(call: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each prompt of a /generate call, as keyword arguments of Engine.pin."""
     texts, ids = call["prompt"], call["input_ids"]
-    prompts = ([{"prompt": t} for t in (texts if isinstance(texts, list) else [texts])] if texts is not None else
-               [{"input_ids": i} for i in (ids if ids and isinstance(ids[0], list) else [ids])])
-    for p in prompts:
-        await asyncio.to_thread(state.engine.pin, **p, cache_salt=call["cache_salt"])
+    if texts is not None:
+        return [{"prompt": t} for t in (texts if isinstance(texts, list) else [texts])]
+    return [{"input_ids": i} for i in (ids if ids and isinstance(ids[0], list) else [ids])]
 
 
 async def generate_events(state: ServerState, stream: Stream, text_in_logprobs: bool) -> AsyncIterator[bytes]:

@@ -54,6 +54,7 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = None
+    pin: bool = False  # keep the prompt's cached prefix out of eviction (see /cache/pin)
     # accepted and ignored: they never change the tokens
     user: str | None = None
     metadata: dict[str, Any] | None = None
