@@ -119,7 +119,7 @@ class Engine(CacheSurface):
                                idle=Checkpointer(self.scheduler))
         # An engine never shut down still stops its loop at interpreter exit, before torch's threads are torn down
         # under it (that aborts the process), and persists its cache tree to the disk tier.
-        self._stop = weakref.finalize(self, _stop, self.loop, self.scheduler)
+        self._finalizer = weakref.finalize(self, _stop, self.loop, self.scheduler)
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> "Engine":
@@ -131,7 +131,7 @@ class Engine(CacheSurface):
     def shutdown(self) -> None:
         """Stop the loop; requests still queued or running end with finish_reason abort; the cache tree is written
         to the disk tier (--kv-cache-dir) for the next start."""
-        self._stop()
+        self._finalizer()
 
     def is_alive(self) -> bool:
         return self.loop.is_alive()
