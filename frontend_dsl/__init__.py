@@ -42,6 +42,17 @@ def flush_cache(backend: Backend | None = None, empty_cache: bool = True) -> boo
     return resolve_backend(backend).flush_cache()
 
 
+def pin(prompt: str, backend: Backend | None = None) -> dict:
+    """Keep the prompt's cached prefix out of eviction (radixserve's /cache/pin, up to max_pinned_share of the pool):
+    programs that start with it keep hitting the cache under memory pressure. {"pinned_tokens", "prompt_tokens"}."""
+    return resolve_backend(backend).pin(prompt)
+
+
+def unpin(prompt: str, backend: Backend | None = None) -> bool:
+    """Release sgl.pin(prompt); False if it was not pinned."""
+    return resolve_backend(backend).unpin(prompt)
+
+
 def get_server_info(backend: Backend | None = None) -> dict:
     """What the backend's server reports about itself (model path, context length, chat template, ...)."""
     return resolve_backend(backend).get_server_info()
@@ -52,6 +63,6 @@ __all__ = [
     "separate_reasoning", "system", "system_begin", "system_end", "user", "user_begin", "user_end", "video",
     "Backend", "Engine", "OpenAI", "Runtime", "RuntimeEndpoint", "ChoicesDecision", "ChoicesSamplingMethod",
     "greedy_token_selection", "token_length_normalized", "unconditional_likelihood_normalized",
-    "set_default_backend", "flush_cache", "get_server_info", "BackendError", "NotSupportedError", "ProgramError",
+    "set_default_backend", "flush_cache", "pin", "unpin", "get_server_info", "BackendError", "NotSupportedError", "ProgramError",
     "Program", "ProgramState", "ProgramStateGroup",
 ]

@@ -72,6 +72,14 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     p.add_argument("--speculative-max-tokens", type=int, default=8,
                    help="most draft tokens verified per request and step (default: %(default)s)")
+    p.add_argument("--kv-cache-dir", default=None,
+                   help="keep KV pages evicted from the pool in this directory, and the cache across restarts "
+                        "(default: off)")
+    p.add_argument("--kv-cache-disk-gb", type=float, default=10.0,
+                   help="size limit of --kv-cache-dir in GB; least recently used pages go past it "
+                        "(default: %(default)s)")
+    p.add_argument("--max-pinned-share", type=float, default=0.5,
+                   help="share of the KV pool that pinned prefixes (POST /cache/pin) may hold (default: %(default)s)")
 
 
 def _merge_tokens(value: str) -> int | str | None:
@@ -168,6 +176,9 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "init_new_token_ratio": args.init_new_token_ratio,
         "speculative": args.speculative,
         "speculative_max_tokens": args.speculative_max_tokens,
+        "kv_cache_dir": args.kv_cache_dir,
+        "kv_cache_disk_gb": args.kv_cache_disk_gb,
+        "max_pinned_share": args.max_pinned_share,
     }
 
 

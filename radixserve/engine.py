@@ -16,6 +16,7 @@ import torch
 from radixserve.errors import ParamError, QueueFullError
 from radixserve.model.cpu_select import choose
 from radixserve.model.resolve import resolve_model
+from radixserve.engine_cache import CacheSurface, Checkpointer, attach_tier, close_tier
 from radixserve.engine_config import EngineConfig
 from radixserve.engine_loop import EngineLoop
 from radixserve.inputs import RequestBuilder, RequestSpec
@@ -33,6 +34,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # Measured on the default model (2 AVX-512 cores, benchmarks/prefill_step_cost.py): a step costs ~59 ms plus ~2.2 ms
 # per prefill token, so merging prefills pays only below ~27 tokens each; 32 leans a little toward throughput.
 _CPU_PREFILL_MERGE_TOKENS = 32
+_TIER_COUNTERS = ("device_hit_tokens", "disk_hit_tokens", "spilled_pages", "loaded_pages", "load_seconds")
 
 
 async def _as_dicts(outputs: Awaitable[list[GenerateOutput]], single: bool) -> dict[str, Any] | list[dict[str, Any]]:
@@ -56,7 +58,12 @@ def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any)
         pass  # that loop has closed: its caller left (its request was aborted), so nobody waits for this
 
 
-class Engine:
+def _stop(loop: EngineLoop, scheduler: Scheduler) -> None:
+    loop.stop()
+    close_tier(scheduler)
+
+
+class Engine(CacheSurface):
     """In-process LLM engine with a radix prefix cache; thread-safe, usable from sync code and from event loops."""
 
     def __init__(self, config: EngineConfig | str | Path | None = None, **settings: Any) -> None:
@@ -117,19 +124,24 @@ class Engine:
             speculative_max_tokens=c.speculative_max_tokens if self.speculative.enabled else 0,
             speculative_max_batch=self.speculative.max_batch,
             vocab_size=cfg.vocab_size,
+            max_pinned_share=c.max_pinned_share,
         )
         eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
+        # The disk tier under the radix tree (--kv-cache-dir): evicted pages spill there and survive restarts.
+        self.tier = attach_tier(c, self.scheduler, self.model_path, self.quantization, cfg.num_layers,
+                                cfg.num_kv_heads, cfg.head_dim)
 
         # Overlap: a worker thread runs step N (on a GPU it only launches kernels) while the loop processes step N-1
         # and schedules N+1. On a CPU both would share the same cores, so it is off there by default.
         self.overlap_schedule = self.speculative.overlap
         self._inflight = 0  # requests submitted and not finished (the queue limit counts those not yet running)
         self._inflight_lock = threading.Lock()
-        self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule)
+        self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule,
+                               idle=Checkpointer(self.scheduler))
         # An engine never shut down still stops its loop at interpreter exit, before torch's threads are torn down
-        # under it (that aborts the process).
-        weakref.finalize(self, self.loop.stop)
+        # under it (that aborts the process), and persists its cache tree to the disk tier.
+        self._finalizer = weakref.finalize(self, _stop, self.loop, self.scheduler)
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> "Engine":
@@ -139,8 +151,9 @@ class Engine:
         self.shutdown()
 
     def shutdown(self) -> None:
-        """Stop the loop; requests still queued or running end with finish_reason abort."""
-        self.loop.stop()
+        """Stop the loop; requests still queued or running end with finish_reason abort; the cache tree is written
+        to the disk tier (--kv-cache-dir) for the next start."""
+        self._finalizer()
 
     def is_alive(self) -> bool:
         return self.loop.is_alive()
@@ -354,6 +367,7 @@ class Engine:
             "partial_pages": self.scheduler.partial_pages,
             "page_size": self.runner.pool.page_size,
             **self._spec_stats(),
+            **self.tier_stats(),
         }
 
     def _spec_stats(self) -> dict[str, Any]:
@@ -387,6 +401,7 @@ class Engine:
                 "computed_prefill_tokens_total": s.computed_prefill_tokens,
                 "failed_requests_total": s.failed,
                 "failed_steps_total": s.failed_steps,
+                **{f"{k}_total": v for k, v in self.tier_stats().items() if k in _TIER_COUNTERS},
             }
 
         return self.loop.call(snapshot)

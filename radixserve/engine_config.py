@@ -38,6 +38,9 @@ class EngineConfig:
     quantization: str = "auto"  # CPU weight format: auto (chosen by the CPU), none, int8 (radixserve/model/quant.py)
     speculative: str = "auto"  # n-gram speculative decoding: auto (on for CPU), off, ngram (radixserve/speculative/)
     speculative_max_tokens: int = 8  # most drafted tokens verified per request and step
+    kv_cache_dir: str | Path | None = None  # disk tier for evicted and persisted KV pages; None: off
+    kv_cache_disk_gb: float = 10.0  # the disk tier's size limit (LRU past it)
+    max_pinned_share: float = 0.5  # pinned prefixes (/cache/pin) hold at most this share of the KV pool
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():
@@ -75,6 +78,13 @@ class EngineConfig:
             ("speculative", self.speculative in SPECULATIVE_MODES, f"must be one of {', '.join(SPECULATIVE_MODES)}"),
             ("speculative_max_tokens", _int(self.speculative_max_tokens) and 1 <= self.speculative_max_tokens <= 64,
              "must be an integer in [1, 64]"),
+            ("kv_cache_dir", self.kv_cache_dir is None or (isinstance(self.kv_cache_dir, (str, Path))
+                                                           and str(self.kv_cache_dir) != ""),
+             "must be a directory path or None"),
+            ("kv_cache_disk_gb", isinstance(self.kv_cache_disk_gb, (int, float))
+             and not isinstance(self.kv_cache_disk_gb, bool) and self.kv_cache_disk_gb > 0, "must be > 0"),
+            ("max_pinned_share", isinstance(self.max_pinned_share, (int, float)) and 0 <= self.max_pinned_share <= 1,
+             "must be in [0, 1]"),
         ]
 
     @classmethod

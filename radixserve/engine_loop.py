@@ -30,8 +30,10 @@ HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop si
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, device: torch.device, overlap: bool) -> None:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, device: torch.device, overlap: bool,
+                 idle: Callable[[], None] | None = None) -> None:
         self.scheduler, self.runner, self.device = scheduler, runner, device
+        self.idle = idle  # maintenance run between steps while there is no work (the disk tier's checkpoint)
         self.worker = (ThreadPoolExecutor(1, thread_name_prefix="radixserve-step", initializer=bind_device,
                                           initargs=(device,)) if overlap else None)
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -61,6 +63,8 @@ class EngineLoop:
                 try:
                     self._step()
                     failures = 0
+                    if self.idle is not None and not sched.has_work():
+                        self.idle()
                 except Exception as exc:  # noqa: BLE001 - isolated below; a fault that repeats stops the engine
                     failures += 1
                     log.error("engine step failed (%d in a row): %r", failures, exc, exc_info=exc)

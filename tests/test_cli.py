@@ -36,7 +36,8 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
             "--attention-backend", "torch", "--chunked-prefill-size", "64", "--schedule-policy", "fcfs",
             "--prefill-merge-tokens", "none", "--disable-radix-cache", "--context-length", "512",
             "--max-connections", "99", "--header-timeout", "3", "--body-timeout", "4", "--max-body-mb", "1",
-            "--speculative", "ngram", "--speculative-max-tokens", "5"]
+            "--speculative", "ngram", "--speculative-max-tokens", "5", "--kv-cache-disk-gb", "0.5",
+            "--max-pinned-share", "0.25"]
     assert main(argv) == 0
     (args, kwargs), = calls
     engine_kwargs, host, port, keys, max_queued = args
@@ -49,6 +50,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "fair_share": True, "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False,
         "enable_partial_page_reuse": True, "overlap_schedule": None,
         "sampling_defaults": "model", "init_new_token_ratio": 0.7, "speculative": "ngram", "speculative_max_tokens": 5,
+        "kv_cache_dir": None, "kv_cache_disk_gb": 0.5, "max_pinned_share": 0.25,
     }
     from radixserve import Engine
 

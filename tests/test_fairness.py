@@ -148,7 +148,8 @@ def test_high_priority_takes_pages_from_low_priority(tiny_model_dir: Path, make_
 
 def test_timeouts_abort_waiting_and_running_requests_and_free_their_pages(tiny_model_dir: Path,
                                                                           make_engine: Callable) -> None:
-    eng = make_engine(tiny_model_dir, page_size=4, max_running_requests=1)
+    # Speculation off: the 900-token request must still be decoding when its timeout ends it.
+    eng = make_engine(tiny_model_dir, page_size=4, max_running_requests=1, speculative="off")
 
     async def scenario() -> tuple[dict, dict, dict]:
         running = eng.async_generate(input_ids=list(range(10, 30)), sampling_params={**GREEDY, "max_new_tokens": 900},

@@ -60,6 +60,8 @@ ENDPOINTS = {
     ("POST", "/tokenize"): {"prompt": "hi"},
     ("POST", "/detokenize"): {"tokens": [1, 2]},
     ("POST", "/flush_cache"): None,
+    ("POST", "/cache/pin"): {"text": TEXT},  # in the key's own namespace
+    ("POST", "/cache/unpin"): {"text": TEXT},
     ("GET", "/get_model_info"): None,
     ("GET", "/metrics"): None,
     ("GET", "/openapi.json"): None,

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
-from frontend_dsl.errors import BackendError
+from frontend_dsl.errors import BackendError, NotSupportedError
 from frontend_dsl.roles import RoleTemplates
 
 
@@ -61,6 +61,14 @@ class Backend(ABC):
     @abstractmethod
     def flush_cache(self) -> bool:
         """Empty the radix cache; False if requests were running (nothing flushed)."""
+
+    def pin(self, text: str) -> dict[str, Any]:
+        """Keep text's cached prefix out of eviction (radixserve's /cache/pin); {"pinned_tokens", "prompt_tokens"}."""
+        raise NotSupportedError(f"{type(self).__name__} cannot pin prompts: pinning is a radixserve cache feature")
+
+    def unpin(self, text: str) -> bool:
+        """Release a pin of the same text; False if there was none."""
+        raise NotSupportedError(f"{type(self).__name__} cannot unpin prompts: pinning is a radixserve cache feature")
 
     def prefill(self, text: str) -> None:
         """Compute text into the radix cache without generating (so later requests that extend it hit the cache)."""

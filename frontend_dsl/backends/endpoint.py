@@ -103,5 +103,12 @@ class RuntimeEndpoint(Backend):
             raise
         return True
 
+    def pin(self, text: str) -> dict[str, Any]:
+        out = self.http.json("POST", "/cache/pin", {"text": text})
+        return {"pinned_tokens": out["pinned_tokens"], "prompt_tokens": out["prompt_tokens"]}
+
+    def unpin(self, text: str) -> bool:
+        return bool(self.http.json("POST", "/cache/unpin", {"text": text})["success"])
+
     def __repr__(self) -> str:
         return f"RuntimeEndpoint({self.base_url!r})"

@@ -111,5 +111,14 @@ class Runtime(Backend):
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()
 
+    def pin(self, text: str) -> dict[str, Any]:
+        try:
+            return self.engine.pin(prompt=text)
+        except ValueError as e:
+            raise BackendError(f"engine refused the pin: {e}") from e
+
+    def unpin(self, text: str) -> bool:
+        return self.engine.unpin(prompt=text)
+
     def __repr__(self) -> str:
         return f"Runtime({self.engine.model_info().get('model_path')!r})"

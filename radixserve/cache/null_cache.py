@@ -10,6 +10,7 @@ from radixserve.cache.radix_cache import InsertResult, MatchResult
 class NullCache:
     enabled = False  # the scheduler neither orders admissions by cached prefix nor holds back shared prefixes
     total_pages = evictable_pages = protected_pages = 0
+    tier = None  # no second tier either
 
     def match_prefix(self, tokens: Sequence[int], namespace: str = "") -> MatchResult:
         return MatchResult(node=None, pages=[], num_tokens=0)  # type: ignore[arg-type]

@@ -10,12 +10,16 @@ import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
 
 from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.cache.kv_pool import KVPool
+
+if TYPE_CHECKING:
+    from radixserve.cache.kv_tier import KVTier
 
 _MASK64 = (1 << 64) - 1
 _SEED = 0
@@ -92,6 +96,8 @@ class RadixCache:
         self.root = self._new_root()
         # Speculative drafts from the tree (see continuation_index.py): follows every page the tree gains or loses.
         self.index = index
+        # Where evicted pages go and matches continue (radixserve/cache/kv_tier.py); None: evicted KV is dropped.
+        self.tier: KVTier | None = None
 
     # ---- keys ----
 
@@ -101,6 +107,10 @@ class RadixCache:
     def root_key(self, namespace: str) -> int:
         """Start of the key chain for a namespace: distinct namespaces start distinct chains."""
         return self._hash(_NS_PREFIX + namespace.encode("utf-8"))
+
+    def next_key(self, parent_key: int, page: bytes) -> int:
+        """The key of a page (its tokens as int32 LE bytes) under the page keyed `parent_key`."""
+        return self._hash(parent_key.to_bytes(8, "little") + page)
 
     def _page_keys(self, parent_key: int, token_bytes: bytes) -> list[int]:
         keys = []
@@ -308,6 +318,8 @@ class RadixCache:
             need = num_pages - len(freed)
             if need < len(node.pages):
                 cut = len(node.pages) - need
+                if self.tier is not None:
+                    self.tier.spill(self, node, cut)
                 freed.extend(node.pages[cut:])
                 if self.index is not None:
                     self.index.remove(node.keys[cut:])
@@ -316,6 +328,8 @@ class RadixCache:
                 node.token_bytes = node.token_bytes[: cut * self._page_bytes]
                 heapq.heappush(heap, (node.last_access, node.id, node))
                 break
+            if self.tier is not None:
+                self.tier.spill(self, node, 0)
             freed.extend(node.pages)
             if self.index is not None:
                 self.index.remove(node.keys)

@@ -10,6 +10,7 @@ from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.null_cache import NullCache
 from radixserve.cache.partial_page import PartialPages
+from radixserve.cache.pins import PinTable
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
 from radixserve.io import FinishReason
@@ -52,6 +53,7 @@ class SchedulerConfig:
     speculative_max_tokens: int = 0
     speculative_max_batch: int | None = None
     vocab_size: int = 1 << 31
+    max_pinned_share: float = 0.5  # pinned prefixes hold at most this share of the pool
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in ("lpm", "fcfs"):
@@ -102,6 +104,7 @@ class Scheduler(OutputProcessor, PartialReuse):
         self.stats = SchedulerStats()
         self.fair = FairShare() if cfg.fair_share else None
         self.new_token_ratio = cfg.init_new_token_ratio
+        self.pins = PinTable(cfg.max_pinned_share)
 
     # ---- queue management -------------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -346,7 +349,12 @@ class Scheduler(OutputProcessor, PartialReuse):
                 budget, took_slot = budget + freed, True  # priority or fair share took another's slot
             if budget <= 0 or self._slots_full():
                 break
-            # Re-match: an eviction while admitting an earlier candidate may have shortened this match.
+            if self.pins.num_pinned and self._beside_pins(req):
+                continue
+            # Re-match: an eviction while admitting an earlier candidate may have shortened this match. Pages the
+            # second tier holds past the tree's match come back into the pool first.
+            if self.cache.tier is not None:
+                self.cache.tier.load_prefix(self.cache, req.match_ids(), req.namespace)
             m = self.cache.match_prefix(req.match_ids(), req.namespace)
             matched_pages = m.pages
             start = len(matched_pages) * ps
@@ -409,6 +417,22 @@ class Scheduler(OutputProcessor, PartialReuse):
             if self.partial is not None:
                 first_rows.add(nxt_row)
         return budget
+
+    def _beside_pins(self, req: Req) -> bool:
+        """Refuse (finish with an error) a request too big for the pool beside the pinned prefixes; it would be
+        admitted and retracted forever."""
+        need = _cdiv(req.num_fill + max(req.params.max_new_tokens - len(req.output_ids), 0), self.cfg.page_size)
+        if need <= self.pool.capacity - self.pins.num_pinned:
+            return False
+        pinned = self.pins.pinned_pages(self.cache)  # type: ignore[arg-type]  (pins exist: a RadixCache)
+        need -= sum(p in pinned for p in self.cache.match_prefix(req.match_ids(), req.namespace).pages)
+        room = self.pool.capacity - self.pins.num_pinned
+        if need <= room:
+            return False
+        self.waiting.remove(req)
+        self._finish(req, FinishReason("abort", None, f"needs {need} KV pages, more than the {room} the pool has "
+                                       "beside pinned prefixes (unpin some: /cache/unpin)"))
+        return True
 
     def _build(self, reqs: list[Req], chunks: dict[int, int]) -> ScheduledBatch:
         """Pack the step and advance each request by it: kv_len, in-flight counts and prompt-logprob progress."""
@@ -475,7 +499,11 @@ class Scheduler(OutputProcessor, PartialReuse):
             return False
         if self.partial is not None:
             self.partial.reset()
+        if isinstance(self.cache, RadixCache):
+            self.pins.clear(self.cache)
         self.cache.reset()
+        if self.cache.tier is not None:
+            self.cache.tier.clear()
         return True
 
     def check_invariants(self) -> None:
@@ -495,5 +523,6 @@ class Scheduler(OutputProcessor, PartialReuse):
         for r in self.waiting:
             assert not r.pages and r.node is None and r.tail is None, f"waiting request {r.rid} holds pages"
         if not holders:
-            assert self.cache.protected_pages == 0, "no request runs, yet tree pages are locked"
+            pinned = len(self.pins.pinned_pages(self.cache)) if isinstance(self.cache, RadixCache) else 0
+            assert self.cache.protected_pages == pinned, "no request runs, yet tree pages other than pins are locked"
             assert len(self._free_slots) == self.cfg.max_running_requests, "a runner slot leaked"

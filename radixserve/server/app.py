@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixserve.server import native_api, openai_api
+from radixserve.server import cache_api, native_api, openai_api
 from radixserve.server.auth import ApiKeyAuth
 from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
@@ -75,6 +75,8 @@ def build_app(engine: Any, api_key: str | list[str] | KeyRing | None = None, max
         Route("/tokenize", native_api.tokenize, methods=["POST"]),
         Route("/detokenize", native_api.detokenize, methods=["POST"]),
         Route("/flush_cache", native_api.flush_cache, methods=["POST", "GET"]),
+        Route("/cache/pin", cache_api.pin, methods=["POST"]),
+        Route("/cache/unpin", cache_api.unpin, methods=["POST"]),
         Route("/get_model_info", native_api.get_model_info, methods=["GET"]),
         Route("/health", native_api.health, methods=["GET"]),
         Route("/metrics", native_api.metrics, methods=["GET"]),

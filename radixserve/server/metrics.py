@@ -21,6 +21,11 @@ ENGINE_GAUGES = {  # engine.metrics() key -> help
     "free_pages": "KV pages on the free list",
     "cached_pages": "KV pages held by the radix tree",
     "evictable_pages": "radix tree pages no running request uses (evictable)",
+    "device_bytes": "KV bytes held by the radix tree in the pool (device tier)",
+    "pinned_pages": "radix tree pages pinned (/cache/pin)",
+    "disk_pages": "KV pages in the disk tier (--kv-cache-dir)",
+    "disk_bytes": "bytes of KV page files in the disk tier",
+    "load_seconds_per_page": "mean time to load one page from the disk tier into the pool",
 }
 ENGINE_COUNTERS = {  # engine.metrics() key (ending in _total) -> help
     "num_retractions": "running requests retracted to the queue on memory shortage",
@@ -29,13 +34,18 @@ ENGINE_COUNTERS = {  # engine.metrics() key (ending in _total) -> help
     "cached_tokens_total": "prompt tokens served from the radix cache",
     "partial_page_hit_tokens_total": "of those, tokens copied from a cached partial page",
     "computed_prefill_tokens_total": "prompt tokens computed by prefill",
+    "device_hit_tokens_total": "prompt tokens served from pages already in the pool",
+    "disk_hit_tokens_total": "prompt tokens served from pages loaded from the disk tier",
+    "spilled_pages_total": "pages written to the disk tier (evictions and checkpoints)",
+    "loaded_pages_total": "pages loaded from the disk tier into the pool",
+    "load_seconds_total": "time spent loading pages from the disk tier",
     "failed_requests_total": "requests ended by an internal error (each alone; the others went on)",
     "failed_steps_total": "model steps that failed (their newest request failed, the others ran again)",
 }
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate", "/tokenize", "/detokenize",
-          "/flush_cache", "/get_model_info", "/health", "/metrics"}
+          "/flush_cache", "/get_model_info", "/health", "/metrics", "/cache/pin", "/cache/unpin"}
 
 
 class EngineCollector(Collector):

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from radixserve.io import GenerateOutput, GenerateRequest, StreamChunk
 from radixserve.server.auth import forbidden, principal_of
+from radixserve.server.cache_api import pin_first
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.protocol import DetokenizeRequest, GenerateBody, TokenizeRequest
 from radixserve.server.serving import (
@@ -114,6 +115,8 @@ async def generate_endpoint(request: Request) -> Response:
     await admit(state, count)
     default_param = "text" if req.text is not None else "input_ids"
     tok = state.engine.tokenizer
+    if req.pin:
+        await pin_first(state, call_prompts(call), call.cache_salt, default_param)
     if req.stream:
         with engine_errors(default_param):
             streams = await open_streams(request, state, [call])
@@ -129,6 +132,14 @@ async def generate_endpoint(request: Request) -> Response:
     body: list[Any] = [add_token_text(tok, o) for o in outs] if req.return_text_in_logprobs else outs
     single = not isinstance(call.rid, list) and len(outs) == 1
     return Response(state.json.encode(body[0] if single else body), media_type="application/json")
+
+
+def call_prompts(call: GenerateRequest) -> list[dict[str, Any]]:
+    """Each prompt of a /generate call, as keyword arguments of Engine.pin."""
+    texts, ids = call.prompt, call.input_ids
+    if texts is not None:
+        return [{"prompt": t} for t in (texts if isinstance(texts, list) else [texts])]
+    return [{"input_ids": i} for i in (ids if ids and isinstance(ids[0], list) else [ids])]
 
 
 async def generate_events(state: ServerState, stream: Stream, text_in_logprobs: bool,

@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from radixserve.io import FinishReason, GenerateOutput, GenerateRequest, OutputMeta, StreamChunk
 from radixserve.sampling_params import SamplingParams
+from radixserve.server.cache_api import pin_first
 from radixserve.server.errors import ApiError, ErrorBody, ErrorDetail, bad_request
 from radixserve.server.protocol import (
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
@@ -233,6 +234,8 @@ async def chat_completions(request: Request) -> Response:
     call = GenerateRequest(input_ids=ids, sampling_params=params, return_logprob=req.logprobs,
                            top_logprobs_num=req.top_logprobs or 0, cache_salt=salt, rid=rid,
                            **scheduling(request, req.priority, req.timeout))
+    if req.pin:
+        await pin_first(state, [{"input_ids": ids}], salt, "messages")
     job = Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param)
     created = int(time.time())
     if req.stream:
@@ -325,6 +328,8 @@ async def completions(request: Request) -> Response:
                              logprob_start_len=0 if echo_lp else -1, top_logprobs_num=req.logprobs or 0,
                              cache_salt=salt, rid=f"{rid}-{p}", **scheduling(request, req.priority, req.timeout))
              for p, ids in enumerate(ids_list)]
+    if req.pin:
+        await pin_first(state, [{"input_ids": ids} for ids in ids_list], salt, "prompt")
     job = Job(rid, calls, req.n, salt, req.skip_special_tokens, "max_tokens")
     created = int(time.time())
     if req.echo:  # the text to echo: the client's string, or the decoded ids

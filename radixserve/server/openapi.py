@@ -8,7 +8,7 @@ import msgspec
 
 from radixserve.server.errors import ErrorBody
 from radixserve.server.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateBody, TokenizeRequest,
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateBody, PinRequest, TokenizeRequest,
 )
 
 POST_ROUTES: dict[str, tuple[type, str]] = {
@@ -17,6 +17,8 @@ POST_ROUTES: dict[str, tuple[type, str]] = {
     "/generate": (GenerateBody, "Generate (SGLang-native)"),
     "/tokenize": (TokenizeRequest, "Token ids of a prompt"),
     "/detokenize": (DetokenizeRequest, "Text of token ids"),
+    "/cache/pin": (PinRequest, "Keep a prompt's cached prefix out of eviction"),
+    "/cache/unpin": (PinRequest, "Release a pin"),
 }
 GET_ROUTES = {"/v1/models": "The served model", "/get_model_info": "Model and engine settings",
               "/health": "200 while the engine serves"}

@@ -56,6 +56,7 @@ class SamplingFields(Strict):
     cache_salt: str | None = None
     priority: int = 0  # extra: higher is admitted first and may retract lower-priority requests
     timeout: float | None = None  # extra: seconds after which the request is aborted and its pages freed
+    pin: bool = False  # keep the prompt's cached prefix out of eviction (see /cache/pin)
     # accepted and ignored: they never change the tokens
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -93,6 +94,14 @@ class GenerateBody(Strict):
     rid: str | list[str] | None = None  # a label echoed in meta_info.id; the server's own id is unique per request
     priority: int = 0
     timeout: float | None = None
+    pin: bool = False  # keep the prompt's cached prefix out of eviction once done (see /cache/pin)
+
+
+class PinRequest(Strict):
+    """/cache/pin and /cache/unpin: one prompt, as text or token ids, in a cache namespace."""
+    text: str | None = None
+    input_ids: list[int] | None = None
+    cache_salt: str | None = None
 
 
 class TokenizeRequest(Strict):

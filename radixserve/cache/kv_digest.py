@@ -1,0 +1,72 @@
+"""The identity of a KV page's bytes: which model, dtype, quantization, page size and KV layout computed them.
+
+Pages on disk live under a folder named by this digest and carry it in every file header, so a different model (or
+the same model in another dtype, quantization, page size or layout) can never read them. The model's identity is its
+config plus samples of its weight files (name, size, header and 16 spread slices of each): reading a few MB instead
+of hashing gigabytes, yet two checkpoints with the same config and different weights (fine-tunes, random test
+models) differ in the samples.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import xxhash
+
+_SAMPLES = 16
+_SAMPLE_BYTES = 64 * 1024
+_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin")
+FORMAT_VERSION = 1  # bump when the page file layout or what a page holds changes
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What one page holds: K and V for `num_layers` layers, each `[page_size, num_kv_heads, head_dim]`."""
+
+    num_layers: int
+    page_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+    itemsize: int
+
+    @property
+    def page_shape(self) -> tuple[int, int, int, int, int]:
+        """[K/V, layer, token, kv head, dim] of one page's payload."""
+        return (2, self.num_layers, self.page_size, self.num_kv_heads, self.head_dim)
+
+    @property
+    def page_bytes(self) -> int:
+        n = 1
+        for d in self.page_shape:
+            n *= d
+        return n * self.itemsize
+
+
+def _file_sample(path: Path) -> bytes:
+    size = path.stat().st_size
+    out = [path.name.encode(), size.to_bytes(8, "little")]
+    with path.open("rb") as f:
+        step = max(size // _SAMPLES, 1)
+        for i in range(_SAMPLES):
+            f.seek(min(i * step, max(size - _SAMPLE_BYTES, 0)))
+            out.append(f.read(_SAMPLE_BYTES))
+    return b"".join(out)
+
+
+def model_identity(model_path: str | Path) -> bytes:
+    """Bytes that change whenever the model's weights or config do (see the module docstring)."""
+    p = Path(model_path)
+    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.suffix in _WEIGHT_SUFFIXES or
+                                           f.name == "config.json")
+    return b"".join(_file_sample(f) for f in files)
+
+
+def kv_digest(model_path: str | Path, quantization: str, layout: KVLayout) -> str:
+    """32 hex digits naming everything that decides a page's KV bytes."""
+    h = xxhash.xxh3_128()
+    h.update(f"radixserve-kv-v{FORMAT_VERSION}".encode())
+    h.update(json.dumps({"quantization": quantization, **asdict(layout)}, sort_keys=True).encode())
+    h.update(model_identity(model_path))
+    return h.hexdigest()

@@ -1,0 +1,105 @@
+"""The engine's prefix-cache surface: statistics per tier, pinning, and the disk tier's life (open, checkpoint,
+persist at shutdown). A mixin of Engine, which provides `scheduler`, `runner`, `inputs`, `loop` and `generate`."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from radixserve.cache.kv_pool import kv_bytes_per_token
+from radixserve.cache.kv_tier import KVTier, open_tier
+from radixserve.cache.pins import PinError
+from radixserve.cache.radix_cache import RadixCache
+from radixserve.engine_config import EngineConfig
+from radixserve.errors import ParamError
+from radixserve.scheduler.scheduler import Scheduler
+
+CHECKPOINT_S = 30.0  # an idle engine writes pages the disk tier lacks and its index at most this often
+TIER_KEYS = ("disk_pages", "disk_bytes", "disk_limit_bytes", "disk_hit_tokens", "spilled_pages", "loaded_pages",
+             "load_seconds", "load_seconds_per_page", "disk_bad_files", "disk_lru_evicted_pages", "disk_write_errors")
+
+
+def attach_tier(config: EngineConfig, scheduler: Scheduler, model_path: Any, quantization: str,
+                num_layers: int, num_kv_heads: int, head_dim: int) -> KVTier | None:
+    """Open --kv-cache-dir under the scheduler's radix cache (None when off or unusable)."""
+    if config.kv_cache_dir is None or not isinstance(scheduler.cache, RadixCache):
+        return None
+    tier = open_tier(config.kv_cache_dir, config.kv_cache_disk_gb, model_path, quantization, scheduler.pool,
+                     num_layers, num_kv_heads, head_dim)
+    scheduler.cache.tier = tier
+    return tier
+
+
+class Checkpointer:
+    """Called by the engine loop when idle: persists the tree to the disk tier every CHECKPOINT_S seconds."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.last = time.monotonic()
+
+    def __call__(self) -> None:
+        tier = self.scheduler.cache.tier
+        if tier is None or time.monotonic() - self.last < CHECKPOINT_S:
+            return
+        self.last = time.monotonic()
+        tier.persist(self.scheduler.cache)  # type: ignore[arg-type]
+
+
+def close_tier(scheduler: Scheduler) -> None:
+    """Persist the tree and release the directory (after the loop has stopped: nothing else touches the cache)."""
+    tier = scheduler.cache.tier
+    if tier is not None:
+        tier.close(scheduler.cache)  # type: ignore[arg-type]
+
+
+class CacheSurface:
+    scheduler: Scheduler
+    runner: Any
+    inputs: Any
+    loop: Any
+
+    def tier_stats(self) -> dict[str, Any]:
+        """Per-tier pages, bytes and hits (device = the KV pool; disk = --kv-cache-dir); zeros for a tier that is off."""
+        s, cache, pool = self.scheduler.stats, self.scheduler.cache, self.runner.pool
+        cfg = self.runner.config
+        page_bytes = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool.dtype.itemsize) * \
+            pool.page_size
+        tier = cache.tier.snapshot() if cache.tier is not None else dict.fromkeys(TIER_KEYS, 0)
+        pinned = len(self.scheduler.pins.pinned_pages(cache)) if isinstance(cache, RadixCache) else 0
+        return {
+            "device_pages": cache.total_pages,
+            "device_bytes": cache.total_pages * page_bytes,
+            "device_hit_tokens": max(s.hit_tokens - tier["disk_hit_tokens"], 0),
+            "pinned_pages": pinned,
+            "kv_cache_dir_enabled": cache.tier is not None,
+            **tier,
+        }
+
+    def pin(self, prompt: str | None = None, input_ids: list[int] | None = None, cache_salt: str = "") -> dict:
+        """Compute (or find) the prompt's KV and keep its full pages out of eviction; ParamError if it cannot."""
+        if not isinstance(self.scheduler.cache, RadixCache):
+            raise ParamError("prompt", "pinning needs the radix cache (it is disabled)")
+        ids = self._pin_ids(prompt, input_ids, cache_salt)
+        self.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, cache_salt=cache_salt)  # type: ignore
+
+        def do() -> int:
+            try:
+                return self.scheduler.pins.pin(self.scheduler.cache, ids, cache_salt)  # type: ignore[arg-type]
+            except PinError as exc:
+                raise ParamError("prompt", str(exc)) from None
+
+        pages = self.loop.call(do)
+        return {"pinned_tokens": pages * self.runner.pool.page_size, "prompt_tokens": len(ids)}
+
+    def unpin(self, prompt: str | None = None, input_ids: list[int] | None = None, cache_salt: str = "") -> bool:
+        """Release a pin made with the same prompt and salt; False if there was none."""
+        if not isinstance(self.scheduler.cache, RadixCache):
+            return False
+        ids = self._pin_ids(prompt, input_ids, cache_salt)
+        return self.loop.call(lambda: self.scheduler.pins.unpin(self.scheduler.cache, ids, cache_salt))
+
+    def _pin_ids(self, prompt: str | None, input_ids: list[int] | None, cache_salt: str) -> list[int]:
+        """The prompt's tokens exactly as a generate call with it would see them."""
+        specs, single = self.inputs.specs(prompt, {"max_new_tokens": 0}, input_ids, False, -1, 0, cache_salt, None)
+        if not single or len(specs) != 1:
+            raise ParamError("prompt", "pin takes a single prompt")
+        return specs[0].input_ids
