@@ -16,6 +16,7 @@ import torch
 from radixserve.errors import ParamError, QueueFullError
 from radixserve.model.cpu_select import choose
 from radixserve.model.resolve import resolve_model
+from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.engine_config import EngineConfig
 from radixserve.engine_loop import EngineLoop
 from radixserve.inputs import RequestBuilder, RequestSpec
@@ -80,9 +81,12 @@ class Engine:
         self.context_length = c.context_length or limit
         self.max_queued_requests = c.max_queued_requests
         pool = self.runner.pool
+        eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
+        self.grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size, eos)
         self.inputs = RequestBuilder(self.tokenizer, cfg.vocab_size, self.context_length,
-                                     pool.capacity * pool.page_size, self.sampling_defaults)
+                                     pool.capacity * pool.page_size, self.sampling_defaults, self.grammars)
         self.encode_prompts = self.inputs.encode_prompts  # the server tokenizes prompts in a thread with it
+        self.compile_grammars = self.inputs.compile_grammars  # and compiles their grammars
         merge = c.prefill_merge_tokens
         if merge == "auto":  # see SchedulerConfig.prefill_merge_tokens
             merge = None if self.device.type == "cuda" else _CPU_PREFILL_MERGE_TOKENS
@@ -95,8 +99,8 @@ class Engine:
             enable_radix_cache=c.enable_radix_cache,
             init_new_token_ratio=c.init_new_token_ratio,
             prefill_merge_tokens=merge,
+            enable_jump_forward=c.enable_jump_forward,
         )
-        eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
 
         # Overlap: a worker thread runs step N (on a GPU it only launches kernels) while the loop processes step N-1

@@ -33,6 +33,7 @@ class EngineConfig:
     prefill_merge_tokens: int | str | None = "auto"  # "auto": 32 on CPU, no limit on CUDA; None: no limit
     sampling_defaults: str = "model"  # "model": the publisher's values for what a request leaves unset; "none"
     quantization: str = "auto"  # CPU weight format: auto (chosen by the CPU), none, int8 (radixserve/model/quant.py)
+    enable_jump_forward: bool = True  # constrained decoding appends the tokens a grammar forces without sampling
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():
@@ -64,6 +65,7 @@ class EngineConfig:
             ("prefill_merge_tokens", merge in ("auto", None) or (_int(merge) and merge >= 1),
              "must be an integer >= 1, None or 'auto'"),
             ("sampling_defaults", self.sampling_defaults in ("model", "none"), "must be 'model' or 'none'"),
+            ("enable_jump_forward", isinstance(self.enable_jump_forward, bool), "must be a bool"),
             ("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}"),
         ]
 

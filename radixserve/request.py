@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.constrained.grammar import GrammarMatcher
 from radixserve.detokenizer import IncrementalDetokenizer
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling_params import SamplingParams
@@ -30,6 +31,7 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    grammar: GrammarMatcher | None = None  # constrained decoding: which tokens may come next
 
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)

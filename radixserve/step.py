@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixserve.constrained.bitmask import StepMasks
 from radixserve.forward_batch import ForwardBatch
 from radixserve.request import Req
 from radixserve.sampling.info import SamplingInfo
@@ -27,6 +28,7 @@ class ScheduledBatch:
     prompt_targets: list[tuple[list[int], int]]  # per request with prompt rows: (prompt tokens scored, top-k wanted)
     has_placeholders: bool = False  # some input ids are slots of tokens still being sampled
     needs_sync: bool = False  # a sampled request reads its own output history (penalties): it must be current
+    grammar: StepMasks | None = None  # token bitmasks of the constrained sampled rows, applied before sampling
 
 
 @dataclass

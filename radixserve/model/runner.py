@@ -136,6 +136,8 @@ class ModelRunner:
         if step.has_placeholders:
             ids = batch.input_ids
             batch.input_ids = torch.where(ids < 0, self.future_ids[(-ids - 1).clamp(min=0)], ids)
+        if step.grammar is not None:
+            step.grammar.start()  # the constrained rows' masks are computed on a side thread during the forward
         logits = self.forward(batch)
         prompt = []
         for pr, (targets, top_k) in zip((p for p in step.prompt_rows if p is not None), step.prompt_targets):
@@ -145,6 +147,8 @@ class ModelRunner:
         if not rows:
             return PendingOutput(None, StepOutput([], None, None, prompt))
         logits = logits.index_select(0, device_tensor(rows, self.device))
+        if step.grammar is not None:
+            step.grammar.apply(logits)
         out = StepOutput([], None, None, prompt)
         try:
             next_ids, raw_logprobs = sample_ids(logits, step.sample_infos)

@@ -7,6 +7,7 @@ from typing import Any
 
 
 from radixserve.cache.kv_pool import KVPool
+from radixserve.constrained.bitmask import StepMasks
 from radixserve.cache.null_cache import NullCache
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
@@ -39,6 +40,9 @@ class SchedulerConfig:
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
+    # Constrained requests: where the grammar admits one continuation, append its tokens without sampling them (they
+    # run through the model as an extend chunk, as a prompt would).
+    enable_jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in ("lpm", "fcfs"):
@@ -55,6 +59,7 @@ class SchedulerStats:
     hit_tokens: int = 0  # of those, served from the radix cache
     computed_prefill_tokens: int = 0  # tokens run through the model in prefill chunks (resumes included)
     generation_tokens: int = 0
+    forced_tokens: int = 0  # of those, appended by jump-forward (never sampled)
     retractions: int = 0
     finished: int = 0
     failed: int = 0  # requests finished by an internal error (see Scheduler.fail)
@@ -282,6 +287,7 @@ class Scheduler(OutputProcessor):
         sample_rows: list[int | None] = []
         prompt_rows: list[tuple[int, int, int] | None] = []
         infos, slots, targets = [], [], []
+        grammar_rows, matchers = [], []
         placeholders = needs_sync = False
         row = 0
         for req in reqs:
@@ -307,6 +313,9 @@ class Scheduler(OutputProcessor):
             if req.kv_len + n == req.num_fill + req.inflight_tokens and self._may_sample(req):
                 sample_rows.append(len(logit_rows))
                 logit_rows.append(row + n - 1)
+                if req.grammar is not None:
+                    grammar_rows.append(len(infos))
+                    matchers.append(req.grammar)
                 infos.append(req.sampling)
                 slots.append(req.slot)
                 p = req.params
@@ -325,6 +334,7 @@ class Scheduler(OutputProcessor):
         return ScheduledBatch(
             reqs, [chunks[id(r)] for r in reqs], fb, sample_rows, prompt_rows, infos, slots, targets,
             has_placeholders=placeholders, needs_sync=needs_sync,
+            grammar=StepMasks(grammar_rows, matchers) if matchers else None,
         )
 
     # ---- maintenance ------------------------------------------------------------------------------------------
