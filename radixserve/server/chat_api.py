@@ -162,7 +162,8 @@ def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
     if choice == "auto":
         return Structure(_response_format(req), tools, fmt)
     assert tools is not None
-    return Structure({"ebnf": fmt.grammar(tools, None if choice == "required" else choice)}, tools, fmt)
+    grammar = fmt.grammar(tools, None if choice == "required" else choice, req.parallel_tool_calls is not False)
+    return Structure({"ebnf": grammar}, tools, fmt)
 
 
 def response_message(text: str, parser: HermesToolFormat | None) -> tuple[ChatResponseMessage, bool]:

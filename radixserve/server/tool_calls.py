@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.constrained.grammar import JSON_OPTIONS
 from radixserve.tokenizer import Tokenizer
 
 
@@ -78,9 +79,9 @@ class HermesToolFormat:
         args = obj.get("arguments", obj.get("parameters", {}))
         return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
-    def grammar(self, tools: list[dict[str, Any]], choice: str | None) -> str:
-        """A Lark grammar (llguidance's dialect) for one call of `choice` (a function name), or for one or more
-        calls of any tool (`choice` None: tool_choice "required"). Markers that are single tokens in the vocabulary
+    def grammar(self, tools: list[dict[str, Any]], choice: str | None, parallel: bool = True) -> str:
+        """A Lark grammar (llguidance's dialect) for one call of `choice` (a function name), or for one call of any
+        tool (`choice` None: tool_choice "required"), or several with `parallel`. Markers that are single tokens in the vocabulary
         are named by id, so the grammar matches the token the model emits, not its spelling."""
         schemas = []
         for t in tools:
@@ -90,9 +91,9 @@ class HermesToolFormat:
             params = fn.get("parameters") or {"type": "object", "properties": {}}
             schemas.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
                             "required": ["name", "arguments"], "additionalProperties": False})
-        schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        schema = dict(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}, **{"x-guidance": JSON_OPTIONS})
         call = f'{self._marker(self.start)} "\\n" body "\\n" {self._marker(self.end)}'
-        repeat = "" if choice is not None else ' ("\\n" call)*'
+        repeat = ' ("\\n" call)*' if choice is None and parallel else ""
         return f"start: call{repeat}\ncall: {call}\nbody: %json {json.dumps(schema)}\n"
 
     def _marker(self, text: str) -> str:
@@ -108,6 +109,7 @@ class ToolStream:
         self.fmt = fmt
         self.buf = ""
         self.in_call = False
+        self.after_call = False  # the newline that separates two calls is no content
         self.count = 0
 
     def feed(self, text: str) -> list[StreamEvent]:
@@ -115,6 +117,11 @@ class ToolStream:
         events: list[StreamEvent] = []
         while True:
             if not self.in_call:
+                if self.after_call:
+                    self.buf = self.buf.lstrip("\n")
+                    if not self.buf:
+                        return events
+                    self.after_call = False
                 pos = self.buf.find(self.fmt.start)
                 if pos < 0:
                     keep = _partial_suffix(self.buf, self.fmt.start)
@@ -136,9 +143,8 @@ class ToolStream:
             else:
                 events.append(StreamEvent(call=call, index=self.count))
                 self.count += 1
-            rest = self.buf[end + len(self.fmt.end):]
-            self.buf = rest.lstrip("\n") if call is not None else rest  # the newline between two calls
-            self.in_call = False
+            self.buf = self.buf[end + len(self.fmt.end):]
+            self.in_call, self.after_call = False, call is not None
 
     def finish(self) -> list[StreamEvent]:
         rest, self.buf = self.buf, ""
