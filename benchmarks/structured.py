@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from radixserve import Engine
+from radixserve.constrained.bitmask import StepMasks
 from radixserve.model import cpu_select
 
 SCHEMA = {
@@ -50,6 +51,26 @@ DOCS = [
 ]
 
 
+LAST_OUTPUTS: list[list[int]] = []
+
+
+def mask_cost(eng: Engine, outputs: list[list[int]]) -> float:
+    """Milliseconds per step that the grammar work of these outputs costs, replayed without the model: each step
+    fills and applies the bitmask of every live row (StepMasks, as the runner does) and accepts its token (as the
+    scheduler does). This is the constrained/free difference in CPU work, free of the shared machine's noise."""
+    compiled = eng.grammars.compile("json_schema", SCHEMA)
+    matchers = [eng.grammars.matcher(compiled) for _ in outputs]
+    logits = torch.zeros(len(outputs), eng.runner.config.vocab_size)
+    steps = max(len(o) for o in outputs)
+    t = time.perf_counter()
+    for k in range(steps):
+        live = [i for i, o in enumerate(outputs) if k < len(o)]
+        StepMasks(list(range(len(live))), [matchers[i] for i in live]).apply(logits[: len(live)])
+        for i in live:
+            matchers[i].accept(outputs[i][k])
+    return (time.perf_counter() - t) / steps * 1e3
+
+
 def prompts(eng: Engine, n: int) -> list[list[int]]:
     return [eng.apply_chat_template([{"role": "user", "content": f"Extract the invoice as JSON.\n\n{DOCS[i % 8]}"}])
             for i in range(n)]
@@ -57,23 +78,28 @@ def prompts(eng: Engine, n: int) -> list[list[int]]:
 
 def run(eng: Engine, ids: list[list[int]], params: list[dict[str, Any]]) -> tuple[float, list[int], int, int]:
     """(wall seconds, output tokens per request, scheduler steps, forced tokens) of one concurrent batch."""
+    global LAST_OUTPUTS
     stats = eng.scheduler.stats
     steps0, forced0 = stats.steps, stats.forced_tokens
     t = time.perf_counter()
     outs = eng.generate(input_ids=ids, sampling_params=params)
     wall = time.perf_counter() - t
+    LAST_OUTPUTS = [o["output_ids"] for o in outs]
     return wall, [o["meta_info"]["completion_tokens"] for o in outs], stats.steps - steps0, stats.forced_tokens - forced0
 
 
 def bench(eng: Engine, streams: int, rounds: int, max_new: int) -> dict[str, Any]:
     ids = prompts(eng, streams)
     json_params = [{"max_new_tokens": max_new, "temperature": 0.0, "json_schema": SCHEMA}] * streams
-    eng.generate(input_ids=ids, sampling_params=json_params)  # warm: prompts cached, schema compiled
+    warm = eng.generate(input_ids=ids, sampling_params=json_params)  # warm: prompts cached, schema compiled
+    eng.generate(input_ids=ids, sampling_params=[{"max_new_tokens": o["meta_info"]["completion_tokens"],
+                                                  "temperature": 0.0, "ignore_eos": True} for o in warm])
     res: dict[str, list] = {"free": [], "json": [], "json+jf": []}
     for _ in range(rounds):
         eng.scheduler.cfg.enable_jump_forward = False
         wall, toks, steps, _ = run(eng, ids, json_params)
         res["json"].append((wall, sum(toks), steps, 0))
+        res["mask_ms"] = [mask_cost(eng, LAST_OUTPUTS)]
         free = [{"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True} for n in toks]
         wall, ftoks, steps, _ = run(eng, ids, free)
         res["free"].append((wall, sum(ftoks), steps, 0))
@@ -104,11 +130,14 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|")
         for streams in a.streams:
             res = bench(eng, streams, a.rounds, a.max_new_tokens)
-            free_rate = median_rate(res["free"])[0]
+            free_rate, free_wall, free_steps, _ = median_rate(res["free"])
             for mode in ("free", "json", "json+jf"):
                 rate, wall, steps, forced = median_rate(res[mode])
                 print(f"| {streams} | {mode} | {rate:.1f} | {rate / free_rate - 1:+.1%} | {wall:.2f} | {steps:.0f} | "
                       f"{forced:.0f} |", flush=True)
+            step_ms = free_wall / free_steps * 1e3
+            print(f"| {streams} | grammar work alone (replayed) | {res['mask_ms'][0]:.2f} ms/step | "
+                  f"{res['mask_ms'][0] / step_ms:+.1%} of a free step ({step_ms:.0f} ms) | | | |", flush=True)
 
 
 if __name__ == "__main__":
