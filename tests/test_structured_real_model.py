@@ -1,17 +1,23 @@
 """Constrained decoding on the real default model: every case of tests/data/structured_cases.json (JSON schemas
 with nested objects, arrays, enums, bounded numbers, optional fields, string patterns; and regexes), greedy and
-sampled, all in one batch, gives output that parses and validates, 100%; and unconstrained greedy requests in that
-batch get exactly the tokens they get alone."""
+sampled, all in one batch, gives output that parses and validates, 100%; unconstrained greedy requests in that
+batch get exactly the tokens they get alone; and over HTTP the openai SDK's parse() and a tool-call round trip
+(tool_choice auto: the model's own decision), streamed and not."""
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema_rs
+import openai
 import pytest
+from pydantic import BaseModel
 
+from radixserve.server.app import build_app
+from radixserve.server.background import BackgroundServer
 from real_model import real_engine, real_model_dir  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
@@ -59,3 +65,53 @@ def test_every_constrained_output_validates_and_shares_the_batch_harmlessly(real
     assert not bad, bad
     assert [o["output_ids"] for o in outs[-2:]] == alone
     assert real_engine.scheduler.stats.forced_tokens > 0  # jump-forward ran
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def client(real_engine: Any) -> Iterator[openai.OpenAI]:  # noqa: F811
+    with BackgroundServer(build_app(real_engine)) as srv:
+        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+class City(BaseModel):
+    name: str
+    country: str
+    population_millions: float
+
+
+def test_openai_parse_on_the_real_model(client: openai.OpenAI) -> None:
+    r = client.chat.completions.parse(model="default", response_format=City, max_tokens=60, temperature=0,
+                                      messages=[{"role": "user", "content": "Describe Paris as JSON."}])
+    city = r.choices[0].message.parsed
+    assert isinstance(city, City) and "paris" in city.name.lower()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_call_round_trip_on_the_real_model(client: openai.OpenAI, stream: bool) -> None:
+    """tool_choice auto: the model decides to call on its own, in its own format; then answers from the result."""
+    messages: list = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    kw = dict(model="default", tools=TOOLS, max_tokens=60, temperature=0)
+    if stream:
+        name, args, call_id, reason = "", "", None, None
+        for chunk in client.chat.completions.create(messages=messages, stream=True, **kw):
+            for d in chunk.choices[0].delta.tool_calls or []:
+                call_id = call_id or d.id
+                name += d.function.name or ""
+                args += d.function.arguments or ""
+            reason = chunk.choices[0].finish_reason or reason
+    else:
+        r = client.chat.completions.create(messages=messages, **kw)
+        reason, tc = r.choices[0].finish_reason, r.choices[0].message.tool_calls[0]
+        name, args, call_id = tc.function.name, tc.function.arguments, tc.id
+    assert reason == "tool_calls" and name == "get_weather" and "paris" in json.loads(args)["city"].lower()
+    messages.append({"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}]})
+    messages.append({"role": "tool", "tool_call_id": call_id, "content": '{"temperature_c": 21, "sky": "sunny"}'})
+    final = client.chat.completions.create(messages=messages, **kw)
+    assert final.choices[0].finish_reason == "stop" and "21" in final.choices[0].message.content
+    assert final.usage.prompt_tokens_details.cached_tokens > 0  # the tool turn extends the cached conversation

@@ -140,7 +140,7 @@ def test_unknown_named_tool_is_a_400(client: openai.OpenAI) -> None:
 def test_tool_call_parser_whole_and_streamed_in_any_pieces(engine: Engine) -> None:
     from radixserve.server.tool_calls import ToolStream, tool_format
 
-    fmt = tool_format(engine.tokenizer)
+    fmt = tool_format(engine.tokenizer, frozenset({"get_weather"}))
     assert fmt is not None
     text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n'
             '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "f"}}\n'
@@ -153,3 +153,10 @@ def test_tool_call_parser_whole_and_streamed_in_any_pieces(engine: Engine) -> No
         events = [e for i in range(0, len(text), size) for e in stream.feed(text[i:i + size])] + stream.finish()
         assert "".join(e.content for e in events) == "Let me check.\n"
         assert [(e.index, e.call.name) for e in events if e.call] == [(0, "get_weather"), (1, "get_weather")]
+    # A bare call (no markers) of a known tool counts, whole or streamed; other JSON stays content.
+    bare = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    assert [c.name for c in fmt.parse(bare)[1]] == ["get_weather"]
+    assert fmt.parse('{"name": "other", "arguments": {}}')[1] == []
+    stream = ToolStream(fmt)
+    events = [e for i in range(0, len(bare), 5) for e in stream.feed(bare[i:i + 5])] + stream.finish()
+    assert [e.call.name for e in events if e.call] == ["get_weather"] and not any(e.content for e in events)

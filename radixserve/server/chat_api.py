@@ -154,7 +154,7 @@ def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
     tools = [{"type": "function", "function": {k: v for k, v in (("name", t.function.name),
              ("description", t.function.description), ("parameters", t.function.parameters)) if v is not None}}
              for t in req.tools or []] or None
-    fmt = tool_format(tok) if tools else None
+    fmt = tool_format(tok, frozenset(t.function.name for t in req.tools or [])) if tools else None
     if tools and fmt is None:
         raise bad_request("this model's chat template has no tool-call format", param="tools")
     if choice == "none" or fmt is None:

@@ -37,8 +37,16 @@ class HermesToolFormat:
     start = "<tool_call>"
     end = "</tool_call>"
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, names: frozenset[str] = frozenset()) -> None:
         self.tokenizer = tokenizer
+        self.names = names  # the request's tool names: a bare call of one of them counts too (see bare_call)
+
+    def bare_call(self, text: str) -> ToolCall | None:
+        """Small Qwen2.5 models often answer a call as the bare JSON object, without the markers: the whole output
+        is then a call if it parses as one and names one of the request's tools."""
+        body = text.strip()
+        call = self.parse_block(body) if body.startswith("{") and body.endswith("}") else None
+        return call if call is not None and call.name in self.names else None
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(content before the first call, or None if empty; the calls). A block that does not parse stays text."""
@@ -46,7 +54,8 @@ class HermesToolFormat:
         content, rest = text, ""
         pos = text.find(self.start)
         if pos < 0:
-            return text, []
+            bare = self.bare_call(text)
+            return (None, [bare]) if bare is not None else (text, [])
         content, rest = text[:pos], text[pos:]
         leftover = []
         while rest:
@@ -110,10 +119,16 @@ class ToolStream:
         self.buf = ""
         self.in_call = False
         self.after_call = False  # the newline that separates two calls is no content
+        self.bare = False  # the output began with "{": held back whole, it may be a bare call (see bare_call)
+        self.started = False
         self.count = 0
 
     def feed(self, text: str) -> list[StreamEvent]:
         self.buf += text
+        if not self.started and self.buf.strip():
+            self.started, self.bare = True, self.buf.lstrip().startswith("{") and bool(self.fmt.names)
+        if self.bare:
+            return []
         events: list[StreamEvent] = []
         while True:
             if not self.in_call:
@@ -148,6 +163,11 @@ class ToolStream:
 
     def finish(self) -> list[StreamEvent]:
         rest, self.buf = self.buf, ""
+        if self.bare:
+            call = self.fmt.bare_call(rest)
+            if call is not None:
+                self.count += 1
+                return [StreamEvent(call=call, index=0)]
         return [StreamEvent(content=rest)] if rest else []
 
 
@@ -159,9 +179,10 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def tool_format(tokenizer: Tokenizer) -> HermesToolFormat | None:
-    """The tool-call format of the model's chat template, or None when its template writes no tool calls."""
+def tool_format(tokenizer: Tokenizer, names: frozenset[str] = frozenset()) -> HermesToolFormat | None:
+    """The tool-call format of the model's chat template (for a request with tools of these names), or None when
+    its template writes no tool calls."""
     template = tokenizer.select_chat_template(tools=True)
     if isinstance(template, str) and HermesToolFormat.start in template:
-        return HermesToolFormat(tokenizer)
+        return HermesToolFormat(tokenizer, names)
     return None
