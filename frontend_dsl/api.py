@@ -23,9 +23,35 @@ def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | 
     return Program(func)
 
 
-_STRUCTURED = "not yet: needs structured output (constrained decoding is not in the engine yet)"
-_REFUSED = {"stop_regex": _STRUCTURED, "dtype": _STRUCTURED, "regex": _STRUCTURED, "json_schema": _STRUCTURED,
+_REFUSED = {"stop_regex": "a stop condition by regex is not in the engine (regex= constrains the output instead)",
             "min_tokens": "the engine's sampler has no min_new_tokens, and ignoring it would end gens early"}
+# Typed gens as regexes, as SGLang's runtime backend writes them.
+REGEX_INT = r"[-+]?[0-9]+"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+_DTYPES: dict[Any, str] = {int: REGEX_INT, float: REGEX_FLOAT, bool: REGEX_BOOL, str: REGEX_STR}
+
+
+def _schema(json_schema: Any) -> str | dict[str, Any] | None:
+    """A JSON schema from its text, a dict, or a pydantic model class (its model_json_schema())."""
+    if json_schema is None or isinstance(json_schema, (str, dict)):
+        return json_schema
+    to_schema = getattr(json_schema, "model_json_schema", None)
+    if callable(to_schema):
+        return to_schema()
+    raise TypeError(f"json_schema must be a JSON string, a dict or a pydantic model, got {type(json_schema).__name__}")
+
+
+def _constraint(regex: str | None, json_schema: Any, dtype: Any) -> dict[str, Any]:
+    if dtype is not None:
+        if dtype not in _DTYPES:
+            raise NotSupportedError(f"gen(dtype={dtype!r}) is not supported: use int, float, bool or str")
+        if regex is not None or json_schema is not None:
+            raise ValueError("give at most one of regex, json_schema, dtype")
+        regex = _DTYPES[dtype]
+    out = {"regex": regex, "json_schema": _schema(json_schema)}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None, n: int | None = None,
@@ -36,13 +62,15 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None, dtype: Any = None, choices: list[str] | None = None,
         choices_method: ChoicesSamplingMethod | None = None, regex: str | None = None,
-        json_schema: str | None = None) -> Expr:
-    """Generate text into variable `name`; unset sampling args come from run(). With choices=, acts as select()."""
+        json_schema: Any = None) -> Expr:
+    """Generate text into variable `name`; unset sampling args come from run(). With choices=, acts as select().
+
+    `regex=`, `json_schema=` (JSON text, a dict, or a pydantic model class) and `dtype=` (int, float, bool, str)
+    constrain the output: the engine masks every token the grammar refuses."""
     if choices:
         return select(name, choices, 0.0 if temperature is None else temperature,
                       token_length_normalized if choices_method is None else choices_method)
-    given = {"stop_regex": stop_regex, "dtype": dtype, "regex": regex, "json_schema": json_schema,
-             "min_tokens": min_tokens}
+    given = {"stop_regex": stop_regex, "min_tokens": min_tokens}
     for arg, value in given.items():
         if value is not None:
             raise NotSupportedError(f"gen({arg}=...) is not supported: {_REFUSED[arg]}")
@@ -51,7 +79,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     params = {"max_new_tokens": max_tokens, "stop": [stop] if isinstance(stop, str) else stop,
               "stop_token_ids": stop_token_ids, "temperature": temperature, "top_p": top_p, "top_k": top_k,
               "min_p": min_p, "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
-              "ignore_eos": ignore_eos}
+              "ignore_eos": ignore_eos, **_constraint(regex, json_schema, dtype)}
     params = {k: v for k, v in params.items() if v is not None}
     SamplingParams.from_dict(params)  # a bad value fails here, at the line that wrote it
     logprobs = {"return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
@@ -60,13 +88,13 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
-    """SGLang's integer-typed gen: refused, as gen(dtype=int) is."""
-    raise NotSupportedError(f"gen_int({name!r}) is not supported: {_STRUCTURED}")
+    """SGLang's integer-typed gen: gen(dtype=int)."""
+    return gen(name, dtype=int, **kwargs)
 
 
 def gen_string(name: str | None = None, **kwargs: Any) -> Expr:
-    """SGLang's string-typed gen: refused, as gen(dtype=str) is."""
-    raise NotSupportedError(f"gen_string({name!r}) is not supported: {_STRUCTURED}")
+    """SGLang's string-typed gen: gen(dtype=str), a double-quoted string of word characters and spaces."""
+    return gen(name, dtype=str, **kwargs)
 
 
 def image(expr: Any) -> Expr:

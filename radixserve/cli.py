@@ -58,6 +58,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-partial-page-reuse", action="store_true",
                    help="compute the tokens of a cached prefix that end part way through a page instead of copying "
                         "their KV from the page that holds them")
+    p.add_argument("--disable-jump-forward", action="store_true",
+                   help="constrained decoding samples every token, even those the grammar forces")
     p.add_argument("--init-new-token-ratio", type=float, default=0.7,
                    help="share of each request's max_new_tokens that admission reserves pages for at first; it decays "
                         "while requests stop early and rises after a retraction (default: %(default)s)")
@@ -171,6 +173,7 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "max_running_requests": args.max_running_requests,
         "enable_radix_cache": not args.disable_radix_cache,
         "enable_partial_page_reuse": not args.disable_partial_page_reuse,
+        "enable_jump_forward": not args.disable_jump_forward,
         "overlap_schedule": args.overlap_schedule,
         "sampling_defaults": args.sampling_defaults,
         "init_new_token_ratio": args.init_new_token_ratio,

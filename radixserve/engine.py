@@ -16,6 +16,7 @@ import torch
 from radixserve.errors import ParamError, QueueFullError
 from radixserve.model.cpu_select import choose
 from radixserve.model.resolve import resolve_model
+from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.engine_cache import CacheSurface, Checkpointer, attach_tier, close_tier
 from radixserve.engine_config import EngineConfig
 from radixserve.engine_loop import EngineLoop
@@ -102,9 +103,12 @@ class Engine(CacheSurface):
         self.context_length = c.context_length or limit
         self.max_queued_requests = c.max_queued_requests
         pool = self.runner.pool
+        eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
+        self.grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size, eos)
         self.inputs = RequestBuilder(self.tokenizer, cfg.vocab_size, self.context_length,
-                                     pool.capacity * pool.page_size, self.sampling_defaults)
+                                     pool.capacity * pool.page_size, self.sampling_defaults, self.grammars)
         self.encode_prompts = self.inputs.encode_prompts  # the server tokenizes prompts in a thread with it
+        self.compile_grammars = self.inputs.compile_grammars  # and compiles their grammars
         # Speculation runs with overlap off (radixserve/speculative/mode.py); `auto` turns it on where it pays.
         self.speculative = choose_speculative(c.speculative, self.device.type, c.overlap_schedule)
         merge = c.prefill_merge_tokens
@@ -125,8 +129,8 @@ class Engine(CacheSurface):
             speculative_max_batch=self.speculative.max_batch,
             vocab_size=cfg.vocab_size,
             max_pinned_share=c.max_pinned_share,
+            enable_jump_forward=c.enable_jump_forward,
         )
-        eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
         # The disk tier under the radix tree (--kv-cache-dir): evicted pages spill there and survive restarts.
         self.tier = attach_tier(c, self.scheduler, self.model_path, self.quantization, cfg.num_layers,

@@ -41,6 +41,7 @@ class EngineConfig:
     kv_cache_dir: str | Path | None = None  # disk tier for evicted and persisted KV pages; None: off
     kv_cache_disk_gb: float = 10.0  # the disk tier's size limit (LRU past it)
     max_pinned_share: float = 0.5  # pinned prefixes (/cache/pin) hold at most this share of the KV pool
+    enable_jump_forward: bool = True  # constrained decoding appends the tokens a grammar forces without sampling
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():
@@ -74,6 +75,7 @@ class EngineConfig:
             ("prefill_merge_tokens", merge in ("auto", None) or (_int(merge) and merge >= 1),
              "must be an integer >= 1, None or 'auto'"),
             ("sampling_defaults", self.sampling_defaults in ("model", "none"), "must be 'model' or 'none'"),
+            ("enable_jump_forward", isinstance(self.enable_jump_forward, bool), "must be a bool"),
             ("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}"),
             ("speculative", self.speculative in SPECULATIVE_MODES, f"must be one of {', '.join(SPECULATIVE_MODES)}"),
             ("speculative_max_tokens", _int(self.speculative_max_tokens) and 1 <= self.speculative_max_tokens <= 64,

@@ -89,6 +89,9 @@ class EngineLoop:
         """Schedule one step and run it; with overlap, launch it and process the previous one meanwhile."""
         sched = self.scheduler
         self.drain_inbox(block=not self.live and not sched.has_work())
+        if self.live and self.live[-1][0].grammar is not None:
+            # A grammar's next mask, and the tokens it forces (jump-forward), follow from the token in flight.
+            self._process_oldest()
         batch = sched.schedule(can_retract=not self.live)
         if self.live and (batch is None or batch.needs_sync):
             self._process_oldest()

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.constrained.grammar import CompiledGrammar, GrammarCompiler
 from radixserve.detokenizer import IncrementalDetokenizer
 from radixserve.errors import ParamError
 from radixserve.request import Req
@@ -35,14 +36,16 @@ class RequestSpec:
     priority: int = 0  # higher runs first, and may retract lower-priority requests (radixserve/scheduler/fairness.py)
     timeout: float | None = None  # seconds from submission after which the request is aborted; None: never
     tenant: str | None = None  # whose fair share the request's prefill counts against; None: its cache_salt
+    grammar: CompiledGrammar | None = None  # what the output must match (validated, cached by its text)
 
 
 class RequestBuilder:
     """Checks and tokenizes requests for one engine (its tokenizer, vocabulary, context, KV pool and defaults)."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, context_length: int, pool_tokens: int,
-                 sampling_defaults: dict[str, Any]) -> None:
+                 sampling_defaults: dict[str, Any], grammars: GrammarCompiler | None = None) -> None:
         self.tokenizer = tokenizer
+        self.grammars = grammars
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.pool_tokens = pool_tokens
@@ -94,9 +97,25 @@ class RequestBuilder:
             self.validate_prompt(ids, p)
             specs.append(
                 RequestSpec(ids, p, r or uuid.uuid4().hex, cache_salt, bool(return_logprob), logprob_start_len,
-                            top_logprobs_num, priority, timeout, tenant)
+                            top_logprobs_num, priority, timeout, tenant, self.grammar(p))
             )
         return specs, single and specs[0].params.n == 1
+
+    def grammar(self, p: SamplingParams) -> CompiledGrammar | None:
+        """The request's compiled grammar (cached: the server compiles it first on a worker thread, see
+        `compile_grammars`, so the event loop only looks it up)."""
+        named = p.grammar
+        if named is None:
+            return None
+        if self.grammars is None:
+            raise ParamError(named[0], "this engine has no grammar support")
+        return self.grammars.compile(*named)
+
+    def compile_grammars(self, sampling_params: Any) -> None:
+        """Validate and compile the grammars that sampling_params name, filling the cache (slow the first time a
+        schema is seen; meant for a thread other than the event loop's). Bad params raise ParamError here."""
+        for given in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
+            self.grammar(self.params(given))
 
     def params(self, given: dict[str, Any] | SamplingParams | None) -> SamplingParams:
         """A request's params: the model's defaults under what it sets (a SamplingParams instance sets everything)."""
@@ -176,6 +195,8 @@ class RequestBuilder:
         if spec.timeout is not None:
             req.deadline = req.created + spec.timeout
         req.sampling.output_ids = req.output_ids  # the sampler reads penalties from the live list
+        if spec.grammar is not None and self.grammars is not None:
+            req.grammar = self.grammars.matcher(spec.grammar)
         if req.logprob_start_len >= 0 and req.logprob_start_len < len(spec.input_ids):
             req.next_prompt_logprob_pos = max(req.logprob_start_len, 1)
             if req.logprob_start_len == 0:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.constrained.grammar import GrammarMatcher
 from radixserve.detokenizer import IncrementalDetokenizer
 from radixserve.io import FinishReason, GenerateOutput
 from radixserve.sampling.info import SamplingInfo
@@ -34,6 +35,7 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    grammar: GrammarMatcher | None = None  # constrained decoding: which tokens may come next
 
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)

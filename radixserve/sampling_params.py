@@ -19,6 +19,7 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_LENGTH = 1024  # characters per stop string
 MAX_STOP_TOKEN_IDS = 1024
 MAX_N = 128
+MAX_GRAMMAR_CHARS = 1 << 20  # a regex, schema or EBNF grammar's text
 MAX_SEED = 2**63 - 1  # a signed 64-bit seed (msgspec bounds ints to int64; torch takes any of them)
 
 StopString = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_LENGTH)]
@@ -41,6 +42,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     skip_special_tokens: bool = True
     seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] | None = None
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] = 1
+    # Constrained decoding (at most one; see radixserve/constrained/grammar.py): the output matches the grammar.
+    regex: Annotated[str, msgspec.Meta(max_length=MAX_GRAMMAR_CHARS)] | None = None
+    json_schema: Annotated[str, msgspec.Meta(max_length=MAX_GRAMMAR_CHARS)] | dict[str, Any] | None = None
+    ebnf: Annotated[str, msgspec.Meta(max_length=MAX_GRAMMAR_CHARS)] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -61,10 +66,22 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise param_error(exc) from None
         if params.top_k == 0:
             raise ParamError("top_k", f"top_k must be -1 (off) or >= 1, got {params.top_k}")
+        named = [f for f in ("regex", "json_schema", "ebnf") if getattr(params, f) is not None]
+        if len(named) > 1:
+            raise ParamError(named[1], f"give at most one of regex, json_schema, ebnf; got {', '.join(named)}")
         return params
 
     def replace(self, **changes: Any) -> SamplingParams:
         return msgspec.structs.replace(self, **changes)
+
+    @property
+    def grammar(self) -> tuple[str, Any] | None:
+        """(field, source) of the grammar the output must match, if any."""
+        for f in ("regex", "json_schema", "ebnf"):
+            value = getattr(self, f)
+            if value is not None:
+                return f, value
+        return None
 
     @property
     def is_greedy(self) -> bool:

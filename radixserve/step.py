@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixserve.constrained.bitmask import StepMasks
 from radixserve.forward_batch import ForwardBatch
 from radixserve.request import Req
 from radixserve.sampling.info import SamplingInfo
@@ -46,10 +47,11 @@ class ScheduledBatch:
     copied: list[int] = field(default_factory=list)
     copy_src: torch.Tensor | None = None  # [R] int64 flat slots (page * page_size + row), on CPU
     copy_dst: torch.Tensor | None = None
+    drafts: list[Draft | None] = field(default_factory=list)  # per request (empty: no request has one)
+    grammar: StepMasks | None = None  # token bitmasks of the constrained sampled rows, applied before sampling
 
     def copied_rows(self, i: int) -> int:
         return self.copied[i] if self.copied else 0
-    drafts: list[Draft | None] = field(default_factory=list)  # per request (empty: no request has one)
 
     def sample_drafts(self) -> list[list[int]]:
         """Per sampled request, in sample_infos order: its draft tokens (empty without one)."""

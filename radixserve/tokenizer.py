@@ -194,6 +194,10 @@ class Tokenizer:
         """Text of ids; special tokens dropped when skip_special_tokens."""
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def backend_json(self) -> str:
+        """The `tokenizers` model as tokenizer.json text (grammar libraries build their vocabulary tries from it)."""
+        return self._tok.to_str()
+
     def token_to_id(self, token: str) -> int | None:
         """Id of a vocabulary token (its raw, e.g. byte-level, form), or None."""
         return self._tok.token_to_id(token)

@@ -48,7 +48,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "model": str(tiny_model_dir), "dtype": "float32", "quantization": "int8", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
         "fair_share": True, "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False,
-        "enable_partial_page_reuse": True, "overlap_schedule": None,
+        "enable_partial_page_reuse": True, "overlap_schedule": None, "enable_jump_forward": True,
         "sampling_defaults": "model", "init_new_token_ratio": 0.7, "speculative": "ngram", "speculative_max_tokens": 5,
         "kv_cache_dir": None, "kv_cache_disk_gb": 0.5, "max_pinned_share": 0.25,
     }

@@ -301,14 +301,10 @@ def test_get_server_info_and_flush_cache(backend: sgl.Backend) -> None:
 # ---- refusals --------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("call, named", [
-    (lambda: sgl.gen("x", regex=r"\d+"), "regex"),
-    (lambda: sgl.gen("x", json_schema='{"type": "object"}'), "json_schema"),
-    (lambda: sgl.gen("x", dtype=int), "dtype"),
+    (lambda: sgl.gen("x", dtype=complex), "dtype"),
     (lambda: sgl.gen("x", stop_regex=r"\n+"), "stop_regex"),
     (lambda: sgl.gen("x", min_tokens=4), "min_tokens"),
     (lambda: sgl.gen("x", n=2), "n=2"),
-    (lambda: sgl.gen_int("x"), "gen_int"),
-    (lambda: sgl.gen_string("x"), "gen_string"),
     (lambda: sgl.image("cat.png"), "sgl.image"),
     (lambda: sgl.video("cat.mp4", 8), "sgl.video"),
     (lambda: sgl.separate_reasoning(sgl.gen("x")), "separate_reasoning"),
@@ -322,9 +318,10 @@ def test_unsupported_calls_are_refused_naming_the_call(call: Any, named: str) ->
         call()
 
 
-def test_structured_output_refusal_says_what_is_missing() -> None:
-    with pytest.raises(NotImplementedError, match="needs structured output"):
-        sgl.gen("x", regex=r"\d+")
+def test_constraints_become_sampling_params() -> None:
+    assert sgl.gen("x", regex=r"\d+").params == {"regex": r"\d+"}
+    assert sgl.gen_int("x").params == {"regex": sgl.api.REGEX_INT}
+    assert sgl.gen("x", json_schema={"type": "object"}).params == {"json_schema": {"type": "object"}}
 
 
 def test_fork_position_ids_offset_is_refused(backend: sgl.Backend) -> None:

@@ -9,6 +9,7 @@ Role text in `state.text()` follows a plain "ROLE: content" layout; a chat model
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator
@@ -29,7 +30,11 @@ def openai_body(sampling_params: dict[str, Any]) -> dict[str, Any]:
     """Engine sampling params as OpenAI request fields."""
     body = {_STANDARD[k]: v for k, v in sampling_params.items() if k in _STANDARD}
     body |= {k: v for k, v in sampling_params.items() if k in _EXTRAS and v != _EXTRAS[k]}
-    unknown = set(sampling_params) - set(_STANDARD) - set(_EXTRAS)
+    if sampling_params.get("json_schema") is not None:  # OpenAI's structured outputs
+        schema = sampling_params["json_schema"]
+        schema = json.loads(schema) if isinstance(schema, str) else schema
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    unknown = set(sampling_params) - set(_STANDARD) - set(_EXTRAS) - {"json_schema"}
     if unknown:
         raise NotSupportedError(f"sampling parameter(s) {', '.join(sorted(unknown))} have no OpenAI API field")
     return body

@@ -140,6 +140,8 @@ class ModelRunner:
         if step.has_placeholders:
             ids = batch.input_ids
             batch.input_ids = torch.where(ids < 0, self.future_ids[(-ids - 1).clamp(min=0)], ids)
+        if step.grammar is not None:
+            step.grammar.start()  # the constrained rows' masks are computed on a side thread during the forward
         logits = self.forward(batch)
         prompt = []
         for pr, (targets, top_k) in zip((p for p in step.prompt_rows if p is not None), step.prompt_targets):
@@ -151,10 +153,14 @@ class ModelRunner:
         out = StepOutput([], None, None, prompt)
         drafts = step.sample_drafts()
         if any(drafts):  # a verify step: how many tokens each request gets is known only here (it syncs)
+            if step.grammar is not None:  # constrained requests never draft: each has one row, rows[k]
+                step.grammar.apply(logits, [rows[k] for k in step.grammar.rows])
             self._verify(logits, rows, drafts, step.sample_infos, out)
             self.future_ids[device_tensor(step.sample_slots, self.device)] = device_tensor(out.next_ids, self.device)
             return PendingOutput(None, out)
         logits = logits.index_select(0, device_tensor(rows, self.device))
+        if step.grammar is not None:
+            step.grammar.apply(logits)
         next_ids = self._sample(logits, step.sample_infos, out)
         self.future_ids[device_tensor(step.sample_slots, self.device)] = next_ids
         return PendingOutput(next_ids, out)

@@ -96,9 +96,13 @@ class OutputProcessor:
                 req.output_token_logprobs.append((run.logprobs[i], tok))
                 if req.top_logprobs_num and run.top_logprobs is not None:
                     req.output_top_logprobs.append(run.top_logprobs[i])
+            if req.grammar is not None and not req.grammar.accept(tok):
+                raise RuntimeError(f"the grammar refused sampled token {tok}: {req.grammar.error}")
             self._check_stop(req, tok)
             if req.finished:
                 break  # a stop inside an accepted run cuts it there
+        if req.grammar is not None and not req.finished and self.cfg.enable_jump_forward and not req.return_logprob:
+            self._jump_forward(req)
 
     def _drop_rejected(self, req: Req, draft: Draft, accepted: int) -> None:
         """After a verify step: the rejected drafts' KV is not the request's; pages holding only their slots go back
@@ -110,6 +114,22 @@ class OutputProcessor:
             del req.pages[keep:]
         if self.drafter is not None:
             self.drafter.record(req, draft, accepted)
+
+    def _jump_forward(self, req: Req) -> None:
+        """Append the tokens the grammar forces: the next step runs them through the model as an extend chunk and
+        samples after them. (Not for requests that want logprobs: forced tokens have none.)"""
+        assert req.grammar is not None
+        for tok in req.grammar.forced_tokens():
+            if tok in self.eos_ids:
+                return  # the end is sampled, so the stop rules apply as to any end
+            req.append_token(tok)
+            if not req.grammar.accept(tok):
+                raise RuntimeError(f"the grammar refused its own forced token {tok}: {req.grammar.error}")
+            self.stats.generation_tokens += 1
+            self.stats.forced_tokens += 1
+            self._check_stop(req, tok)
+            if req.finished:
+                return
 
     def _settle(self, req: Req) -> None:
         """After a step: release a finished request's pages once no step of it is in flight; emit what is new."""

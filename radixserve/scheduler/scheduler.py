@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.cache.kv_pool import KVPool
+from radixserve.constrained.bitmask import StepMasks
 from radixserve.cache.null_cache import NullCache
 from radixserve.cache.partial_page import PartialPages
 from radixserve.cache.pins import PinTable
@@ -54,6 +55,9 @@ class SchedulerConfig:
     speculative_max_batch: int | None = None
     vocab_size: int = 1 << 31
     max_pinned_share: float = 0.5  # pinned prefixes hold at most this share of the pool
+    # Constrained requests: where the grammar admits one continuation, append its tokens without sampling them (they
+    # run through the model as an extend chunk, as a prompt would).
+    enable_jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in ("lpm", "fcfs"):
@@ -71,6 +75,7 @@ class SchedulerStats:
     partial_page_hit_tokens: int = 0  # of hit_tokens, rows copied from a partial page (see cache/partial_page.py)
     computed_prefill_tokens: int = 0  # tokens run through the model in prefill chunks (resumes included)
     generation_tokens: int = 0
+    forced_tokens: int = 0  # of those, appended by jump-forward (never sampled)
     retractions: int = 0
     finished: int = 0
     failed: int = 0  # requests finished by an internal error (see Scheduler.fail)
@@ -440,6 +445,7 @@ class Scheduler(OutputProcessor, PartialReuse):
         sample_rows: list[int | None] = []
         prompt_rows: list[tuple[int, int, int] | None] = []
         infos, slots, targets = [], [], []
+        grammar_rows, matchers = [], []
         placeholders = needs_sync = False
         row = 0
         for req in reqs:
@@ -469,6 +475,9 @@ class Scheduler(OutputProcessor, PartialReuse):
             if req.kv_len + n - nd == req.num_fill + req.inflight_tokens and self._may_sample(req):
                 sample_rows.append(len(logit_rows))
                 logit_rows.extend(range(row + n - 1 - nd, row + n))  # a draft's rows verify it
+                if req.grammar is not None:
+                    grammar_rows.append(len(infos))
+                    matchers.append(req.grammar)
                 infos.append(req.sampling)
                 slots.append(req.slot)
                 p = req.params
@@ -488,6 +497,7 @@ class Scheduler(OutputProcessor, PartialReuse):
             reqs, [chunks[id(r)] for r in reqs], fb, sample_rows, prompt_rows, infos, slots, targets,
             has_placeholders=placeholders, needs_sync=needs_sync,
             drafts=[self._drafts.get(id(r)) for r in reqs] if self._drafts else [],
+            grammar=StepMasks(grammar_rows, matchers) if matchers else None,
         )
         if self._copies:
             self._plan_copies(batch)

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixserve.server import cache_api, native_api, openai_api
+from radixserve.server import cache_api, chat_api, native_api, openai_api
 from radixserve.server.auth import ApiKeyAuth
 from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
@@ -68,7 +68,7 @@ def build_app(engine: Any, api_key: str | list[str] | KeyRing | None = None, max
         keys=keys,
     )
     routes = [
-        Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_api.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai_api.completions, methods=["POST"]),
         Route("/v1/models", openai_api.models, methods=["GET"]),
         Route("/generate", native_api.generate_endpoint, methods=["POST"]),

@@ -59,10 +59,12 @@ class ChatPromptBuilder:
             while len(self._answers) > self.capacity:
                 self._answers.popitem(last=False)
 
-    def build(self, messages: list[dict[str, Any]], namespace: str) -> list[int]:
-        """Prompt ids for `messages` (string contents) plus the generation prompt; ValueError from the template."""
+    def build(self, messages: list[dict[str, Any]], namespace: str, tools: list[dict[str, Any]] | None = None,
+              ) -> list[int]:
+        """Prompt ids for `messages` (string contents) and `tools` plus the generation prompt; ValueError from the
+        template."""
         tok = self.tokenizer
-        text = tok.apply_chat_template(messages, add_generation_prompt=True)
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
         spliced: list[tuple[int, array]] = []  # (message index, generated ids)
         with self._lock:
             for i, m in enumerate(messages):
@@ -77,7 +79,7 @@ class ChatPromptBuilder:
         marked = [dict(m) for m in messages]
         for n, (i, _) in enumerate(spliced):
             marked[i]["content"] = _SENTINEL.format(n)
-        parts = _SENTINEL_RE.split(tok.apply_chat_template(marked, add_generation_prompt=True))
+        parts = _SENTINEL_RE.split(tok.apply_chat_template(marked, add_generation_prompt=True, tools=tools))
         texts, order = parts[0::2], [int(k) for k in parts[1::2]]
         contents = [messages[i]["content"] for i, _ in spliced]
         if order != list(range(len(spliced))) or _join(texts, contents) != text:

@@ -1,4 +1,4 @@
-"""OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models."""
+"""OpenAI-compatible endpoints: /v1/completions, /v1/models, and what /v1/chat/completions (chat_api.py) shares."""
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +6,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -17,9 +17,8 @@ from radixserve.sampling_params import SamplingParams
 from radixserve.server.cache_api import pin_first
 from radixserve.server.errors import ApiError, ErrorBody, ErrorDetail, bad_request
 from radixserve.server.protocol import (
-    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
-    ChatLogprobs, ChatMessage, ChatResponseMessage, CompletionChoice, CompletionLogprobs, CompletionRequest,
-    CompletionResponse, ModelCard, ModelList, PromptTokensDetails, SamplingFields, TokenLogprob, TopLogprob, Usage,
+    CompletionChoice, CompletionLogprobs, CompletionRequest,
+    CompletionResponse, ModelCard, ModelList, PromptTokensDetails, SamplingFields, Usage,
 )
 from radixserve.server.serving import (
     SSE_DONE, EventStream, ServerState, Stream, aborted, admit, cache_salt, close_streams, engine_errors, generate, merged,
@@ -30,7 +29,6 @@ from radixserve.tokenizer import Tokenizer
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy endpoint
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 @dataclass
@@ -42,6 +40,7 @@ class Job:
     salt: str
     skip_special_tokens: bool
     max_param: str  # the name the client used for the token limit, for error messages
+    renames: dict[str, str] = field(default_factory=dict)  # engine field -> the client's name, for error messages
 
 
 # ---------------------------------------------------------------- shared validation
@@ -102,7 +101,7 @@ def fan_out(job: Job) -> list[GenerateRequest]:
 
 async def start_streams(request: Request, state: ServerState, job: Job, default_param: str) -> list[Stream]:
     """Open the job's streams; with n > 1 each prompt is prefilled once first, so its samples share the cached pages."""
-    with engine_errors(default_param, {"max_new_tokens": job.max_param}):
+    with engine_errors(default_param, {"max_new_tokens": job.max_param, **job.renames}):
         if job.n > 1:
             prefill = [replace(c, sampling_params=dict(c.sampling_params, max_new_tokens=0, n=1), return_logprob=False,
                                logprob_start_len=-1, rid=f"{c.rid}-prefill") for c in job.calls]
@@ -153,17 +152,6 @@ def folded(acc: list[GenerateOutput | None]) -> list[GenerateOutput]:
 
 # ---------------------------------------------------------------- logprobs
 
-def chat_logprobs(tok: Tokenizer, meta: OutputMeta) -> ChatLogprobs:
-    lps = meta.output_token_logprobs or []
-    tops = meta.output_top_logprobs or [[] for _ in lps]
-    content = []
-    for (lp, tid), top in zip(lps, tops):
-        # The token's own bytes: a piece of a multi-byte character has no text of its own (OpenAI's `bytes` field).
-        alts = [TopLogprob(tok.token_to_str(t), v, list(tok.token_bytes(t))) for v, t in top or []]
-        content.append(TokenLogprob(tok.token_to_str(tid), lp, list(tok.token_bytes(tid)), alts))
-    return ChatLogprobs(content)
-
-
 def completion_logprobs(tok: Tokenizer, meta: OutputMeta, with_prompt: bool, offset: int) -> CompletionLogprobs:
     """Legacy logprobs: token strings, their logprobs, top alternatives as {token: logprob}, character offsets."""
     pairs: list[tuple[tuple[float | None, int], list | None]] = []
@@ -181,110 +169,6 @@ def completion_logprobs(tok: Tokenizer, meta: OutputMeta, with_prompt: bool, off
         res.text_offset.append(offset)
         offset += len(s)
     return res
-
-
-# ---------------------------------------------------------------- /v1/chat/completions
-
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template takes them: roles checked, content parts joined into one string."""
-    if not messages:
-        raise bad_request("messages must be a non-empty list", param="messages")
-    out = []
-    for i, m in enumerate(messages):
-        role = ROLES.get(m.role)
-        if role is None:
-            raise bad_request(f"unsupported role {m.role!r}; use system, user or assistant", param=f"messages[{i}].role")
-        content = m.content
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise bad_request(f"unsupported content part type {part.type!r}; only text parts are supported",
-                                      param=f"messages[{i}].content[{j}].type")
-            content = "\n".join(part.text for part in content)  # type: ignore[misc]
-        if content is None:
-            if role != "assistant":
-                raise bad_request("content is required", param=f"messages[{i}].content")
-            content = ""
-        msg = {"role": role, "content": content}
-        if m.name is not None:
-            msg["name"] = m.name
-        out.append(msg)
-    return out
-
-
-async def chat_completions(request: Request) -> Response:
-    state = server_state(request)
-    req = await read_json(request, ChatCompletionRequest)
-    check_model(state, req.model)
-    messages = chat_messages(req.messages)
-    if req.top_logprobs is not None:
-        if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise bad_request(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {req.top_logprobs}",
-                              param="top_logprobs")
-        if req.top_logprobs and not req.logprobs:
-            raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
-    salt = cache_salt(request, req.cache_salt)
-    with engine_errors("messages"):
-        ids = await asyncio.to_thread(state.prompts.build, messages, salt)
-    max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    params = sampling_dict(req, max_tokens(limit, max_param, len(ids), state, None, "messages"), max_param)
-    await admit(state, req.n)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
-    call = GenerateRequest(input_ids=ids, sampling_params=params, return_logprob=req.logprobs,
-                           top_logprobs_num=req.top_logprobs or 0, cache_salt=salt, rid=rid,
-                           **scheduling(request, req.priority, req.timeout))
-    if req.pin:
-        await pin_first(state, [{"input_ids": ids}], salt, "messages")
-    job = Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param)
-    created = int(time.time())
-    if req.stream:
-        streams = await start_streams(request, state, job, "messages")
-        include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return EventStream(chat_events(state, job, streams, created, req.logprobs, include_usage))
-
-    with engine_errors("messages", {"max_new_tokens": max_param}):
-        [outs] = await generate(request, state, [call])
-    choices = [ChatChoice(i, ChatResponseMessage("assistant", o.text), finish_reason(o.finish_reason),
-                          chat_logprobs(state.engine.tokenizer, o.meta_info) if req.logprobs else None)
-               for i, o in enumerate(outs)]
-    observe_and_remember(state, job, outs, chat=True)
-    body = ChatCompletionResponse(rid, created, state.model_name, choices, usage(outs, job.n))
-    return Response(state.json.encode(body), media_type="application/json")
-
-
-async def chat_events(state: ServerState, job: Job, streams: list[Stream], created: int, logprobs: bool,
-                      include_usage: bool) -> AsyncIterator[bytes]:
-    """SSE of chat.completion.chunk objects: a role delta per choice, content deltas, a finish chunk, [DONE]."""
-    tok = state.engine.tokenizer
-    acc: list[GenerateOutput | None] = [None] * len(streams)
-
-    def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> bytes:
-        return sse(state, ChatCompletionChunk(job.rid, created, state.model_name, choices, use))
-
-    try:
-        for i in range(len(streams)):
-            yield chunk([ChatChunkChoice(i, ChatDelta(role="assistant", content=""))])
-        async with contextlib.aclosing(merged(streams)) as events:
-            async for i, c in events:
-                acc[i] = accumulate(acc[i], c)
-                meta = c.meta_info
-                lp = chat_logprobs(tok, meta) if logprobs and meta.output_token_logprobs else None
-                if c.text or lp is not None:
-                    yield chunk([ChatChunkChoice(i, ChatDelta(content=c.text), None, lp)])
-                reason = finish_reason(meta.finish_reason)
-                if reason is not None:
-                    yield chunk([ChatChunkChoice(i, ChatDelta(), reason)])
-        if include_usage:
-            yield chunk([], usage(folded(acc), job.n))
-        observe_and_remember(state, job, folded(acc), chat=True)
-    except ApiError as err:
-        yield error_event(state, err)
-    except Exception as exc:  # the engine died mid-stream: tell the client in-band, the status line is gone
-        yield error_event(state, ApiError(503, f"engine failed: {exc}", type="service_unavailable"))
-    finally:
-        await close_streams(state.engine, streams)
-    yield SSE_DONE
 
 
 # ---------------------------------------------------------------- /v1/completions

@@ -24,10 +24,57 @@ class ContentPart(Strict):
     text: str | None = None
 
 
+class FunctionCall(Strict):
+    name: str
+    arguments: str  # JSON text
+
+
+class MessageToolCall(Strict):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
 class ChatMessage(Strict):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    refusal: str | None = None  # accepted (the SDK echoes it back) and ignored
+
+
+class FunctionDef(Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: str
+    function: FunctionDef
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: str
+    function: NamedFunction
+
+
+class JsonSchemaFormat(Strict):
+    name: str
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    type: str  # text, json_object, json_schema
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(Strict):
@@ -71,6 +118,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -159,9 +210,21 @@ class ChatLogprobs(msgspec.Struct):
     content: list[TokenLogprob]
 
 
+class ResponseFunction(msgspec.Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ResponseToolCall(msgspec.Struct):
+    id: str
+    function: ResponseFunction
+    type: str = "function"
+
+
 class ChatResponseMessage(msgspec.Struct):
     role: str
-    content: str
+    content: str | None
+    tool_calls: list[ResponseToolCall] | None = None
 
 
 class ChatChoice(msgspec.Struct):
@@ -180,9 +243,17 @@ class ChatCompletionResponse(msgspec.Struct):
     object: str = "chat.completion"
 
 
+class DeltaToolCall(msgspec.Struct, omit_defaults=True):
+    index: int
+    function: ResponseFunction
+    id: str | None = None
+    type: str | None = None
+
+
 class ChatDelta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):

@@ -208,12 +208,20 @@ class Stream:
 
 
 async def tokenized(eng: Engine, call: GenerateRequest) -> GenerateRequest:
-    """The call with a text prompt replaced by its ids, tokenized in a thread: the event loop never waits for it."""
+    """The call with a text prompt replaced by its ids, tokenized in a thread, and its grammars (regex, json_schema,
+    ebnf) compiled in one: the event loop never waits for either (it then finds the grammar cached)."""
+    if _names_grammar(call.sampling_params):
+        await asyncio.to_thread(eng.compile_grammars, call.sampling_params)
     prompt = call.prompt
     if prompt is None:
         return call
     ids = await asyncio.to_thread(eng.encode_prompts, prompt)
     return replace(call, prompt=None, input_ids=ids[0] if isinstance(prompt, str) else ids)
+
+
+def _names_grammar(params: Any) -> bool:
+    return any(isinstance(p, dict) and any(p.get(f) is not None for f in ("regex", "json_schema", "ebnf"))
+               for p in (params if isinstance(params, list) else [params]))
 
 
 async def _open(eng: Engine, call: GenerateRequest) -> Stream:

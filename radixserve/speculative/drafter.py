@@ -50,12 +50,15 @@ class Drafter:
 
     def may_draft(self, req: Req, num_decodes: int) -> bool:
         """Whether this request may draft this step. Seeded sampled requests never do: their seed must give the
-        tokens it gives without speculation (a verify step draws differently), so they decode plainly."""
+        tokens it gives without speculation (a verify step draws differently), so they decode plainly; nor do
+        constrained ones."""
         p = req.params
         if self.max_batch is not None and num_decodes > self.max_batch:
             return False
         if req.inflight_tokens or req.next_prompt_logprob_pos >= 0:
             return False  # the last token is still being sampled, or prompt logprobs are owed
+        if req.grammar is not None:
+            return False  # a grammar masks one row per request and accepts tokens one by one (jump-forward instead)
         return p.is_greedy or p.seed is None
 
     def propose(self, req: Req, room: int) -> Draft | None:

@@ -1,0 +1,289 @@
+"""/v1/chat/completions: chat messages (tool calls and tool results included) through the chat template,
+`response_format` (json_object, json_schema) and `tools` + `tool_choice` as grammars, and tool calls parsed from the
+model's own format (radixserve/server/tool_calls.py), whole or streamed as OpenAI streams them."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from radixserve.io import FinishReason, GenerateOutput, GenerateRequest, OutputMeta
+from radixserve.server.cache_api import pin_first
+from radixserve.server.errors import ApiError, bad_request
+from radixserve.server.openai_api import (
+    MAX_TOP_LOGPROBS, Job, accumulate, check_model, error_event, finish_reason, folded, max_tokens,
+    observe_and_remember, sampling_dict, start_streams, usage,
+)
+from radixserve.server.protocol import (
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
+    ChatLogprobs, ChatMessage, ChatResponseMessage, DeltaToolCall, ResponseFunction, ResponseToolCall, TokenLogprob,
+    TopLogprob, Usage,
+)
+from radixserve.server.serving import (
+    SSE_DONE, EventStream, ServerState, Stream, admit, cache_salt, close_streams, engine_errors, generate, merged,
+    read_json, scheduling, server_state, sse,
+)
+from radixserve.server.tool_calls import HermesToolFormat, ToolCall, ToolStream, tool_format
+from radixserve.tokenizer import Tokenizer
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+# Engine grammar fields as the client named them: a bad schema in response_format is reported there.
+GRAMMAR_RENAMES = {"json_schema": "response_format", "ebnf": "tools"}
+
+
+@dataclass
+class Structure:
+    """What a chat request asks of its output's shape: a grammar for the engine, tools for the template, and the
+    tool-call format to parse the output with (None: the output is plain content)."""
+
+    grammar: dict[str, Any]
+    tools: list[dict[str, Any]] | None
+    parser: HermesToolFormat | None
+
+
+def chat_logprobs(tok: Tokenizer, meta: OutputMeta) -> ChatLogprobs:
+    lps = meta.output_token_logprobs or []
+    tops = meta.output_top_logprobs or [[] for _ in lps]
+    content = []
+    for (lp, tid), top in zip(lps, tops):
+        # The token's own bytes: a piece of a multi-byte character has no text of its own (OpenAI's `bytes` field).
+        alts = [TopLogprob(tok.token_to_str(t), v, list(tok.token_bytes(t))) for v, t in top or []]
+        content.append(TokenLogprob(tok.token_to_str(tid), lp, list(tok.token_bytes(tid)), alts))
+    return ChatLogprobs(content)
+
+
+# ---------------------------------------------------------------- messages, tools, response_format
+
+def _content(m: ChatMessage, i: int) -> str | None:
+    content = m.content
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if part.type != "text" or part.text is None:
+                raise bad_request(f"unsupported content part type {part.type!r}; only text parts are supported",
+                                  param=f"messages[{i}].content[{j}].type")
+        content = "\n".join(part.text for part in content)  # type: ignore[misc]
+    return content
+
+
+def _calls(m: ChatMessage, i: int) -> list[dict[str, Any]]:
+    """An assistant's earlier tool calls as templates take them (arguments as an object, as transformers passes)."""
+    calls = []
+    for j, c in enumerate(m.tool_calls or []):
+        try:
+            args = json.loads(c.function.arguments) if c.function.arguments.strip() else {}
+        except json.JSONDecodeError:
+            raise bad_request("arguments must be JSON text",
+                              param=f"messages[{i}].tool_calls[{j}].function.arguments") from None
+        calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+    return calls
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template takes them: roles checked, content parts joined, tool calls and results kept."""
+    if not messages:
+        raise bad_request("messages must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        role = ROLES.get(m.role)
+        if role is None:
+            raise bad_request(f"unsupported role {m.role!r}; use system, user, assistant or tool",
+                              param=f"messages[{i}].role")
+        content = _content(m, i)
+        if role == "tool" and m.tool_call_id is None:
+            raise bad_request("a tool message needs the tool_call_id it answers", param=f"messages[{i}].tool_call_id")
+        if content is None:
+            if role != "assistant":
+                raise bad_request("content is required", param=f"messages[{i}].content")
+            content = ""
+        msg: dict[str, Any] = {"role": role, "content": content}
+        if m.name is not None:
+            msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = _calls(m, i)
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
+
+
+def _response_format(req: ChatCompletionRequest) -> dict[str, Any]:
+    rf = req.response_format
+    if rf is None or rf.type == "text":
+        return {}
+    if rf.type == "json_object":
+        return {"json_schema": {"type": "object"}}
+    if rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema is None:
+            raise bad_request("response_format json_schema needs a schema", param="response_format.json_schema")
+        return {"json_schema": rf.json_schema.schema}
+    raise bad_request(f"unsupported response_format type {rf.type!r}; use text, json_object or json_schema",
+                      param="response_format.type")
+
+
+def _tool_choice(req: ChatCompletionRequest) -> str | None:
+    """'auto', 'none', 'required', or the name of the one function to call."""
+    choice = req.tool_choice
+    if choice is None:
+        return "auto" if req.tools else "none"
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise bad_request(f"tool_choice must be auto, none, required or a named function, got {choice!r}",
+                              param="tool_choice")
+        if choice == "required" and not req.tools:
+            raise bad_request("tool_choice 'required' needs tools", param="tool_choice")
+        return choice
+    names = {t.function.name for t in req.tools or []}
+    if choice.function.name not in names:
+        raise bad_request(f"tool_choice names {choice.function.name!r}, which is not among the tools",
+                          param="tool_choice")
+    return choice.function.name
+
+
+def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
+    """The grammar, template tools and output parser a chat request asks for (400 naming the field if it cannot)."""
+    for i, t in enumerate(req.tools or []):
+        if t.type != "function":
+            raise bad_request(f"unsupported tool type {t.type!r}; use function", param=f"tools[{i}].type")
+    choice = _tool_choice(req)
+    tools = [{"type": "function", "function": {k: v for k, v in (("name", t.function.name),
+             ("description", t.function.description), ("parameters", t.function.parameters)) if v is not None}}
+             for t in req.tools or []] or None
+    fmt = tool_format(tok, frozenset(t.function.name for t in req.tools or [])) if tools else None
+    if tools and fmt is None:
+        raise bad_request("this model's chat template has no tool-call format", param="tools")
+    if choice == "none" or fmt is None:
+        return Structure(_response_format(req), tools, None)
+    if choice == "auto":
+        return Structure(_response_format(req), tools, fmt)
+    assert tools is not None
+    grammar = fmt.grammar(tools, None if choice == "required" else choice, req.parallel_tool_calls is not False)
+    return Structure({"ebnf": grammar}, tools, fmt)
+
+
+def response_message(text: str, parser: HermesToolFormat | None) -> tuple[ChatResponseMessage, bool]:
+    """The assistant message for generated text, and whether it holds tool calls."""
+    if parser is None:
+        return ChatResponseMessage("assistant", text), False
+    content, calls = parser.parse(text)
+    if not calls:
+        return ChatResponseMessage("assistant", text), False
+    return ChatResponseMessage("assistant", content, [_response_call(c) for c in calls]), True
+
+
+def _response_call(c: ToolCall) -> ResponseToolCall:
+    return ResponseToolCall(c.id, ResponseFunction(c.name, c.arguments))
+
+
+def _reason(fin: FinishReason | None, called: bool) -> str | None:
+    reason = finish_reason(fin)
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+# ---------------------------------------------------------------- the endpoint
+
+async def chat_completions(request: Request) -> Response:
+    state = server_state(request)
+    req = await read_json(request, ChatCompletionRequest)
+    check_model(state, req.model)
+    messages = chat_messages(req.messages)
+    if req.top_logprobs is not None:
+        if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {req.top_logprobs}",
+                              param="top_logprobs")
+        if req.top_logprobs and not req.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+    shape = structure(req, state.engine.tokenizer)
+    salt = cache_salt(request, req.cache_salt)
+    with engine_errors("messages"):
+        ids = await asyncio.to_thread(state.prompts.build, messages, salt, shape.tools)
+    max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    params = sampling_dict(req, max_tokens(limit, max_param, len(ids), state, None, "messages"), max_param)
+    params.update(shape.grammar)
+    await admit(state, req.n)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    call = GenerateRequest(input_ids=ids, sampling_params=params, return_logprob=req.logprobs,
+                           top_logprobs_num=req.top_logprobs or 0, cache_salt=salt, rid=rid,
+                           **scheduling(request, req.priority, req.timeout))
+    if req.pin:
+        await pin_first(state, [{"input_ids": ids}], salt, "messages")
+    job = Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, GRAMMAR_RENAMES)
+    created = int(time.time())
+    if req.stream:
+        streams = await start_streams(request, state, job, "messages")
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        return EventStream(chat_events(state, job, streams, created, req.logprobs, include_usage, shape.parser))
+
+    with engine_errors("messages", {"max_new_tokens": max_param, **GRAMMAR_RENAMES}):
+        [outs] = await generate(request, state, [call])
+    choices = []
+    for i, o in enumerate(outs):
+        message, called = response_message(o.text, shape.parser)
+        choices.append(ChatChoice(i, message, _reason(o.finish_reason, called),
+                                  chat_logprobs(state.engine.tokenizer, o.meta_info) if req.logprobs else None))
+    observe_and_remember(state, job, outs, chat=True)
+    body = ChatCompletionResponse(rid, created, state.model_name, choices, usage(outs, job.n))
+    return Response(state.json.encode(body), media_type="application/json")
+
+
+def _call_deltas(i: int, call: ToolCall, index: int) -> list[ChatChunkChoice]:
+    """A tool call as OpenAI streams it: its id, type and name with empty arguments, then the arguments."""
+    head = DeltaToolCall(index, ResponseFunction(call.name, ""), call.id, "function")
+    return [ChatChunkChoice(i, ChatDelta(tool_calls=[head])),
+            ChatChunkChoice(i, ChatDelta(tool_calls=[DeltaToolCall(index, ResponseFunction(arguments=call.arguments))]))]
+
+
+async def chat_events(state: ServerState, job: Job, streams: list[Stream], created: int, logprobs: bool,
+                      include_usage: bool, parser: HermesToolFormat | None) -> AsyncIterator[bytes]:
+    """SSE of chat.completion.chunk objects: a role delta per choice, content and tool-call deltas, a finish chunk,
+    [DONE]."""
+    tok = state.engine.tokenizer
+    acc: list[GenerateOutput | None] = [None] * len(streams)
+    splits = [ToolStream(parser) if parser is not None else None for _ in streams]
+
+    def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> bytes:
+        return sse(state, ChatCompletionChunk(job.rid, created, state.model_name, choices, use))
+
+    try:
+        for i in range(len(streams)):
+            yield chunk([ChatChunkChoice(i, ChatDelta(role="assistant", content=""))])
+        async with contextlib.aclosing(merged(streams)) as events:
+            async for i, c in events:
+                acc[i] = accumulate(acc[i], c)
+                meta = c.meta_info
+                reason = finish_reason(meta.finish_reason)
+                lp = chat_logprobs(tok, meta) if logprobs and meta.output_token_logprobs else None
+                split = splits[i]
+                if split is None:
+                    if c.text or lp is not None:
+                        yield chunk([ChatChunkChoice(i, ChatDelta(content=c.text), None, lp)])
+                else:
+                    pieces = split.feed(c.text) + (split.finish() if reason is not None else [])
+                    for ev in pieces:
+                        if ev.call is not None:
+                            for choice in _call_deltas(i, ev.call, ev.index):
+                                yield chunk([choice])
+                        elif ev.content:
+                            yield chunk([ChatChunkChoice(i, ChatDelta(content=ev.content))])
+                if reason is not None:
+                    called = split is not None and split.count > 0
+                    yield chunk([ChatChunkChoice(i, ChatDelta(), "tool_calls" if called and reason == "stop"
+                                                 else reason)])
+        if include_usage:
+            yield chunk([], usage(folded(acc), job.n))
+        observe_and_remember(state, job, folded(acc), chat=True)
+    except ApiError as err:
+        yield error_event(state, err)
+    except Exception as exc:  # the engine died mid-stream: tell the client in-band, the status line is gone
+        yield error_event(state, ApiError(503, f"engine failed: {exc}", type="service_unavailable"))
+    finally:
+        await close_streams(state.engine, streams)
+    yield SSE_DONE

@@ -1,0 +1,188 @@
+"""Tool calls in the model's own format: parsing them out of generated text (whole or streamed), and the grammar that
+makes a model call a tool when `tool_choice` asks for one.
+
+One parser per chat template family, chosen from the template's text. Qwen2.5 (and Hermes-style templates, the
+test models' among them) write each call as `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixserve.constrained.grammar import JSON_OPTIONS
+from radixserve.tokenizer import Tokenizer
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+
+@dataclass
+class StreamEvent:
+    """What a streamed piece of text turned out to be: plain content, or one complete tool call (index-th)."""
+
+    content: str = ""
+    call: ToolCall | None = None
+    index: int = 0
+
+
+class HermesToolFormat:
+    """`<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`, one block per call (Qwen2.5, Hermes)."""
+
+    start = "<tool_call>"
+    end = "</tool_call>"
+
+    def __init__(self, tokenizer: Tokenizer, names: frozenset[str] = frozenset()) -> None:
+        self.tokenizer = tokenizer
+        self.names = names  # the request's tool names: a bare call of one of them counts too (see bare_call)
+
+    def bare_call(self, text: str) -> ToolCall | None:
+        """Small Qwen2.5 models often answer a call as the bare JSON object, without the markers: the whole output
+        is then a call if it parses as one and names one of the request's tools."""
+        body = text.strip()
+        call = self.parse_block(body) if body.startswith("{") and body.endswith("}") else None
+        return call if call is not None and call.name in self.names else None
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(content before the first call, or None if empty; the calls). A block that does not parse stays text."""
+        calls: list[ToolCall] = []
+        content, rest = text, ""
+        pos = text.find(self.start)
+        if pos < 0:
+            bare = self.bare_call(text)
+            return (None, [bare]) if bare is not None else (text, [])
+        content, rest = text[:pos], text[pos:]
+        leftover = []
+        while rest:
+            if not rest.startswith(self.start):
+                nxt = rest.find(self.start)
+                leftover.append(rest if nxt < 0 else rest[:nxt])
+                rest = "" if nxt < 0 else rest[nxt:]
+                continue
+            end = rest.find(self.end)
+            if end < 0:
+                leftover.append(rest)
+                break
+            call = self.parse_block(rest[len(self.start):end])
+            if call is None:
+                leftover.append(rest[: end + len(self.end)])
+            else:
+                calls.append(call)
+            rest = rest[end + len(self.end):]
+        text_out = (content + "".join(s for s in leftover if s.strip())).strip()
+        return (text_out or None), calls
+
+    @staticmethod
+    def parse_block(body: str) -> ToolCall | None:
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+
+    def grammar(self, tools: list[dict[str, Any]], choice: str | None, parallel: bool = True) -> str:
+        """A Lark grammar (llguidance's dialect) for one call of `choice` (a function name), or for one call of any
+        tool (`choice` None: tool_choice "required"), or several with `parallel`. Markers that are single tokens in the vocabulary
+        are named by id, so the grammar matches the token the model emits, not its spelling."""
+        schemas = []
+        for t in tools:
+            fn = t["function"]
+            if choice is not None and fn["name"] != choice:
+                continue
+            params = fn.get("parameters") or {"type": "object", "properties": {}}
+            schemas.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                            "required": ["name", "arguments"], "additionalProperties": False})
+        schema = dict(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}, **{"x-guidance": JSON_OPTIONS})
+        call = f'{self._marker(self.start)} "\\n" body "\\n" {self._marker(self.end)}'
+        repeat = ' ("\\n" call)*' if choice is None and parallel else ""
+        return f"start: call{repeat}\ncall: {call}\nbody: %json {json.dumps(schema)}\n"
+
+    def _marker(self, text: str) -> str:
+        tid = self.tokenizer.token_to_id(text)
+        return f"<[{tid}]>" if tid is not None else json.dumps(text)
+
+
+class ToolStream:
+    """Splits streamed text into content deltas and complete tool calls: text that may begin a call marker is held
+    back until it is known not to; a call is emitted when its end marker arrives (`finish` flushes what is left)."""
+
+    def __init__(self, fmt: HermesToolFormat) -> None:
+        self.fmt = fmt
+        self.buf = ""
+        self.in_call = False
+        self.after_call = False  # the newline that separates two calls is no content
+        self.bare = False  # the output began with "{": held back whole, it may be a bare call (see bare_call)
+        self.started = False
+        self.count = 0
+
+    def feed(self, text: str) -> list[StreamEvent]:
+        self.buf += text
+        if not self.started and self.buf.strip():
+            self.started, self.bare = True, self.buf.lstrip().startswith("{") and bool(self.fmt.names)
+        if self.bare:
+            return []
+        events: list[StreamEvent] = []
+        while True:
+            if not self.in_call:
+                if self.after_call:
+                    self.buf = self.buf.lstrip("\n")
+                    if not self.buf:
+                        return events
+                    self.after_call = False
+                pos = self.buf.find(self.fmt.start)
+                if pos < 0:
+                    keep = _partial_suffix(self.buf, self.fmt.start)
+                    cut = len(self.buf) - keep
+                    if cut:
+                        events.append(StreamEvent(content=self.buf[:cut]))
+                    self.buf = self.buf[cut:]
+                    return events
+                if pos:
+                    events.append(StreamEvent(content=self.buf[:pos]))
+                self.buf, self.in_call = self.buf[pos:], True
+            end = self.buf.find(self.fmt.end)
+            if end < 0:
+                return events
+            block = self.buf[: end + len(self.fmt.end)]
+            call = self.fmt.parse_block(block[len(self.fmt.start): -len(self.fmt.end)])
+            if call is None:
+                events.append(StreamEvent(content=block))
+            else:
+                events.append(StreamEvent(call=call, index=self.count))
+                self.count += 1
+            self.buf = self.buf[end + len(self.fmt.end):]
+            self.in_call, self.after_call = False, call is not None
+
+    def finish(self) -> list[StreamEvent]:
+        rest, self.buf = self.buf, ""
+        if self.bare:
+            call = self.fmt.bare_call(rest)
+            if call is not None:
+                self.count += 1
+                return [StreamEvent(call=call, index=0)]
+        return [StreamEvent(content=rest)] if rest else []
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of marker."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+def tool_format(tokenizer: Tokenizer, names: frozenset[str] = frozenset()) -> HermesToolFormat | None:
+    """The tool-call format of the model's chat template (for a request with tools of these names), or None when
+    its template writes no tool calls."""
+    template = tokenizer.select_chat_template(tools=True)
+    if isinstance(template, str) and HermesToolFormat.start in template:
+        return HermesToolFormat(tokenizer, names)
+    return None
