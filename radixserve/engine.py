@@ -23,6 +23,7 @@ from radixserve.model.sampling_defaults import load_sampling_defaults
 from radixserve.model.runner import ModelRunner, default_attention_backend
 from radixserve.request import Req
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixserve.timeline import Tracker
 from radixserve.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,8 @@ class Engine:
         self.overlap_schedule = self.device.type == "cuda" if c.overlap_schedule is None else c.overlap_schedule
         self._inflight = 0  # requests submitted and not finished (the queue limit counts those not yet running)
         self._inflight_lock = threading.Lock()
-        self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule)
+        self.tracker = Tracker()  # request timelines (radixserve/timeline.py), read by the dashboard and exporters
+        self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule, self.tracker)
         # An engine never shut down still stops its loop at interpreter exit, before torch's threads are torn down
         # under it (that aborts the process).
         weakref.finalize(self, self.loop.stop)
@@ -159,9 +161,12 @@ class Engine:
             if isinstance(item, BaseException) or item["meta_info"]["finish_reason"] is not None:
                 with self._inflight_lock:
                     self._inflight -= 1
+                self.tracker.close(req, "error" if isinstance(item, BaseException)
+                                   else item["meta_info"]["finish_reason"]["type"])
             emit(item)
 
         req = self.inputs.make_req(spec, emit_and_count, stream)
+        req.timeline = self.tracker.open(req)
         self.loop.inbox.put(("add", req))
         return req
 

@@ -43,6 +43,7 @@ class Req:
     inflight_tokens: int = 0  # tokens sampled by such steps that the scheduler has not seen yet
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
+    timeline: Any = None  # its radixserve.timeline.RequestTimeline (the Engine opens one per request)
 
     # logprobs gathered so far
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)

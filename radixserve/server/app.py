@@ -14,6 +14,7 @@ from starlette.routing import Route
 from radixserve.server import native_api, openai_api
 from radixserve.server.auth import ApiKeyAuth
 from radixserve.server.chat_prompt import ChatPromptBuilder
+from radixserve.server.dashboard import Explorer, dashboard_routes
 from radixserve.server.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
 from radixserve.server.metrics import RequestCounter, ServerMetrics
 from radixserve.server.openapi import openapi_document
@@ -72,6 +73,7 @@ def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int 
         Route("/health", native_api.health, methods=["GET"]),
         Route("/metrics", native_api.metrics, methods=["GET"]),
         Route("/openapi.json", _openapi, methods=["GET"]),
+        *dashboard_routes(),
     ]
     middleware = [Middleware(BodyTimeoutMiddleware, seconds=body_timeout_s), Middleware(RequestCounter, metrics=metrics)]
     if api_key:
@@ -80,4 +82,5 @@ def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int 
                 BodyTimeout: body_timeout_handler, Exception: internal_error_handler}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.server = state
+    app.state.explorer = Explorer(engine)
     return app

@@ -8,7 +8,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixserve.server.errors import ApiError, error_response
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/dashboard"})
+OPEN_PREFIXES = ("/dashboard/static/",)  # the explorer's page and assets hold no data; it sends the key itself
 
 
 def tenant_of(key: str) -> str:
@@ -38,7 +39,7 @@ class ApiKeyAuth:
         return found
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         tenant = self._tenant(scope)
