@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds between two pieces of a request body before 408 (default: %(default)s)")
     serve.add_argument("--max-body-mb", type=float, default=16.0,
                        help="largest request body in MiB; past it 413 (default: %(default)s)")
+    serve.add_argument("--otlp-endpoint", default=None,
+                       help="send OpenTelemetry spans of each request (queued, prefill chunks, decode, retractions) "
+                            "over OTLP/HTTP to this collector URL (default: off)")
 
     chat = sub.add_parser("chat", help="chat with the model in the terminal")
     _add_engine_args(chat)
@@ -214,7 +217,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     run_server(kwargs, args.host, args.port, args.api_key, args.max_queued_requests,
                served_model_name=args.served_model_name, max_connections=args.max_connections,
                header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-               max_body_bytes=int(args.max_body_mb * 1024 * 1024))
+               max_body_bytes=int(args.max_body_mb * 1024 * 1024), otlp_endpoint=args.otlp_endpoint)
     return 0
 
 

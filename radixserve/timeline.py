@@ -119,11 +119,12 @@ class Tracker:
                 prefills.extend([n] if n > 1 else [])
                 continue
             last = tl.spans[-1] if tl.spans else None
-            if last is not None and last.kind in ("queued", "retracted") and last.end is None:
+            admitted = last is not None and last.kind in ("queued", "retracted") and last.end is None
+            if admitted:
                 last.end = now
                 tl.cached_tokens = req.cached_tokens
                 _count_hits(req.node)
-            kind = _kind(req, n)
+            kind = "prefill" if admitted else _kind(req, n)  # a resume's first chunk may be a single token
             if kind == "decode":
                 tl.decode_steps += 1
             else:

@@ -38,9 +38,11 @@ async def _openapi(request: Request) -> Response:
 
 def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int | None = None,
               served_model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> Starlette:
+              body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, otlp_endpoint: str | None = None,
+              tracer_provider: Any = None) -> Starlette:
     """The HTTP app over `engine`. api_key may list several keys separated by commas (one cache namespace each);
-    max_queued_requests bounds the waiting queue (429 past it); the app's ServerState is at app.state.server."""
+    max_queued_requests bounds the waiting queue (429 past it); the app's ServerState is at app.state.server.
+    otlp_endpoint (or an OpenTelemetry tracer_provider, for tests) turns request spans on (app.state.tracer)."""
     if max_queued_requests is not None and max_queued_requests < 0:
         raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
     if max_body_bytes < 1:
@@ -78,9 +80,16 @@ def build_app(engine: Any, api_key: str | None = None, max_queued_requests: int 
     middleware = [Middleware(BodyTimeoutMiddleware, seconds=body_timeout_s), Middleware(RequestCounter, metrics=metrics)]
     if api_key:
         middleware.append(Middleware(ApiKeyAuth, keys=[k.strip() for k in api_key.split(",")]))
+    tracer = None
+    if otlp_endpoint or tracer_provider is not None:
+        from radixserve.server.tracing import RequestTracer, TraceparentMiddleware, otlp_provider
+
+        tracer = RequestTracer(engine.tracker, tracer_provider or otlp_provider(otlp_endpoint or ""))
+        middleware.append(Middleware(TraceparentMiddleware))
     handlers = {ApiError: api_error_handler, HTTPException: http_exception_handler, ClientGone: _client_gone,
                 BodyTimeout: body_timeout_handler, Exception: internal_error_handler}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.server = state
-    app.state.explorer = Explorer(engine)
+    app.state.explorer = Explorer(engine, auth_required=bool(api_key))
+    app.state.tracer = tracer
     return app

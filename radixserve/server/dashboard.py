@@ -51,9 +51,13 @@ class HitRateHistory:
     def __init__(self, engine: Any) -> None:
         self.stats = engine.scheduler.stats
         self.points: deque[tuple[float, float | None, float]] = deque(maxlen=HIT_RATE_POINTS)
-        self._last = (time.time(), 0, 0)
+        self._last = (0.0, 0, 0)
 
     def on_step(self, seconds: float, chunks: list[int]) -> None:
+        self.sample()
+
+    def sample(self) -> None:
+        """Add a point if a second has passed (from the loop after a step, or from a reader)."""
         now = time.time()
         t, hit0, prompt0 = self._last
         if now - t < SAMPLE_EVERY_S:
@@ -67,8 +71,9 @@ class HitRateHistory:
 class Explorer:
     """The explorer's state for one app: the tree reader and the hit-rate history."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, auth_required: bool = False) -> None:
         self.engine = engine
+        self.auth_required = auth_required  # the page then waits for a key before it asks for data
         tracker = engine.tracker
         self.tracker = tracker
         tok = engine.tokenizer
@@ -85,6 +90,7 @@ class Explorer:
     def stats(self, scope: NamespaceScope) -> dict[str, Any]:
         eng = self.engine
         s = eng.scheduler.stats
+        self.hit_rate.sample()
         live = [r.timeline for r in list(eng.scheduler.running) + list(eng.scheduler.waiting)
                 if r.timeline is not None and scope.allows(r.namespace)]
         recent = [t for t in list(self.tracker.recent) if scope.allows(t.namespace)][-RECENT_TIMELINES:]
@@ -192,7 +198,9 @@ async def cache_events(request: Request) -> Response:
 
 
 async def dashboard_page(request: Request) -> Response:
-    return HTMLResponse((STATIC / "dashboard.html").read_text(encoding="utf-8"))
+    html = (STATIC / "dashboard.html").read_text(encoding="utf-8")
+    auth = "1" if explorer(request).auth_required else "0"
+    return HTMLResponse(html.replace("<body>", f'<body data-auth="{auth}">', 1))
 
 
 def dashboard_routes() -> list[Any]:

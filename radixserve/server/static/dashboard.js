@@ -364,5 +364,10 @@ $("tree").addEventListener("wheel", (ev) => {  // horizontal zoom around the poi
 }, { passive: false });
 window.addEventListener("resize", drawTree);
 drawCrumbs();
-fetchTree();
-connect();
+if (document.body.dataset.auth === "1" && !state.key) {
+  $("treeinfo").textContent = "This server needs an API key: enter yours above (you will see your own namespace only).";
+  $("conn").textContent = "no key";
+} else {
+  fetchTree();
+  connect();
+}

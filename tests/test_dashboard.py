@@ -1,0 +1,268 @@
+"""The cache explorer's endpoints against a live server on the tiny model, two tenants (API keys) and an admin view;
+request timelines, OpenTelemetry spans (in-memory exporter) and the latency histograms (parsed by prometheus-client).
+The page itself is driven in a browser by tests/test_dashboard_browser.py."""
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine_checks import engine_left_at_rest, wait_idle
+from radixserve import Engine
+from radixserve.server.app import build_app
+from radixserve.server.auth import tenant_of
+from radixserve.server.background import BackgroundServer
+from radixserve.server.tracing import RequestTracer
+
+PAGE = 4
+ALICE, BOB = "alice-key", "bob-key"
+SECRET = "alpha secret plan for the red fox"
+GREEDY = {"max_tokens": 4, "temperature": 0}
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> Iterator[Engine]:
+    with engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=PAGE, max_total_tokens=8192,
+                             chunked_prefill_size=16) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def spans() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module")
+def server(engine: Engine, spans: InMemorySpanExporter) -> Iterator[BackgroundServer]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    app = build_app(engine, api_key=f"{ALICE},{BOB}", tracer_provider=provider)
+    with BackgroundServer(app) as srv:
+        srv.app = app
+        yield srv
+    app.state.tracer.close()
+
+
+@pytest.fixture(scope="module")
+def admin(engine: Engine) -> Iterator[httpx.Client]:
+    """No keys configured: the caller is the admin and sees every namespace."""
+    with BackgroundServer(build_app(engine)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        yield c
+
+
+def client(server: BackgroundServer, key: str) -> httpx.Client:
+    return httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {key}"})
+
+
+def chat_turns(c: httpx.Client, model: str, turns: list[str], headers: dict[str, str] | None = None) -> list[dict]:
+    """A multi-turn conversation: each turn resends the history (so it hits the cache)."""
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": f"Remember: {SECRET}."}]
+    metas = []
+    for turn in turns:
+        msgs.append({"role": "user", "content": turn})
+        r = c.post("/v1/chat/completions", json={"model": model, "messages": msgs, **GREEDY}, headers=headers or {})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        msgs.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
+        metas.append(body["usage"])
+    return metas
+
+
+def walk(node: dict) -> Iterator[dict]:
+    yield node
+    for c in node["children"]:
+        yield from walk(c)
+
+
+@pytest.fixture(scope="module")
+def workload(server: BackgroundServer, engine: Engine) -> list[dict]:
+    model = engine.model_info()["model_name"]
+    with client(server, ALICE) as c:
+        usage = chat_turns(c, model, ["What is the plan?", "And then?", "Why the fox?"],
+                           headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"})
+    with client(server, BOB) as c:
+        c.post("/v1/completions", json={"model": model, "prompt": "bob's own harmless prompt", **GREEDY})
+    wait_idle(engine)
+    return usage
+
+
+def test_tree_shows_the_conversation_to_its_tenant_only(server: BackgroundServer, workload: list[dict],
+                                                       admin: httpx.Client) -> None:
+    assert workload[-1]["prompt_tokens_details"]["cached_tokens"] > 0, "later turns hit the cache"
+    with client(server, ALICE) as a, client(server, BOB) as b:
+        tree_a = a.get("/cache/tree").json()
+        tree_b = b.get("/cache/tree").json()
+        nodes_a = list(walk(tree_a["root"]))[1:]
+        assert {n["namespace"] for n in nodes_a} == {tenant_of(ALICE)}
+        assert any("alpha secret plan" in n["text"] for n in nodes_a), [n["text"] for n in nodes_a]
+        # the system prompt's node is shared by the three turns: it has branches and hits
+        shared = next(n for n in nodes_a if "alpha secret plan" in n["text"])
+        assert shared["hits"] >= 2 and shared["pages"] > 0 and shared["num_children"] >= 1
+        assert shared["age_s"] is not None and not shared["locked"]
+        nodes_b = list(walk(tree_b["root"]))[1:]
+        assert nodes_b and {n["namespace"] for n in nodes_b} == {tenant_of(BOB)}
+        for path in ("/cache/tree", "/cache/stats"):
+            assert "alpha secret" not in b.get(path).text, f"{path} leaks another tenant's text"
+        assert "bob's own" not in a.get("/cache/tree").text
+        r = b.get("/cache/tree", params={"namespace": tenant_of(ALICE)})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "namespace_forbidden"
+        assert httpx.get(server.url + "/cache/tree").status_code == 401
+    everything = admin.get("/cache/tree").json()
+    assert {n["namespace"] for n in list(walk(everything["root"]))[1:]} == {tenant_of(ALICE), tenant_of(BOB)}
+
+
+def test_tree_is_collapsed_to_the_node_budget_and_zooms_by_path(server: BackgroundServer, workload: list[dict]) -> None:
+    with client(server, ALICE) as a:
+        full = a.get("/cache/tree").json()
+        assert not full["truncated"] and full["shown_nodes"] == len(list(walk(full["root"]))) - 1
+        small = a.get("/cache/tree", params={"max_nodes": 1}).json()
+        assert small["shown_nodes"] == 1 and small["truncated"]
+        [top] = small["root"]["children"]
+        assert top["hidden_children"] == top["num_children"] > 0
+        shallow = a.get("/cache/tree", params={"depth": 1}).json()
+        assert all(not c["children"] and c["hidden_children"] == c["num_children"]
+                   for c in shallow["root"]["children"])
+        zoomed = a.get("/cache/tree", params={"path": top["key"]}).json()
+        assert zoomed["root"]["id"] == top["id"] and zoomed["root"]["children"]
+        assert a.get("/cache/tree", params={"depth": "-1"}).status_code == 400
+        assert a.get("/cache/tree", params={"path": "nothex"}).status_code == 400
+    with client(server, BOB) as b:  # another tenant's key in a path does not reach its node
+        assert b.get("/cache/tree", params={"path": top["key"]}).json()["root"]["id"] == 0
+
+
+def test_why_miss(server: BackgroundServer, engine: Engine, workload: list[dict]) -> None:
+    with client(server, ALICE) as a:
+        # the conversation's system prompt, then something the tree never saw
+        r = a.post("/cache/why_miss", json={"text": f"<|im_start|>system\nRemember: {SECRET}. But zebra"}).json()
+        assert r["reason"] in ("diverged", "no_child") and r["matched_tokens"] > 0
+        assert r["cached_tokens"] + r["computed_tokens"] == r["prompt_tokens"]
+        assert r["path"] and r["path"][0]["pages_matched"] >= 1
+        cold = a.post("/cache/why_miss", json={"text": "zebra zebra zebra zebra zebra"}).json()
+        assert cold["reason"] == "cold" and cold["cached_tokens"] == 0
+        other = a.post("/cache/why_miss", json={"text": "bob's own harmless prompt"}).json()
+        assert other["reason"] == "cold", "another tenant's cached prompt is a miss in mine"
+        assert a.post("/cache/why_miss", json={"text": "x", "input_ids": [1]}).status_code == 400
+        assert a.post("/cache/why_miss", json={"text": "x", "namespace": tenant_of(BOB)}).status_code == 403
+
+
+def test_why_miss_hit_on_a_repeated_prompt(server: BackgroundServer, engine: Engine) -> None:
+    model = engine.model_info()["model_name"]
+    prompt = "the same prompt twice, " * 4
+    with client(server, ALICE) as a:
+        a.post("/v1/completions", json={"model": model, "prompt": prompt, **GREEDY})
+        r = a.post("/cache/why_miss", json={"text": prompt}).json()
+    assert r["reason"] == "hit" and r["computed_tokens"] <= PAGE, r
+
+
+def test_stats_and_event_stream(server: BackgroundServer, workload: list[dict]) -> None:
+    with client(server, ALICE) as a:
+        s = a.get("/cache/stats").json()
+        p = s["pool"]
+        assert p["free"] + p["cached_evictable"] + p["locked"] + p["in_flight"] == p["total"]
+        assert p["cached_evictable"] > 0 and 0 < s["hit_rate"]["total"] < 1
+        assert s["requests"] == {"running": [], "waiting": []}
+        mine = [t for t in s["timelines"] if t["namespace"] == tenant_of(ALICE)]
+        assert len(mine) == len(s["timelines"]) >= 3
+        kinds = {span[0] for t in mine for span in t["spans"]}
+        assert {"queued", "prefill", "decode"} <= kinds
+        events = []
+        with a.stream("GET", "/cache/events", params={"interval_ms": 100}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                if len(events) == 2:
+                    break
+        assert events[1]["time"] > events[0]["time"] and events[0]["pool"]["total"] == p["total"]
+
+
+def test_dashboard_page_and_assets_are_served_without_a_key(server: BackgroundServer) -> None:
+    page = httpx.get(server.url + "/dashboard")
+    assert page.status_code == 200 and 'data-auth="1"' in page.text and "cdn" not in page.text.lower()
+    for asset in ("dashboard.js", "dashboard.css"):
+        r = httpx.get(f"{server.url}/dashboard/static/{asset}")
+        assert r.status_code == 200 and len(r.content) > 1000
+        text = r.text.replace("http://www.w3.org/2000/svg", "")  # the SVG namespace name, not a fetch
+        assert "http://" not in text and "https://" not in text, "everything the page needs ships in the package"
+    assert httpx.get(server.url + "/dashboard/static/../../cache/stats").status_code in (401, 404)
+
+
+def test_spans_of_a_traced_request(server: BackgroundServer, spans: InMemorySpanExporter,
+                                   workload: list[dict]) -> None:
+    server.app.state.tracer.flush()
+    done = spans.get_finished_spans()
+    roots = [s for s in done if s.name == "radixserve.request" and s.context.trace_id == int(TRACE_ID, 16)]
+    assert len(roots) == 3, "the three traced turns continue the caller's trace"
+    root = roots[-1]
+    assert root.parent is not None and root.parent.span_id == 0x00F067AA0BA902B7
+    assert root.attributes["radixserve.cached_tokens"] > 0 and root.attributes["radixserve.finish_reason"]
+    assert root.attributes["radixserve.prompt_tokens"] > root.attributes["radixserve.cached_tokens"]
+    children = [s for s in done if s.parent is not None and s.parent.span_id == root.context.span_id]
+    names = [s.name for s in children]
+    assert names[0] == "radixserve.queued" and "radixserve.prefill_chunk" in names and "radixserve.decode" in names
+    chunks = [s for s in children if s.name == "radixserve.prefill_chunk"]
+    assert all(0 < s.attributes["radixserve.chunk_tokens"] <= 16 for s in chunks)
+    assert sum(s.attributes["radixserve.chunk_tokens"] for s in chunks) == (
+        root.attributes["radixserve.prompt_tokens"] - root.attributes["radixserve.cached_tokens"])
+    decode = next(s for s in children if s.name == "radixserve.decode")
+    assert decode.attributes["radixserve.decode_steps"] == len(decode.events) == GREEDY["max_tokens"] - 1
+    for s in children:
+        assert root.start_time <= s.start_time <= s.end_time <= root.end_time
+    untraced = [s for s in done if s.name == "radixserve.request" and s.context.trace_id != int(TRACE_ID, 16)]
+    assert untraced and all(s.parent is None for s in untraced), "no traceparent: a new trace"
+
+
+def test_latency_histograms(server: BackgroundServer, workload: list[dict]) -> None:
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {ALICE}"}).text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("radixserve_time_to_first_token_seconds", "radixserve_inter_token_latency_seconds",
+                 "radixserve_queue_time_seconds", "radixserve_prefill_chunk_tokens", "radixserve_step_time_seconds"):
+        fam = fams[name]
+        assert fam.type == "histogram", name
+        buckets = [(float(s.labels["le"]), s.value) for s in fam.samples if s.name == name + "_bucket"]
+        assert buckets[-1][0] == float("inf") and buckets[-1][1] > 0, name
+        assert [v for _, v in buckets] == sorted(v for _, v in buckets), "cumulative buckets"
+        count = next(s.value for s in fam.samples if s.name == name + "_count")
+        assert count == buckets[-1][1]
+    chunks = {float(s.labels["le"]): s.value for s in fams["radixserve_prefill_chunk_tokens"].samples
+              if s.name.endswith("_bucket")}
+    assert chunks[16.0] == chunks[float("inf")], "chunked_prefill_size=16: no chunk is larger"
+
+
+def test_timelines_show_retractions_and_their_spans(tiny_model_dir: Path, make_engine) -> None:
+    """Memory pressure (as in test_engine): requests are retracted and resumed; their timelines and spans say so."""
+    rng = random.Random(3)
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=320, init_new_token_ratio=0.05,
+                      chunked_prefill_size=32)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = RequestTracer(eng.tracker, provider)
+    prompts = [[rng.randrange(3, 500) for _ in range(40)] for _ in range(6)]
+    eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 60, "temperature": 0, "ignore_eos": True})
+    tracer.flush()
+    tracer.close()
+    tls = list(eng.tracker.recent)
+    assert len(tls) == 6 and sum(t.retractions for t in tls) == eng.metrics()["num_retractions"] > 0
+    hit = next(t for t in tls if t.retractions)
+    kinds = [s.kind for s in hit.spans]
+    i = kinds.index("retracted")
+    assert "prefill" in kinds[i:], "a retracted request prefills again (mostly from the cache) when it resumes"
+    assert all(s.end is not None and s.end >= s.start for s in hit.spans)
+    roots = {s.attributes["radixserve.rid"]: s for s in exporter.get_finished_spans() if s.name == "radixserve.request"}
+    root = roots[hit.rid]
+    assert root.attributes["radixserve.retractions"] == hit.retractions
+    assert [e.name for e in root.events].count("retraction") == hit.retractions
+    requeued = [s for s in exporter.get_finished_spans()
+                if s.name == "radixserve.requeued" and s.parent.span_id == root.context.span_id]
+    assert len(requeued) == hit.retractions
