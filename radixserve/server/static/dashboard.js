@@ -106,7 +106,8 @@ function drawTree() {
   }
   svg.setAttribute("viewBox", `0 0 ${width} ${Math.max((maxDepth + 1) * ROW, 420)}`);
   svg.style.height = Math.max((maxDepth + 1) * ROW, 420) + "px";
-  const info = `${tree.shown_nodes} of ${tree.total_nodes} nodes shown, ${tree.total_pages} pages cached` +
+  const info = `${tree.shown_nodes} nodes shown (the whole tree, all namespaces: ${tree.total_nodes} nodes, ` +
+    `${tree.total_pages} pages)` +
     (tree.truncated ? " (collapsed: grey boxes)" : "") + `; snapshot ${tree.snapshot_ms} ms`;
   $("treeinfo").textContent = info;
 }
