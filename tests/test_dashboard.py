@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,11 @@ def test_latency_histograms(server: BackgroundServer, workload: list[dict]) -> N
     chunks = {float(s.labels["le"]): s.value for s in fams["radixserve_prefill_chunk_tokens"].samples
               if s.name.endswith("_bucket")}
     assert chunks[16.0] == chunks[float("inf")], "chunked_prefill_size=16: no chunk is larger"
+    # every metric the example Grafana dashboard charts is one the server exports
+    grafana = (Path(__file__).parents[1] / "examples" / "grafana_dashboard.json").read_text()
+    charted = set(re.findall(r"radixserve_[a-z_]+", grafana))
+    exported = {s.name for f in fams.values() for s in f.samples}
+    assert charted and charted <= exported, charted - exported
 
 
 def test_timelines_show_retractions_and_their_spans(tiny_model_dir: Path, make_engine) -> None:

@@ -1,0 +1,162 @@
+"""What the cache explorer (issue 22) costs: tree snapshot time at 10k and 100k nodes, and the added latency of
+requests while a dashboard page is open (or a client hammers /cache/tree), measured side by side.
+
+    python -m benchmarks.explorer_cost [--rounds 3] [--requests 8]
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from benchmarks.gpu.common import TINY, write_random_checkpoint
+from radixserve import Engine
+from radixserve.cache.kv_pool import KVPool
+from radixserve.cache.radix_cache import RadixCache
+from radixserve.server.app import build_app
+from radixserve.server.background import BackgroundServer
+from radixserve.server.cache_view import TreeReader
+from radixserve.server.scope import NamespaceScope
+from radixserve.tokenizer import Tokenizer
+
+PAGE = 4
+PREFIX_PAGES, LEAF_PAGES, LEAVES = 8, 2, 99  # one shared prefix node and 99 branches of it: 100 nodes per prefix
+
+
+def grow(cache: RadixCache, alloc: Any, nodes: int, rng: random.Random) -> None:
+    """About `nodes` nodes: prefixes of 8 pages each branching into 99 leaves of 2 pages; half in namespace t1."""
+    for s in range(max(nodes // (LEAVES + 1), 1)):
+        prefix = [rng.randrange(3, 500) for _ in range(PREFIX_PAGES * PAGE)]
+        ns = "t1" if s % 2 else "t2"
+        for _ in range(LEAVES):
+            toks = prefix + [rng.randrange(3, 500) for _ in range(LEAF_PAGES * PAGE)]
+            cache.insert(toks, alloc(len(toks) // PAGE), ns)  # frees the pages of the shared prefix it already holds
+
+
+def snapshot_times(tok: Tokenizer, nodes: int, repeat: int = 5) -> dict[str, float]:
+    pages = (nodes // (LEAVES + 1) + 1) * (PREFIX_PAGES + LEAVES * LEAF_PAGES) + 2
+    pool = KVPool(1, pages + 1, PAGE, 1, 1, torch.float32)
+    cache = RadixCache(pool, PAGE)
+    t0 = time.perf_counter()
+    grow(cache, pool.alloc, nodes, random.Random(0))
+    build_s = time.perf_counter() - t0
+    reader = TreeReader(cache, PAGE, lambda ids: tok.decode(ids, skip_special_tokens=False), lambda c: None)
+    out: dict[str, float] = {"nodes": cache._num_nodes, "build_s": build_s}
+
+    def best(fn: Any) -> float:
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) * 1e3
+
+    admin, tenant = NamespaceScope(None), NamespaceScope("t1")
+    out["admin_400_ms"] = best(lambda: reader.snapshot(admin))
+    out["tenant_400_ms"] = best(lambda: reader.snapshot(tenant))
+    out["admin_5000_ms"] = best(lambda: reader.snapshot(admin, max_nodes=5000))
+    out["whole_tree_ms"] = best(lambda: reader.snapshot(admin, max_nodes=10**7, depth=10**6)) if nodes <= 10**5 else 0
+    probe = list(range(3, 3 + 40 * PAGE))
+    out["why_miss_ms"] = best(lambda: reader.why_miss(probe, "t1"))
+    return out
+
+
+def page_open(url: str, stop: threading.Event, hammer: bool) -> None:
+    """What an open dashboard does: the event stream (1 s) and a tree fetch at most every 2 s; `hammer`: a tree
+    fetch back to back, as a script polling /cache/tree would."""
+    with httpx.Client(base_url=url, timeout=60) as c:
+        if hammer:
+            while not stop.is_set():
+                c.get("/cache/tree", params={"max_nodes": 400})
+            return
+        with c.stream("GET", "/cache/events") as r:
+            last = 0.0
+            for line in r.iter_lines():
+                if stop.is_set():
+                    return
+                if line.startswith("data:") and time.monotonic() - last > 2:
+                    last = time.monotonic()
+                    c.get("/cache/tree", params={"max_nodes": 400})
+
+
+def latencies(url: str, n: int, rng: random.Random) -> list[float]:
+    out = []
+    with httpx.Client(base_url=url, timeout=120) as c:
+        for _ in range(n):
+            body = {"input_ids": [rng.randrange(3, 500) for _ in range(64)],
+                    "sampling_params": {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}}
+            t = time.perf_counter()
+            c.post("/generate", json=body).raise_for_status()
+            out.append(time.perf_counter() - t)
+    return out
+
+
+def serving_cost(model: Path, tree_nodes: int, rounds: int, per_round: int) -> dict[str, list[float]]:
+    pages = (tree_nodes // (LEAVES + 1) + 1) * (PREFIX_PAGES + LEAVES * LEAF_PAGES) + 4096
+    with Engine(model=model, dtype="float32", page_size=PAGE, max_total_tokens=pages * PAGE) as eng, \
+            BackgroundServer(build_app(eng)) as srv:
+        cache = eng.scheduler.cache
+        eng.loop.call(lambda: grow(cache, eng.runner.pool.alloc, tree_nodes, random.Random(1)))
+        rng = random.Random(2)
+        latencies(srv.url, 2, rng)  # warm-up
+        res: dict[str, list[float]] = {"closed": [], "page open": [], "tree polled back to back": []}
+        for _ in range(rounds):
+            for case in res:
+                stop = threading.Event()
+                t = None
+                if case != "closed":
+                    t = threading.Thread(target=page_open, args=(srv.url, stop, case != "page open"), daemon=True)
+                    t.start()
+                    time.sleep(0.5)
+                res[case] += latencies(srv.url, per_round, rng)
+                stop.set()
+                if t is not None:
+                    t.join(timeout=10)
+        eng.loop.call(eng.scheduler.flush_cache)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=8, help="requests per case per round")
+    ap.add_argument("--serve-tree-nodes", type=int, default=10_000)
+    args = ap.parse_args()
+    model = write_random_checkpoint(Path(tempfile.mkdtemp()) / "tiny", {**TINY, "num_hidden_layers": 4},
+                                    torch.device("cpu"))
+    tok = Tokenizer.from_dir(model)
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
+    print(f"machine: {platform.node()}, CPU {model_name}, torch {torch.__version__} "
+          f"({torch.backends.cpu.get_cpu_capability()}), {time.strftime('%Y-%m-%d')}")
+    print("\n| tree nodes | snapshot, 400 nodes shown (admin) ms | same, one tenant's half ms | 5,000 shown ms "
+          "| whole tree (no budget) ms | why-miss ms |")
+    print("|---|---|---|---|---|---|")
+    for n in (10_000, 100_000):
+        r = snapshot_times(tok, n)
+        print(f"| {int(r['nodes']):,} | {r['admin_400_ms']:.1f} | {r['tenant_400_ms']:.1f} | {r['admin_5000_ms']:.1f} "
+              f"| {r['whole_tree_ms']:.0f} | {r['why_miss_ms']:.2f} |")
+    res = serving_cost(model, args.serve_tree_nodes, args.rounds, args.requests)
+    base = statistics.mean(res["closed"])
+    print(f"\nrequests of 64 prompt + 32 generated tokens, one at a time, tree of {args.serve_tree_nodes:,} nodes, "
+          f"{args.rounds} interleaved rounds x {args.requests} requests per case")
+    print("| case | mean latency s | p90 s | vs closed |")
+    print("|---|---|---|---|")
+    for case, xs in res.items():
+        xs = sorted(xs)
+        print(f"| {case} | {statistics.mean(xs):.3f} | {xs[int(0.9 * (len(xs) - 1))]:.3f} | "
+              f"{statistics.mean(xs) / base:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
