@@ -6,12 +6,12 @@ requests while a dashboard page is open (or a client hammers /cache/tree), measu
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import platform
 import random
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -61,7 +61,11 @@ def snapshot_times(tok: Tokenizer, nodes: int, repeat: int = 5) -> dict[str, flo
             times.append(time.perf_counter() - t)
         return statistics.median(times) * 1e3
 
+    def fresh() -> TreeReader:  # no preview remembered yet: the first snapshot decodes every node it shows
+        return TreeReader(cache, PAGE, lambda ids: tok.decode(ids, skip_special_tokens=False), lambda c: None)
+
     admin, tenant = NamespaceScope(None), NamespaceScope("t1")
+    out["cold_400_ms"] = best(lambda: fresh().snapshot(admin))
     out["admin_400_ms"] = best(lambda: reader.snapshot(admin))
     out["tenant_400_ms"] = best(lambda: reader.snapshot(tenant))
     out["admin_5000_ms"] = best(lambda: reader.snapshot(admin, max_nodes=5000))
@@ -71,22 +75,34 @@ def snapshot_times(tok: Tokenizer, nodes: int, repeat: int = 5) -> dict[str, flo
     return out
 
 
-def page_open(url: str, stop: threading.Event, hammer: bool) -> None:
-    """What an open dashboard does: the event stream (1 s) and a tree fetch at most every 2 s; `hammer`: a tree
-    fetch back to back, as a script polling /cache/tree would."""
+def page_open(url: str, hammer: bool, ready: Any) -> None:
+    """What an open dashboard does (run in its own process, as a browser is): the event stream (1 s) and a tree
+    fetch at most every 2 s; `hammer`: tree fetches back to back, as a script polling /cache/tree would."""
     with httpx.Client(base_url=url, timeout=60) as c:
         if hammer:
-            while not stop.is_set():
+            while True:
                 c.get("/cache/tree", params={"max_nodes": 400})
-            return
+                ready.set()
         with c.stream("GET", "/cache/events") as r:
             last = 0.0
             for line in r.iter_lines():
-                if stop.is_set():
-                    return
+                ready.set()
                 if line.startswith("data:") and time.monotonic() - last > 2:
                     last = time.monotonic()
                     c.get("/cache/tree", params={"max_nodes": 400})
+
+
+def serve(model: Path, tree_nodes: int, urls: Any) -> None:
+    """The server under test, in its own process: an engine whose tree holds `tree_nodes` nodes."""
+    torch.set_num_threads(1)
+    pages = (tree_nodes // (LEAVES + 1) + 1) * (PREFIX_PAGES + LEAVES * LEAF_PAGES) + 4096
+    with Engine(model=model, dtype="float32", page_size=PAGE, max_total_tokens=pages * PAGE) as eng, \
+            BackgroundServer(build_app(eng)) as srv:
+        cache = eng.scheduler.cache
+        eng.loop.call(lambda: grow(cache, eng.runner.pool.alloc, tree_nodes, random.Random(1)))
+        urls.put(srv.url)
+        while True:
+            time.sleep(1)
 
 
 def latencies(url: str, n: int, rng: random.Random) -> list[float]:
@@ -102,28 +118,59 @@ def latencies(url: str, n: int, rng: random.Random) -> list[float]:
 
 
 def serving_cost(model: Path, tree_nodes: int, rounds: int, per_round: int) -> dict[str, list[float]]:
-    pages = (tree_nodes // (LEAVES + 1) + 1) * (PREFIX_PAGES + LEAVES * LEAF_PAGES) + 4096
-    with Engine(model=model, dtype="float32", page_size=PAGE, max_total_tokens=pages * PAGE) as eng, \
-            BackgroundServer(build_app(eng)) as srv:
-        cache = eng.scheduler.cache
-        eng.loop.call(lambda: grow(cache, eng.runner.pool.alloc, tree_nodes, random.Random(1)))
+    """Request latency with no page open, a page open, and a tree poller, interleaved; server, page and this
+    client each in their own process."""
+    ctx = multiprocessing.get_context("spawn")
+    urls = ctx.Queue()
+    server = ctx.Process(target=serve, args=(model, tree_nodes, urls), daemon=True)
+    server.start()
+    try:
+        url = urls.get(timeout=600)
         rng = random.Random(2)
-        latencies(srv.url, 2, rng)  # warm-up
+        latencies(url, 2, rng)  # warm-up
         res: dict[str, list[float]] = {"closed": [], "page open": [], "tree polled back to back": []}
         for _ in range(rounds):
             for case in res:
-                stop = threading.Event()
-                t = None
+                page = None
                 if case != "closed":
-                    t = threading.Thread(target=page_open, args=(srv.url, stop, case != "page open"), daemon=True)
-                    t.start()
+                    ready = ctx.Event()
+                    page = ctx.Process(target=page_open, args=(url, case != "page open", ready), daemon=True)
+                    page.start()
+                    ready.wait(120)  # its interpreter is up (importing it costs seconds of CPU) and polling
                     time.sleep(0.5)
-                res[case] += latencies(srv.url, per_round, rng)
-                stop.set()
-                if t is not None:
-                    t.join(timeout=10)
-        eng.loop.call(eng.scheduler.flush_cache)
-    return res
+                res[case] += latencies(url, per_round, rng)
+                if page is not None:
+                    page.terminate()
+                    page.join()
+        return res
+    finally:
+        server.terminate()
+        server.join()
+
+
+def hook_cost(batch_size: int = 64, steps: int = 2000) -> float:
+    """Microseconds the engine loop spends per step in the timeline hooks (scheduled + processed), for a decode step
+    of `batch_size` requests with a histogram listener attached, as a server has."""
+    from types import SimpleNamespace
+
+    from radixserve.server.metrics import ServerMetrics
+    from radixserve.timeline import Tracker
+
+    tracker = Tracker()
+    ServerMetrics(SimpleNamespace(tracker=tracker))  # its histograms listen, as in a server
+    reqs = []
+    for i in range(batch_size):
+        r = SimpleNamespace(rid=str(i), namespace="", input_ids=[1] * 64, created=time.perf_counter(), kv_len=65,
+                            num_fill=65, cached_tokens=0, node=None, output_ids=[1])
+        r.timeline = tracker.open(r)
+        reqs.append(r)
+    batch = SimpleNamespace(reqs=reqs, chunks=[1] * batch_size)
+    cache = SimpleNamespace(_clock=0)
+    t = time.perf_counter()
+    for _ in range(steps):
+        tracker.scheduled(batch, cache)  # type: ignore[arg-type]
+        tracker.processed(batch)  # type: ignore[arg-type]
+    return (time.perf_counter() - t) / steps * 1e6
 
 
 def main() -> None:
@@ -139,17 +186,18 @@ def main() -> None:
     model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
     print(f"machine: {platform.node()}, CPU {model_name}, torch {torch.__version__} "
           f"({torch.backends.cpu.get_cpu_capability()}), {time.strftime('%Y-%m-%d')}")
-    print("\n| tree nodes | snapshot, 400 nodes shown (admin) ms | same, one tenant's half ms | 5,000 shown ms "
-          "| whole tree (no budget) ms | why-miss ms |")
-    print("|---|---|---|---|---|---|")
+    print("\n| tree nodes | first snapshot, 400 shown ms | again, 400 shown (admin) ms | same, one tenant's half ms "
+          "| 5,000 shown ms | whole tree (no budget) ms | why-miss ms |")
+    print("|---|---|---|---|---|---|---|")
     for n in (10_000, 100_000):
         r = snapshot_times(tok, n)
-        print(f"| {int(r['nodes']):,} | {r['admin_400_ms']:.1f} | {r['tenant_400_ms']:.1f} | {r['admin_5000_ms']:.1f} "
+        print(f"| {int(r['nodes']):,} | {r['cold_400_ms']:.1f} | {r['admin_400_ms']:.1f} | {r['tenant_400_ms']:.1f} | {r['admin_5000_ms']:.1f} "
               f"| {r['whole_tree_ms']:.0f} | {r['why_miss_ms']:.2f} |")
+    print(f"\ntimeline hooks on the engine loop: {hook_cost():.0f} us per decode step of 64 requests")
     res = serving_cost(model, args.serve_tree_nodes, args.rounds, args.requests)
     base = statistics.mean(res["closed"])
     print(f"\nrequests of 64 prompt + 32 generated tokens, one at a time, tree of {args.serve_tree_nodes:,} nodes, "
-          f"{args.rounds} interleaved rounds x {args.requests} requests per case")
+          f"{args.rounds} interleaved rounds x {args.requests} requests per case (server, page, client: 3 processes)")
     print("| case | mean latency s | p90 s | vs closed |")
     print("|---|---|---|---|")
     for case, xs in res.items():

@@ -272,3 +272,22 @@ def test_timelines_show_retractions_and_their_spans(tiny_model_dir: Path, make_e
     requeued = [s for s in exporter.get_finished_spans()
                 if s.name == "radixserve.requeued" and s.parent.span_id == root.context.span_id]
     assert len(requeued) == hit.retractions
+
+
+def test_running_requests_table_is_per_tenant(server: BackgroundServer, engine: Engine) -> None:
+    model = engine.model_info()["model_name"]
+    body = {"model": model, "prompt": SECRET + " and a long answer", "max_tokens": 400, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with client(server, ALICE) as a, client(server, BOB) as b, a.stream("POST", "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))  # it runs
+        s = a.get("/cache/stats").json()
+        [row] = s["requests"]["running"]
+        assert row["namespace"] == tenant_of(ALICE) and row["output_tokens"] >= 1
+        assert row["cached_tokens"] + row["computed_tokens"] == row["prompt_tokens"]
+        assert s["pool"]["in_flight"] + s["pool"]["locked"] > 0, "the running request holds pages"
+        live = [t for t in s["timelines"] if t["duration_ms"] is None]
+        assert [t["rid"] for t in live] == [row["rid"]]
+        other = b.get("/cache/stats").json()
+        assert other["requests"]["running"] == [] and row["rid"] not in json.dumps(other)
+    wait_idle(engine)

@@ -21,6 +21,7 @@ from radixserve.server.scope import NamespaceScope
 
 PREVIEW_TOKENS = 48  # tokens of a node decoded for the page
 PREVIEW_CHARS = 240
+PREVIEW_MEMO = 50_000  # decoded previews remembered (then forgotten all at once)
 SCAN_CAP = 4096  # children of one node examined to pick the hottest; past it, a random sample of this many
 DEFAULT_NODES, MAX_NODES = 400, 5000
 DEFAULT_DEPTH, MAX_DEPTH = 64, 1024
@@ -72,11 +73,25 @@ class TreeReader:
     def __init__(self, cache: Any, page_size: int, decode: Callable[[list[int]], str],
                  clock_age: Callable[[int], float | None]) -> None:
         self.cache, self.page_size, self.decode, self.clock_age = cache, page_size, decode, clock_age
+        self._previews: dict[tuple[int, int, int], str] = {}
+
+    def _preview(self, node: Any) -> str:
+        """The node's first tokens as text, remembered: decoding is most of a snapshot's cost. A node's id plus its
+        first page key name its first tokens (a split gives the tail a new first key)."""
+        tb = node.token_bytes
+        keys = node.keys
+        memo_key = (node.id, keys[0] if keys else 0, min(len(tb) // 4, PREVIEW_TOKENS))
+        text = self._previews.get(memo_key)
+        if text is None:
+            if len(self._previews) >= PREVIEW_MEMO:
+                self._previews = {}
+            text = self.decode(np.frombuffer(tb[: 4 * PREVIEW_TOKENS], dtype="<i4").tolist())[:PREVIEW_CHARS]
+            self._previews[memo_key] = text
+        return text
 
     def _view(self, node: Any) -> NodeView:
         tb = node.token_bytes
-        ids = np.frombuffer(tb[: 4 * PREVIEW_TOKENS], dtype="<i4").tolist()
-        text = self.decode(ids)[:PREVIEW_CHARS]
+        text = self._preview(node)
         keys = node.keys
         return NodeView(id=node.id, key=format(keys[0], "016x") if keys else "", namespace=node.namespace,
                         pages=len(node.pages), tokens=len(tb) // 4, text=text, hits=node.hits,

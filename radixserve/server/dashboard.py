@@ -34,6 +34,8 @@ STATIC = resources.files("radixserve.server") / "static"
 HIT_RATE_POINTS = 600
 SAMPLE_EVERY_S = 1.0
 RECENT_TIMELINES = 40
+PAGE_SPANS = 200  # spans per timeline sent to the page (each SSE tick encodes them all on the event loop)
+TREE_TTL_S = 1.0  # a tree snapshot is reused this long for the same view: pollers share one walk
 
 
 class WhyMissRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -86,6 +88,22 @@ class Explorer:
                                lambda ids: tok.decode(ids, skip_special_tokens=False), clock_age)
         self.hit_rate = HitRateHistory(engine)
         tracker.step_listeners.append(self.hit_rate.on_step)
+        self._trees: dict[tuple[Any, ...], tuple[float, bytes]] = {}
+
+    def tree_json(self, scope: NamespaceScope, namespace: str | None, depth: int, max_nodes: int,
+                  path: list[str]) -> bytes:
+        """A snapshot as JSON, reused for TREE_TTL_S: the walk holds the GIL, so many pollers must not each walk
+        (measured: a client fetching back to back slowed serving 2.6x before this; benchmarks/RESULTS.md)."""
+        key = (scope.tenant, namespace, depth, max_nodes, tuple(path))
+        now = time.monotonic()
+        hit = self._trees.get(key)
+        if hit is not None and now - hit[0] < TREE_TTL_S:
+            return hit[1]
+        body = msgspec.json.encode(self.tree.snapshot(scope, namespace, depth, max_nodes, path).to_dict())
+        if len(self._trees) > 64:
+            self._trees = {}
+        self._trees[key] = (now, body)
+        return body
 
     def stats(self, scope: NamespaceScope) -> dict[str, Any]:
         eng = self.engine
@@ -108,14 +126,19 @@ class Explorer:
 
 
 def timeline_dict(tl: RequestTimeline, wall: Any) -> dict[str, Any]:
+    """A timeline for the page: times in ms from submission; a long one keeps its first and last spans."""
+    kept = list(tl.spans)
+    omitted = max(len(kept) - PAGE_SPANS, 0)
+    if omitted:
+        kept = kept[: PAGE_SPANS // 4] + kept[-(PAGE_SPANS - PAGE_SPANS // 4):]
     spans = [[s.kind, round((s.start - tl.created) * 1e3, 3), None if s.end is None else
-              round((s.end - tl.created) * 1e3, 3), s.tokens, s.prefix] for s in list(tl.spans)]
+              round((s.end - tl.created) * 1e3, 3), s.tokens, s.prefix] for s in kept]
     return {"rid": tl.rid, "namespace": tl.namespace, "start": round(wall(tl.created), 3),
             "prompt_tokens": tl.prompt_tokens, "cached_tokens": tl.cached_tokens,
             "completion_tokens": tl.completion_tokens, "decode_steps": tl.decode_steps,
             "retractions": tl.retractions, "finish_reason": tl.finish_reason,
             "duration_ms": None if tl.finished is None else round((tl.finished - tl.created) * 1e3, 3),
-            "spans": spans, "dropped_events": tl.dropped_events}
+            "spans": spans, "dropped_events": tl.dropped_events + omitted}
 
 
 def explorer(request: Request) -> Explorer:
@@ -151,8 +174,8 @@ async def cache_tree(request: Request) -> Response:
     path = [k for k in q.get("path", "").split(",") if k]
     if any(len(k) > 16 or any(c not in "0123456789abcdef" for c in k) for k in path):
         raise bad_request("path is a comma-separated list of 16-digit hex keys", param="path")
-    snap = await asyncio.to_thread(explorer(request).tree.snapshot, scope, namespace, depth, max_nodes, path)
-    return JSONResponse(snap.to_dict())
+    body = await asyncio.to_thread(explorer(request).tree_json, scope, namespace, depth, max_nodes, path)
+    return Response(body, media_type="application/json")
 
 
 async def why_miss(request: Request) -> Response:
