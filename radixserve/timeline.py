@@ -59,8 +59,10 @@ class RequestTimeline:
     first_token: float | None = None
     finished: float | None = None
     finish_reason: str | None = None
+    waiting: Span | None = None  # the open "queued" or "retracted" span, until the next admission
 
     def add(self, span: Span) -> Span:
+        """Record a span (past MAX_EVENTS only counted); returned either way, for its end to be set."""
         if len(self.spans) < MAX_EVENTS:
             self.spans.append(span)
         else:
@@ -72,12 +74,6 @@ class RequestTimeline:
         """Seconds from submission to the first chunk run (None while still queued)."""
         first = next((s for s in self.spans if s.kind != "queued"), None)
         return None if first is None else first.start - self.created
-
-
-def _kind(req: Req, n: int) -> str:
-    """A step's share of a request: a prefill chunk while prompt (or, after a retraction, output) KV is rebuilt."""
-    prefix = req.kv_len - n  # _build has advanced kv_len by n already
-    return "decode" if n == 1 and prefix >= len(req.input_ids) and prefix + 1 >= req.num_fill else "prefill"
 
 
 class Tracker:
@@ -94,7 +90,8 @@ class Tracker:
         self.wall0, self.perf0 = time.time(), time.perf_counter()
         # (cache clock, perf_counter) marks: the radix tree stamps nodes with a logical clock; these map it to time
         self.clock_marks: deque[tuple[int, float]] = deque(maxlen=CLOCK_MARKS)
-        self._launched: dict[int, tuple[float, list[int]]] = {}  # id(batch) -> (perf_counter, prefill chunk sizes)
+        # id(batch) -> (perf_counter when scheduled, prefill chunk sizes, spans it opened, timelines awaiting a token)
+        self._launched: dict[int, tuple[float, list[int], list[Span], list[tuple[RequestTimeline, Req]]]] = {}
 
     def wall(self, perf: float) -> float:
         return self.wall0 + (perf - self.perf0)
@@ -102,47 +99,49 @@ class Tracker:
     # ---- from the submitting thread -------------------------------------------------------------------------------
     def open(self, req: Req) -> RequestTimeline:
         tl = RequestTimeline(req.rid, req.namespace, len(req.input_ids), req.created, traceparent.get())
-        tl.add(Span("queued", req.created))
+        tl.waiting = tl.add(Span("queued", req.created))
         return tl
 
-    # ---- from the loop thread -------------------------------------------------------------------------------------
+    # ---- from the loop thread (a few attribute reads and one Span per request per step) -----------------------------
     def scheduled(self, batch: ScheduledBatch, cache: Any) -> None:
         now = time.perf_counter()
         prefills: list[int] = []
-        self._launched[id(batch)] = (now, prefills)
+        opened: list[Span] = []
+        firsts: list[tuple[RequestTimeline, Req]] = []
+        self._launched[id(batch)] = (now, prefills, opened, firsts)
         clock = getattr(cache, "_clock", None)
         if clock is not None and (not self.clock_marks or self.clock_marks[-1][0] != clock):
             self.clock_marks.append((clock, now))
         for req, n in zip(batch.reqs, batch.chunks):
             tl: RequestTimeline | None = req.timeline
+            prefix = req.kv_len - n  # _build has advanced kv_len by n already
             if tl is None:
-                prefills.extend([n] if n > 1 else [])
+                if n > 1:
+                    prefills.append(n)
                 continue
-            last = tl.spans[-1] if tl.spans else None
-            admitted = last is not None and last.kind in ("queued", "retracted") and last.end is None
-            if admitted:
-                last.end = now
+            waited = tl.waiting
+            if waited is not None:  # admitted (again): a resume's first chunk is a prefill even of one token
+                waited.end, tl.waiting = now, None
                 tl.cached_tokens = req.cached_tokens
                 _count_hits(req.node)
-            kind = "prefill" if admitted else _kind(req, n)  # a resume's first chunk may be a single token
-            if kind == "decode":
+                decode = False
+            else:
+                decode = n == 1 and prefix >= tl.prompt_tokens and prefix + 1 >= req.num_fill
+            if decode:
                 tl.decode_steps += 1
             else:
                 prefills.append(n)
-            tl.add(Span(kind, now, None, n, req.kv_len - n))
+            opened.append(tl.add(Span("decode" if decode else "prefill", now, None, n, prefix)))
+            if tl.first_token is None:
+                firsts.append((tl, req))
 
     def processed(self, batch: ScheduledBatch) -> None:
         now = time.perf_counter()
-        start, chunks = self._launched.pop(id(batch), (now, []))
-        for req in batch.reqs:
-            tl: RequestTimeline | None = req.timeline
-            if tl is None:
-                continue
-            for span in reversed(tl.spans):  # the open span of this step (decode steps can be dropped past the cap)
-                if span.end is None and span.kind in ("prefill", "decode"):
-                    span.end = now
-                    break
-            if tl.first_token is None and req.output_ids:
+        start, chunks, opened, firsts = self._launched.pop(id(batch), (now, [], [], []))
+        for span in opened:
+            span.end = now
+        for tl, req in firsts:
+            if req.output_ids:
                 tl.first_token = now
         for fn in self.step_listeners:
             fn(now - start, chunks)
@@ -156,7 +155,7 @@ class Tracker:
         tl: RequestTimeline | None = req.timeline
         if tl is not None:
             tl.retractions += 1
-            tl.add(Span("retracted", time.perf_counter()))
+            tl.waiting = tl.add(Span("retracted", time.perf_counter()))
 
     def close(self, req: Req, reason: str) -> None:
         """The request emitted its final result (or failed): finish its timeline and hand it to the listeners."""
