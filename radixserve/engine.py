@@ -161,8 +161,7 @@ class Engine:
             if isinstance(item, BaseException) or item["meta_info"]["finish_reason"] is not None:
                 with self._inflight_lock:
                     self._inflight -= 1
-                self.tracker.close(req, "error" if isinstance(item, BaseException)
-                                   else item["meta_info"]["finish_reason"]["type"])
+                self.tracker.close(req)
             emit(item)
 
         req = self.inputs.make_req(spec, emit_and_count, stream)

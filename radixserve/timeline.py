@@ -157,12 +157,14 @@ class Tracker:
             tl.retractions += 1
             tl.waiting = tl.add(Span("retracted", time.perf_counter()))
 
-    def close(self, req: Req, reason: str) -> None:
+    def close(self, req: Req) -> None:
         """The request emitted its final result (or failed): finish its timeline and hand it to the listeners."""
         tl: RequestTimeline | None = req.timeline
         if tl is None or tl.finished is not None:
             return
         now = time.perf_counter()
+        fr: Any = req.finish_reason
+        reason = "error" if fr is None else fr["type"] if isinstance(fr, dict) else str(getattr(fr, "type", fr))
         for span in tl.spans:
             if span.end is None:
                 span.end = now

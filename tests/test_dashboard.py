@@ -20,12 +20,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine_checks import engine_left_at_rest, wait_idle
 from radixserve import Engine
 from radixserve.server.app import build_app
-from radixserve.server.auth import tenant_of
 from radixserve.server.background import BackgroundServer
 from radixserve.server.tracing import RequestTracer
 
 PAGE = 4
 ALICE, BOB = "alice-key", "bob-key"
+try:  # keys with roles (issue 21): `--api-key` entries are admins unless they say role=user
+    from radixserve.server.tenants import tenant_of
+    KEYS = f"{ALICE} role=user,{BOB} role=user"
+except ImportError:  # before roles: every key is a tenant
+    from radixserve.server.auth import tenant_of
+    KEYS = f"{ALICE},{BOB}"
 SECRET = "alpha secret plan for the red fox"
 GREEDY = {"max_tokens": 4, "temperature": 0}
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -47,7 +52,7 @@ def spans() -> InMemorySpanExporter:
 def server(engine: Engine, spans: InMemorySpanExporter) -> Iterator[BackgroundServer]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
-    app = build_app(engine, api_key=f"{ALICE},{BOB}", tracer_provider=provider)
+    app = build_app(engine, api_key=KEYS, tracer_provider=provider)
     with BackgroundServer(app) as srv:
         srv.app = app
         yield srv

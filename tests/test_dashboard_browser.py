@@ -24,13 +24,18 @@ playwright = pytest.importorskip("playwright.sync_api", reason="playwright is no
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (apt-get install chromium)")
 
 ALICE, BOB = "alice-key", "bob-key"
+try:  # keys with roles (issue 21): `--api-key` entries are admins unless they say role=user
+    import radixserve.server.tenants  # noqa: F401
+    KEYS = f"{ALICE} role=user,{BOB} role=user"
+except ImportError:  # before roles: every key is a tenant
+    KEYS = f"{ALICE},{BOB}"
 SECRET = "alpha secret plan"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[BackgroundServer]:
     with engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=8192) as eng, \
-            BackgroundServer(build_app(eng, api_key=f"{ALICE},{BOB}")) as srv:
+            BackgroundServer(build_app(eng, api_key=KEYS)) as srv:
         run_workload(srv, eng)
         yield srv
 

@@ -1,8 +1,8 @@
 """Who may see which cache namespaces on the explorer: the one rule, in one function (`view_scope`).
 
-A request's cache namespace is its API key's tenant, optionally followed by `|cache_salt` (serving.cache_salt). Until
-roles exist, a server without API keys treats every caller as the admin (all namespaces), and with keys each key
-sees only its own tenant's namespaces: no token text of one tenant reaches another.
+A request's cache namespace is its API key's tenant, optionally followed by `|cache_salt` (serving.cache_salt). An
+admin sees every namespace; any other key only its own tenant's: no token text of one tenant reaches another. Without
+roles, a server without API keys treats every caller as the admin and every key as a tenant.
 """
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ class NamespaceScope:
 
 
 def view_scope(request: Request) -> NamespaceScope:
-    """The namespaces this caller may look at (switch to roles here: an admin role -> NamespaceScope(None))."""
-    tenant = request.scope.get("state", {}).get("tenant")
-    return NamespaceScope(tenant or None)
+    """The namespaces this caller may look at. With roles (a Principal in the scope, issue 21) an admin sees all and
+    a user its own; before roles, a key sees its own tenant and a server without keys is the admin's."""
+    state = request.scope.get("state", {})
+    principal = state.get("principal")
+    if principal is not None:
+        return NamespaceScope(None if principal.is_admin else principal.namespace)
+    return NamespaceScope(state.get("tenant") or None)
