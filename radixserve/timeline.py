@@ -139,7 +139,8 @@ class Tracker:
         now = time.perf_counter()
         start, chunks, opened, firsts = self._launched.pop(id(batch), (now, [], [], []))
         for span in opened:
-            span.end = now
+            if span.end is None:  # a request that finished in this step closed its spans already (close)
+                span.end = now
         for tl, req in firsts:
             if req.output_ids:
                 tl.first_token = now
