@@ -296,3 +296,41 @@ def test_running_requests_table_is_per_tenant(server: BackgroundServer, engine: 
         other = b.get("/cache/stats").json()
         assert other["requests"]["running"] == [] and row["rid"] not in json.dumps(other)
     wait_idle(engine)
+
+
+def test_snapshot_work_is_bounded_and_peek_changes_nothing() -> None:
+    """On a 2,000-node tree: a snapshot shows at most max_nodes nodes, the most recently used first, one tenant's
+    only; RadixCache.peek walks like match_prefix but touches, splits and locks nothing."""
+    import torch
+
+    from radixserve.cache.kv_pool import KVPool
+    from radixserve.cache.radix_cache import RadixCache
+    from radixserve.server.cache_view import TreeReader
+    from radixserve.server.scope import NamespaceScope
+
+    rng = random.Random(0)
+    cache = RadixCache(KVPool(1, 12_000, PAGE, 1, 1, torch.float32), PAGE)
+    prefixes = [[rng.randrange(3, 500) for _ in range(4 * PAGE)] for _ in range(20)]
+    seqs = []
+    for i in range(2000):
+        toks = prefixes[i % 20] + [rng.randrange(3, 500) for _ in range(2 * PAGE)]
+        cache.insert(toks, cache.pool.alloc(6), "t1" if i % 20 < 10 else "t2")
+        seqs.append(toks)
+    reader = TreeReader(cache, PAGE, lambda ids: " ".join(map(str, ids)), lambda clock: None)
+    snap = reader.snapshot(NamespaceScope(None), max_nodes=50)
+    assert snap.total_nodes == 2020 and snap.shown_nodes == 50 and snap.truncated
+    assert len(list(walk(snap.to_dict()["root"]))) == 51
+    newest = max((n for n in cache._nodes() if n.parent is cache.root), key=lambda n: n.last_access)
+    assert snap.root.children[0].id == newest.id, "the most recently used subtree comes first"
+    mine = reader.snapshot(NamespaceScope("t1"), max_nodes=5000)
+    assert mine.shown_nodes == 1010 and {n["namespace"] for n in list(walk(mine.to_dict()["root"]))[1:]} == {"t1"}
+
+    before = [(n.id, n.last_access, len(n.pages), n.lock_ref) for n in cache._nodes()]
+    clock = cache._clock
+    probe = seqs[7][: 5 * PAGE] + [1] * PAGE  # the prefix, one page of its branch, then a page the tree lacks
+    path = cache.peek(probe, "t1")
+    assert [n for _, n in path] == [4, 1], "the whole prefix node, then one page into a branch"
+    assert cache._clock == clock and [(n.id, n.last_access, len(n.pages), n.lock_ref) for n in cache._nodes()] == before
+    assert cache.peek(probe, "t2") == [], "namespaces never share a path"
+    assert cache.match_prefix(probe + [1], "t1").num_tokens == 5 * PAGE
+    cache.check_invariants()

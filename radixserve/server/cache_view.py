@@ -134,8 +134,7 @@ class TreeReader:
                 continue
             if len(kids) > SCAN_CAP:
                 kids = random.sample(kids, SCAN_CAP)
-            if len(kids) > budget:
-                kids = sorted(kids, key=lambda k: -k.last_access)[:budget]
+            kids = sorted(kids, key=lambda k: -k.last_access)[:budget]  # the most recently used first
             budget -= len(kids)
             view.hidden_children = view.num_children - len(kids)
             truncated |= view.hidden_children > 0
