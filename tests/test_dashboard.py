@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -334,3 +335,43 @@ def test_snapshot_work_is_bounded_and_peek_changes_nothing() -> None:
     assert cache.peek(probe, "t2") == [], "namespaces never share a path"
     assert cache.match_prefix(probe + [1], "t1").num_tokens == 5 * PAGE
     cache.check_invariants()
+
+
+def test_otlp_endpoint_exports_over_http(engine: Engine) -> None:
+    """`--otlp-endpoint`: spans reach a collector over OTLP/HTTP (a stand-in that decodes the protobuf bodies)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received: list[tuple[str, ExportTraceServiceRequest]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, ExportTraceServiceRequest.FromString(body)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    try:
+        app = build_app(engine, otlp_endpoint=f"http://127.0.0.1:{collector.server_port}")
+        with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+            r = c.post("/generate", json={"text": "trace me", "sampling_params": {"max_new_tokens": 3}},
+                       headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"})
+            assert r.status_code == 200
+            app.state.tracer.flush()
+        app.state.tracer.close()
+    finally:
+        collector.shutdown()
+    assert received and {path for path, _ in received} == {"/v1/traces"}
+    spans = [s for _, req in received for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    root = next(s for s in spans if s.name == "radixserve.request")
+    assert root.trace_id.hex() == TRACE_ID
+    assert {"radixserve.queued", "radixserve.prefill_chunk"} <= {s.name for s in spans if s.parent_span_id == root.span_id}
+    service = {a.key: a.value.string_value for rs in received[0][1].resource_spans for a in rs.resource.attributes}
+    assert service["service.name"] == "radixserve"
