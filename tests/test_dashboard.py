@@ -375,3 +375,14 @@ def test_otlp_endpoint_exports_over_http(engine: Engine) -> None:
     assert {"radixserve.queued", "radixserve.prefill_chunk"} <= {s.name for s in spans if s.parent_span_id == root.span_id}
     service = {a.key: a.value.string_value for rs in received[0][1].resource_spans for a in rs.resource.attributes}
     assert service["service.name"] == "radixserve"
+
+
+def test_event_stream_ends_when_the_server_drains(engine: Engine) -> None:
+    app = build_app(engine)
+    with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as c, \
+            c.stream("GET", "/cache/events", params={"interval_ms": 100}) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        app.state.server.draining = True  # as on SIGTERM
+        rest = list(lines)  # the stream ends by itself
+        assert sum(line.startswith("data: ") for line in rest) <= 2

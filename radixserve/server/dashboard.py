@@ -196,8 +196,18 @@ async def why_miss(request: Request) -> Response:
         ids = list(body.input_ids or [])
         if any(not 0 <= t < state.vocab_size for t in ids):
             raise bad_request(f"input_ids must be in [0, {state.vocab_size})", param="input_ids")
-    out = await asyncio.to_thread(explorer(request).tree.why_miss, ids, namespace)
+    out = await asyncio.to_thread(_why_miss, explorer(request).tree, ids, namespace)
     return JSONResponse(out)
+
+
+def _why_miss(tree: TreeReader, ids: list[int], namespace: str) -> dict[str, Any]:
+    """The lookup reads the tree while the engine loop may split or evict a node it is reading: try again then."""
+    for _ in range(2):
+        try:
+            return tree.why_miss(ids, namespace)
+        except (IndexError, ValueError):
+            continue
+    return tree.why_miss(ids, namespace)
 
 
 async def cache_stats(request: Request) -> Response:
@@ -211,8 +221,10 @@ async def cache_events(request: Request) -> Response:
     exp = explorer(request)
     enc = msgspec.json.Encoder()
 
+    state = server_state(request)
+
     async def events() -> Any:
-        while True:
+        while not state.draining:  # a draining server ends the stream, so an open page never delays its exit
             yield b"event: stats\ndata: " + enc.encode(exp.stats(scope)) + b"\n\n"
             await asyncio.sleep(interval)
 
