@@ -33,7 +33,8 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CHUNK_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate", "/tokenize", "/detokenize",
-          "/flush_cache", "/get_model_info", "/health", "/metrics"}
+          "/flush_cache", "/get_model_info", "/health", "/metrics", "/dashboard", "/cache/tree", "/cache/why_miss",
+          "/cache/stats", "/cache/events"}
 
 
 class EngineCollector(Collector):
