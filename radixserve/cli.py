@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve.add_argument("--router-policy", default="cache_aware", choices=POLICIES,
                        help="with --dp: how the router picks a replica (default: %(default)s)")
+    serve.add_argument("--otlp-endpoint", default=None,
+                       help="send OpenTelemetry spans of each request (queued, prefill chunks, decode, retractions) "
+                            "over OTLP/HTTP to this collector URL (default: off)")
 
     chat = sub.add_parser("chat", help="chat with the model in the terminal")
     _add_engine_args(chat)
@@ -283,7 +286,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     run_server(kwargs, args.host, args.port, keys if keys.configured else None, args.max_queued_requests,
                served_model_name=args.served_model_name, max_connections=args.max_connections,
                header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-               max_body_bytes=int(args.max_body_mb * 1024 * 1024), grace_period_s=args.shutdown_grace_seconds)
+               max_body_bytes=int(args.max_body_mb * 1024 * 1024), grace_period_s=args.shutdown_grace_seconds,
+               otlp_endpoint=args.otlp_endpoint)
     return 0
 
 

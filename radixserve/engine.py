@@ -27,6 +27,7 @@ from radixserve.model.runner import ModelRunner, default_attention_backend
 from radixserve.request import Req
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixserve.speculative.mode import choose_speculative
+from radixserve.timeline import Tracker
 from radixserve.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,8 @@ class Engine(CacheSurface):
         self.overlap_schedule = self.speculative.overlap
         self._inflight = 0  # requests submitted and not finished (the queue limit counts those not yet running)
         self._inflight_lock = threading.Lock()
-        self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule,
+        self.tracker = Tracker()  # request timelines (radixserve/timeline.py), read by the dashboard and exporters
+        self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule, self.tracker,
                                idle=Checkpointer(self.scheduler))
         # An engine never shut down still stops its loop at interpreter exit, before torch's threads are torn down
         # under it (that aborts the process), and persists its cache tree to the disk tier.
@@ -198,9 +200,11 @@ class Engine(CacheSurface):
             if isinstance(item, BaseException) or item.finished:
                 with self._inflight_lock:
                     self._inflight -= 1
+                self.tracker.close(req)
             emit(item)
 
         req = self.inputs.make_req(spec, emit_and_count, stream)
+        req.timeline = self.tracker.open(req)
         self.loop.inbox.put(("add", req))
         return req
 

@@ -19,6 +19,7 @@ from radixserve.errors import EngineDeadError
 from radixserve.model.runner import ModelRunner, PendingOutput, bind_device
 from radixserve.scheduler.scheduler import Scheduler
 from radixserve.step import ScheduledBatch
+from radixserve.timeline import Tracker
 
 log = logging.getLogger("radixserve.engine")
 
@@ -31,8 +32,9 @@ HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop si
 
 class EngineLoop:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, device: torch.device, overlap: bool,
-                 idle: Callable[[], None] | None = None) -> None:
+                 tracker: Tracker | None = None, idle: Callable[[], None] | None = None) -> None:
         self.scheduler, self.runner, self.device = scheduler, runner, device
+        self.tracker = tracker or Tracker()
         self.idle = idle  # maintenance run between steps while there is no work (the disk tier's checkpoint)
         self.worker = (ThreadPoolExecutor(1, thread_name_prefix="radixserve-step", initializer=bind_device,
                                           initargs=(device,)) if overlap else None)
@@ -92,7 +94,12 @@ class EngineLoop:
         if self.live and self.live[-1][0].grammar is not None:
             # A grammar's next mask, and the tokens it forces (jump-forward), follow from the token in flight.
             self._process_oldest()
+        running, retractions = list(sched.running), sched.stats.retractions
         batch = sched.schedule(can_retract=not self.live)
+        if sched.stats.retractions != retractions:
+            self._note_retracted(running)
+        if batch is not None:
+            self.tracker.scheduled(batch, sched.cache)
         if self.live and (batch is None or batch.needs_sync):
             self._process_oldest()
         if batch is None:
@@ -113,11 +120,22 @@ class EngineLoop:
             out = (self.runner.execute(batch) if fut is None else fut.result()).wait()
         except Exception as exc:
             futures.wait([f for _, f in self.live if f is not None])
+            running = list(self.scheduler.running)
             self.scheduler.fail_batches([b for b, _ in self.live], exc)
+            self.tracker.discarded([b for b, _ in self.live])
+            self._note_retracted(running)
             self.live.clear()
             raise
         self.live.pop(0)
         self.scheduler.process(batch, out)
+        self.tracker.processed(batch)
+
+    def _note_retracted(self, before: list[Any]) -> None:
+        """Tell the tracker which of the requests running `before` are back in the queue."""
+        waiting = {id(r) for r in self.scheduler.waiting}
+        for req in before:
+            if id(req) in waiting:
+                self.tracker.retracted(req)
 
     def drain_inbox(self, block: bool) -> None:
         try:

@@ -51,6 +51,7 @@ class Req:
     cached_tokens: int = 0
     finish_reason: FinishReason | None = None
     draft_state: Any = None  # speculative decoding's per-request state (radixserve/speculative/drafter.py)
+    timeline: Any = None  # its radixserve.timeline.RequestTimeline (the Engine opens one per request)
 
     # logprobs gathered so far
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)

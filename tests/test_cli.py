@@ -37,13 +37,13 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
             "--prefill-merge-tokens", "none", "--disable-radix-cache", "--context-length", "512",
             "--max-connections", "99", "--header-timeout", "3", "--body-timeout", "4", "--max-body-mb", "1",
             "--speculative", "ngram", "--speculative-max-tokens", "5", "--kv-cache-disk-gb", "0.5",
-            "--max-pinned-share", "0.25"]
+            "--max-pinned-share", "0.25", "--otlp-endpoint", "http://127.0.0.1:4318"]
     assert main(argv) == 0
     (args, kwargs), = calls
     engine_kwargs, host, port, keys, max_queued = args
     assert (host, port, keys.cli, max_queued) == ("0.0.0.0", 31234, ("sk-x",), 7)
     assert kwargs == {"served_model_name": None, "max_connections": 99, "header_timeout_s": 3.0, "body_timeout_s": 4.0,
-                      "max_body_bytes": 1 << 20, "grace_period_s": 30.0}
+                      "max_body_bytes": 1 << 20, "grace_period_s": 30.0, "otlp_endpoint": "http://127.0.0.1:4318"}
     assert engine_kwargs == {
         "model": str(tiny_model_dir), "dtype": "float32", "quantization": "int8", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",

@@ -38,6 +38,7 @@ class TreeNode:
     keys: list[int]
     lock_ref: int = 0
     last_access: int = 0
+    hits: int = 0  # requests admitted onto a path through this node (counted by radixserve/timeline.py)
     children: dict[int, TreeNode] = field(default_factory=dict)
 
     @property
@@ -148,6 +149,7 @@ class RadixCache:
             keys=node.keys[:n],
             lock_ref=node.lock_ref,
             last_access=node.last_access,
+            hits=node.hits,  # every hit on the tail passed through the head
         )
         upper.children[node.keys[n]] = node
         parent.children[node.keys[0]] = upper
@@ -342,6 +344,32 @@ class RadixCache:
         self._evictable -= len(freed)
         self.pool.free(freed)
         return len(freed)
+
+    def peek(self, tokens: Sequence[int], namespace: str = "") -> list[tuple[TreeNode, int]]:
+        """Read-only match_prefix over all full pages of `tokens`: the path as (node, pages matched in it).
+
+        Touches, splits and locks nothing, so any thread may call it (the dashboard's "why did this miss"); a
+        concurrent change can make the answer stale, never wrong for the tree it saw."""
+        ps, pb = self.page_size, self._page_bytes
+        n_pages = len(tokens) // ps
+        tb = _as_bytes(tokens[: n_pages * ps])
+        node, key, pos = self.root, self.root_key(namespace), 0
+        path: list[tuple[TreeNode, int]] = []
+        while pos < n_pages:
+            child = node.children.get(self._hash(key.to_bytes(8, "little") + tb[pos * pb : (pos + 1) * pb]))
+            if child is None or (node is self.root and child.namespace != namespace):
+                break
+            held = child.token_bytes
+            m = min(len(held) // pb, n_pages - pos)
+            query = tb[pos * pb : (pos + m) * pb]
+            n = m if query == held[: m * pb] else _first_diff_page(query, held[: m * pb], ps)
+            if n == 0:
+                break
+            path.append((child, n))
+            if n < len(held) // pb:
+                break
+            node, key, pos = child, child.keys[n - 1], pos + n
+        return path
 
     @property
     def evictable_pages(self) -> int:

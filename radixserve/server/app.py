@@ -14,6 +14,7 @@ from starlette.routing import Route
 from radixserve.server import cache_api, chat_api, native_api, openai_api
 from radixserve.server.auth import ApiKeyAuth
 from radixserve.server.chat_prompt import ChatPromptBuilder
+from radixserve.server.dashboard import Explorer, dashboard_routes
 from radixserve.server.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
 from radixserve.server.metrics import RequestCounter, ServerMetrics
 from radixserve.server.openapi import openapi_document
@@ -39,11 +40,13 @@ async def _openapi(request: Request) -> Response:
 
 def build_app(engine: Any, api_key: str | list[str] | KeyRing | None = None, max_queued_requests: int | None = None,
               served_model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> Starlette:
+              body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, otlp_endpoint: str | None = None,
+              tracer_provider: Any = None) -> Starlette:
     """The HTTP app over `engine`. api_key: a KeyRing, or `--api-key`-style entries (a str may hold several,
     separated by commas; admin unless an entry says `role=user`; one cache namespace each); None: no keys (an empty
     key is an error). max_queued_requests bounds the waiting queue (429 past it); the app's ServerState is at
-    app.state.server."""
+    app.state.server. otlp_endpoint (or an OpenTelemetry tracer_provider, for tests) turns request spans on
+    (app.state.tracer)."""
     if max_queued_requests is not None and max_queued_requests < 0:
         raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
     if max_body_bytes < 1:
@@ -81,11 +84,20 @@ def build_app(engine: Any, api_key: str | list[str] | KeyRing | None = None, max
         Route("/health", native_api.health, methods=["GET"]),
         Route("/metrics", native_api.metrics, methods=["GET"]),
         Route("/openapi.json", _openapi, methods=["GET"]),
+        *dashboard_routes(),
     ]
     middleware = [Middleware(BodyTimeoutMiddleware, seconds=body_timeout_s), Middleware(RequestCounter, metrics=metrics),
                   Middleware(ApiKeyAuth, keys=keys), Middleware(QuotaGate, book=quotas)]
+    tracer = None
+    if otlp_endpoint or tracer_provider is not None:
+        from radixserve.server.tracing import RequestTracer, TraceparentMiddleware, otlp_provider
+
+        tracer = RequestTracer(engine.tracker, tracer_provider or otlp_provider(otlp_endpoint or ""))
+        middleware.append(Middleware(TraceparentMiddleware))
     handlers = {ApiError: api_error_handler, HTTPException: http_exception_handler, ClientGone: _client_gone,
                 BodyTimeout: body_timeout_handler, Exception: internal_error_handler}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.server = state
+    app.state.explorer = Explorer(engine, auth_required=keys is not None)
+    app.state.tracer = tracer
     return app

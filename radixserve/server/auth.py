@@ -13,7 +13,8 @@ from radixserve.server.tenants import NOBODY, OPEN, KeyRing, Principal, tenant_o
 
 __all__ = ["ApiKeyAuth", "OPEN_PATHS", "principal_of", "tenant_of", "forbidden"]
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/dashboard"})
+OPEN_PREFIXES = ("/dashboard/static/",)  # the explorer's page and assets hold no data; it sends the key itself
 
 
 def principal_of(request: Request | Scope) -> Principal:
@@ -41,7 +42,7 @@ class ApiKeyAuth:
         return self.keys.lookup(token.strip())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"].startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})

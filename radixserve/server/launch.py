@@ -49,7 +49,8 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
                api_key: str | list[str] | KeySources | None = None,
                max_queued_requests: int | None = None, served_model_name: str | None = None,
                grace_period_s: float = 30.0, max_connections: int = 1024, header_timeout_s: float = 10.0,
-               body_timeout_s: float = 30.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+               body_timeout_s: float = 30.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               otlp_endpoint: str | None = None) -> None:
     """Serve Engine(**engine_kwargs) over HTTP until SIGTERM/SIGINT; returns after a graceful drain. If the engine
     stops (a fault that repeats every step), the server drains and the process exits 1 for a supervisor to restart."""
     from radixserve import Engine
@@ -62,7 +63,7 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
     try:
         app = build_app(engine, api_key=keys, max_queued_requests=max_queued_requests,
                         served_model_name=served_model_name, max_body_bytes=max_body_bytes,
-                        body_timeout_s=body_timeout_s)
+                        body_timeout_s=body_timeout_s, otlp_endpoint=otlp_endpoint)
         state = app.state.server
 
         def drain() -> None:

@@ -44,8 +44,11 @@ ENGINE_COUNTERS = {  # engine.metrics() key (ending in _total) -> help
 }
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+CHUNK_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate", "/tokenize", "/detokenize",
-          "/flush_cache", "/get_model_info", "/health", "/metrics", "/cache/pin", "/cache/unpin"}
+          "/flush_cache", "/get_model_info", "/health", "/metrics", "/cache/pin", "/cache/unpin", "/dashboard",
+          "/cache/tree", "/cache/why_miss", "/cache/stats", "/cache/events"}
 
 
 class EngineCollector(Collector):
@@ -92,15 +95,43 @@ class ServerMetrics:
         self.quotas = quotas
         if quotas is not None:
             self.registry.register(KeyCollector(quotas))
+        tracker = getattr(engine, "tracker", None)
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "time from submission to the first output token",
                               buckets=LATENCY_BUCKETS, registry=self.registry)
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
-                             "mean time between consecutive output tokens of a request",
+                             "time between consecutive output tokens of a request (one sample per token after the first)",
                              buckets=ITL_BUCKETS, registry=self.registry)
         self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "time from submission to the last output token",
                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        # From the engine's request timelines (radixserve/timeline.py), observed on its loop thread after each step
+        # or request: a histogram observe is a lock and a few adds.
+        self.queue_time = Histogram(PREFIX + "queue_time_seconds", "time from submission to the first step run",
+                                    buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.prefill_chunk = Histogram(PREFIX + "prefill_chunk_tokens", "tokens in one request's prefill chunk",
+                                       buckets=CHUNK_BUCKETS, registry=self.registry)
+        self.step_time = Histogram(PREFIX + "step_time_seconds", "time from scheduling a step to processing its result",
+                                   buckets=STEP_BUCKETS, registry=self.registry)
         self.http_requests = Counter(PREFIX + "http_requests", "HTTP requests answered, by route and status",
                                      ["route", "status"], registry=self.registry)
+        if tracker is not None:
+            tracker.step_listeners.append(self.on_step)
+            tracker.finish_listeners.append(self.on_finish)
+
+    def on_step(self, seconds: float, prefill_chunks: list[int]) -> None:
+        self.step_time.observe(seconds)
+        for n in prefill_chunks:
+            self.prefill_chunk.observe(n)
+
+    def on_finish(self, timeline: Any) -> None:
+        if timeline.finish_reason == "abort":
+            return
+        if timeline.queue_time is not None:
+            self.queue_time.observe(timeline.queue_time)
+        last = timeline.first_token
+        for span in timeline.spans:  # each decode step's result is one more token
+            if span.kind == "decode" and span.end is not None and last is not None and span.end > last:
+                self.itl.observe(span.end - last)
+                last = span.end
 
     def observe(self, meta: OutputMeta) -> None:
         """Record one finished generation from its meta_info (engine-measured ttft and e2e_latency)."""
@@ -111,8 +142,6 @@ class ServerMetrics:
             self.ttft.observe(ttft)
         if e2e is not None:
             self.e2e.observe(e2e)
-        if ttft is not None and e2e is not None and n > 1:
-            self.itl.observe(max(e2e - ttft, 0.0) / (n - 1))
 
     def render(self, key_name: str | None = None) -> bytes:
         """Everything (what an admin reads), or with `key_name` only that key's own counters (what a user key reads:
