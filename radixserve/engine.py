@@ -9,7 +9,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,10 @@ from radixserve.model.runner import ModelRunner, default_attention_backend
 from radixserve.request import Req
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixserve.tokenizer import Tokenizer
+from radixserve.tp_worker import start_tensor_parallel, worker_settings
+
+if TYPE_CHECKING:
+    from radixserve.distributed import TPGroup
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,12 @@ async def _dicts(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[dict[str, 
             yield chunk.to_dict()
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]  # an early exit aborts the request
+
+
+def _stop(loop: EngineLoop, tp: TPGroup | None) -> None:
+    loop.stop()
+    if tp is not None:
+        tp.close()
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any) -> None:
@@ -80,9 +90,27 @@ class Engine:
         self.tokenizer = Tokenizer.from_dir(self.model_path)
         # Applied to what a request leaves unset (see radixserve/model/sampling_defaults.py).
         self.sampling_defaults = load_sampling_defaults(self.model_path) if c.sampling_defaults == "model" else {}
+        settings = worker_settings(str(self.model_path), dtype, str(self.device), c.page_size, c.max_total_tokens,
+                                   self.attention_backend, c.max_running_requests, c.context_length, self.quantization)
+        # tp > 1: the worker ranks start here (under torchrun, a rank above 0 serves in here and exits)
+        self.tp = start_tensor_parallel(c.tp, settings)
+        if self.tp is not None:
+            self.device = self.tp.device
+        try:
+            self._build(c, dtype)
+        except BaseException:
+            if self.tp is not None:
+                self.tp.close()
+            raise
+        # An engine never shut down still stops its loop at interpreter exit, before torch's threads are torn down
+        # under it (that aborts the process).
+        weakref.finalize(self, _stop, self.loop, self.tp)
+
+    def _build(self, c: EngineConfig, dtype: str) -> None:
+        """The runner (weights and KV pool), the scheduler and the loop."""
         self.runner = ModelRunner(
             self.model_path, _DTYPES[dtype], self.device, c.page_size, c.max_total_tokens, self.attention_backend,
-            c.max_running_requests, c.context_length, quantization=self.quantization,
+            c.max_running_requests, c.context_length, quantization=self.quantization, tp=self.tp,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is
@@ -119,9 +147,6 @@ class Engine:
         self._inflight = 0  # requests submitted and not finished (the queue limit counts those not yet running)
         self._inflight_lock = threading.Lock()
         self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule)
-        # An engine never shut down still stops its loop at interpreter exit, before torch's threads are torn down
-        # under it (that aborts the process).
-        weakref.finalize(self, self.loop.stop)
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> "Engine":
@@ -131,8 +156,9 @@ class Engine:
         self.shutdown()
 
     def shutdown(self) -> None:
-        """Stop the loop; requests still queued or running end with finish_reason abort."""
-        self.loop.stop()
+        """Stop the loop (and the tensor-parallel workers); requests still queued or running end with finish_reason
+        abort."""
+        _stop(self.loop, self.tp)
 
     def is_alive(self) -> bool:
         return self.loop.is_alive()
@@ -370,5 +396,6 @@ class Engine:
             "quantization": self.quantization,
             "quantization_reason": self.cpu_choice.reason,
             "attention_backend": self.attention_backend,
+            "tp": self.config.tp,
             "sampling_defaults": dict(self.sampling_defaults),
         }

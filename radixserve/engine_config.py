@@ -33,6 +33,7 @@ class EngineConfig:
     prefill_merge_tokens: int | str | None = "auto"  # "auto": 32 on CPU, no limit on CUDA; None: no limit
     sampling_defaults: str = "model"  # "model": the publisher's values for what a request leaves unset; "none"
     quantization: str = "auto"  # CPU weight format: auto (chosen by the CPU), none, int8 (radixserve/model/quant.py)
+    tp: int = 1  # tensor parallel ranks: tp - 1 workers share each layer (radixserve/distributed.py)
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():
@@ -65,6 +66,7 @@ class EngineConfig:
              "must be an integer >= 1, None or 'auto'"),
             ("sampling_defaults", self.sampling_defaults in ("model", "none"), "must be 'model' or 'none'"),
             ("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}"),
+            ("tp", _int(self.tp) and self.tp >= 1, "must be an integer >= 1"),
         ]
 
     @classmethod

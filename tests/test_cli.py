@@ -46,7 +46,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "model": str(tiny_model_dir), "dtype": "float32", "quantization": "int8", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
         "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
         "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False, "overlap_schedule": None,
-        "sampling_defaults": "model", "init_new_token_ratio": 0.7,
+        "sampling_defaults": "model", "init_new_token_ratio": 0.7, "tp": 1,
     }
     from radixserve import Engine
 
