@@ -101,6 +101,10 @@ class TPGroup:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)
         return int(t.item())
 
+    def send_stop(self) -> None:
+        """Rank 0: end the workers' current model (their `recv_batch` returns None)."""
+        dist.broadcast(torch.tensor([_STOP] + [0] * (_HEADER - 1)), 0, group=self.control)
+
     def close(self, kill: bool = False) -> None:
         """Rank 0: tell the workers to stop, wait for them, leave the group (idempotent). `kill`: do not wait."""
         if self.closed:
@@ -108,7 +112,7 @@ class TPGroup:
         self.closed = True
         try:
             if self.rank == 0 and not kill:
-                dist.broadcast(torch.tensor([_STOP] + [0] * (_HEADER - 1)), 0, group=self.control)
+                self.send_stop()
         except Exception as exc:  # noqa: BLE001 - a worker already gone: nothing to tell, the rest still runs
             log.warning("could not tell the tensor-parallel workers to stop: %r", exc)
         finally:

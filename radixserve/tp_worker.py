@@ -1,7 +1,7 @@
 """A tensor-parallel worker rank: loads its shard of the model and of the KV pool, then runs every forward rank 0
 broadcasts until rank 0 stops (radixserve/distributed.py).
 
-`python -m radixserve.tp_worker SETTINGS_JSON` with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+`python -m radixserve.tp_worker SETTINGS_JSON [...]` with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT) set: rank 0 starts it so. Under torchrun itself no one runs this module: the Engine of a
 rank above 0 calls `run_worker` and exits.
 """
@@ -50,26 +50,27 @@ def start_tensor_parallel(size: int, settings: dict[str, Any]) -> TPGroup | None
     return tp
 
 
-def run_worker(tp: TPGroup, settings: dict[str, Any]) -> None:
-    """Load this rank's shard and serve rank 0's steps; returns when rank 0 stops (the group is left)."""
+def run_worker(tp: TPGroup, *settings: dict[str, Any]) -> None:
+    """Load this rank's shard and serve rank 0's steps until rank 0 stops; with several settings, one model after
+    the other (rank 0 ends each but the last with `TPGroup.send_stop`). Leaves the group at the end."""
     try:
-        kw = {k: v for k, v in settings.items() if k != "device"}
-        kw["dtype"] = getattr(torch, settings["dtype"])
-        runner = ModelRunner(device=tp.device, cuda_graph=False, tp=tp, **kw)
-        runner.serve_steps()
+        for s in settings:
+            kw = {k: v for k, v in s.items() if k != "device"}
+            kw["dtype"] = getattr(torch, s["dtype"])
+            ModelRunner(device=tp.device, cuda_graph=False, tp=tp, **kw).serve_steps()
     finally:
         tp.close()
 
 
 def main(argv: list[str]) -> int:
     env = torchrun_env()
-    if env is None or len(argv) != 1:
-        print("usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python -m radixserve.tp_worker SETTINGS_JSON",
-              file=sys.stderr)
+    if env is None or not argv:
+        print("usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python -m radixserve.tp_worker "
+              "SETTINGS_JSON [SETTINGS_JSON ...]", file=sys.stderr)
         return 2
-    settings = json.loads(argv[0])
+    settings = [json.loads(a) for a in argv]
     rank, size, local_rank = env
-    run_worker(join(rank, size, local_rank, torch.device(settings["device"])), settings)
+    run_worker(join(rank, size, local_rank, torch.device(settings[0]["device"])), *settings)
     return 0
 
 
