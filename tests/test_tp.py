@@ -3,7 +3,10 @@ architecture, KV heads split, replicated (tp a multiple of them) or refused with
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,3 +133,19 @@ def test_engine_tp2_gives_tp1_tokens_with_the_prefix_cache(tiny_model_dir: Path,
         outs[tp] = ([o["output_ids"] for o in a], b["output_ids"], b["meta_info"]["cached_tokens"])
         assert eng.model_info()["tp"] == tp
     assert outs[2] == outs[1] and outs[2][2] > 0
+
+
+@pytest.mark.slow
+def test_torchrun_starts_the_ranks_itself(tiny_model_dir: Path, make_engine: Callable) -> None:
+    """torchrun-compatible: `torchrun --nproc-per-node 2 -m radixserve.cli generate --tp 2` prints tp=1's answer
+    (rank 1's Engine becomes the worker and exits 0)."""
+    prompt = "Hello, world! How are you"
+    want = make_engine(tiny_model_dir).generate(prompt, {"max_new_tokens": 6, "temperature": 0})["text"]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "radixserve.cli",
+                           "generate", "--model", str(tiny_model_dir), "--dtype", "float32", "--tp", "2",
+                           "--max-new-tokens", "6", prompt], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == want + "\n"
