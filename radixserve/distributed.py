@@ -65,6 +65,7 @@ class TPGroup:
     procs: list[subprocess.Popen] = field(default_factory=list)
     saved_threads: int | None = None
     closed: bool = False
+    broken: BaseException | None = None  # a fault mid-step: the ranks' collectives can no longer be matched
 
     def send_batch(self, batch: ForwardBatch, resolved_ids: torch.Tensor | None = None) -> None:
         """Rank 0: broadcast one step's batch (built on the CPU); `resolved_ids` replace placeholder input ids."""
@@ -111,14 +112,14 @@ class TPGroup:
             return
         self.closed = True
         try:
-            if self.rank == 0 and not kill:
+            if self.rank == 0 and not kill and self.broken is None:
                 self.send_stop()
         except Exception as exc:  # noqa: BLE001 - a worker already gone: nothing to tell, the rest still runs
             log.warning("could not tell the tensor-parallel workers to stop: %r", exc)
         finally:
             for p in self.procs:
                 try:
-                    p.wait(timeout=0 if kill else WORKER_EXIT_S)
+                    p.wait(timeout=0 if kill or self.broken is not None else WORKER_EXIT_S)
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()

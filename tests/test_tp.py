@@ -15,7 +15,7 @@ import torch
 
 from radixserve import distributed
 from radixserve.config import ModelConfig
-from radixserve.errors import ParamError
+from radixserve.errors import ParamError, RequestFailedError
 from radixserve.forward_batch import ForwardBatch
 from radixserve.model.loader import read_config
 from radixserve.model.parallel import plan_shard
@@ -133,6 +133,18 @@ def test_engine_tp2_gives_tp1_tokens_with_the_prefix_cache(tiny_model_dir: Path,
         outs[tp] = ([o["output_ids"] for o in a], b["output_ids"], b["meta_info"]["cached_tokens"])
         assert eng.model_info()["tp"] == tp
     assert outs[2] == outs[1] and outs[2][2] > 0
+
+    # A fault on rank 0 mid-step: that request fails, the group is marked broken (the worker waits inside a
+    # collective rank 0 will never join), and shutdown ends the worker rather than waiting on it.
+    def fault(batch: ForwardBatch) -> torch.Tensor:
+        raise RuntimeError("injected fault")
+
+    eng.runner.forward = fault
+    with pytest.raises(RequestFailedError):
+        eng.generate("one more", params)
+    assert eng.tp.broken is not None
+    eng.shutdown()
+    assert eng.tp.procs[0].poll() is not None
 
 
 @pytest.mark.slow

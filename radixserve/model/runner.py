@@ -154,8 +154,9 @@ class ModelRunner:
             ids = batch.input_ids
             batch.input_ids = torch.where(ids < 0, self.future_ids[(-ids - 1).clamp(min=0)], ids)
         if self.tp is not None:  # every rank runs this forward on its shard; rank 0 alone samples
-            self.tp.send_batch(step.forward, batch.input_ids if step.has_placeholders else None)
-        logits = self.forward(batch)
+            logits = self._forward_tp(step, batch)
+        else:
+            logits = self.forward(batch)
         prompt = []
         for pr, (targets, top_k) in zip((p for p in step.prompt_rows if p is not None), step.prompt_targets):
             first, count, _ = pr
@@ -173,6 +174,20 @@ class ModelRunner:
             next_ids = self._sample_rows_alone(logits, step, out)
         self.future_ids[device_tensor(step.sample_slots, self.device)] = next_ids
         return PendingOutput(next_ids, out)
+
+    def _forward_tp(self, step: ScheduledBatch, batch: ForwardBatch) -> torch.Tensor:
+        """Broadcast the batch, then run rank 0's shard. A fault in between leaves the other ranks inside collectives
+        that can no longer be matched: the group is marked broken and every later step fails at once (the engine
+        loop stops after a few), rather than feeding the ranks mismatched collectives."""
+        assert self.tp is not None
+        if self.tp.broken is not None:
+            raise RuntimeError(f"tensor-parallel group unusable after an earlier fault: {self.tp.broken!r}")
+        try:
+            self.tp.send_batch(step.forward, batch.input_ids if step.has_placeholders else None)
+            return self.forward(batch)
+        except BaseException as exc:
+            self.tp.broken = exc
+            raise
 
     def _sample_rows_alone(self, logits: torch.Tensor, step: ScheduledBatch, out: StepOutput) -> torch.Tensor:
         """Sample each row by itself (every row's arithmetic is independent of the batch, so good rows get the ids
