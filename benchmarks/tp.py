@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see radixserve/__init__.py)
+import torch  # noqa: E402
 
-from radixserve import distributed
-from radixserve.forward_batch import ForwardBatch
-from radixserve.model import cpu_select
-from radixserve.model.resolve import resolve_model
-from radixserve.model.runner import ModelRunner
-from radixserve.tp_worker import worker_settings
+from radixserve import distributed  # noqa: E402
+from radixserve.forward_batch import ForwardBatch  # noqa: E402
+from radixserve.model import cpu_select  # noqa: E402
+from radixserve.model.resolve import resolve_model  # noqa: E402
+from radixserve.model.runner import ModelRunner  # noqa: E402
+from radixserve.tp_worker import worker_settings  # noqa: E402
 
 PAGE = 16
 
@@ -58,20 +60,25 @@ def main() -> None:
         args = dict(dtype=dtype, device=cpu, page_size=PAGE, max_total_tokens=4096, attention_backend="torch",
                     max_running_requests=8)
         one, two = ModelRunner(path, **args), ModelRunner(path, tp=tp, **args)
-        print("| step | tp=1 ms (median) | tp=2 ms (median) | tp=2 / tp=1 |\n|---|---|---|---|")
+        half = max(1, threads // 2)
+        # tp=1 with all threads, tp=1 with the threads one rank gets, tp=2 (one rank's threads each)
+        configs = (("all", one, threads, None), ("half", one, half, None), ("tp2", two, half, tp))
+        print(f"| step | tp=1, {threads} threads: ms | tp=1, {half} thread(s): ms | tp=2, {half} each: ms "
+              f"| tp=2 / tp=1 ({threads} threads) |\n|---|---|---|---|---|")
         for name, batch in cases(one.config.vocab_size).items():
-            times: dict[int, list[float]] = {1: [], 2: []}
+            times: dict[str, list[float]] = {c[0]: [] for c in configs}
             for rep in range(a.reps + 1):  # the first repetition warms up
-                for size, runner, n in ((1, one, threads), (2, two, max(1, threads // 2))):
+                for key, runner, n, group in configs:
                     torch.set_num_threads(n)
                     start = time.perf_counter()
-                    if size == 2:
-                        tp.send_batch(batch)
+                    if group is not None:
+                        group.send_batch(batch)
                     runner.forward(batch)
                     if rep:
-                        times[size].append((time.perf_counter() - start) * 1e3)
-            m1, m2 = statistics.median(times[1]), statistics.median(times[2])
-            print(f"| {name} | {m1:.1f} | {m2:.1f} | {m2 / m1:.2f} |", flush=True)
+                        times[key].append((time.perf_counter() - start) * 1e3)
+            m = {k: statistics.median(v) for k, v in times.items()}
+            print(f"| {name} | {m['all']:.1f} | {m['half']:.1f} | {m['tp2']:.1f} | {m['tp2'] / m['all']:.2f} |",
+                  flush=True)
     finally:
         tp.close()
 

@@ -92,15 +92,13 @@ class Engine:
         self.sampling_defaults = load_sampling_defaults(self.model_path) if c.sampling_defaults == "model" else {}
         settings = worker_settings(str(self.model_path), dtype, str(self.device), c.page_size, c.max_total_tokens,
                                    self.attention_backend, c.max_running_requests, c.context_length, self.quantization)
-        # tp > 1: the worker ranks start here (under torchrun, a rank above 0 serves in here and exits)
-        self.tp = start_tensor_parallel(c.tp, settings)
-        if self.tp is not None:
-            self.device = self.tp.device
+        self.tp = start_tensor_parallel(c.tp, settings)  # tp > 1: workers start (under torchrun ranks > 0 serve, exit)
+        self.device = self.tp.device if self.tp is not None else self.device  # under torchrun: LOCAL_RANK's GPU
         try:
             self._build(c, dtype)
         except BaseException:
-            if self.tp is not None:
-                self.tp.close()
+            if self.tp is not None:  # the workers may be anywhere in their start-up: end them, do not talk to them
+                self.tp.close(kill=True)
             raise
         # An engine never shut down still stops its loop at interpreter exit, before torch's threads are torn down
         # under it (that aborts the process).
