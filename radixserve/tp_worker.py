@@ -70,7 +70,11 @@ def main(argv: list[str]) -> int:
         return 2
     settings = [json.loads(a) for a in argv]
     rank, size, local_rank = env
-    run_worker(join(rank, size, local_rank, torch.device(settings[0]["device"])), *settings)
+    try:
+        run_worker(join(rank, size, local_rank, torch.device(settings[0]["device"])), *settings)
+    except RuntimeError as e:  # above all rank 0 gone (gloo: "Connection closed by peer"): one line, not a traceback
+        print(f"radixserve tp worker rank {rank}: stopped: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
     return 0
 
 
