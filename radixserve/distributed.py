@@ -12,7 +12,8 @@ Start-up, either way torchrun's conventions (RANK, WORLD_SIZE, LOCAL_RANK, MASTE
 Transport: NCCL on CUDA, gloo on CPU. Each step is two gloo broadcasts on a CPU group (a 7-int header, then every
 int tensor of the batch in one buffer), plus, when the batch names ids still being sampled (overlap scheduling), the
 resolved ids on the device group. The CPU group waits without a deadline: an idle server sends nothing for hours,
-and a rank whose peer died still learns it at once, from the closed connection.
+and a rank whose peer died still learns it at once, from the closed connection. The default group (the model's
+collectives, and the start-up rendezvous) gives up after START_TIMEOUT.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 _STOP, _STEP = 0, 1
 _HEADER = 7  # kind, tokens, requests, page-table width, logits rows, page size, has resolved ids
 IDLE_TIMEOUT = timedelta(days=365)
+START_TIMEOUT = timedelta(minutes=10)
 WORKER_EXIT_S = 30.0
 
 
@@ -60,7 +62,7 @@ class TPGroup:
     rank: int
     size: int
     device: torch.device
-    control: dist.ProcessGroup | None = None  # gloo, no deadline: step headers and batch metadata
+    control: dist.ProcessGroup | None = None  # gloo, no deadline: step headers, batch metadata, start-up agreement
     group: dist.ProcessGroup | None = None  # the model's collectives (None: the default group)
     procs: list[subprocess.Popen] = field(default_factory=list)
     saved_threads: int | None = None
@@ -134,13 +136,15 @@ def join(rank: int, size: int, local_rank: int, base: torch.device, init_method:
     if dist.is_initialized():
         raise RuntimeError("a tensor-parallel group already exists in this process: one TP engine per process")
     device = rank_device(base, local_rank)
+    # The default group (the model's collectives, and the rendezvous: a rank that never shows up is an error after
+    # START_TIMEOUT, not a hang) has a deadline; the control group, where an idle worker waits for work, has none.
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=size, device_id=device)
-        control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=size, device_id=device,
+                                timeout=START_TIMEOUT)
     else:
-        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size, timeout=IDLE_TIMEOUT)
-        control = None  # the default group is gloo already
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size, timeout=START_TIMEOUT)
+    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     return TPGroup(rank, size, device, control=control)
 
 
@@ -158,6 +162,8 @@ def start(size: int, base: torch.device, worker_args: list[str]) -> TPGroup | No
         if world != size:
             raise ValueError(f"tp={size} but torchrun started WORLD_SIZE={world} processes: they must match")
         return join(rank, size, local_rank, base)
+    if base.type == "cuda" and torch.cuda.device_count() < (base.index or 0) + size:
+        raise ValueError(f"tp={size} needs {size} GPUs from {base}, but {torch.cuda.device_count()} are visible")
     saved = torch.get_num_threads()
     threads = max(1, saved // size)
     port = _free_port()
