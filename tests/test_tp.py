@@ -122,17 +122,24 @@ def test_tp2_matches_tp1_on_every_tiny_architecture(tiny_model_factory: Callable
 
 
 def test_engine_tp2_gives_tp1_tokens_with_the_prefix_cache(tiny_model_dir: Path, make_engine: Callable) -> None:
-    """The whole engine at tp=2: a batch, then a second turn that reuses the first's pages from rank 0's tree."""
+    """The whole engine at tp=2: a batch, then a second turn that reuses the first's pages from rank 0's tree. The
+    tp=2 engine overlaps scheduling (as on GPUs), so decode inputs name ids still being sampled and rank 0 sends
+    the workers the resolved ids."""
     params = {"max_new_tokens": 8, "temperature": 0}
     first = ["Hello, world! How are you today? I am fine, thanks.", "The quick brown fox jumps over the lazy dog"]
     outs = {}
+    resolved = []
     for tp in (1, 2):
-        eng = make_engine(tiny_model_dir, tp=tp, page_size=4)
+        eng = make_engine(tiny_model_dir, tp=tp, page_size=4, overlap_schedule=tp == 2)
+        if eng.tp is not None:
+            send = eng.tp.send_batch
+            eng.tp.send_batch = lambda batch, ids=None: (resolved.append(ids is not None), send(batch, ids))[1]
         a = eng.generate(first, params)
         b = eng.generate(first[0] + a[0]["text"] + " And you?", params)
         outs[tp] = ([o["output_ids"] for o in a], b["output_ids"], b["meta_info"]["cached_tokens"])
         assert eng.model_info()["tp"] == tp
     assert outs[2] == outs[1] and outs[2][2] > 0
+    assert any(resolved)
 
     # A fault on rank 0 mid-step: that request fails, the group is marked broken (the worker waits inside a
     # collective rank 0 will never join), and shutdown ends the worker rather than waiting on it.
