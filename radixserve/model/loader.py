@@ -71,10 +71,10 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device 
         raise ValueError(f"model path {path} is not a directory")
     config = read_config(path)
     files = safetensors_files(path)
-    # Built straight in `dtype` with uninitialized weights: no random init, no float32 copy of a bf16 model.
     shard = None if tp is None else plan_shard(config, tp.size, tp.rank)
-    if shard is not None and quantization != "none":
+    if shard is not None and quantization != "none":  # Int8Linear does not carry the row-parallel sum yet
         raise ValueError(f"tensor parallelism with quantization {quantization!r} is not supported yet: use 'none'")
+    # Built straight in `dtype` with uninitialized weights: no random init, no float32 copy of a bf16 model.
     with torch.device(device):
         model = LlamaForCausalLM(config if shard is None else local_config(config, shard), dtype)
         if shard is not None:
