@@ -168,3 +168,17 @@ def test_torchrun_starts_the_ranks_itself(tiny_model_dir: Path, make_engine: Cal
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == want + "\n"
+
+
+def test_gpu_placement_without_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve --dp 2 --tp 2` gives replica i GPUs 2i, 2i+1; rank r of a spawned group uses the r-th GPU after the
+    configured one; too few GPUs for --tp is refused before any process starts."""
+    from radixserve.router.replicas import replica_env
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert [replica_env(i, 2, "cuda", tp=2)["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["0,1", "2,3"]
+    assert distributed.rank_device(torch.device("cuda", 1), 2) == torch.device("cuda", 3)
+    assert distributed.rank_device(torch.device("cpu"), 1) == torch.device("cpu")
+    with pytest.raises(ValueError, match="tp=2 needs 2 GPUs from cuda:3, but 4 are visible"):
+        distributed.start(2, torch.device("cuda", 3), [])
