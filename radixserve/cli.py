@@ -34,6 +34,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="CPU weight format: 'int8' is weight-only int8 per output channel; 'auto' picks what the "
                         "CPU runs fastest (see /get_model_info's quantization_reason) (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="'cpu', 'cuda' or 'cuda:N' (default: %(default)s)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor parallel: split every layer over this many processes (GPUs with --device cuda; "
+                        "torchrun-compatible) (default: %(default)s)")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (default: from free memory)")
     p.add_argument("--context-length", type=int, default=None, help="cap the context below the model's own")
@@ -185,6 +188,7 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "kv_cache_dir": args.kv_cache_dir,
         "kv_cache_disk_gb": args.kv_cache_disk_gb,
         "max_pinned_share": args.max_pinned_share,
+        "tp": args.tp,
     }
 
 

@@ -9,7 +9,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,10 @@ from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixserve.speculative.mode import choose_speculative
 from radixserve.timeline import Tracker
 from radixserve.tokenizer import Tokenizer
+from radixserve.tp_worker import start_tensor_parallel, worker_settings
+
+if TYPE_CHECKING:
+    from radixserve.distributed import TPGroup
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +64,11 @@ def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any)
         pass  # that loop has closed: its caller left (its request was aborted), so nobody waits for this
 
 
-def _stop(loop: EngineLoop, scheduler: Scheduler) -> None:
+def _stop(loop: EngineLoop, scheduler: Scheduler, tp: TPGroup | None) -> None:
     loop.stop()
     close_tier(scheduler)
+    if tp is not None:
+        tp.close()
 
 
 class Engine(CacheSurface):
@@ -90,9 +96,22 @@ class Engine(CacheSurface):
         self.tokenizer = Tokenizer.from_dir(self.model_path)
         # Applied to what a request leaves unset (see radixserve/model/sampling_defaults.py).
         self.sampling_defaults = load_sampling_defaults(self.model_path) if c.sampling_defaults == "model" else {}
+        settings = worker_settings(str(self.model_path), dtype, str(self.device), c.page_size, c.max_total_tokens,
+                                   self.attention_backend, c.max_running_requests, c.context_length, self.quantization)
+        self.tp = start_tensor_parallel(c.tp, settings)  # tp > 1: workers start (under torchrun ranks > 0 serve, exit)
+        self.device = self.tp.device if self.tp is not None else self.device  # under torchrun: LOCAL_RANK's GPU
+        try:
+            self._build(c, dtype)
+        except BaseException:
+            if self.tp is not None:  # the workers may be anywhere in their start-up: end them, do not talk to them
+                self.tp.close(kill=True)
+            raise
+
+    def _build(self, c: EngineConfig, dtype: str) -> None:
+        """The runner (weights and KV pool), the scheduler and the loop."""
         self.runner = ModelRunner(
             self.model_path, _DTYPES[dtype], self.device, c.page_size, c.max_total_tokens, self.attention_backend,
-            c.max_running_requests, c.context_length, quantization=self.quantization,
+            c.max_running_requests, c.context_length, quantization=self.quantization, tp=self.tp,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is
@@ -145,9 +164,10 @@ class Engine(CacheSurface):
         self.tracker = Tracker()  # request timelines (radixserve/timeline.py), read by the dashboard and exporters
         self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule, self.tracker,
                                idle=Checkpointer(self.scheduler))
-        # An engine never shut down still stops its loop at interpreter exit, before torch's threads are torn down
-        # under it (that aborts the process), and persists its cache tree to the disk tier.
-        self._finalizer = weakref.finalize(self, _stop, self.loop, self.scheduler)
+        # An engine never shut down still stops its loop (and its tensor-parallel workers) at interpreter exit, before
+        # torch's threads are torn down under it (that aborts the process), and persists its cache tree to the disk
+        # tier.
+        self._finalizer = weakref.finalize(self, _stop, self.loop, self.scheduler, self.tp)
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> "Engine":
@@ -157,8 +177,8 @@ class Engine(CacheSurface):
         self.shutdown()
 
     def shutdown(self) -> None:
-        """Stop the loop; requests still queued or running end with finish_reason abort; the cache tree is written
-        to the disk tier (--kv-cache-dir) for the next start."""
+        """Stop the loop (and the tensor-parallel workers); requests still queued or running end with finish_reason
+        abort; the cache tree is written to the disk tier (--kv-cache-dir) for the next start."""
         self._finalizer()
 
     def is_alive(self) -> bool:
@@ -435,6 +455,7 @@ class Engine(CacheSurface):
             "quantization": self.quantization,
             "quantization_reason": self.cpu_choice.reason,
             "attention_backend": self.attention_backend,
+            "tp": self.config.tp,
             "sampling_defaults": dict(self.sampling_defaults),
             "speculative": self.speculative.reason,
         }

@@ -42,6 +42,7 @@ class EngineConfig:
     kv_cache_disk_gb: float = 10.0  # the disk tier's size limit (LRU past it)
     max_pinned_share: float = 0.5  # pinned prefixes (/cache/pin) hold at most this share of the KV pool
     enable_jump_forward: bool = True  # constrained decoding appends the tokens a grammar forces without sampling
+    tp: int = 1  # tensor parallel ranks: tp - 1 workers share each layer (radixserve/distributed.py)
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():
@@ -87,6 +88,7 @@ class EngineConfig:
              and not isinstance(self.kv_cache_disk_gb, bool) and self.kv_cache_disk_gb > 0, "must be > 0"),
             ("max_pinned_share", isinstance(self.max_pinned_share, (int, float)) and 0 <= self.max_pinned_share <= 1,
              "must be in [0, 1]"),
+            ("tp", _int(self.tp) and self.tp >= 1, "must be an integer >= 1"),
         ]
 
     @classmethod

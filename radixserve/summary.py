@@ -17,6 +17,8 @@ def startup_summary(engine: Any, url: str | None = None, api_key: bool | str | N
         ("KV pool", f"{pool.capacity * pool.page_size:,} tokens in {pool.capacity:,} pages of {pool.page_size} "
                     f"({pool_bytes / 2**30:.2f} GiB)"),
         ("context", f"{info['context_length']:,} tokens"),
+        *([("tensor parallel", f"{info['tp']} ranks, each with its shard of the weights and a KV pool of its heads "
+                               "(the KV pool above is rank 0's)")] if info.get("tp", 1) > 1 else []),
         ("sampling defaults", defaults),
     ]
     if url is not None:

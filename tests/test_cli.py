@@ -50,7 +50,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "fair_share": True, "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False,
         "enable_partial_page_reuse": True, "overlap_schedule": None, "enable_jump_forward": True,
         "sampling_defaults": "model", "init_new_token_ratio": 0.7, "speculative": "ngram", "speculative_max_tokens": 5,
-        "kv_cache_dir": None, "kv_cache_disk_gb": 0.5, "max_pinned_share": 0.25,
+        "kv_cache_dir": None, "kv_cache_disk_gb": 0.5, "max_pinned_share": 0.25, "tp": 1,
     }
     from radixserve import Engine
 

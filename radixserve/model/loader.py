@@ -4,13 +4,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from radixserve.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM, can_pack
+from radixserve.model.parallel import local_config, parallelize, plan_shard, shard_weights, tie_parallel_head
 from radixserve.model.quant import quantize_model_int8
+
+if TYPE_CHECKING:
+    from radixserve.distributed import TPGroup
 
 
 def read_config(path: Path) -> ModelConfig:
@@ -56,17 +61,28 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu",
-               quantization: str = "none") -> tuple[ModelConfig, LlamaForCausalLM]:
-    """Build the model in `dtype` on `device` and fill it from the folder's weights; ValueError for a bad folder."""
+               quantization: str = "none", tp: TPGroup | None = None) -> tuple[ModelConfig, LlamaForCausalLM]:
+    """Build the model in `dtype` on `device` and fill it from the folder's weights; ValueError for a bad folder.
+
+    With `tp`, the model is this rank's shard (radixserve/model/parallel.py) and `model.config` its per-rank
+    config; the returned config is the whole model's."""
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"model path {path} is not a directory")
     config = read_config(path)
     files = safetensors_files(path)
+    shard = None if tp is None else plan_shard(config, tp.size, tp.rank)
+    if shard is not None and quantization != "none":  # Int8Linear does not carry the row-parallel sum yet
+        raise ValueError(f"tensor parallelism with quantization {quantization!r} is not supported yet: use 'none'")
     # Built straight in `dtype` with uninitialized weights: no random init, no float32 copy of a bf16 model.
     with torch.device(device):
-        model = LlamaForCausalLM(config, dtype)
-    model.load_weights(iter_safetensors(files))
+        model = LlamaForCausalLM(config if shard is None else local_config(config, shard), dtype)
+        if shard is not None:
+            parallelize(model, shard, tp.group)
+    weights = iter_safetensors(files)
+    model.load_weights(weights if shard is None else shard_weights(weights, config, shard))
+    if shard is not None:
+        tie_parallel_head(model, shard, tp.group)
     if quantization == "int8":
         quantize_model_int8(model)  # replaces every Linear, so nothing is left for oneDNN to pack
     elif can_pack(dtype, torch.device(device)):

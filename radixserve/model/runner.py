@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,9 @@ from radixserve.sampling.sampler import chosen_logprobs, sample_ids, token_logpr
 from radixserve.sampling.speculative import verify
 from radixserve.step import ScheduledBatch, StepOutput
 from radixserve.transfer import device_tensor, to_device
+
+if TYPE_CHECKING:
+    from radixserve.distributed import TPGroup
 
 # On a CPU a bigger pool only costs start-up time (it is zeroed) and memory: 64k tokens hold dozens of long
 # conversations, and a CPU computes far fewer tokens than that per minute. GPUs size it from free memory alone.
@@ -93,17 +97,22 @@ class ModelRunner:
         cuda_graph: bool = True,
         mem_fraction: float = 0.3,
         quantization: str = "none",
+        tp: TPGroup | None = None,
     ) -> None:
         self.device = device
+        self.tp = tp  # tensor parallel: this rank's shard of the model and of every KV head (radixserve/distributed.py)
         bind_device(device)
-        self.config, self.model = load_model(model_path, dtype, device, quantization)
-        cfg = self.config
+        self.config, self.model = load_model(model_path, dtype, device, quantization, tp)
+        cfg = self.model.config  # with tp, this rank's heads: its KV pool holds those alone
         bytes_per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype.itemsize)
         if max_total_tokens is None:
-            max_total_tokens = int(_available_memory(device) * mem_fraction) // bytes_per_token
+            ranks_here = tp.size if tp is not None and device.type == "cpu" else 1  # CPU ranks share one memory
+            max_total_tokens = int(_available_memory(device) * mem_fraction) // ranks_here // bytes_per_token
             if device.type == "cpu":
                 max_total_tokens = min(max_total_tokens, CPU_MAX_AUTO_TOKENS)
         num_pages = max_total_tokens // page_size + 1  # + the sink page
+        if tp is not None:  # page ids mean the same pages on every rank: all pools get the smallest size
+            num_pages = tp.min_int(num_pages)
         if num_pages < 2:
             raise ValueError(f"max_total_tokens={max_total_tokens} is less than one page of {page_size} tokens")
         self.pool = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
@@ -113,7 +122,8 @@ class ModelRunner:
         self.future_ids = torch.zeros(max_running_requests, dtype=torch.int64, device=device)
         # Decode steps replay captured CUDA graphs where the backend supports them; everything else runs eagerly.
         self.graphs = None
-        if cuda_graph and device.type == "cuda" and hasattr(self.attn, "init_cuda_graph"):
+        # Not with tensor parallelism yet: capturing its collectives in a graph is untested (no multi-GPU machine).
+        if cuda_graph and tp is None and device.type == "cuda" and hasattr(self.attn, "init_cuda_graph"):
             from radixserve.model.cuda_graph import CudaGraphRunner
 
             self.graphs = CudaGraphRunner(self.model, self.attn, max_running_requests,
@@ -126,6 +136,13 @@ class ModelRunner:
         self.attn.plan(batch)
         hidden = self.model(batch, self.attn)
         return self.model.compute_logits(hidden[batch.logits_indices])
+
+    @torch.inference_mode()
+    def serve_steps(self) -> None:
+        """Tensor-parallel ranks above 0: run the forward of each batch rank 0 sends, until it stops."""
+        assert self.tp is not None and self.tp.rank > 0
+        while (batch := self.tp.recv_batch()) is not None:
+            self.forward(batch)
 
     @torch.inference_mode()
     def execute(self, step: ScheduledBatch) -> "PendingOutput":
@@ -142,7 +159,10 @@ class ModelRunner:
             batch.input_ids = torch.where(ids < 0, self.future_ids[(-ids - 1).clamp(min=0)], ids)
         if step.grammar is not None:
             step.grammar.start()  # the constrained rows' masks are computed on a side thread during the forward
-        logits = self.forward(batch)
+        if self.tp is not None:  # every rank runs this forward on its shard; rank 0 alone samples
+            logits = self._forward_tp(step, batch)
+        else:
+            logits = self.forward(batch)
         prompt = []
         for pr, (targets, top_k) in zip((p for p in step.prompt_rows if p is not None), step.prompt_targets):
             first, count, _ = pr
@@ -204,6 +224,20 @@ class ModelRunner:
         out.next_ids = ids
         if any(i.return_logprob or i.top_logprobs_num for i in infos):
             out.logprobs, out.top_logprobs = lps, tops
+
+    def _forward_tp(self, step: ScheduledBatch, batch: ForwardBatch) -> torch.Tensor:
+        """Broadcast the batch, then run rank 0's shard. A fault in between leaves the other ranks inside collectives
+        that can no longer be matched: the group is marked broken and every later step fails at once (the engine
+        loop stops after a few), rather than feeding the ranks mismatched collectives."""
+        assert self.tp is not None
+        if self.tp.broken is not None:
+            raise RuntimeError(f"tensor-parallel group unusable after an earlier fault: {self.tp.broken!r}")
+        try:
+            self.tp.send_batch(step.forward, batch.input_ids if step.has_placeholders else None)
+            return self.forward(batch)
+        except BaseException as exc:
+            self.tp.broken = exc
+            raise
 
     def _sample_rows_alone(self, logits: torch.Tensor, infos: list[SamplingInfo], out: StepOutput) -> torch.Tensor:
         """Sample each row by itself (every row's arithmetic is independent of the batch, so good rows get the ids

@@ -43,19 +43,20 @@ def replica_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def replica_env(i: int, dp: int, device: str) -> dict[str, str]:
+def replica_env(i: int, dp: int, device: str, tp: int = 1) -> dict[str, str]:
     env = dict(os.environ)
-    if "OMP_NUM_THREADS" not in env:
+    if "OMP_NUM_THREADS" not in env:  # a --tp replica splits its share again between its ranks
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // dp))
     if device.startswith("cuda") and "CUDA_VISIBLE_DEVICES" not in os.environ:
         import torch
 
-        if torch.cuda.device_count() >= dp:
-            env["CUDA_VISIBLE_DEVICES"] = str(i)
+        if torch.cuda.device_count() >= dp * tp:  # replica i's tp ranks: GPUs i*tp .. i*tp + tp - 1
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(i * tp, (i + 1) * tp))
     return env
 
 
-def start_replicas(argv: Sequence[str], model: Path, dp: int, port: int, device: str) -> list[tuple[str, subprocess.Popen]]:
+def start_replicas(argv: Sequence[str], model: Path, dp: int, port: int, device: str,
+                   tp: int = 1) -> list[tuple[str, subprocess.Popen]]:
     """Start dp `radixserve serve` processes on 127.0.0.1, ports port+1 .. port+dp; (url, process) each."""
     base = [sys.executable, "-m", "radixserve.cli", *replica_argv(argv), "--model", str(model), "--host", "127.0.0.1"]
     procs = []
@@ -63,7 +64,7 @@ def start_replicas(argv: Sequence[str], model: Path, dp: int, port: int, device:
         p = port + 1 + i
         cmd = [*base, "--port", str(p)]
         log.info("replica %d: %s", i, " ".join(cmd[2:]))
-        procs.append((f"http://127.0.0.1:{p}", subprocess.Popen(cmd, env=replica_env(i, dp, device))))
+        procs.append((f"http://127.0.0.1:{p}", subprocess.Popen(cmd, env=replica_env(i, dp, device, tp))))
     return procs
 
 
@@ -105,7 +106,7 @@ def run_replicas(args: argparse.Namespace, argv: Sequence[str], model: Path) -> 
     from radixserve.router.launch import run_router
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    replicas = start_replicas(argv, model, args.dp, args.port, args.device)
+    replicas = start_replicas(argv, model, args.dp, args.port, args.device, args.tp)
     try:
         wait_ready(replicas)
         route = ["route", "--host", args.host, "--port", str(args.port), "--policy", args.router_policy]
