@@ -26,8 +26,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "(default: $RADIXSERVE_CACHE or ~/.cache/radixserve)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights and KV cache dtype; 'auto' is bfloat16 (default: %(default)s)")
-    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8"],
-                   help="CPU weight format: 'int8' is weight-only int8 per output channel; 'auto' picks what the "
+    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="CPU weight format: 'int8' is weight-only int8 per output channel, 'int4' weight-only int4 "
+                        "in groups of 64 input columns; 'auto' picks what the "
                         "CPU runs fastest (see /get_model_info's quantization_reason) (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="'cpu', 'cuda' or 'cuda:N' (default: %(default)s)")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")

@@ -32,7 +32,7 @@ class EngineConfig:
     overlap_schedule: bool | None = None  # None: on for CUDA, off on CPU
     prefill_merge_tokens: int | str | None = "auto"  # "auto": 32 on CPU, no limit on CUDA; None: no limit
     sampling_defaults: str = "model"  # "model": the publisher's values for what a request leaves unset; "none"
-    quantization: str = "auto"  # CPU weight format: auto (chosen by the CPU), none, int8 (radixserve/model/quant.py)
+    quantization: str = "auto"  # CPU weight format: auto (chosen by the CPU), none, int8, int4 (radixserve/model/quant.py)
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():

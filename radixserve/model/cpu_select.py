@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-QUANTIZATIONS = ("auto", "none", "int8")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 
 @dataclass(frozen=True)
 class CpuChoice:
     dtype: str  # float32 | bfloat16 | float16
-    quantization: str  # none | int8
+    quantization: str  # none | int8 | int4
     reason: str
 
 
@@ -38,8 +38,8 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
     if device_type != "cpu":
-        if quantization == "int8":
-            raise ValueError("quantization='int8' is a CPU path (torch._weight_int8pack_mm); use 'none' on GPUs")
+        if quantization in ("int8", "int4"):
+            raise ValueError(f"quantization={quantization!r} is a CPU path (torch's packed CPU ops); use 'none' on GPUs")
         return CpuChoice("bfloat16" if dtype == "auto" else dtype, "none", f"{device_type}: bf16, no weight quantization")
     cap, bf16 = cpu_capability(), has_bf16_hardware()
     why = [f"cpu={cap}", f"bf16_hw={'yes' if bf16 else 'no'}"]

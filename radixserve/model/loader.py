@@ -10,7 +10,7 @@ from safetensors import SafetensorError, safe_open
 
 from radixserve.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM, can_pack
-from radixserve.model.quant import quantize_model_int8
+from radixserve.model.quant import quantize_model
 
 
 def read_config(path: Path) -> ModelConfig:
@@ -67,8 +67,8 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device 
     with torch.device(device):
         model = LlamaForCausalLM(config, dtype)
     model.load_weights(iter_safetensors(files))
-    if quantization == "int8":
-        quantize_model_int8(model)  # replaces every Linear, so nothing is left for oneDNN to pack
+    if quantization in ("int8", "int4"):
+        quantize_model(model, quantization)  # replaces every Linear, so nothing is left for oneDNN to pack
     elif can_pack(dtype, torch.device(device)):
         model.pack_for_cpu()
     return config, model.eval()

@@ -1,18 +1,36 @@
-"""Weight-only int8 linears for CPU: per-output-channel symmetric int8 weights, matmul by `torch._weight_int8pack_mm`.
+"""Weight-only int8 and int4 linears for CPU, on torch's packed CPU ops.
 
-Why int8 weight-only: a decode step reads every weight once, so halving the bytes (vs bf16) or quartering them
-(vs float32) is what makes batch-1 decode faster; activations stay in the model's dtype. torch's packed op takes
-the int8 weight `[N, K]` and one scale per output row, and dequantizes inside the kernel (no float copy of W).
+Why weight-only: a decode step reads every weight once, so fewer bytes per weight (int8: half of bf16, int4 about a
+quarter) is what makes batch-1 decode faster; activations stay in the model's dtype.
+
+- int8: symmetric, one scale per output channel; `torch._weight_int8pack_mm(x, q [N, K], scale [N])`.
+- int4: asymmetric, one (scale, zero) per group of 32/64/128 input columns; `torch._weight_int4pack_mm_for_cpu(x,
+  packed, group, scale_zeros [K/group, N, 2])` with packed = `torch._convert_weight_to_int4pack_for_cpu(q, 1)`.
+  The op's formula (tinygemm's) is w = (q - 8) * scale + zero with q in 0..15, so a symmetric format (GGUF Q4_0)
+  maps exactly with zero = 0 and an affine one (Q4_K: w = d*q - m) with zero = 8*d - m.
+
+Both ops run with bf16 activations (fp16 for fp16 models): with float32 activations they were 10-60x slower here
+(benchmarks/quant_linear.py), and bf16 rounding of x is far below the weights' quantization error.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-# Per-format tolerance the tests hold a quantized matmul to, relative to the float32 result's scale: symmetric
-# int8 rounding is at most half a step (max|w|/254 per row), so errors stay well under 1% of |y|'s spread.
-INT8_REL_TOL = 0.02
+# Per-format tolerance the tests hold a quantized matmul to: relative Frobenius error ||y - x W^T|| / ||x W^T|| on
+# random normal weights and inputs. Rounding to a step `d` adds an error of rms d/sqrt(12) per weight, so:
+# int8 (d = 2 max|w|/254 per row, ~0.026 sigma): measured 0.007; int4 (d = (max - min)/15 per group, ~0.27-0.35
+# sigma for groups of 32-128): measured 0.08 / 0.09 / 0.10. The bounds leave room for small shapes' spread and
+# for the bf16 rounding of activations, scales and output (~0.4%).
+INT8_REL_TOL = 0.015
+INT4_REL_TOL = {32: 0.13, 64: 0.14, 128: 0.15}
+INT4_GROUP_SIZES = (32, 64, 128)
+INT4_DEFAULT_GROUP = 64
+_INT4_N_MULTIPLE = 16  # the packing op wants N divisible by 16: pad with zero rows, slice the output
+
+
+def _op_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float16 if x.dtype == torch.float16 else torch.bfloat16
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,6 +44,30 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale[:, None]
+
+
+def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q `[N, K]` int32 in 0..15, scale `[N, K/group]`, zero `[N, K/group]`) with w ~= (q - 8) * scale + zero.
+
+    Asymmetric min/max per group: the 16 levels span [min, max] of the group; a constant group gets scale 1.
+    """
+    w = weight.detach().float()
+    n, k = w.shape
+    if k % group:
+        raise ValueError(f"int4 group size {group} does not divide in_features {k}")
+    g = w.reshape(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = (hi - lo) / 15.0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.clamp(torch.round((g - lo[..., None]) / scale[..., None]), 0, 15).to(torch.int32)
+    return q.reshape(n, k), scale, lo + 8 * scale
+
+
+def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    n, k = q.shape
+    group = k // scale.shape[1]
+    g = (q.reshape(n, -1, group).float() - 8) * scale[..., None] + zero[..., None]
+    return g.reshape(n, k)
 
 
 class Int8Linear(nn.Module):
@@ -45,10 +87,7 @@ class Int8Linear(nn.Module):
         return cls(q, scale, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The op runs in bf16 even for float32 models: with float32 activations it was 12-60x slower here
-        # (AVX-512-BF16, benchmarks/quant_linear.py) and 9x slower on AVX2 (issue 14); bf16 rounding of x is
-        # far below the int8 weight error.
-        act = torch.float16 if x.dtype == torch.float16 else torch.bfloat16
+        act = _op_dtype(x)
         s = self._scales.get(act)
         if s is None:
             s = self._scales[act] = self.scale.to(act)
@@ -56,6 +95,65 @@ class Int8Linear(nn.Module):
         y = torch._weight_int8pack_mm(x.reshape(-1, shape[-1]).to(act).contiguous(), self.qweight, s)
         y = y.reshape(*shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T + b with W in int4 groups along K (see the module docstring); returns the activations' dtype.
+
+    Holds only the packed nibbles (`[N_pad, K/2]` uint8) and float32 (scale, zero) pairs; N is padded to a
+    multiple of 16 with zero rows for the packing op and the output sliced back.
+    """
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        n, k = q.shape
+        self.in_features, self.out_features, self.group = k, n, k // scale.shape[1]
+        pad = -n % _INT4_N_MULTIPLE
+        if pad:
+            q = torch.cat([q, torch.full((pad, k), 8, dtype=q.dtype)])
+            scale = torch.cat([scale, torch.ones(pad, scale.shape[1])])
+            zero = torch.cat([zero, torch.zeros(pad, zero.shape[1])])
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1))
+        # [K/group, N_pad, 2]: the layout the op reads
+        self.register_buffer("scale_zeros", torch.stack([scale, zero], -1).transpose(0, 1).contiguous().float())
+        self._scale_zeros: dict[torch.dtype, torch.Tensor] = {}
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None, group: int = INT4_DEFAULT_GROUP) -> Int4Linear:
+        return cls(*quantize_int4(weight, group), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        act = _op_dtype(x)
+        sz = self._scale_zeros.get(act)
+        if sz is None:
+            sz = self._scale_zeros[act] = self.scale_zeros.to(act)
+        shape = x.shape
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, shape[-1]).to(act).contiguous(), self.packed,
+                                                        self.group, sz)
+        if y.shape[-1] != self.out_features:
+            y = y[:, : self.out_features]
+        y = y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+def int4_group_for(in_features: int, group: int) -> int | None:
+    """`group` if it divides `in_features`, else the largest smaller supported group that does; None if none does."""
+    for g in sorted(INT4_GROUP_SIZES, reverse=True):
+        if g <= group and in_features % g == 0:
+            return g
+    return None
+
+
+def quantized_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, group: int) -> nn.Module:
+    """The Int8Linear or Int4Linear for one weight; a layer whose width no int4 group divides stays int8."""
+    if fmt == "int4":
+        g = int4_group_for(weight.shape[1], group)
+        if g is not None:
+            return Int4Linear.from_float(weight, bias, g)
+    elif fmt != "int8":
+        raise ValueError(f"unknown weight format {fmt!r}")
+    return Int8Linear.from_float(weight, bias)
 
 
 def plain_weight(linear: nn.Module) -> torch.Tensor:
@@ -66,25 +164,18 @@ def plain_weight(linear: nn.Module) -> torch.Tensor:
 
 
 @torch.no_grad()
-def quantize_model_int8(model: nn.Module) -> int:
-    """Replace every Linear of a LlamaForCausalLM (LM head included, tied or not) by an Int8Linear; returns how many.
-
-    A tied head gets its own int8 copy (the embedding lookup keeps the plain rows); vocab x hidden bytes in int8.
-    """
+def quantize_model(model: nn.Module, fmt: str, group: int = INT4_DEFAULT_GROUP) -> int:
+    """Replace every Linear of a LlamaForCausalLM (LM head included, tied or not) by its `fmt` ("int8" or "int4")
+    version; returns how many. A tied head gets its own quantized copy (the embedding lookup keeps the plain rows)."""
     from radixserve.model.llama import Linear
 
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, Linear):
-                setattr(parent, name, Int8Linear.from_float(plain_weight(child), child.bias))
+                setattr(parent, name, quantized_linear(plain_weight(child), child.bias, fmt, group))
                 count += 1
     if getattr(model, "lm_head", None) is None and getattr(model, "tied_head", None) is None:
-        model.tied_head = Int8Linear.from_float(model.embed_tokens.weight, None)
+        model.tied_head = quantized_linear(model.embed_tokens.weight, None, fmt, group)
         count += 1
     return count
-
-
-def reference_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """float32 result of the same dequantized weight: what the packed op must reproduce up to rounding."""
-    return F.linear(x.float(), dequantize_int8(q, scale), None if bias is None else bias.float())
