@@ -18,7 +18,7 @@ from radixserve.model.quant import (
     quantize_int8,
 )
 
-SHAPES = [(1, 64, 96), (3, 896, 128), (17, 128, 4864), (96, 256, 33)]  # (rows, in, out): odd widths included
+SHAPES = [(1, 64, 96), (3, 896, 128), (17, 128, 4864), (96, 256, 33)]  # (rows, in, out): odd widths; int8 op and dense paths
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

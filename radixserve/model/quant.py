@@ -15,6 +15,7 @@ Both ops run with bf16 activations (fp16 for fp16 models): with float32 activati
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 # Per-format tolerance the tests hold a quantized matmul to: relative Frobenius error ||y - x W^T|| / ||x W^T|| on
@@ -24,6 +25,11 @@ from torch import nn
 # for the bf16 rounding of activations, scales and output (~0.4%).
 INT8_REL_TOL = 0.015
 INT4_REL_TOL = {32: 0.13, 64: 0.14, 128: 0.15}
+# From this many rows on, Int8Linear widens its codes to bf16 and runs a dense matmul (oneDNN, AMX where present)
+# instead of torch._weight_int8pack_mm, whose cost grows ~linearly with rows: on the AMX machine of RESULTS.md the
+# op won at <= 8 rows and lost 2-7x at 32-512 rows, while the one-pass int8 -> bf16 widening is cheap next to a
+# prefill chunk's matmul. Decode (1 row per stream) keeps reading int8 bytes only.
+INT8_DENSE_ROWS = 16
 INT4_GROUP_SIZES = (32, 64, 128)
 INT4_DEFAULT_GROUP = 64
 _INT4_N_MULTIPLE = 16  # the packing op wants N divisible by 16: pad with zero rows, slice the output
@@ -92,7 +98,11 @@ class Int8Linear(nn.Module):
         if s is None:
             s = self._scales[act] = self.scale.to(act)
         shape = x.shape
-        y = torch._weight_int8pack_mm(x.reshape(-1, shape[-1]).to(act).contiguous(), self.qweight, s)
+        x2 = x.reshape(-1, shape[-1]).to(act)
+        if x2.shape[0] >= INT8_DENSE_ROWS:
+            y = F.linear(x2, self.qweight.to(act)) * s  # per-row scale factors out of the dot product
+        else:
+            y = torch._weight_int8pack_mm(x2.contiguous(), self.qweight, s)
         y = y.reshape(*shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
