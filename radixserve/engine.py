@@ -304,6 +304,9 @@ class Engine:
             "cached_pages": cache.total_pages,
             "evictable_pages": cache.evictable_pages,
             "page_size": self.runner.pool.page_size,
+            "dtype": self.dtype_name,
+            "quantization": self.quantization,
+            "quantization_reason": self.cpu_choice.reason,
         }
 
     def metrics(self) -> dict[str, Any]:

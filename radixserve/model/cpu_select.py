@@ -1,11 +1,19 @@
-"""Pick the activation dtype and weight quantization for `dtype="auto"` / `quantization="auto"` from the CPU.
+"""Pick the activation dtype and weight format for `dtype="auto"` / `quantization="auto"` from the CPU's kind.
 
-Why: bf16 matmuls only have a hardware path on AVX-512-BF16 / AMX CPUs; on AVX2-only CPUs torch emulates them
-(a 96-token prefill matmul measured 5x slower than float32 there). Int8 weights (`--quantization int8`,
-torch._weight_int8pack_mm) trade prefill for decode: on AVX-512-BF16 (RESULTS.md, benchmarks/quant_engine.py)
-bf16+int8 decoded 1.7x faster at 1 stream than packed bf16 but took 1.8x longer on a 1,000-token prefill (the op
-is 1.7-5x slower than oneDNN at 96 rows), so "auto" does not pick it; on AVX2 its 96-row cost is unmeasured, so
-"auto" keeps float32 there until a run on such a CPU says otherwise.
+The kinds, widest first: AMX (amx_bf16 tiles), AVX512_BF16 (avx512_bf16 instructions), AVX512, AVX2. Why they
+differ: bf16 matmuls only have a hardware path on AVX512_BF16 and AMX; on AVX2/AVX512 torch emulates them (a 96-token
+prefill matmul measured 5x slower than float32 on the issue's AVX2 EPYC), so activations stay float32 there.
+
+Weight format (only when dtype is "auto" too; an explicit dtype means no quantization unless one is asked for),
+chosen by one rule: of the formats whose perplexity stays within 2% of float32 on the default model
+(benchmarks/quality.py: bf16 and int8 do; int4 does not), the one that decodes fastest, as long as a 1,000-token
+prefill costs at most 2x the dense one. On AMX (benchmarks/quant_engine.py, RESULTS.md) bf16+int8 decoded 1.7x
+faster than packed bf16 at 1 stream (the step reads half the bytes) and prefilled 1,000 tokens 1.6x slower (from
+16 rows on, Int8Linear widens its codes to bf16 and runs the dense oneDNN/AMX matmul); int4 decoded 3.3x faster but
+prefilled 3.8x slower and fails the perplexity bar, so it stays an explicit choice. AVX512_BF16 gets the same
+choice by the same mechanism (measured before the dense prefill path: decode 1.7x, prefill 1.8x slower then).
+AVX2/AVX512 keep float32 and no quantization: the int8 op needs bf16 activations, emulated there, and no
+engine-level run on such a CPU has measured int8 yet (the issue's figures are per layer).
 """
 from __future__ import annotations
 
@@ -14,6 +22,17 @@ from dataclasses import dataclass
 import torch
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+CPU_KINDS = ("AMX", "AVX512_BF16", "AVX512", "AVX2", "DEFAULT")
+
+# kind -> (dtype, quantization, why): the table `choose` reads for "auto".
+CHOICES: dict[str, tuple[str, str, str]] = {
+    "AMX": ("bfloat16", "int8", "bf16 on AMX tiles; int8 weights decode 1.7x faster than bf16 (half the bytes), "
+                                "prefill runs dense bf16 from the int8 codes; int4 misses the 2% perplexity bar"),
+    "AVX512_BF16": ("bfloat16", "int8", "native bf16; int8 weights decode 1.7x faster than bf16, prefill dense bf16"),
+    "AVX512": ("float32", "none", "no bf16 hardware: float32 activations (bf16 would be emulated)"),
+    "AVX2": ("float32", "none", "no bf16 hardware: float32 activations (bf16 would be emulated, 5x slower prefill)"),
+    "DEFAULT": ("float32", "none", "no SIMD path torch knows: float32"),
+}
 
 
 @dataclass(frozen=True)
@@ -33,6 +52,20 @@ def has_bf16_hardware() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def has_amx() -> bool:
+    """AMX tiles with bf16 (Sapphire Rapids and later), as torch detects them (monkeypatched in tests)."""
+    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    return bool(caps.get("amx_tile") and caps.get("amx_bf16"))
+
+
+def cpu_kind() -> str:
+    """One of CPU_KINDS for this machine."""
+    cap = cpu_capability()
+    if has_bf16_hardware():
+        return "AMX" if has_amx() else "AVX512_BF16"
+    return cap if cap in ("AVX512", "AVX2") else "DEFAULT"
+
+
 def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice:
     """Resolve "auto" in either argument; an explicit value is kept. ValueError for an unknown quantization."""
     if quantization not in QUANTIZATIONS:
@@ -41,12 +74,17 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice
         if quantization in ("int8", "int4"):
             raise ValueError(f"quantization={quantization!r} is a CPU path (torch's packed CPU ops); use 'none' on GPUs")
         return CpuChoice("bfloat16" if dtype == "auto" else dtype, "none", f"{device_type}: bf16, no weight quantization")
-    cap, bf16 = cpu_capability(), has_bf16_hardware()
-    why = [f"cpu={cap}", f"bf16_hw={'yes' if bf16 else 'no'}"]
+    kind = cpu_kind()
+    auto_dtype, auto_quant, why = CHOICES[kind]
+    parts = [f"cpu={kind}"]
     if dtype == "auto":
-        dtype = "bfloat16" if bf16 else "float32"
-        why.append("bf16 activations (native)" if bf16 else "float32 activations (bf16 would be emulated)")
-    if quantization == "auto":
-        quantization = "none"
-        why.append("no weight quantization (int8 speeds decode but slows prefill, see module doc)")
-    return CpuChoice(dtype, quantization, "; ".join(why))
+        parts.append(why)
+    if quantization == "auto" and dtype != "auto":
+        # An explicit dtype asks for that dtype's numerics (the float32 parity tests rely on it): no quantization.
+        auto_quant = "none"
+        parts.append(f"explicit dtype={dtype}, so no weight quantization unless asked")
+    elif dtype != "auto" or quantization != "auto":
+        parts.append("explicit " + ", ".join(f"{k}={v}" for k, v in (("dtype", dtype), ("quantization", quantization))
+                                              if v != "auto"))
+    return CpuChoice(auto_dtype if dtype == "auto" else dtype, auto_quant if quantization == "auto" else quantization,
+                     "; ".join(parts))

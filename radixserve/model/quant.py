@@ -92,17 +92,21 @@ class Int8Linear(nn.Module):
         q, scale = quantize_int8(weight)
         return cls(q, scale, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        act = _op_dtype(x)
-        s = self._scales.get(act)
+    def _scale(self, dtype: torch.dtype) -> torch.Tensor:
+        s = self._scales.get(dtype)
         if s is None:
-            s = self._scales[act] = self.scale.to(act)
+            s = self._scales[dtype] = self.scale.to(dtype)
+        return s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(act)
+        x2 = x.reshape(-1, shape[-1])
         if x2.shape[0] >= INT8_DENSE_ROWS:
-            y = F.linear(x2, self.qweight.to(act)) * s  # per-row scale factors out of the dot product
+            # Dense in the model's own dtype (float32 on CPUs without bf16 hardware); the per-row scale factors out.
+            y = F.linear(x2, self.qweight.to(x.dtype)) * self._scale(x.dtype)
         else:
-            y = torch._weight_int8pack_mm(x2.contiguous(), self.qweight, s)
+            act = _op_dtype(x)
+            y = torch._weight_int8pack_mm(x2.to(act).contiguous(), self.qweight, self._scale(act))
         y = y.reshape(*shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
