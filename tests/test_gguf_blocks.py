@@ -4,6 +4,7 @@ dequantizer, and through the int4/int8 linears."""
 from __future__ import annotations
 
 import gguf
+import pytest
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
@@ -76,3 +77,31 @@ def test_mapped_blocks_run_through_the_quantized_linears():
     ref = x @ torch.from_numpy(_reference(data, T.Q8_0)).T
     y = Int8Linear(m8.q, m8.scale, None)(x)
     assert ((y - ref).norm() / ref.norm()).item() <= 0.015
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])  # llama: llama.cpp's permuted Q/K rows are undone on the codes
+def test_loader_takes_int4_codes_from_the_gguf_blocks(arch, tiny_model_factory, tmp_path):
+    from test_gguf import write_gguf
+
+    from radixserve.model.loader import _gguf_blocks, load_model
+    from radixserve.model.quant import quantize_model
+    from radixserve.model.resolve import resolve_model
+
+    types = {"attn_q": T.Q4_0, "attn_k": T.Q4_0, "attn_v": T.Q4_0, "attn_output": T.Q8_0, "ffn_gate": T.Q4_0,
+             "ffn_up": T.Q4_0, "ffn_down": T.Q4_0, "token_embd": T.Q8_0, "output": T.Q8_0}
+    gguf_path = write_gguf(tmp_path / f"tiny-{arch}.gguf", arch, tiny_model_factory(arch), types)
+    folder = resolve_model(gguf_path, cache_dir=tmp_path / "cache", progress=False)
+    cfg, model = load_model(folder, torch.float32)
+    dense = {n: p.detach().clone() for n, p in model.named_parameters()}
+    count, from_gguf = quantize_model(model, "int4", mapped=_gguf_blocks(folder, "int4", cfg))
+    assert from_gguf == 3 * cfg.num_layers  # qkv, gate_up, down; o_proj (Q8_0) and the head come from floats
+    for i in range(cfg.num_layers):
+        for name in ("self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            lin = model.get_submodule(f"layers.{i}.{name}")
+            w = lin(torch.eye(lin.in_features)).T - (0 if lin.bias is None else lin.bias[:, None])
+            ref = dense[f"layers.{i}.{name}.weight"]
+            # The GGUF's own values, up to bf16 rounding of scale/zero and output; a requantized copy would be ~8% off.
+            assert ((w - ref).norm() / ref.norm()).item() <= 0.01, (i, name)
+    _, model8 = load_model(folder, torch.float32)
+    _, from_gguf = quantize_model(model8, "int8", mapped=_gguf_blocks(folder, "int8", cfg))
+    assert from_gguf == cfg.num_layers + 1  # every o_proj and the LM head (Q8_0: a tied head from the embedding)

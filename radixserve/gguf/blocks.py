@@ -17,8 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pathlib import Path
+
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
+
+from radixserve.gguf.reader import PERMUTED_ARCHITECTURES, GGUFFile, unpermute_rows, hf_tensor_name
 
 QK = 32  # weights per Q4_0 / Q8_0 block and per Q4_K sub-block
 QK_K = 256  # weights per K-quant super-block
@@ -100,3 +105,38 @@ def q8_0_to_int8(data: np.ndarray, shape: tuple[int, int]) -> Int8Mapping:
     # One block row at a time keeps the float temporaries at [N, K/32, 32] of this tensor only, never a model copy.
     requant = np.clip(np.rint(q * (d / scale[:, None])[..., None]), -127, 127).astype(np.int8)
     return Int8Mapping(torch.from_numpy(requant.reshape(n, k)), torch.from_numpy(scale), False)
+
+
+def _unpermuted(m: Int4Mapping | Int8Mapping, heads: int) -> Int4Mapping | Int8Mapping:
+    """Undo llama.cpp's Q/K row order on every per-row array of a mapping (rows are independent in both formats)."""
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(unpermute_rows(t.numpy(), heads)))
+    if isinstance(m, Int4Mapping):
+        return Int4Mapping(rows(m.q), rows(m.scale), rows(m.zero))
+    return Int8Mapping(rows(m.q), rows(m.scale), m.exact)
+
+
+MAPPERS = {
+    "int4": {GGMLQuantizationType.Q4_0: q4_0_to_int4, GGMLQuantizationType.Q4_K: q4_k_to_int4},
+    "int8": {GGMLQuantizationType.Q8_0: q8_0_to_int8},
+}
+
+
+def mapped_tensors(gguf_path: str | Path, fmt: str, num_heads: int, num_kv_heads: int) -> dict[str, Int4Mapping | Int8Mapping]:
+    """Hugging Face weight name -> mapping, for every 2-D tensor of the GGUF whose block type maps onto `fmt`
+    ("int4" or "int8"); tensors of other types are not in the result (the loader quantizes those from floats)."""
+    f = GGUFFile.open(gguf_path)
+    permuted = f.architecture in PERMUTED_ARCHITECTURES
+    out: dict[str, Int4Mapping | Int8Mapping] = {}
+    for t in f.reader.tensors:
+        mapper = MAPPERS[fmt].get(t.tensor_type)
+        if mapper is None or len(t.shape) != 2:
+            continue
+        shape = (int(t.shape[1]), int(t.shape[0]))  # GGUF shapes are innermost-first
+        m = mapper(t.data, shape)
+        if permuted and ".attn_q." in t.name:
+            m = _unpermuted(m, num_heads)
+        elif permuted and ".attn_k." in t.name:
+            m = _unpermuted(m, num_kv_heads)
+        out[hf_tensor_name(t.name)] = m
+    return out

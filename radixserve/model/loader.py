@@ -55,6 +55,21 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ValueError(f"cannot read weights from {file}: {e}") from e
 
 
+def _gguf_blocks(path: Path, fmt: str, config: ModelConfig) -> dict:
+    """For a folder converted from a GGUF that is still on disk: its blocks that map onto `fmt` without a float
+    detour (radixserve/gguf/blocks.py), by Hugging Face name; {} otherwise."""
+    from radixserve.gguf.blocks import mapped_tensors
+    from radixserve.gguf.convert import PROVENANCE_FILE
+
+    try:
+        source = Path(json.loads((path / PROVENANCE_FILE).read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not source.is_file():
+        return {}
+    return mapped_tensors(source, fmt, config.num_heads, config.num_kv_heads)
+
+
 def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu",
                quantization: str = "none") -> tuple[ModelConfig, LlamaForCausalLM]:
     """Build the model in `dtype` on `device` and fill it from the folder's weights; ValueError for a bad folder."""
@@ -68,7 +83,8 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device 
         model = LlamaForCausalLM(config, dtype)
     model.load_weights(iter_safetensors(files))
     if quantization in ("int8", "int4"):
-        quantize_model(model, quantization)  # replaces every Linear, so nothing is left for oneDNN to pack
+        # replaces every Linear, so nothing is left for oneDNN to pack
+        quantize_model(model, quantization, mapped=_gguf_blocks(path, quantization, config))
     elif can_pack(dtype, torch.device(device)):
         model.pack_for_cpu()
     return config, model.eval()

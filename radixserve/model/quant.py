@@ -14,6 +14,8 @@ Both ops run with bf16 activations (fp16 for fp16 models): with float32 activati
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -177,19 +179,44 @@ def plain_weight(linear: nn.Module) -> torch.Tensor:
     return linear.weight
 
 
+def _from_mapped(parts: list[Any], fmt: str, bias: torch.Tensor | None) -> nn.Module | None:
+    """The linear built from GGUF-mapped codes of every stacked part (radixserve/gguf/blocks.py), or None when a
+    part is missing or of another format (then the float weight is quantized instead)."""
+    want = "Int4Mapping" if fmt == "int4" else "Int8Mapping"
+    if not parts or any(p is None or type(p).__name__ != want for p in parts):
+        return None
+    if fmt == "int4":
+        if len({p.scale.shape[1] for p in parts}) != 1:  # one group size across the stacked parts
+            return None
+        return Int4Linear(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]),
+                          torch.cat([p.zero for p in parts]), bias)
+    return Int8Linear(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), bias)
+
+
 @torch.no_grad()
-def quantize_model(model: nn.Module, fmt: str, group: int = INT4_DEFAULT_GROUP) -> int:
+def quantize_model(model: nn.Module, fmt: str, group: int = INT4_DEFAULT_GROUP,
+                   mapped: dict[str, Any] | None = None) -> tuple[int, int]:
     """Replace every Linear of a LlamaForCausalLM (LM head included, tied or not) by its `fmt` ("int8" or "int4")
-    version; returns how many. A tied head gets its own quantized copy (the embedding lookup keeps the plain rows)."""
+    version; returns (how many, how many of those took their codes from `mapped`: Hugging Face tensor name ->
+    GGUF block mapping). A tied head gets its own quantized copy (the embedding lookup keeps the plain rows)."""
     from radixserve.model.llama import Linear
 
-    count = 0
-    for parent in list(model.modules()):
+    mapped = mapped or {}
+    hf_parts = model.hf_parts()
+    count = from_gguf = 0
+    for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, Linear):
-                setattr(parent, name, quantized_linear(plain_weight(child), child.bias, fmt, group))
-                count += 1
+            if not isinstance(child, Linear):
+                continue
+            full = f"{parent_name}.{name}" if parent_name else name
+            parts = [mapped.get(hf) for hf in hf_parts.get(f"{full}.weight", [])]
+            lin = _from_mapped(parts, fmt, child.bias)
+            from_gguf += lin is not None
+            setattr(parent, name, lin or quantized_linear(plain_weight(child), child.bias, fmt, group))
+            count += 1
     if getattr(model, "lm_head", None) is None and getattr(model, "tied_head", None) is None:
-        model.tied_head = quantized_linear(model.embed_tokens.weight, None, fmt, group)
+        lin = _from_mapped([mapped.get("model.embed_tokens.weight")], fmt, None)
+        from_gguf += lin is not None
+        model.tied_head = lin or quantized_linear(model.embed_tokens.weight, None, fmt, group)
         count += 1
-    return count
+    return count, from_gguf
