@@ -68,7 +68,7 @@ class Engine:
         self.sampling_defaults = load_sampling_defaults(self.model_path) if c.sampling_defaults == "model" else {}
         self.runner = ModelRunner(
             self.model_path, _DTYPES[dtype], self.device, c.page_size, c.max_total_tokens, self.attention_backend,
-            c.max_running_requests, c.context_length, quantization=self.quantization,
+            c.max_running_requests, c.context_length, quantization=self.cpu_choice.weights,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is

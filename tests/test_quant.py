@@ -120,7 +120,8 @@ def test_auto_choice_per_cpu_kind(monkeypatch, cap, bf16_hw, amx, kind, expected
     assert cpu_select.cpu_kind() == kind
     c = cpu_select.choose("auto", "auto")
     assert (c.dtype, c.quantization) == expected
-    assert c.reason.startswith(f"cpu={kind}; ") and cpu_select.CHOICES[kind][2] in c.reason
+    assert c.reason.startswith(f"cpu={kind}; ") and cpu_select.CHOICES[kind][3] in c.reason
+    assert c.weights == ("int8+bf16" if kind in ("AMX", "AVX512_BF16") else "none")
 
 
 def test_explicit_choices_are_kept_and_bad_ones_refused(monkeypatch):
@@ -151,3 +152,17 @@ def test_engine_reports_the_choice(monkeypatch, tiny_model_dir):
         assert info["quantization_reason"].startswith("cpu=AMX") and stats["quantization_reason"] == info["quantization_reason"]
         out = eng.generate(input_ids=list(range(40)), sampling_params={"max_new_tokens": 4, "temperature": 0})
         assert len(out["output_ids"]) == 4  # a 40-token prefill (dense int8 path) and decode steps (int8 op)
+
+
+@pytest.mark.skipif(not cpu_select.has_bf16_hardware(), reason="the packed bf16 copy needs oneDNN bf16 kernels")
+@pytest.mark.parametrize("rows", [1, 3, 20])
+def test_int8_dense_copy_is_the_same_weights(rows):
+    torch.manual_seed(rows)
+    w, b, x = torch.randn(96, 128), torch.randn(96), torch.randn(rows, 128).bfloat16()
+    lean = Int8Linear.from_float(w, b)
+    both = Int8Linear.from_float(w, b)
+    both.keep_dense_copy()
+    assert both.dense is not None and both.dense.is_mkldnn
+    # 1 row: the int8 op on both; more: the packed bf16 codes vs widening or the op, equal up to bf16 rounding.
+    assert rel_err(both(x), lean(x).float()) <= 0.01
+    assert rel_err(both(x), x.float() @ dequantize_int8(lean.qweight, lean.scale).T + b) <= 0.01

@@ -24,14 +24,17 @@ import torch
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 CPU_KINDS = ("AMX", "AVX512_BF16", "AVX512", "AVX2", "DEFAULT")
 
-# kind -> (dtype, quantization, why): the table `choose` reads for "auto".
-CHOICES: dict[str, tuple[str, str, str]] = {
-    "AMX": ("bfloat16", "int8", "bf16 on AMX tiles; int8 weights decode 1.7x faster than bf16 (half the bytes), "
-                                "prefill runs dense bf16 from the int8 codes; int4 misses the 2% perplexity bar"),
-    "AVX512_BF16": ("bfloat16", "int8", "native bf16; int8 weights decode 1.7x faster than bf16, prefill dense bf16"),
-    "AVX512": ("float32", "none", "no bf16 hardware: float32 activations (bf16 would be emulated)"),
-    "AVX2": ("float32", "none", "no bf16 hardware: float32 activations (bf16 would be emulated, 5x slower prefill)"),
-    "DEFAULT": ("float32", "none", "no SIMD path torch knows: float32"),
+# kind -> (dtype, quantization, keep a bf16 copy of the int8 codes, why): the table `choose` reads for "auto".
+CHOICES: dict[str, tuple[str, str, bool, str]] = {
+    "AMX": ("bfloat16", "int8", True, "bf16 on AMX tiles; int8 weights for 1-row decode steps (half the bytes of "
+                                      "bf16), the same codes packed in bf16 for batched decode and prefill; int4 "
+                                      "misses the 2% perplexity bar"),
+    "AVX512_BF16": ("bfloat16", "int8", True, "native bf16; int8 weights for 1-row decode steps, the same codes "
+                                              "packed in bf16 for batched decode and prefill"),
+    "AVX512": ("float32", "none", False, "no bf16 hardware: float32 activations (bf16 would be emulated)"),
+    "AVX2": ("float32", "none", False, "no bf16 hardware: float32 activations (bf16 would be emulated, 5x slower "
+                                       "prefill)"),
+    "DEFAULT": ("float32", "none", False, "no SIMD path torch knows: float32"),
 }
 
 
@@ -40,6 +43,12 @@ class CpuChoice:
     dtype: str  # float32 | bfloat16 | float16
     quantization: str  # none | int8 | int4
     reason: str
+    dense_copy: bool = False  # int8 codes also kept packed in bf16 for steps of 2+ rows (Int8Linear.keep_dense_copy)
+
+    @property
+    def weights(self) -> str:
+        """What the loader builds: none, int8, int4, or int8+bf16."""
+        return f"{self.quantization}+bf16" if self.dense_copy else self.quantization
 
 
 def cpu_capability() -> str:
@@ -75,7 +84,7 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice
             raise ValueError(f"quantization={quantization!r} is a CPU path (torch's packed CPU ops); use 'none' on GPUs")
         return CpuChoice("bfloat16" if dtype == "auto" else dtype, "none", f"{device_type}: bf16, no weight quantization")
     kind = cpu_kind()
-    auto_dtype, auto_quant, why = CHOICES[kind]
+    auto_dtype, auto_quant, dense_copy, why = CHOICES[kind]
     parts = [f"cpu={kind}"]
     if dtype == "auto":
         parts.append(why)
@@ -87,4 +96,4 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice
         parts.append("explicit " + ", ".join(f"{k}={v}" for k, v in (("dtype", dtype), ("quantization", quantization))
                                               if v != "auto"))
     return CpuChoice(auto_dtype if dtype == "auto" else dtype, auto_quant if quantization == "auto" else quantization,
-                     "; ".join(parts))
+                     "; ".join(parts), dense_copy=dense_copy and dtype == "auto" and quantization == "auto")

@@ -10,7 +10,7 @@ from safetensors import SafetensorError, safe_open
 
 from radixserve.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM, can_pack
-from radixserve.model.quant import quantize_model
+from radixserve.model.quant import keep_dense_copies, quantize_model
 
 
 def read_config(path: Path) -> ModelConfig:
@@ -72,7 +72,9 @@ def _gguf_blocks(path: Path, fmt: str, config: ModelConfig) -> dict:
 
 def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu",
                quantization: str = "none") -> tuple[ModelConfig, LlamaForCausalLM]:
-    """Build the model in `dtype` on `device` and fill it from the folder's weights; ValueError for a bad folder."""
+    """Build the model in `dtype` on `device` and fill it from the folder's weights; ValueError for a bad folder.
+
+    quantization: none, int8, int4, or int8+bf16 (int8 codes plus a packed bf16 copy of them, CpuChoice.weights)."""
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"model path {path} is not a directory")
@@ -82,9 +84,12 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device 
     with torch.device(device):
         model = LlamaForCausalLM(config, dtype)
     model.load_weights(iter_safetensors(files))
-    if quantization in ("int8", "int4"):
+    if quantization in ("int8", "int4", "int8+bf16"):
         # replaces every Linear, so nothing is left for oneDNN to pack
-        quantize_model(model, quantization, mapped=_gguf_blocks(path, quantization, config))
+        fmt = quantization.removesuffix("+bf16")
+        quantize_model(model, fmt, mapped=_gguf_blocks(path, fmt, config))
+        if quantization == "int8+bf16" and can_pack(dtype, torch.device(device)):
+            keep_dense_copies(model)  # int8 for 1-row steps, the same codes packed in bf16 for the rest
     elif can_pack(dtype, torch.device(device)):
         model.pack_for_cpu()
     return config, model.eval()

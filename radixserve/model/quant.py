@@ -88,6 +88,13 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)
         self._scales: dict[torch.dtype, torch.Tensor] = {}  # the op wants scales in the activations' dtype
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.register_buffer("dense", None)  # see keep_dense_copy
+
+    def keep_dense_copy(self) -> None:
+        """Keep the codes also as a oneDNN-packed bf16 matrix, used for steps of 2 rows or more (batched decode,
+        prefill): the same weights (int8 values are exact in bf16, the per-row scale is applied after, as on the
+        widening path), at bf16's speed there, while 1-row steps keep reading int8. Costs 2 more bytes per weight."""
+        self.dense = torch.ops.mkldnn._reorder_linear_weight(self.qweight.to(torch.bfloat16))
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Linear:
@@ -103,7 +110,9 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if x2.shape[0] >= INT8_DENSE_ROWS:
+        if self.dense is not None and x2.shape[0] >= 2 and x.dtype == torch.bfloat16:
+            y = torch.ops.mkldnn._linear_pointwise(x2, self.dense, None, "none", [], "") * self._scale(x.dtype)
+        elif x2.shape[0] >= INT8_DENSE_ROWS:
             # Dense in the model's own dtype (float32 on CPUs without bf16 hardware); the per-row scale factors out.
             y = F.linear(x2, self.qweight.to(x.dtype)) * self._scale(x.dtype)
         else:
@@ -220,3 +229,11 @@ def quantize_model(model: nn.Module, fmt: str, group: int = INT4_DEFAULT_GROUP,
         model.tied_head = lin or quantized_linear(model.embed_tokens.weight, None, fmt, group)
         count += 1
     return count, from_gguf
+
+
+def keep_dense_copies(model: nn.Module) -> int:
+    """Int8Linear.keep_dense_copy on every int8 linear of the model; returns how many."""
+    lins = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    for lin in lins:
+        lin.keep_dense_copy()
+    return len(lins)
