@@ -27,6 +27,7 @@ from radixserve.gguf.reader import PERMUTED_ARCHITECTURES, GGUFFile, unpermute_r
 
 QK = 32  # weights per Q4_0 / Q8_0 block and per Q4_K sub-block
 QK_K = 256  # weights per K-quant super-block
+_ROWS_PER_SLICE = 4096
 
 
 @dataclass(frozen=True)
@@ -96,15 +97,19 @@ def q8_0_to_int8(data: np.ndarray, shape: tuple[int, int]) -> Int8Mapping:
     n, k = shape
     b = _blocks(data, n, 2 + QK)  # [N, K/32, 34]
     d = _fp16(b[..., :2])  # [N, K/32]
-    q = np.ascontiguousarray(b[..., 2:]).view(np.int8).astype(np.int32)  # [N, K/32, 32]
+    q = np.ascontiguousarray(b[..., 2:]).view(np.int8)  # [N, K/32, 32]
     if np.all(d == d[:, :1]):  # one scale per row already: reuse the codes as they are
         scale = np.where(d[:, 0] == 0, 1.0, d[:, 0]).astype(np.float32)
-        return Int8Mapping(torch.from_numpy(q.reshape(n, k).astype(np.int8)), torch.from_numpy(scale), True)
-    row_max = (d * np.abs(q).max(axis=-1)).max(axis=-1)  # max |w| per row
+        return Int8Mapping(torch.from_numpy(q.reshape(n, k).copy()), torch.from_numpy(scale), True)
+    row_max = (d * np.abs(q.astype(np.int16)).max(axis=-1)).max(axis=-1)  # max |w| per row
     scale = np.where(row_max == 0, 1.0, row_max / 127.0).astype(np.float32)
-    # One block row at a time keeps the float temporaries at [N, K/32, 32] of this tensor only, never a model copy.
-    requant = np.clip(np.rint(q * (d / scale[:, None])[..., None]), -127, 127).astype(np.int8)
-    return Int8Mapping(torch.from_numpy(requant.reshape(n, k)), torch.from_numpy(scale), False)
+    factor = (d / scale[:, None]).astype(np.float32)[..., None]  # [N, K/32, 1]
+    requant = np.empty((n, k), dtype=np.int8)
+    # In slices of rows: the float temporaries stay a few MB even for a 152k-row LM head.
+    for lo in range(0, n, _ROWS_PER_SLICE):
+        hi = min(n, lo + _ROWS_PER_SLICE)
+        requant[lo:hi] = np.clip(np.rint(q[lo:hi].astype(np.float32) * factor[lo:hi]), -127, 127).reshape(hi - lo, k)
+    return Int8Mapping(torch.from_numpy(requant), torch.from_numpy(scale), False)
 
 
 def _unpermuted(m: Int4Mapping | Int8Mapping, heads: int) -> Int4Mapping | Int8Mapping:

@@ -33,6 +33,7 @@ INT4_REL_TOL = {32: 0.13, 64: 0.14, 128: 0.15}
 # prefill chunk's matmul. Decode (1 row per stream) keeps reading int8 bytes only.
 INT8_DENSE_ROWS = 16
 INT4_GROUP_SIZES = (32, 64, 128)
+_QUANT_ROWS = 8192
 INT4_DEFAULT_GROUP = 64
 _INT4_N_MULTIPLE = 16  # the packing op wants N divisible by 16: pad with zero rows, slice the output
 
@@ -42,12 +43,19 @@ def _op_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 weight `[N, K]`, float32 scale `[N]`) with weight ~= q * scale[:, None]; an all-zero row gets scale 1."""
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1) / 127.0
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
-    return q.contiguous(), scale
+    """(int8 weight `[N, K]`, float32 scale `[N]`) with weight ~= q * scale[:, None]; an all-zero row gets scale 1.
+
+    In slices of rows, so the float temporaries of a 152k-row LM head stay small (they set the load's peak RSS)."""
+    n = weight.shape[0]
+    q = torch.empty(weight.shape, dtype=torch.int8)
+    scale = torch.empty(n, dtype=torch.float32)
+    for lo in range(0, n, _QUANT_ROWS):
+        w = weight[lo : lo + _QUANT_ROWS].detach().float()
+        s = w.abs().amax(dim=1) / 127.0
+        s = torch.where(s == 0, torch.ones_like(s), s)
+        q[lo : lo + _QUANT_ROWS] = torch.clamp(torch.round(w / s[:, None]), -127, 127)
+        scale[lo : lo + _QUANT_ROWS] = s
+    return q, scale
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
