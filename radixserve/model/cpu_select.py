@@ -6,12 +6,13 @@ prefill matmul measured 5x slower than float32 on the issue's AVX2 EPYC), so act
 
 Weight format (only when dtype is "auto" too; an explicit dtype means no quantization unless one is asked for),
 chosen by one rule: of the formats whose perplexity stays within 2% of float32 on the default model
-(benchmarks/quality.py: bf16 and int8 do; int4 does not), the one that decodes fastest, as long as a 1,000-token
-prefill costs at most 2x the dense one. On AMX (benchmarks/quant_engine.py, RESULTS.md) bf16+int8 decoded 1.7x
-faster than packed bf16 at 1 stream (the step reads half the bytes) and prefilled 1,000 tokens 1.6x slower (from
-16 rows on, Int8Linear widens its codes to bf16 and runs the dense oneDNN/AMX matmul); int4 decoded 3.3x faster but
-prefilled 3.8x slower and fails the perplexity bar, so it stays an explicit choice. AVX512_BF16 gets the same
-choice by the same mechanism (measured before the dense prefill path: decode 1.7x, prefill 1.8x slower then).
+(benchmarks/quality.py: bf16 +0.0%, int8 +0.3%, int4 +10.5%), the one that decodes fastest without making batched
+decode or prefill slower. On AMX (benchmarks/quant_engine.py, RESULTS.md) int8 alone decoded 1.2-1.7x faster than
+packed bf16 at 1 stream on the loaded shared machine but lost at 8 streams (0.4-0.8x) and at prefill; int8 with its
+codes also packed in bf16 (Int8Linear.keep_dense_copy: same weights, bf16 kernels for 2+ rows) decoded 1.07x (idle
+machine) to 1.35x (loaded) faster at 1 stream, 0.96-1.05x at 8 streams, prefill within noise of bf16, for 1.4x
+bf16's weight memory. int4 decodes fastest (1.7-3.3x) but prefills 4-7x slower and fails the perplexity bar, so
+it stays an explicit choice. AVX512_BF16 gets AMX's choice by the same mechanism (not re-measured there).
 AVX2/AVX512 keep float32 and no quantization: the int8 op needs bf16 activations, emulated there, and no
 engine-level run on such a CPU has measured int8 yet (the issue's figures are per layer).
 """
@@ -27,8 +28,9 @@ CPU_KINDS = ("AMX", "AVX512_BF16", "AVX512", "AVX2", "DEFAULT")
 # kind -> (dtype, quantization, keep a bf16 copy of the int8 codes, why): the table `choose` reads for "auto".
 CHOICES: dict[str, tuple[str, str, bool, str]] = {
     "AMX": ("bfloat16", "int8", True, "bf16 on AMX tiles; int8 weights for 1-row decode steps (half the bytes of "
-                                      "bf16), the same codes packed in bf16 for batched decode and prefill; int4 "
-                                      "misses the 2% perplexity bar"),
+                                      "bf16: 1.07-1.35x faster measured), the same codes packed in bf16 for batched "
+                                      "decode and prefill (bf16 speed, 1.4x bf16's weight memory); int4 misses the "
+                                      "2% perplexity bar"),
     "AVX512_BF16": ("bfloat16", "int8", True, "native bf16; int8 weights for 1-row decode steps, the same codes "
                                               "packed in bf16 for batched decode and prefill"),
     "AVX512": ("float32", "none", False, "no bf16 hardware: float32 activations (bf16 would be emulated)"),
