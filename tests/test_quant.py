@@ -111,7 +111,7 @@ def _pretend(monkeypatch, cap: str, bf16_hw: bool, amx: bool) -> None:
         ("AVX2", False, False, "AVX2", ("float32", "none")),  # the EPYC: bf16 emulated, float32 prefill 5x faster
         ("AVX512", False, False, "AVX512", ("float32", "none")),  # AVX-512 without BF16
         ("AVX512", True, False, "AVX512_BF16", ("bfloat16", "int8")),  # native bf16, int8 halves decode bytes
-        ("AVX512", True, True, "AMX", ("bfloat16", "int8")),  # measured here: int8 decode 1.7x, int4 fails quality
+        ("AVX512", True, True, "AMX", ("bfloat16", "int8")),  # int8 codes + bf16 copy; int4 fails the quality bar
         ("DEFAULT", False, False, "DEFAULT", ("float32", "none")),
     ],
 )
