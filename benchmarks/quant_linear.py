@@ -1,4 +1,6 @@
-"""Per-shape cost of one linear on this CPU: float32, bf16 (oneDNN-packed), int8 weight-only (fp32 / bf16 acts).
+"""Per-shape cost of one linear on this CPU: float32, bf16 (oneDNN-packed), int8 weight-only, int4 weight-only (groups
+of 32/64/128), all quantized ones with bf16 activations (with float32 ones torch's ops were 10-60x slower: the
+int8/fp32 column of the first table in RESULTS.md's issue-14 section).
 
 The default model's projection shapes (Qwen2.5-0.5B: qkv 1152x896, o 896x896, gate_up 9728x896, down 896x4864,
 lm_head 151936x896) at 1 and 96 rows: decode and an uncached prefill tail. Prints the CPU flags with the figures.
@@ -15,7 +17,7 @@ import torch
 
 from radixserve.model import cpu_select
 from radixserve.model.llama import Linear
-from radixserve.model.quant import Int8Linear
+from radixserve.model.quant import INT8_DENSE_ROWS, Int4Linear, Int8Linear
 
 SHAPES = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864), "lm_head": (151936, 896)}
 
@@ -37,9 +39,10 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
     a = ap.parse_args()
-    print(f"cpu={cpu_select.cpu_capability()} bf16_hw={cpu_select.has_bf16_hardware()} threads={torch.get_num_threads()}")
-    print("| shape | rows | fp32 us | bf16 packed us | int8 fp32-act us | int8 bf16-act us |")
-    print("|---|---|---|---|---|---|")
+    print(f"cpu_kind={cpu_select.cpu_kind()} torch_cpu={cpu_select.cpu_capability()} threads={torch.get_num_threads()} "
+          f"(int8 at >= {INT8_DENSE_ROWS} rows: codes widened to bf16, dense matmul)")
+    print("| shape | rows | fp32 us | bf16 packed us | int8 us | int4 g32 us | int4 g64 us | int4 g128 us |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in a.shapes:
         n, k = SHAPES[name]
         w = torch.randn(n, k) * 0.02
@@ -48,11 +51,12 @@ def main() -> None:
         if cpu_select.has_bf16_hardware():
             bf.pack()
         q = Int8Linear.from_float(w, None)
+        q4 = [Int4Linear.from_float(w, None, g) for g in (32, 64, 128)]
         for m in a.rows:
             x = torch.randn(m, k)
             xb = x.bfloat16()
             row = [_time(lambda: torch.nn.functional.linear(x, w), a.iters), _time(lambda: bf(xb), a.iters),
-                   _time(lambda: q(x), a.iters), _time(lambda: q(xb), a.iters)]
+                   _time(lambda: q(xb), a.iters), *(_time(lambda lin=lin: lin(xb), a.iters) for lin in q4)]
             print(f"| {name} {n}x{k} | {m} | " + " | ".join(f"{v:.0f}" for v in row) + " |", flush=True)
 
 

@@ -29,10 +29,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="where the default model and converted GGUFs live "
                    "(default: $RADIXSERVE_CACHE or ~/.cache/radixserve)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weights and KV cache dtype; 'auto' is bfloat16 (default: %(default)s)")
-    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8"],
-                   help="CPU weight format: 'int8' is weight-only int8 per output channel; 'auto' picks what the "
-                        "CPU runs fastest (see /get_model_info's quantization_reason) (default: %(default)s)")
+                   help="weights and KV cache dtype; 'auto' picks by the CPU: bfloat16 where it has bf16 hardware "
+                        "(AVX512-BF16, AMX), else float32 (default: %(default)s)")
+    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="CPU weight format: 'int8' is weight-only int8 per output channel, 'int4' weight-only int4 "
+                        "in groups of 64 input columns; 'auto' (with --dtype auto) picks by the CPU: int8 plus a bf16 copy "
+                        "of its codes on AVX512-BF16/AMX, none elsewhere (see /get_model_info's quantization_reason) "
+                        "(default: %(default)s)")
     p.add_argument("--device", default="cpu", help="'cpu', 'cuda' or 'cuda:N' (default: %(default)s)")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor parallel: split every layer over this many processes (GPUs with --device cuda; "

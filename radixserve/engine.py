@@ -26,6 +26,7 @@ from radixserve.model.sampling_defaults import load_sampling_defaults
 from radixserve.model.runner import ModelRunner, default_attention_backend
 from radixserve.request import Req
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixserve.speculative.drafter import spec_stats
 from radixserve.speculative.mode import choose_speculative
 from radixserve.timeline import Tracker
 from radixserve.tokenizer import Tokenizer
@@ -85,7 +86,9 @@ class Engine(CacheSurface):
             raise TypeError("pass an EngineConfig or keyword settings, not both")
         self.config = c = config
         # "auto" dtype and quantization resolved by what the CPU has (radixserve/model/cpu_select.py)
-        self.cpu_choice = choose(c.dtype, c.quantization, torch.device(c.device).type)
+        # Quantized linears do not carry tensor parallelism's row-parallel sum yet: with tp > 1, auto runs dense.
+        quantization = "none" if c.tp > 1 and c.quantization == "auto" else c.quantization
+        self.cpu_choice = choose(c.dtype, quantization, torch.device(c.device).type)
         dtype, self.quantization = self.cpu_choice.dtype, self.cpu_choice.quantization
         self.model_path = resolve_model(None if c.model is None else str(c.model))
         self.dtype_name = dtype
@@ -111,7 +114,7 @@ class Engine(CacheSurface):
         """The runner (weights and KV pool), the scheduler and the loop."""
         self.runner = ModelRunner(
             self.model_path, _DTYPES[dtype], self.device, c.page_size, c.max_total_tokens, self.attention_backend,
-            c.max_running_requests, c.context_length, quantization=self.quantization, tp=self.tp,
+            c.max_running_requests, c.context_length, quantization=self.cpu_choice.weights, tp=self.tp,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is
@@ -394,24 +397,11 @@ class Engine(CacheSurface):
             "evictable_pages": cache.evictable_pages + self.scheduler.partial_pages,
             "partial_pages": self.scheduler.partial_pages,
             "page_size": self.runner.pool.page_size,
-            **self._spec_stats(),
+            "dtype": self.dtype_name,
+            "quantization": self.quantization,
+            "quantization_reason": self.cpu_choice.reason,
+            **spec_stats(self.scheduler.drafter),
             **self.tier_stats(),
-        }
-
-    def _spec_stats(self) -> dict[str, Any]:
-        """Speculative decoding's counts: draft tokens proposed and accepted per source, accepted length per step."""
-        drafter = self.scheduler.drafter
-        if drafter is None:
-            return {"spec_enabled": False}
-        s = drafter.stats
-        return {
-            "spec_enabled": True,
-            "spec_draft_tokens": dict(s.proposed),
-            "spec_accepted_tokens": dict(s.accepted),
-            "spec_verify_steps": s.verify_steps,
-            "spec_accept_rate": sum(s.accepted.values()) / max(sum(s.proposed.values()), 1),
-            "spec_mean_accepted_length": s.mean_accepted_length(),
-            "spec_accepted_length_hist": list(s.accepted_hist),
         }
 
     def metrics(self) -> dict[str, Any]:

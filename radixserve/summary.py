@@ -14,6 +14,7 @@ def startup_summary(engine: Any, url: str | None = None, api_key: bool | str | N
         ("model", f"{info['model_name']} ({info['model_path']})"),
         ("architecture", f"{cfg.architecture}, {cfg.num_layers} layers, vocab {cfg.vocab_size}"),
         ("dtype / device", f"{info['dtype']} on {engine.device}, attention: {info['attention_backend']}"),
+        ("weights", f"{info['quantization']} ({info['quantization_reason']})"),
         ("KV pool", f"{pool.capacity * pool.page_size:,} tokens in {pool.capacity:,} pages of {pool.page_size} "
                     f"({pool_bytes / 2**30:.2f} GiB)"),
         ("context", f"{info['context_length']:,} tokens"),

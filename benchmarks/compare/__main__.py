@@ -39,6 +39,14 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cpus, {mem / 2**20:.0f} GiB, {platform.system()} {platform.release()}"
 
 
+def cpu_flags() -> str:
+    """The SIMD flags that decide radixserve's CPU kind (AVX2 / AVX-512 / AVX-512-BF16 / AMX), from /proc/cpuinfo."""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
+    line = next((x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags")), "flags:")
+    have = set(line.split(":", 1)[1].split())
+    return " ".join(w for w in wanted if w in have) or "none of " + " ".join(wanted)
+
+
 def commit() -> str:
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=eng.REPO, capture_output=True, text=True).stdout.strip()
@@ -203,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             engines.append(e)
     doc: dict[str, Any] = {"meta": {
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "commit": commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "cpu_flags": cpu_flags(), "commit": commit(),
         "command": "python -m benchmarks.compare " + shlex.join(sys.argv[1:] if argv is None else argv),
         "load_start": load1(), "size": args.size, "engines": engines, "client": args.client,
         "size_detail": ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(size).items()),

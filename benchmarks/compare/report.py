@@ -143,7 +143,8 @@ def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
 def markdown(doc: dict[str, Any]) -> str:
     """The whole run as markdown: provenance, one table per workload, the micro-benchmark, the goals."""
     meta = doc["meta"]
-    parts = [f"- Date: {meta['date']}. Machine: {meta['machine']}. Commit: {meta['commit']}.",
+    parts = [f"- Date: {meta['date']}. Machine: {meta['machine']}. CPU flags: {meta.get('cpu_flags', 'n/a')}. "
+             f"Commit: {meta['commit']}.",
              f"- Command: `{meta['command']}`",
              f"- Load average (1 min) at start {meta['load_start']:.1f}, at end {meta['load_end']:.1f}.",
              f"- Sizes ({meta['size']}): {meta['size_detail']}", ""]

@@ -38,7 +38,7 @@ HARMLESS = {
 REFUSED = {
     "tokenizer_path": "a different tokenizer changes the prompt tokens",
     "chat_template": "a different chat template changes the role text",
-    "quantization": "radixserve's own formats are auto, none and int8 (CPU); another one would run another model",
+    "quantization": "radixserve's own formats are auto, none, int8 and int4 (CPU); another one would run another model",
     "kv_cache_dtype": "the KV cache has the model's dtype; another one changes results",
     "lora_paths": "radixserve has no LoRA adapters", "revision": "models are local folders",
     "load_format": "models load from safetensors or GGUF only", "is_embedding": "radixserve only generates",
@@ -49,7 +49,7 @@ REFUSED = {
 
 
 # Names SGLang and radixserve share with different value sets: only radixserve's values pass through.
-_OWN_VALUES = {"quantization": ("auto", "none", "int8")}
+_OWN_VALUES = {"quantization": ("auto", "none", "int8", "int4")}
 
 
 def _engine_params() -> set[str]:

@@ -159,7 +159,7 @@ def hf_tensor_name(name: str) -> str:
     raise ValueError(f"unexpected GGUF tensor {name!r} (not a Llama/Qwen decoder tensor)")
 
 
-def _unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's Q/K row order: per head, rows (i, i + d/2) were stored as adjacent pairs (2i, 2i+1)."""
     half = w.shape[0] // n_heads // 2
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -187,7 +187,7 @@ def iter_hf_tensors(f: GGUFFile, cfg: dict[str, Any]) -> Iterator[tuple[str, str
         name = hf_tensor_name(t.name)
         w = dequantize(t)
         if permuted and ".attn_q." in t.name:
-            w = _unpermute_rows(w, cfg["num_attention_heads"])
+            w = unpermute_rows(w, cfg["num_attention_heads"])
         elif permuted and ".attn_k." in t.name:
-            w = _unpermute_rows(w, cfg["num_key_value_heads"])
+            w = unpermute_rows(w, cfg["num_key_value_heads"])
         yield t.name, name, w

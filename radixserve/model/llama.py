@@ -185,6 +185,14 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} weight(s): {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
 
+    def hf_parts(self) -> dict[str, list[str]]:
+        """Our parameter name -> the Hugging Face tensor names stacked into it, in row order (q, k, v; gate, up)."""
+        by_param = {id(p): n for n, p in self.named_parameters()}
+        parts: dict[str, list[tuple[int, str]]] = {}
+        for hf_name, (param, offset, _) in self._hf_targets().items():
+            parts.setdefault(by_param[id(param)], []).append((offset, hf_name))
+        return {name: [hf for _, hf in sorted(rows)] for name, rows in parts.items()}
+
     def _hf_targets(self) -> dict[str, tuple[nn.Parameter, int, int]]:
         """Every Hugging Face weight name the model needs -> (our parameter, first row in it, number of rows)."""
         c = self.config

@@ -12,7 +12,7 @@ from safetensors import SafetensorError, safe_open
 from radixserve.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM, can_pack
 from radixserve.model.parallel import local_config, parallelize, plan_shard, shard_weights, tie_parallel_head
-from radixserve.model.quant import quantize_model_int8
+from radixserve.model.quant import keep_dense_copies, quantize_model
 
 if TYPE_CHECKING:
     from radixserve.distributed import TPGroup
@@ -60,10 +60,26 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ValueError(f"cannot read weights from {file}: {e}") from e
 
 
+def _gguf_blocks(path: Path, fmt: str, config: ModelConfig) -> dict:
+    """For a folder converted from a GGUF that is still on disk: its blocks that map onto `fmt` without a float
+    detour (radixserve/gguf/blocks.py), by Hugging Face name; {} otherwise."""
+    from radixserve.gguf.blocks import mapped_tensors
+    from radixserve.gguf.convert import PROVENANCE_FILE
+
+    try:
+        source = Path(json.loads((path / PROVENANCE_FILE).read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not source.is_file():
+        return {}
+    return mapped_tensors(source, fmt, config.num_heads, config.num_kv_heads)
+
+
 def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu",
                quantization: str = "none", tp: TPGroup | None = None) -> tuple[ModelConfig, LlamaForCausalLM]:
     """Build the model in `dtype` on `device` and fill it from the folder's weights; ValueError for a bad folder.
 
+    quantization: none, int8, int4, or int8+bf16 (int8 codes plus a packed bf16 copy of them, CpuChoice.weights).
     With `tp`, the model is this rank's shard (radixserve/model/parallel.py) and `model.config` its per-rank
     config; the returned config is the whole model's."""
     path = Path(path)
@@ -83,8 +99,12 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device 
     model.load_weights(weights if shard is None else shard_weights(weights, config, shard))
     if shard is not None:
         tie_parallel_head(model, shard, tp.group)
-    if quantization == "int8":
-        quantize_model_int8(model)  # replaces every Linear, so nothing is left for oneDNN to pack
+    if quantization in ("int8", "int4", "int8+bf16"):
+        # replaces every Linear, so nothing is left for oneDNN to pack
+        fmt = quantization.removesuffix("+bf16")
+        quantize_model(model, fmt, mapped=_gguf_blocks(path, fmt, config))
+        if quantization == "int8+bf16" and can_pack(dtype, torch.device(device)):
+            keep_dense_copies(model)  # int8 for 1-row steps, the same codes packed in bf16 for the rest
     elif can_pack(dtype, torch.device(device)):
         model.pack_for_cpu()
     return config, model.eval()

@@ -3,6 +3,7 @@ radix tree), with k adapted to the request's recent acceptance, and counts of wh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.request import Req
@@ -101,3 +102,20 @@ class Drafter:
         state.k = min(self.max_tokens, 2 * state.k) if accepted == proposed else max(1, accepted + 1)
         if state.rate < MIN_RATE:
             state.pause, state.k, state.rate = PAUSE_STEPS, 1, 2 * MIN_RATE
+
+
+def spec_stats(drafter: Drafter | None) -> dict[str, Any]:
+    """Speculative decoding's counts for cache_stats(): draft tokens proposed and accepted per source, accepted
+    length per step."""
+    if drafter is None:
+        return {"spec_enabled": False}
+    s = drafter.stats
+    return {
+        "spec_enabled": True,
+        "spec_draft_tokens": dict(s.proposed),
+        "spec_accepted_tokens": dict(s.accepted),
+        "spec_verify_steps": s.verify_steps,
+        "spec_accept_rate": sum(s.accepted.values()) / max(sum(s.proposed.values()), 1),
+        "spec_mean_accepted_length": s.mean_accepted_length(),
+        "spec_accepted_length_hist": list(s.accepted_hist),
+    }

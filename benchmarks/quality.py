@@ -1,0 +1,98 @@
+"""Quality of each weight format on the default model, measured against float32 (issue 14):
+
+- perplexity on the first 2,000 tokens of tests/data/perplexity_text.txt (public-domain prose), one prompt with
+  `logprob_start_len=0` (every token scored given all before it; the engine prefills it in chunks);
+- greedy agreement with float32 over the first 64 tokens of 20 chat prompts: per prompt, how many leading tokens are
+  identical, and how many prompts match for all 64.
+
+Engines are built one after another (only one in memory). Prints a markdown table with the CPU flags.
+
+    .venv/bin/python -m benchmarks.quality [--configs float32:none bfloat16:none bfloat16:int8 bfloat16:int4]
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as radixserve/__init__.py, before torch loads
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from benchmarks.quant_engine import cpu_flags  # noqa: E402
+from radixserve import Engine  # noqa: E402
+
+TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "perplexity_text.txt"
+PPL_TOKENS = 2000
+AGREE_TOKENS = 64
+PROMPTS = [
+    "Write a Python function that reverses a linked list.",
+    "Explain what a mutex is in two sentences.",
+    "What is the difference between a process and a thread?",
+    "Write a SQL query that returns the ten most recent orders per customer.",
+    "What does `git rebase -i` do?",
+    "Write a bash one-liner that counts the lines of every .py file under the current folder.",
+    "Explain Big-O notation to a beginner.",
+    "Write a JavaScript function that debounces another function.",
+    "What is a race condition? Give an example.",
+    "How do I read a CSV file with pandas and print the first five rows?",
+    "Write a C function that computes the length of a string without strlen.",
+    "What are the SOLID principles?",
+    "Explain the difference between TCP and UDP.",
+    "Write a Rust function that returns the largest element of a slice.",
+    "What is a closure in Python?",
+    "How does a hash table handle collisions?",
+    "Write a regular expression that matches an email address.",
+    "Explain what a Dockerfile is and show a minimal one for a Flask app.",
+    "What is the difference between `==` and `is` in Python?",
+    "Write a Go program that prints the numbers 1 to 10 concurrently.",
+]
+
+
+def perplexity(eng: Engine, ids: list[int]) -> float:
+    out = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0},
+                       return_logprob=True, logprob_start_len=0)
+    lps = [lp for lp, _ in out["meta_info"]["input_token_logprobs"][1:]]  # the first token has no context
+    return math.exp(-sum(lps) / len(lps))
+
+
+def greedy(eng: Engine) -> list[list[int]]:
+    prompts = [eng.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
+    outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": AGREE_TOKENS, "temperature": 0,
+                                                            "ignore_eos": True})
+    return [o["output_ids"] for o in outs]
+
+
+def leading_match(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", nargs="+", default=["float32:none", "bfloat16:none", "bfloat16:int8", "bfloat16:int4"])
+    a = ap.parse_args()
+    print(cpu_flags())
+    rows, reference, ppl_ref = [], None, None
+    for conf in a.configs:
+        t = time.perf_counter()
+        dtype, quant = conf.split(":")
+        with Engine(dtype=dtype, quantization=quant, max_total_tokens=8192) as eng:
+            ids = eng.tokenizer.encode(TEXT.read_text(), add_special_tokens=False)[:PPL_TOKENS]
+            if len(ids) < PPL_TOKENS:
+                raise SystemExit(f"{TEXT} has {len(ids)} tokens, fewer than {PPL_TOKENS}")
+            ppl, outs = perplexity(eng, ids), greedy(eng)
+        reference = reference or outs
+        ppl_ref = ppl_ref or ppl
+        lead = [leading_match(o, r) for o, r in zip(outs, reference)]
+        rows.append(f"| {conf} | {ppl:.3f} | {100 * (ppl / ppl_ref - 1):+.2f}% | {sum(lead)}/{AGREE_TOKENS * len(lead)} "
+                    f"| {sum(n == AGREE_TOKENS for n in lead)}/{len(lead)} | {sorted(lead)[len(lead) // 2]} |")
+        print(f"{conf}: {time.perf_counter() - t:.0f} s", flush=True)
+    print(f"| dtype:quantization | perplexity ({PPL_TOKENS} tokens) | vs {a.configs[0]} | leading tokens equal to "
+          f"{a.configs[0]} | prompts equal for all {AGREE_TOKENS} | median leading run |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
