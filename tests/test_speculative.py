@@ -144,3 +144,24 @@ def test_auto_mode_and_overlap(tiny_model_dir: Path, make_engine) -> None:
     assert err.value.field == "speculative"
     with pytest.raises(ParamError):
         make_engine(tiny_model_dir, speculative="on")
+
+
+def test_tree_drafts_then_invalidated_by_flush(tiny_model_dir: Path, make_engine) -> None:
+    """A second request that continues an earlier one (its prompt and the start of its answer) drafts the rest of the
+    answer from the tree (same tokens as without speculation); once the tree is flushed, no draft comes from it."""
+    rng = random.Random(9)
+    first = rand_ids(rng, 40)
+    params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    off = make_engine(tiny_model_dir, speculative="off")
+    on = make_engine(tiny_model_dir, speculative="ngram")
+    answer = on.generate(input_ids=first, sampling_params=params)["output_ids"]
+    assert answer == off.generate(input_ids=first, sampling_params=params)["output_ids"]
+    second = first + answer[:4]
+    want = off.generate(input_ids=second, sampling_params=params)["output_ids"]
+    assert on.generate(input_ids=second, sampling_params=params)["output_ids"] == want
+    stats = on.cache_stats()
+    assert stats["spec_draft_tokens"]["tree"] > 0 and stats["spec_accepted_tokens"]["tree"] > 0, stats
+    on.check_invariants()  # includes: the continuation index holds exactly the tree's pages
+    assert on.flush_cache()
+    assert on.generate(input_ids=second, sampling_params=params)["output_ids"] == want
+    assert on.cache_stats()["spec_draft_tokens"]["tree"] == stats["spec_draft_tokens"]["tree"]
