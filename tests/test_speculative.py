@@ -165,3 +165,19 @@ def test_tree_drafts_then_invalidated_by_flush(tiny_model_dir: Path, make_engine
     assert on.flush_cache()
     assert on.generate(input_ids=second, sampling_params=params)["output_ids"] == want
     assert on.cache_stats()["spec_draft_tokens"]["tree"] == stats["spec_draft_tokens"]["tree"]
+
+
+def test_metrics_count_drafts_per_source(tiny_model_dir: Path, make_engine) -> None:
+    from radixserve.server.metrics import ServerMetrics
+
+    eng = make_engine(tiny_model_dir, speculative="ngram")
+    eng.generate(input_ids=copy_prompts(random.Random(5))[1], sampling_params=GREEDY)
+    stats = eng.cache_stats()
+    proposed, accepted = stats["spec_draft_tokens"], stats["spec_accepted_tokens"]
+    assert 0 < sum(accepted.values()) <= sum(proposed.values())
+    assert sum(stats["spec_accepted_length_hist"]) == stats["spec_verify_steps"]
+    assert stats["spec_mean_accepted_length"] == pytest.approx(1 + sum(accepted.values()) / stats["spec_verify_steps"])
+    text = ServerMetrics(eng).render().decode()
+    assert f'radixserve_spec_draft_tokens_total{{source="prompt"}} {float(proposed["prompt"])}' in text
+    assert f'radixserve_spec_accepted_tokens_total{{source="tree"}} {float(accepted["tree"])}' in text
+    assert f'radixserve_spec_accepted_drafts_per_step_count {float(stats["spec_verify_steps"])}' in text
