@@ -6,6 +6,7 @@ change), a second chat turn that revises the first answer, a RAG answer quoting 
 the acceptance rate and mean accepted length, and whether the tokens were the same.
 
     .venv/bin/python -m benchmarks.speculative [--reps 2] [--max-tokens 8]
+    .venv/bin/python -m benchmarks.speculative --step-cost   # a verify step's cost by batch size (for `auto`)
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from radixserve import Engine
+from radixserve.forward_batch import ForwardBatch
 from radixserve.model import cpu_select
 
 FUNCTION = '''def merge_intervals(intervals, min_gap=0, keep_labels=False):
@@ -98,13 +100,48 @@ def spec_counts(eng: Engine) -> tuple[int, int, int]:
     return sum(s["spec_draft_tokens"].values()), sum(s["spec_accepted_tokens"].values()), s["spec_verify_steps"]
 
 
+def step_cost(eng: Engine, batches: tuple[int, ...] = (1, 2, 4, 8), extra: int = 8, iters: int = 5) -> None:
+    """Median forward time of B requests x 1 token against B x (1 + extra) tokens over 300 cached tokens each: what
+    verifying a draft costs at each batch size (on the loop thread, between requests, with pages borrowed)."""
+    ps, prefix = eng.runner.pool.page_size, 300
+
+    def measure(b: int, n: int) -> float:
+        pool = eng.runner.pool
+        per = -(-(prefix + n) // ps)
+        pages = pool.alloc(per * b)
+        assert pages is not None
+        try:
+            tables = [pages[i * per : (i + 1) * per] for i in range(b)]
+            fb = ForwardBatch.build([[100] * n] * b, [prefix] * b, tables, ps,
+                                    [i * n + j for i in range(b) for j in range(n)])
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                eng.runner.forward(fb)
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times)
+        finally:
+            pool.free(pages)
+
+    print("| decodes in the step | 1 token each (ms) | 1 + 8 tokens each (ms) | cost ratio |")
+    print("|---|---|---|---|")
+    for b in batches:
+        one, many = eng.loop.call(lambda: measure(b, 1)), eng.loop.call(lambda: measure(b, 1 + extra))
+        print(f"| {b} | {one * 1e3:.1f} | {many * 1e3:.1f} | {many / one:.2f}x |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=8, help="--speculative-max-tokens of the 'on' engine")
     ap.add_argument("--only", nargs="*", default=None, help="workload names to run (default: all)")
+    ap.add_argument("--step-cost", action="store_true", help="only measure a verify step's cost by batch size")
     a = ap.parse_args()
     print(f"cpu={cpu_select.cpu_capability()} bf16_hw={cpu_select.has_bf16_hardware()} threads={torch.get_num_threads()}")
+    if a.step_cost:
+        with Engine(speculative="off") as eng:
+            step_cost(eng)
+        return
     off = Engine(speculative="off")
     on = Engine(speculative="ngram", speculative_max_tokens=a.max_tokens)
     info = off.model_info()
@@ -139,12 +176,16 @@ def row(name: str, prompt_len: int, runs: dict[str, list[Run]], proposed: int, a
         return statistics.median(getattr(r, attr) for r in runs[label])
 
     d_off, d_on, e_off, e_on = med("off", "decode_tps"), med("on", "decode_tps"), med("off", "e2e_tps"), med("on", "e2e_tps")
-    same = all(r.ids == runs["off"][0].ids for r in runs["off"] + runs["on"])
+    ref = runs["off"][0].ids
+    diverge = [next((i for i, (x, y) in enumerate(zip(r.ids, ref)) if x != y), None) for r in runs["off"] + runs["on"]]
+    diverge += [min(len(r.ids), len(ref)) for r in runs["off"] + runs["on"] if len(r.ids) != len(ref)]
+    first = min((d for d in diverge if d is not None), default=None)
+    same = "yes" if first is None else f"no: from token {first}"
     rate = accepted / proposed if proposed else 0.0
     mean_len = (accepted + steps) / steps if steps else 0.0
     return (f"| {name} | {prompt_len} | {len(runs['off'][0].ids)} | {d_off:.1f} | {d_on:.1f} | {d_on / d_off:.2f}x | "
             f"{e_off:.1f} | {e_on:.1f} | {e_on / e_off:.2f}x | {rate:.0%} ({accepted}/{proposed}) | {mean_len:.2f} | "
-            f"{'yes' if same else 'no'} |")
+            f"{same} |")
 
 
 if __name__ == "__main__":
