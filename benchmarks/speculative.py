@@ -7,6 +7,7 @@ the acceptance rate and mean accepted length, and whether the tokens were the sa
 
     .venv/bin/python -m benchmarks.speculative [--reps 2] [--max-tokens 8]
     .venv/bin/python -m benchmarks.speculative --step-cost   # a verify step's cost by batch size (for `auto`)
+    .venv/bin/python -m benchmarks.speculative --float32-check   # greedy tokens on vs off in float32 (60 tokens)
 """
 from __future__ import annotations
 
@@ -130,14 +131,35 @@ def step_cost(eng: Engine, batches: tuple[int, ...] = (1, 2, 4, 8), extra: int =
         print(f"| {b} | {one * 1e3:.1f} | {many * 1e3:.1f} | {many / one:.2f}x |", flush=True)
 
 
+def float32_check(new_tokens: int = 60) -> None:
+    """Whether greedy answers are the same with speculation on and off in float32 (bf16 rounding aside)."""
+    engs = {m: Engine(dtype="float32", speculative=m) for m in ("off", "ngram")}
+    try:
+        loads = workloads(engs["off"], random.Random(0))
+        for name in ("multi-turn", "prose"):
+            ids, _ = loads[name]
+            outs = {m: e.generate(input_ids=ids, sampling_params={"max_new_tokens": new_tokens, "temperature": 0})
+                    ["output_ids"] for m, e in engs.items()}
+            steps = engs["ngram"].cache_stats()["spec_verify_steps"]
+            print(f"{name}: float32 {'same' if outs['off'] == outs['ngram'] else 'DIFFERENT'} tokens "
+                  f"({len(outs['off'])} tokens; verify steps so far {steps})", flush=True)
+    finally:
+        for e in engs.values():
+            e.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=8, help="--speculative-max-tokens of the 'on' engine")
     ap.add_argument("--only", nargs="*", default=None, help="workload names to run (default: all)")
     ap.add_argument("--step-cost", action="store_true", help="only measure a verify step's cost by batch size")
+    ap.add_argument("--float32-check", action="store_true", help="only compare greedy tokens on/off in float32")
     a = ap.parse_args()
     print(f"cpu={cpu_select.cpu_capability()} bf16_hw={cpu_select.has_bf16_hardware()} threads={torch.get_num_threads()}")
+    if a.float32_check:
+        float32_check()
+        return
     if a.step_cost:
         with Engine(speculative="off") as eng:
             step_cost(eng)
