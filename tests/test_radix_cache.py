@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule, run_state_machine_as_test
 
+from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.radix_cache import RadixCache
 
@@ -31,8 +32,10 @@ def mod4_hash(data: bytes, seed: int) -> int:
 
 
 def make(page_size: int = 4, num_pages: int = 64, hash_fn: HashFn | None = None) -> tuple[KVPool, RadixCache]:
+    """A pool and a tree with a continuation index, so every test also checks that the index follows the tree's pages
+    (check_invariants: the index holds exactly the tree's page keys)."""
     pool = KVPool(num_layers=1, num_pages=num_pages, page_size=page_size, num_kv_heads=1, head_dim=1, dtype=torch.float32)
-    return pool, RadixCache(pool, page_size, hash_fn)
+    return pool, RadixCache(pool, page_size, hash_fn, index=ContinuationIndex())
 
 
 def put(pool: KVPool, cache: RadixCache, tokens: Sequence[int], namespace: str = "") -> list[int]:
@@ -365,7 +368,7 @@ class CacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.pool = KVPool(1, self.num_pages, self.page_size, 1, 1, torch.float32)
-        self.cache = RadixCache(self.pool, self.page_size, self.hash_fn)
+        self.cache = RadixCache(self.pool, self.page_size, self.hash_fn, index=ContinuationIndex())
         self.content: dict[int, tuple[str, tuple[int, ...]]] = {}  # what each page's "KV" was computed from
         self.model: dict[tuple[str, tuple[int, ...]], int] = {}  # exact tree content: (namespace, prefix) -> page
         self.live: set[Req] = set()
@@ -545,3 +548,39 @@ def test_random_operations_keep_invariants(page_size: int, hash_fn: HashFn | Non
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
+
+
+# ---- continuation index (speculative drafts from the tree, issue 16) ----------------------------------------------
+
+def test_continuation_index_drafts_what_followed_and_forgets_evicted_pages() -> None:
+    pool, cache = make(4, num_pages=32)
+    assert cache.index is not None
+    seq = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]  # three pages
+    put(pool, cache, seq)
+    draft = cache.index.lookup("", [99, 11, 12, 13], 5)
+    assert draft is not None and draft.tokens == [14, 15, 16, 17, 18] and draft.match == 3
+    # a query whose longer context matches scores a longer match; other namespaces see nothing
+    assert cache.index.lookup("", [10, 11, 12, 13], 2).match == 4
+    assert cache.index.lookup("other", [11, 12, 13], 2) is None
+    # evicting the tail page shortens the continuation to what the tree still holds
+    assert cache.evict(1) == 1
+    cache.check_invariants()
+    assert cache.index.lookup("", [11, 12, 13], 8).tokens == [14, 15, 16, 17]
+    assert cache.index.lookup("", [17, 18, 19], 3) is None  # its gram lived in the evicted page
+    # a later sequence with the same gram and another continuation replaces what the evicted one drafted
+    cache.evict(2)
+    assert len(cache.index) == 0 and cache.index.lookup("", [11, 12, 13], 4) is None
+    put(pool, cache, [11, 12, 13, 40, 41, 42, 43, 44])
+    assert cache.index.lookup("", [11, 12, 13], 4).tokens == [40, 41, 42, 43]
+    cache.check_invariants()
+    cache.reset()
+    assert len(cache.index) == 0
+
+
+def test_continuation_index_follows_splits_and_the_latest_branch() -> None:
+    pool, cache = make(2, num_pages=32)
+    put(pool, cache, [1, 2, 3, 4, 5, 6])
+    put(pool, cache, [1, 2, 3, 4, 7, 8])  # splits the first node after two pages; a newer branch
+    cache.check_invariants()
+    assert cache.index.lookup("", [2, 3, 4], 4).tokens == [7, 8]  # the branch inserted last
+    assert cache.index.lookup("", [1, 2], 1) is None  # shorter than a gram

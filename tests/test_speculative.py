@@ -144,3 +144,40 @@ def test_auto_mode_and_overlap(tiny_model_dir: Path, make_engine) -> None:
     assert err.value.field == "speculative"
     with pytest.raises(ParamError):
         make_engine(tiny_model_dir, speculative="on")
+
+
+def test_tree_drafts_then_invalidated_by_flush(tiny_model_dir: Path, make_engine) -> None:
+    """A second request that continues an earlier one (its prompt and the start of its answer) drafts the rest of the
+    answer from the tree (same tokens as without speculation); once the tree is flushed, no draft comes from it."""
+    rng = random.Random(9)
+    first = rand_ids(rng, 40)
+    params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    off = make_engine(tiny_model_dir, speculative="off")
+    on = make_engine(tiny_model_dir, speculative="ngram")
+    answer = on.generate(input_ids=first, sampling_params=params)["output_ids"]
+    assert answer == off.generate(input_ids=first, sampling_params=params)["output_ids"]
+    second = first + answer[:4]
+    want = off.generate(input_ids=second, sampling_params=params)["output_ids"]
+    assert on.generate(input_ids=second, sampling_params=params)["output_ids"] == want
+    stats = on.cache_stats()
+    assert stats["spec_draft_tokens"]["tree"] > 0 and stats["spec_accepted_tokens"]["tree"] > 0, stats
+    on.check_invariants()  # includes: the continuation index holds exactly the tree's pages
+    assert on.flush_cache()
+    assert on.generate(input_ids=second, sampling_params=params)["output_ids"] == want
+    assert on.cache_stats()["spec_draft_tokens"]["tree"] == stats["spec_draft_tokens"]["tree"]
+
+
+def test_metrics_count_drafts_per_source(tiny_model_dir: Path, make_engine) -> None:
+    from radixserve.server.metrics import ServerMetrics
+
+    eng = make_engine(tiny_model_dir, speculative="ngram")
+    eng.generate(input_ids=copy_prompts(random.Random(5))[1], sampling_params=GREEDY)
+    stats = eng.cache_stats()
+    proposed, accepted = stats["spec_draft_tokens"], stats["spec_accepted_tokens"]
+    assert 0 < sum(accepted.values()) <= sum(proposed.values())
+    assert sum(stats["spec_accepted_length_hist"]) == stats["spec_verify_steps"]
+    assert stats["spec_mean_accepted_length"] == pytest.approx(1 + sum(accepted.values()) / stats["spec_verify_steps"])
+    text = ServerMetrics(eng).render().decode()
+    assert f'radixserve_spec_draft_tokens_total{{source="prompt"}} {float(proposed["prompt"])}' in text
+    assert f'radixserve_spec_accepted_tokens_total{{source="tree"}} {float(accepted["tree"])}' in text
+    assert f'radixserve_spec_accepted_drafts_per_step_count {float(stats["spec_verify_steps"])}' in text

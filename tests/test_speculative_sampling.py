@@ -58,11 +58,43 @@ def test_verify_matches_the_plain_distribution(draft: list[int]) -> None:
         first[ids[0]] += 1
         if ids[0] == draft[0]:
             second[ids[1]] += 1
-    for counts, probs in ((first, p[0]), (second, p[1])):
-        if sum(counts.values()) < 200:
-            continue  # the draft was (rightly) almost never accepted: nothing to compare
-        stat, df = goodness_of_fit(counts, probs)
-        assert stat < chi2_critical(df), (stat, df, counts, probs)
+    check(first, p[0])
+    check(second, p[1])
+
+
+def check(counts: collections.Counter, probs: list[float]) -> None:
+    if sum(counts.values()) < 200:
+        return  # the draft was (rightly) almost never accepted: nothing to compare
+    stat, df = goodness_of_fit(counts, probs)
+    assert stat < chi2_critical(df), (stat, df, counts, probs)
+
+
+@pytest.mark.parametrize("params", [dict(temperature=1.0, top_p=0.8), dict(temperature=0.7, min_p=0.1),
+                                    dict(temperature=1.0, repetition_penalty=1.5, frequency_penalty=0.4)],
+                         ids=["top_p", "min_p", "penalties"])
+def test_verify_matches_the_plain_sampler_under_filters_and_penalties(params: dict) -> None:
+    """The first token's distribution equals what the plain sampler draws from: filter_logits of the penalised row
+    (penalties count the request's output so far; row 1 also counts the accepted first draft)."""
+    from radixserve.sampling.penalties import apply_penalties
+    from radixserve.sampling.sampler import filter_logits
+    from radixserve.sampling.speculative import row_infos
+
+    torch.manual_seed(1)
+    logits = torch.tensor([[1.0, 0.5, 2.0, -1.0, 0.0, -3.0], [0.0, 1.5, 0.2, 0.7, -0.5, -2.0],
+                           [0.3, 0.3, 0.3, 0.3, 0.3, 0.3]])
+    inf = SamplingInfo(params=SamplingParams(**params), generator=None, output_ids=[2, 1], prompt_ids=[0])
+    draft = [2, 1]
+    rows = row_infos(inf, draft)
+    p = filter_logits(apply_penalties(logits, rows), rows).softmax(dim=-1).tolist()
+    first: collections.Counter = collections.Counter()
+    second: collections.Counter = collections.Counter()
+    for _ in range(4000):
+        ids = verify(logits, inf, draft).ids
+        first[ids[0]] += 1
+        if ids[0] == draft[0]:
+            second[ids[1]] += 1
+    check(first, p[0])
+    check(second, p[1])
 
 
 def test_verify_greedy_takes_the_argmax_run() -> None:

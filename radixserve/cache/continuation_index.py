@@ -1,9 +1,9 @@
 """Continuation index over the radix tree: for the last few tokens of a request, the tokens that followed the same
 n-gram in a sequence the tree holds (drafts for speculative decoding).
 
-It indexes the tree's pages by their chained keys, which never change while a page is in the tree (a node split
-keeps them), so it follows the tree page by page: `add_run` when an insert creates pages, `remove` when eviction
-frees them, `clear` on reset. Every page registers the n-grams that end just before each of its tokens (the first
+It indexes the tree's pages by their pool page ids, which are unique in the tree and never change while a page is
+there (a node split keeps them; hashed keys could collide), so it follows the tree page by page: `add_run` when an
+insert creates pages, `remove` when eviction frees them, `clear` on reset. Every page registers the n-grams that end just before each of its tokens (the first
 ones reach back into the parent page), namespaced like the tree, so drafts never cross cache namespaces.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ CANDIDATES = 4  # most recent occurrences of a gram compared per lookup
 class _Page:
     namespace: str
     tokens: tuple[int, ...]
-    parent: int | None  # key of the page before (None: the first page of its namespace)
-    children: list[int] = field(default_factory=list)  # keys of pages that followed it, latest last
+    parent: int | None  # the page before (None: the first page of its namespace)
+    children: list[int] = field(default_factory=list)  # pages that followed it, latest last
     grams: list[tuple[int, ...]] = field(default_factory=list)  # the grams this page registered
 
 
@@ -34,25 +34,23 @@ class TreeDraft:
 class ContinuationIndex:
     def __init__(self) -> None:
         self._pages: dict[int, _Page] = {}
-        self._grams: dict[tuple[str, tuple[int, ...]], dict[int, int]] = {}  # -> {page key: offset it precedes}
+        # (namespace, gram) -> {page: offsets of the tokens the gram precedes in that page}, pages in insertion order
+        self._grams: dict[tuple[str, tuple[int, ...]], dict[int, list[int]]] = {}
 
     def __len__(self) -> int:
         return len(self._pages)
 
-    def keys(self) -> set[int]:
+    def pages(self) -> set[int]:
         return set(self._pages)
 
-    def add_run(self, namespace: str, parent: int | None, keys: Sequence[int], tokens: Sequence[int]) -> None:
-        """Index new consecutive pages (`tokens` holds len(keys) full pages) following page `parent`."""
-        if not keys:
+    def add_run(self, namespace: str, parent: int | None, pages: Sequence[int], tokens: Sequence[int]) -> None:
+        """Index new consecutive pages (`tokens` holds len(pages) full pages) following page `parent`."""
+        if not pages:
             return
-        ps = len(tokens) // len(keys)
-        before = list(self._pages[parent].tokens[-(GRAM - 1):]) if parent in self._pages else []
+        ps = len(tokens) // len(pages)
+        before = self._tail(parent, GRAM)
         prev = parent if parent in self._pages else None
-        for i, key in enumerate(keys):
-            if key in self._pages:  # a 64-bit key collision: the tree keeps the first page; so does the index
-                prev, before = None, []
-                continue
+        for i, key in enumerate(pages):
             page_tokens = tuple(tokens[i * ps : (i + 1) * ps])
             page = _Page(namespace, page_tokens, prev)
             ctx = before + list(page_tokens)
@@ -60,16 +58,29 @@ class ContinuationIndex:
                 end = len(before) + off  # the gram ends just before page token `off`
                 if end >= GRAM:
                     gram = tuple(ctx[end - GRAM : end])
-                    self._grams.setdefault((namespace, gram), {})[key] = off
-                    page.grams.append(gram)
+                    slot = self._grams.setdefault((namespace, gram), {})
+                    if key in slot:
+                        slot[key].append(off)
+                    else:
+                        slot[key] = [off]
+                        page.grams.append(gram)
             self._pages[key] = page
             if prev is not None:
                 self._pages[prev].children.append(key)
-            prev, before = key, list(page_tokens[-(GRAM - 1):])
+            prev, before = key, ctx[-GRAM:]
 
-    def remove(self, keys: Sequence[int]) -> None:
+    def _tail(self, page_id: int | None, n: int) -> list[int]:
+        """The last n tokens up to and including page `page_id` (fewer at the start of a namespace)."""
+        out: list[int] = []
+        while page_id in self._pages and len(out) < n:
+            page = self._pages[page_id]
+            out = list(page.tokens) + out
+            page_id = page.parent
+        return out[-n:] if n else []
+
+    def remove(self, pages: Sequence[int]) -> None:
         """Forget evicted pages (a leaf's tail first: children before parents)."""
-        for key in reversed(keys):
+        for key in reversed(pages):
             page = self._pages.pop(key, None)
             if page is None:
                 continue
@@ -95,8 +106,8 @@ class ContinuationIndex:
         if not slot:
             return None
         best: TreeDraft | None = None
-        for key in list(slot)[-CANDIDATES:][::-1]:
-            off = slot[key]
+        recent = [(key, off) for key in list(slot)[-CANDIDATES:] for off in slot[key]][-CANDIDATES:]
+        for key, off in recent[::-1]:
             match = self._match_back(key, off, context)
             if best is None or match > best.match:
                 tokens = self._continuation(key, off, k)

@@ -248,7 +248,7 @@ class RadixCache:
                 )
                 node.children[first_key] = leaf
                 if self.index is not None:
-                    self.index.add_run(namespace, None if node is self.root else node.keys[-1], keys,
+                    self.index.add_run(namespace, None if node is self.root else node.pages[-1], leaf.pages,
                                        np.frombuffer(rest, dtype="<i4").tolist())
                 self._num_nodes += 1
                 self._evictable += len(leaf.pages)
@@ -324,7 +324,7 @@ class RadixCache:
                     self.tier.spill(self, node, cut)
                 freed.extend(node.pages[cut:])
                 if self.index is not None:
-                    self.index.remove(node.keys[cut:])
+                    self.index.remove(node.pages[cut:])
                 node.pages = node.pages[:cut]
                 node.keys = node.keys[:cut]
                 node.token_bytes = node.token_bytes[: cut * self._page_bytes]
@@ -334,7 +334,7 @@ class RadixCache:
                 self.tier.spill(self, node, 0)
             freed.extend(node.pages)
             if self.index is not None:
-                self.index.remove(node.keys)
+                self.index.remove(node.pages)
             parent = node.parent
             del parent.children[node.keys[0]]
             node.parent = None
@@ -468,5 +468,4 @@ class RadixCache:
         assert protected == self._protected, f"protected_pages {self._protected} matches a recount {protected}"
         assert self.total_pages == len(seen), "total_pages equals the pages held by the tree"
         if self.index is not None:
-            keys = {k for n in nodes for k in n.keys}
-            assert self.index.keys() == keys, "the continuation index holds exactly the tree's pages"
+            assert self.index.pages() == seen, "the continuation index holds exactly the tree's pages"

@@ -7,8 +7,10 @@ from radixserve.errors import ParamError
 
 MODES = ("auto", "off", "ngram")
 # `auto` drafts only in steps with at most this many decodes: a verify row is nearly free while a CPU step is bound
-# by reading the weights (batch 1), and costs a full row of compute once the step is compute-bound (many streams).
-AUTO_MAX_BATCH = 2
+# by reading the weights, and costs compute once the step is compute-bound. Measured on the default model (2 AVX-512
+# cores, benchmarks/speculative.py --step-cost): 8 extra tokens per request cost 1.07x a plain step at 1 decode,
+# 1.26x at 2, 1.39x at 4, 1.93x at 8; a request drafting at the 20% floor (k adapts down) still yields more.
+AUTO_MAX_BATCH = 4
 
 
 @dataclass(frozen=True)
