@@ -119,7 +119,10 @@ def test_high_priority_retracts_low_priority_decodes(tiny_model_dir: Path, make_
 
 
 def test_high_priority_takes_pages_from_low_priority(tiny_model_dir: Path, make_engine: Callable) -> None:
-    eng = make_engine(tiny_model_dir, page_size=4, max_total_tokens=256, max_running_requests=8)
+    # Full reservations (ratio 1): the two low-priority requests leave too few pages for the high one to fit
+    # beside them, however the decaying ratio has moved by the time it arrives.
+    eng = make_engine(tiny_model_dir, page_size=4, max_total_tokens=256, max_running_requests=8,
+                      init_new_token_ratio=1.0)
 
     async def scenario() -> list[str]:
         order: list[str] = []

@@ -89,7 +89,7 @@ class Scheduler(OutputProcessor):
         self._drop(lambda r: r.rid == rid, "aborted")
 
     def _drop(self, which: Callable[[Req], bool], message: str) -> None:
-        for queue in (self.waiting, self.running):
+        for queue in (self.waiting, self.running):  # (finishing requests are finished already)
             for req in [r for r in queue if which(r)]:
                 queue.remove(req)
                 self._finish(req, {"type": "abort", "matched": None, "message": message})
@@ -256,7 +256,7 @@ class Scheduler(OutputProcessor):
                 return sorted(reqs, key=lambda r: -cached[id(r)])  # stable: FCFS among equals
 
         if self.fair is not None:
-            return self.fair.order(candidates, within)
+            return self.fair.order(candidates, within, self.running)
         return by_priority_only(candidates, within)
 
     def _slots_full(self) -> bool:
@@ -267,12 +267,19 @@ class Scheduler(OutputProcessor):
         cache_on = self.cache.enabled
         reserved = sum(self._reserve(r) for r in self.running)
         first_pages: set[tuple[str, int, tuple[int, ...]]] = set()
+        stuck: set[str] = set()  # tenants whose candidates find the slots full and can retract nobody
+        head = True  # the first candidate that could run: never passed over by later ones
         for req in self._order(list(self.waiting)):
+            if budget <= 0:
+                break
+            if self._slots_full() and req.tenant in stuck:
+                continue  # its tenant's earlier (no lower priority) candidate could retract nobody: nor can it
             took_slot = False
             while self._slots_full() and (freed := self._preempt(req, chunks, can_retract)) is not None:
                 budget, took_slot = budget + freed, True  # priority or fair share took another's slot
-            if budget <= 0 or self._slots_full():
-                break
+            if self._slots_full():
+                stuck.add(req.tenant)  # another tenant's candidate may still retract (fair share, priority)
+                continue
             # Re-match: an eviction while admitting an earlier candidate may have shortened this match.
             m = self.cache.match_prefix(req.match_ids(), req.namespace)
             matched_pages = m.pages
@@ -283,19 +290,18 @@ class Scheduler(OutputProcessor):
             nxt = (req.namespace, start, tuple(fill[start : start + ps]))
             chunk = min(req.num_fill - start, budget)
             if (cache_on and len(nxt[2]) == ps and nxt in first_pages) or not self._may_merge(chunk, chunks):
-                if took_slot:
-                    break  # the slot it freed is kept for it: it comes first again next step
+                if took_slot or head:  # the next step is its own: short prefills cannot keep passing it
+                    break
                 continue
+            head = False
             need = _cdiv(start + chunk, ps) - len(matched_pages)
             self.cache.lock(m.node)
             req.pages = list(matched_pages)
             req.kv_len = start
             reserve = self._reserve(req) - need
-            while self._available() < need + reserve + reserved:
-                freed = self._preempt(req, chunks, can_retract)  # priority or fair share may take another's pages
-                if freed is None:
-                    break
-                budget += freed
+            while self._available() < need + reserve + reserved and (freed := self._preempt(req, chunks,
+                                                                                             can_retract)) is not None:
+                budget += freed  # priority or fair share may take another's pages
                 reserved = sum(self._reserve(r) for r in self.running)
             if self._available() < need + reserve + reserved:
                 self.cache.unlock(m.node)
