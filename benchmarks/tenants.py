@@ -137,6 +137,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--give-up", type=float, default=30.0, help="a measured request waiting longer is aborted")
     ap.add_argument("--max-running-requests", type=int, default=16)
+    ap.add_argument("--chunked-prefill-size", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--json", default=None, help="write the raw figures here")
@@ -144,7 +145,7 @@ def main() -> None:
     model = make_random_model(Path(tempfile.mkdtemp()) / "m", layers=args.layers, hidden=args.hidden, heads=8,
                               kv_heads=2, intermediate=3 * args.hidden, vocab=512, context=4096)
     settings = dict(model=model, dtype="float32", page_size=16, max_total_tokens=32768,
-                    max_running_requests=args.max_running_requests)
+                    max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size)
     quiet_rate, flood_rate = args.rate, args.rate * args.flood_factor
 
     def quiet_prompt(seed: int) -> Any:
