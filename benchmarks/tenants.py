@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import platform
 import random
@@ -31,28 +32,64 @@ from radixserve import Engine
 SYSTEM = list(range(3, 259))  # the flood's shared system prompt: 256 tokens, cached after the first request
 
 
+class StepLog:
+    """When each engine step ended and how many tokens it ran: the work a request waited for before its first token
+    is the tokens of the steps that ended between its arrival and its first token, a measure of the scheduling that
+    the other sessions on a shared CPU do not blur (wall time they do)."""
+
+    def __init__(self, eng: Engine) -> None:
+        self.ends: list[float] = []
+        self.cum: list[int] = [0]
+        execute = eng.runner.execute
+
+        def logged(batch: Any) -> Any:
+            out = execute(batch)
+            self.ends.append(time.perf_counter())
+            self.cum.append(self.cum[-1] + sum(batch.chunks))
+            return out
+
+        eng.runner.execute = logged  # type: ignore[method-assign]
+
+    def work(self, start: float, end: float) -> int:
+        lo, hi = bisect.bisect_right(self.ends, start), bisect.bisect_right(self.ends, end)
+        return self.cum[hi] - self.cum[lo]
+
+
 class Load:
     """One open-loop stream of requests: Poisson arrivals at `rate` for `duration` s; TTFTs of those that finish."""
 
     def __init__(self, eng: Engine, rate: float, tenant: str, prompt: Any, new_tokens: int, priority: int = 0,
-                 give_up: float | None = None) -> None:
+                 give_up: float | None = None, steps: StepLog | None = None) -> None:
         self.eng, self.rate, self.tenant, self.prompt = eng, rate, tenant, prompt
         self.new_tokens, self.priority, self.give_up = new_tokens, priority, give_up
         self.ttfts: list[float] = []
+        self.steps = steps
+        self.spans: list[tuple[float, float]] = []  # (arrival, first token) of those that got one
         self.gave_up = 0
         self.tasks: list[asyncio.Task] = []
 
     async def one(self, i: int) -> None:
-        out = await self.eng.async_generate(
-            input_ids=self.prompt(i), sampling_params={"max_new_tokens": self.new_tokens, "temperature": 0,
-                                                       "ignore_eos": True},
-            tenant=self.tenant, priority=self.priority, timeout=self.give_up)
-        meta = out["meta_info"]
+        start = time.perf_counter()
+        kwargs = dict(input_ids=self.prompt(i), sampling_params={"max_new_tokens": self.new_tokens, "temperature": 0,
+                                                                 "ignore_eos": True},
+                      tenant=self.tenant, priority=self.priority, timeout=self.give_up)
+        if self.steps is None:  # the flood: only its load matters
+            await self.eng.async_generate(**kwargs)
+            return
+        first_seen = None
+        async for chunk in self.eng.async_generate(**kwargs, stream=True):  # the first chunk follows its step
+            first_seen = first_seen or time.perf_counter()
+            meta = chunk["meta_info"]
         if meta["finish_reason"]["type"] == "abort":
             self.gave_up += 1
             self.ttfts.append(self.give_up or 0.0)
         else:
             self.ttfts.append(meta["ttft"])
+            self.spans.append((start, first_seen or start))
+
+    def works(self) -> list[int]:
+        assert self.steps is not None
+        return [self.steps.work(a, b) for a, b in self.spans]
 
     async def arrivals(self, duration: float, rng: random.Random) -> None:
         start = time.perf_counter()
@@ -100,6 +137,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--give-up", type=float, default=30.0, help="a measured request waiting longer is aborted")
     ap.add_argument("--max-running-requests", type=int, default=16)
+    ap.add_argument("--chunked-prefill-size", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--json", default=None, help="write the raw figures here")
@@ -107,20 +145,23 @@ def main() -> None:
     model = make_random_model(Path(tempfile.mkdtemp()) / "m", layers=args.layers, hidden=args.hidden, heads=8,
                               kv_heads=2, intermediate=3 * args.hidden, vocab=512, context=4096)
     settings = dict(model=model, dtype="float32", page_size=16, max_total_tokens=32768,
-                    max_running_requests=args.max_running_requests)
+                    max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size)
     quiet_rate, flood_rate = args.rate, args.rate * args.flood_factor
 
     def quiet_prompt(seed: int) -> Any:
-        return lambda i: [(seed * 7919 + i * 131 + k * 17) % 500 + 3 for k in range(128)]  # unique: no hits
+        """Random prompts, different in every scenario and round: the measured requests never hit the cache."""
+        return lambda i: random.Random(seed * 100_003 + i).choices(range(3, 512), k=128)
 
     def flood_prompt(i: int) -> list[int]:
         return SYSTEM + [(i * 37 + k) % 500 + 3 for k in range(32)]
 
     results: dict[str, list[float]] = {}
+    works: dict[str, list[int]] = {}
     gave_up: dict[str, int] = {}
     with Engine(**settings, fair_share=True) as on, Engine(**settings, fair_share=False) as off:
         for eng in (on, off):  # warm up and cache the system prompt
             eng.generate(input_ids=flood_prompt(0), sampling_params={"max_new_tokens": 4})
+        logs = {id(on): StepLog(on), id(off): StepLog(off)}
         for rnd in range(args.rounds):
             seed = 1000 * rnd
             cases = {
@@ -130,28 +171,37 @@ def main() -> None:
                 "high priority, unloaded": (off, None, 1),
                 "high priority + low-priority flood": (off, "low", 1),
             }
-            for name, (eng, flood_kind, prio) in cases.items():
-                measured = Load(eng, quiet_rate, "quiet" if prio == 0 else "flood", quiet_prompt(seed + rnd),
-                                16, priority=prio, give_up=args.give_up)
+            for k, (name, (eng, flood_kind, prio)) in enumerate(cases.items()):
+                measured = Load(eng, quiet_rate, "quiet" if prio == 0 else "flood", quiet_prompt(seed + k + 1),
+                                16, priority=prio, give_up=args.give_up, steps=logs[id(eng)])
                 flood = None if flood_kind is None else Load(eng, flood_rate, "flood", flood_prompt, 32, priority=0)
                 asyncio.run(scenario(measured, flood, args.duration, seed))
                 results.setdefault(name, []).extend(measured.ttfts)
+                works.setdefault(name, []).extend(measured.works())
                 gave_up[name] = gave_up.get(name, 0) + measured.gave_up
                 print(f"round {rnd + 1} {name}: n={len(measured.ttfts)} p95 {p95(measured.ttfts):.3f} s", flush=True)
     print(f"\nmachine: {machine()}")
     print(f"flags: {json.dumps({k: str(v) for k, v in settings.items() if k != 'model'})}, {args.layers} layers "
           f"hidden {args.hidden}, quiet {quiet_rate}/s, flood {flood_rate}/s, {args.duration:g} s x {args.rounds} rounds\n")
-    print("| scenario | requests | TTFT p50 s | TTFT p95 s | gave up |")
-    print("|---|---|---|---|---|")
+    print("| scenario | requests | TTFT p50 s | TTFT p95 s | gave up | tokens run before the first token p50 / p95 |")
+    print("|---|---|---|---|---|---|")
     for name, xs in results.items():
-        print(f"| {name} | {len(xs)} | {np.percentile(xs, 50):.3f} | {p95(xs):.3f} | {gave_up[name]} |")
+        w = works[name] or [0]
+        print(f"| {name} | {len(xs)} | {np.percentile(xs, 50):.3f} | {p95(xs):.3f} | {gave_up[name]} | "
+              f"{np.percentile(w, 50):.0f} / {np.percentile(w, 95):.0f} |")
     alone, fair, unfair = (p95(results[k]) for k in ("quiet alone", "quiet + flood, fair share on",
                                                       "quiet + flood, fair share off"))
     hi0, hi = p95(results["high priority, unloaded"]), p95(results["high priority + low-priority flood"])
     print(f"\nquiet p95 with fair share on / alone: {fair / alone:.2f}x (goal <= 2); off / alone: {unfair / alone:.2f}x")
     print(f"high-priority p95 under the flood / unloaded: {hi / hi0:.2f}x (goal <= 1.5)")
+    w = {k: float(np.percentile(v or [0], 95)) for k, v in works.items()}
+    print(f"work before the first token, p95 ratios: fair on / alone "
+          f"{w['quiet + flood, fair share on'] / w['quiet alone']:.2f}x, off / alone "
+          f"{w['quiet + flood, fair share off'] / w['quiet alone']:.2f}x (of those that got a token), high priority "
+          f"flood / unloaded {w['high priority + low-priority flood'] / w['high priority, unloaded']:.2f}x")
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "gave_up": gave_up, "machine": machine()}))
+        Path(args.json).write_text(json.dumps({"results": results, "works": works, "gave_up": gave_up,
+                                               "machine": machine()}))
 
 
 if __name__ == "__main__":

@@ -119,8 +119,11 @@ def test_high_priority_retracts_low_priority_decodes(tiny_model_dir: Path, make_
 
 
 def test_high_priority_takes_pages_from_low_priority(tiny_model_dir: Path, make_engine: Callable) -> None:
-    # Speculation off: accepted drafts would let the low-priority requests finish before the high one can matter.
-    eng = make_engine(tiny_model_dir, page_size=4, max_total_tokens=256, max_running_requests=8, speculative="off")
+    # Full reservations (ratio 1): the two low-priority requests leave too few pages for the high one to fit
+    # beside them, however the decaying ratio has moved by the time it arrives. Speculation off: accepted drafts
+    # would let the low-priority requests finish before the high one can matter.
+    eng = make_engine(tiny_model_dir, page_size=4, max_total_tokens=256, max_running_requests=8,
+                      init_new_token_ratio=1.0, speculative="off")
 
     async def scenario() -> list[str]:
         order: list[str] = []

@@ -27,18 +27,22 @@ class FairShare:
     def charge(self, tenant: str, tokens: int) -> None:
         self.served[tenant] = self.served.get(tenant, 0) + tokens
 
-    def order(self, candidates: list[Req], within: Callable[[list[Req]], list[Req]]) -> list[Req]:
-        """Candidates by priority (higher first), each priority level interleaved across tenants by tokens served;
-        `within` orders one tenant's requests (the queue policy)."""
+    def order(self, candidates: list[Req], within: Callable[[list[Req]], list[Req]],
+              running: Iterable[Req] = ()) -> list[Req]:
+        """Candidates by priority (higher first), each priority level interleaved across tenants by tokens served
+        (among equals, the tenant with fewer running requests, then the one whose head came first); `within`
+        orders one tenant's requests (the queue policy)."""
         active = {r.tenant for r in candidates}
         self._forget_idle(active)
+        held: dict[str, int] = defaultdict(int)
+        for r in running:
+            held[r.tenant] += 1
         out: list[Req] = []
         for level in _by_priority(candidates):
             queues = {t: deque(within(reqs)) for t, reqs in _by_tenant(level).items()}
             served = dict(self.served)
             while queues:
-                # among equals, the tenant whose head request came first
-                tenant = min(queues, key=lambda t: (served[t], queues[t][0].created))
+                tenant = min(queues, key=lambda t: (served[t], held[t], queues[t][0].created))
                 req = queues[tenant].popleft()
                 out.append(req)
                 served[tenant] += max(req.num_fill - req.kv_len, 1)  # what admitting it would charge, at most

@@ -18,7 +18,8 @@ from radixserve.io import FinishReason
 from radixserve.request import Req
 from radixserve.speculative.drafter import Drafter
 from radixserve.step import Draft, ScheduledBatch
-from radixserve.scheduler.fairness import FairShare, by_priority_only, preemptible, victim_key
+from radixserve.scheduler.fairness import FairShare, preemptible, victim_key
+from radixserve.scheduler.admission import Admission
 from radixserve.scheduler.output import OutputProcessor
 from radixserve.scheduler.partial_reuse import PartialReuse
 
@@ -83,7 +84,7 @@ class SchedulerStats:
     steps: int = 0
 
 
-class Scheduler(OutputProcessor, PartialReuse):
+class Scheduler(Admission, OutputProcessor, PartialReuse):
     """Owns the waiting queue and the running set; every page a request holds is accounted for here."""
 
     def __init__(self, cfg: SchedulerConfig, pool: KVPool, eos_ids: frozenset[int]) -> None:
@@ -120,7 +121,7 @@ class Scheduler(OutputProcessor, PartialReuse):
         self._drop(lambda r: r.rid == rid, "aborted")
 
     def _drop(self, which: Callable[[Req], bool], message: str) -> None:
-        for queue in (self.waiting, self.running):
+        for queue in (self.waiting, self.running):  # (finishing requests are finished already)
             for req in [r for r in queue if which(r)]:
                 queue.remove(req)
                 self._finish(req, FinishReason("abort", None, message))
@@ -325,119 +326,6 @@ class Scheduler(OutputProcessor, PartialReuse):
         counts as a decode: only prefills delay each other's first tokens)."""
         limit = self.cfg.prefill_merge_tokens
         return limit is None or chunk <= limit or all(c == 1 or i in self._drafts for i, c in chunks.items())
-
-    def _order(self, candidates: list[Req]) -> list[Req]:
-        """Admission order: priority, then fair share between tenants (if on), then the queue policy."""
-        within = list  # fcfs: arrival order
-        if self.cache.enabled and self.cfg.schedule_policy == "lpm" and len(candidates) <= self.cfg.lpm_queue_limit:
-            cached = {id(r): self.cache.match_prefix(r.match_ids(), r.namespace).num_tokens for r in candidates}
-
-            def within(reqs: list[Req]) -> list[Req]:
-                return sorted(reqs, key=lambda r: -cached[id(r)])  # stable: FCFS among equals
-
-        if self.fair is not None:
-            return self.fair.order(candidates, within)
-        return by_priority_only(candidates, within)
-
-    def _slots_full(self) -> bool:
-        return len(self.running) + len(self.finishing) >= self.cfg.max_running_requests  # finishing hold a slot
-
-    def _admit(self, budget: int, chunks: dict[int, int], can_retract: bool = True) -> int:
-        ps = self.cfg.page_size
-        cache_on = self.cache.enabled
-        reserved = sum(self._reserve(r) for r in self.running)
-        first_pages: set[tuple[str, int, tuple[int, ...]]] = set()
-        first_rows: set[tuple[str, int, tuple[int, ...]]] = set()
-        for req in self._order(list(self.waiting)):
-            took_slot = False
-            while self._slots_full() and (freed := self._preempt(req, chunks, can_retract)) is not None:
-                budget, took_slot = budget + freed, True  # priority or fair share took another's slot
-            if budget <= 0 or self._slots_full():
-                break
-            if self.pins.num_pinned and self._beside_pins(req):
-                continue
-            # Re-match: an eviction while admitting an earlier candidate may have shortened this match. Pages the
-            # second tier holds past the tree's match come back into the pool first.
-            if self.cache.tier is not None:
-                self.cache.tier.load_prefix(self.cache, req.match_ids(), req.namespace)
-            m = self.cache.match_prefix(req.match_ids(), req.namespace)
-            matched_pages = m.pages
-            start = len(matched_pages) * ps
-            hit = self._partial_hit(req, m.node, start)
-            copied = hit.num_tokens if hit is not None else 0
-            # Two requests admitted together would both compute a prefix they share; hold the later one back a
-            # step so it finds the first one's pages in the tree instead.
-            fill = req.fill_ids
-            nxt = (req.namespace, start, tuple(fill[start : start + ps]))
-            # Below the page the same holds with partial-page reuse: sharing even the next token, the later one
-            # waits a step and copies the first one's rows (what page size 1 does by the rule above). Only with no
-            # step in flight (can_retract): else the next step is scheduled before this one's rows are recorded.
-            nxt_row = (req.namespace, start + copied, tuple(fill[start : start + copied + 1]))
-            held = (cache_on and len(nxt[2]) == ps and nxt in first_pages) or (can_retract and nxt_row in first_rows)
-            chunk = min(req.num_fill - start - copied, budget)
-            if held or not self._may_merge(chunk, chunks):
-                if took_slot:
-                    break  # the slot it freed is kept for it: it comes first again next step
-                continue
-            need = _cdiv(start + copied + chunk, ps) - len(matched_pages)
-            self.cache.lock(m.node)
-            req.pages = list(matched_pages)
-            req.kv_len = start + copied
-            reserve = self._reserve(req) - need
-            while self._available() < need + reserve + reserved:
-                freed = self._preempt(req, chunks, can_retract)  # priority or fair share may take another's pages
-                if freed is None:
-                    break
-                budget += freed
-                reserved = sum(self._reserve(r) for r in self.running)
-            if self._available() < need + reserve + reserved:
-                self.cache.unlock(m.node)
-                req.pages, req.kv_len = [], 0
-                break
-            pages = self._alloc(need)
-            assert pages is not None, "available pages were counted, so allocation cannot fail"
-            req.pages.extend(pages)
-            req.node = m.node
-            req.num_tree_pages = len(matched_pages)
-            if hit is not None:
-                # Copied at the start of this step, before any KV is written: until the step is processed the rows
-                # count as in flight, like computed ones (a failed step never leaves them cached).
-                self._copies[id(req)] = (hit.page, pages[0], copied)
-                req.kv_inflight += copied
-            if not req.admitted:
-                req.admitted = True
-                req.cached_tokens = start + copied
-                self.stats.prompt_tokens += len(req.input_ids)
-                self.stats.hit_tokens += start + copied
-                self.stats.partial_page_hit_tokens += copied
-            req.slot = self._free_slots.pop()
-            self.waiting.remove(req)
-            self.running.append(req)
-            chunks[id(req)] = chunk
-            budget -= chunk
-            reserved += reserve
-            first_pages.add(nxt)
-            if self.fair is not None:
-                self.fair.charge(req.tenant, chunk)
-            if self.partial is not None:
-                first_rows.add(nxt_row)
-        return budget
-
-    def _beside_pins(self, req: Req) -> bool:
-        """Refuse (finish with an error) a request too big for the pool beside the pinned prefixes; it would be
-        admitted and retracted forever."""
-        need = _cdiv(req.num_fill + max(req.params.max_new_tokens - len(req.output_ids), 0), self.cfg.page_size)
-        if need <= self.pool.capacity - self.pins.num_pinned:
-            return False
-        pinned = self.pins.pinned_pages(self.cache)  # type: ignore[arg-type]  (pins exist: a RadixCache)
-        need -= sum(p in pinned for p in self.cache.match_prefix(req.match_ids(), req.namespace).pages)
-        room = self.pool.capacity - self.pins.num_pinned
-        if need <= room:
-            return False
-        self.waiting.remove(req)
-        self._finish(req, FinishReason("abort", None, f"needs {need} KV pages, more than the {room} the pool has "
-                                       "beside pinned prefixes (unpin some: /cache/unpin)"))
-        return True
 
     def _build(self, reqs: list[Req], chunks: dict[int, int]) -> ScheduledBatch:
         """Pack the step and advance each request by it: kv_len, in-flight counts and prompt-logprob progress."""
