@@ -20,13 +20,13 @@ from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.engine_cache import CacheSurface, Checkpointer, attach_tier, close_tier
 from radixserve.engine_config import EngineConfig
 from radixserve.engine_loop import EngineLoop
+from radixserve.engine_stats import EngineStats
 from radixserve.inputs import RequestBuilder, RequestSpec
 from radixserve.io import GenerateOutput, GenerateRequest, StreamChunk
 from radixserve.model.sampling_defaults import load_sampling_defaults
 from radixserve.model.runner import ModelRunner, default_attention_backend
 from radixserve.request import Req
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
-from radixserve.speculative.drafter import spec_stats
 from radixserve.speculative.mode import choose_speculative
 from radixserve.timeline import Tracker
 from radixserve.tokenizer import Tokenizer
@@ -41,7 +41,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # Measured on the default model (2 AVX-512 cores, benchmarks/prefill_step_cost.py): a step costs ~59 ms plus ~2.2 ms
 # per prefill token, so merging prefills pays only below ~27 tokens each; 32 leans a little toward throughput.
 _CPU_PREFILL_MERGE_TOKENS = 32
-_TIER_COUNTERS = ("device_hit_tokens", "disk_hit_tokens", "spilled_pages", "loaded_pages", "load_seconds")
 
 
 async def _as_dicts(outputs: Awaitable[list[GenerateOutput]], single: bool) -> dict[str, Any] | list[dict[str, Any]]:
@@ -72,7 +71,7 @@ def _stop(loop: EngineLoop, scheduler: Scheduler, tp: TPGroup | None) -> None:
         tp.close()
 
 
-class Engine(CacheSurface):
+class Engine(CacheSurface, EngineStats):
     """In-process LLM engine with a radix prefix cache; thread-safe, usable from sync code and from event loops."""
 
     def __init__(self, config: EngineConfig | str | Path | None = None, **settings: Any) -> None:
@@ -378,74 +377,3 @@ class Engine(CacheSurface):
 
     def abort(self, rid: str) -> None:
         self.loop.inbox.put(("abort", rid))
-
-    # ---- introspection ------------------------------------------------------------------------------------------
-    def cache_stats(self) -> dict[str, Any]:
-        return self.loop.call(self._cache_stats)
-
-    def _cache_stats(self) -> dict[str, Any]:
-        s = self.scheduler.stats
-        cache = self.scheduler.cache
-        return {
-            "hit_tokens": s.hit_tokens,
-            "partial_page_hit_tokens": s.partial_page_hit_tokens,
-            "prompt_tokens": s.prompt_tokens,
-            "hit_rate": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
-            "total_pages": self.runner.pool.capacity,
-            "free_pages": self.runner.pool.num_free_pages,
-            "cached_pages": cache.total_pages + self.scheduler.partial_pages,
-            "evictable_pages": cache.evictable_pages + self.scheduler.partial_pages,
-            "partial_pages": self.scheduler.partial_pages,
-            "page_size": self.runner.pool.page_size,
-            "dtype": self.dtype_name,
-            "quantization": self.quantization,
-            "quantization_reason": self.cpu_choice.reason,
-            **spec_stats(self.scheduler.drafter),
-            **self.tier_stats(),
-        }
-
-    def metrics(self) -> dict[str, Any]:
-        def snapshot() -> dict[str, Any]:
-            s = self.scheduler.stats
-            return {
-                **self._cache_stats(),
-                "num_running": len(self.scheduler.running) + len(self.scheduler.finishing),
-                "num_waiting": len(self.scheduler.waiting),
-                "num_retractions": s.retractions,
-                "prompt_tokens_total": s.prompt_tokens,
-                "generation_tokens_total": s.generation_tokens,
-                "cached_tokens_total": s.hit_tokens,
-                "partial_page_hit_tokens_total": s.partial_page_hit_tokens,
-                "computed_prefill_tokens_total": s.computed_prefill_tokens,
-                "failed_requests_total": s.failed,
-                "failed_steps_total": s.failed_steps,
-                **{f"{k}_total": v for k, v in self.tier_stats().items() if k in _TIER_COUNTERS},
-            }
-
-        return self.loop.call(snapshot)
-
-    def flush_cache(self, namespace: Callable[[str], bool] | None = None) -> bool | int:
-        """namespace None: drop every cached page (False while requests run, nothing dropped then). With a predicate
-        on namespaces: drop the unlocked cached pages of the namespaces it accepts, whatever runs; returns how many."""
-        if namespace is None:
-            return self.loop.call(self.scheduler.flush_cache)
-        return self.loop.call(lambda: self.scheduler.cache.flush_namespaces(namespace))
-
-    def check_invariants(self) -> None:
-        self.loop.call(self.scheduler.check_invariants)
-
-    def model_info(self) -> dict[str, Any]:
-        return {
-            "model_path": str(self.model_path),
-            "model_name": Path(self.model_path).name,
-            "context_length": self.context_length,
-            "page_size": self.runner.pool.page_size,
-            "vocab_size": self.runner.config.vocab_size,
-            "dtype": self.dtype_name,
-            "quantization": self.quantization,
-            "quantization_reason": self.cpu_choice.reason,
-            "attention_backend": self.attention_backend,
-            "tp": self.config.tp,
-            "sampling_defaults": dict(self.sampling_defaults),
-            "speculative": self.speculative.reason,
-        }

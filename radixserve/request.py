@@ -1,6 +1,7 @@
 """One generation request as the scheduler sees it: tokens, KV pages, progress and results."""
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,6 +12,15 @@ from radixserve.detokenizer import IncrementalDetokenizer
 from radixserve.io import FinishReason, GenerateOutput
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling_params import SamplingParams
+
+
+class ReqStatus(enum.Enum):
+    """Where a request is: the scheduler's queue it sits in (checked by Scheduler.check_invariants)."""
+
+    WAITING = "waiting"  # in `waiting`, holding no pages (new, or retracted to run again)
+    RUNNING = "running"  # in `running`: admitted, holding pages and a runner slot
+    FINISHING = "finishing"  # finished while a step of it is still in flight: its pages go back when that is done
+    DONE = "done"  # finished and holding nothing
 
 
 @dataclass(eq=False)  # a request is equal only to itself: `req in running` must not compare fields
@@ -49,6 +59,7 @@ class Req:
     kv_inflight: int = 0  # tokens of kv_len that steps in flight are still computing (never cached before done)
     inflight_tokens: int = 0  # tokens sampled by such steps that the scheduler has not seen yet
     cached_tokens: int = 0
+    status: ReqStatus = ReqStatus.WAITING
     finish_reason: FinishReason | None = None
     draft_state: Any = None  # speculative decoding's per-request state (radixserve/speculative/drafter.py)
     timeline: Any = None  # its radixserve.timeline.RequestTimeline (the Engine opens one per request)

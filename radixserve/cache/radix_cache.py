@@ -16,6 +16,7 @@ import numpy as np
 import xxhash
 
 from radixserve.cache.continuation_index import ContinuationIndex
+from radixserve.cache.tree_check import check_tree
 from radixserve.cache.kv_pool import KVPool
 
 if TYPE_CHECKING:
@@ -426,46 +427,5 @@ class RadixCache:
         return len(freed)
 
     def check_invariants(self) -> None:
-        """Raise AssertionError naming the first broken rule of the tree."""
-        root = self.root
-        assert root.parent is None and not root.pages and not root.keys, "root holds no pages"
-        assert root.lock_ref == 0, "root lock_ref stays 0 (root is never counted)"
-        pb = self._page_bytes
-        seen: set[int] = set()
-        evictable = protected = 0
-        in_heap = {(n.id, la) for la, _, n in self._heap}
-        nodes = self._nodes()
-        assert len(nodes) == self._num_nodes, f"node count {self._num_nodes} matches a recount {len(nodes)}"
-        for node in nodes:
-            parent = node.parent
-            assert parent is not None, "every node in the tree has a parent"
-            assert len(node.pages) > 0, "a node holds at least one page"
-            assert len(node.keys) == len(node.pages), "one key per page"
-            assert len(node.token_bytes) == len(node.pages) * pb, "page_size tokens per page"
-            assert parent.children.get(node.keys[0]) is node, "children dict key equals the child's first page key"
-            if parent is not root:
-                assert node.namespace == parent.namespace, "a node's namespace equals its parent's"
-            assert self._page_keys(self._parent_key(node), node.token_bytes) == node.keys, (
-                "page key = hash(parent key, page tokens), chained from the namespace root key"
-            )
-            assert node.lock_ref >= 0, "lock_ref >= 0"
-            assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), (
-                "a node's lock_ref >= the sum of its children's (every lock below passes through it)"
-            )
-            assert parent is root or parent.last_access >= node.last_access, "a parent is touched whenever a child is"
-            for p in node.pages:
-                assert p not in seen, f"page {p} appears twice in the tree"
-                seen.add(p)
-                assert 0 < p < self.pool.num_pages, f"page {p} is a valid, non-sink page id"
-                assert not self.pool.is_free(p), f"tree page {p} is not in the pool's free list"
-            if node.lock_ref:
-                protected += len(node.pages)
-            else:
-                evictable += len(node.pages)
-                if not node.children:
-                    assert (node.id, node.last_access) in in_heap, "every unlocked leaf is in the eviction heap"
-        assert evictable == self._evictable, f"evictable_pages {self._evictable} matches a recount {evictable}"
-        assert protected == self._protected, f"protected_pages {self._protected} matches a recount {protected}"
-        assert self.total_pages == len(seen), "total_pages equals the pages held by the tree"
-        if self.index is not None:
-            assert self.index.pages() == seen, "the continuation index holds exactly the tree's pages"
+        """Raise AssertionError naming the first broken rule of the tree (radixserve/cache/tree_check.py)."""
+        check_tree(self)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from radixserve.cache.partial_page import PartialHit
 from radixserve.cache.radix_cache import MatchResult
 from radixserve.io import FinishReason
-from radixserve.request import Req
+from radixserve.request import Req, ReqStatus
 from radixserve.scheduler.fairness import by_priority_only
 
 
@@ -144,3 +144,4 @@ class Admission:
         req.slot = self._free_slots.pop()
         self.waiting.remove(req)
         self.running.append(req)
+        req.status = ReqStatus.RUNNING

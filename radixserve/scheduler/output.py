@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import RequestFailedError
 from radixserve.io import INTERNAL_ERROR, STOP_LENGTH, FinishReason, GenerateOutput, OutputMeta, StreamChunk
-from radixserve.request import Req
+from radixserve.request import Req, ReqStatus
 from radixserve.sampling.speculative import DraftRun
 from radixserve.step import Draft, ScheduledBatch, StepOutput
 
@@ -137,6 +137,7 @@ class OutputProcessor:
             if req.steps_in_flight == 0:
                 self.finishing.remove(req)
                 self._release(req)
+                req.status = ReqStatus.DONE
             return
         if req.failed:
             return
@@ -153,12 +154,14 @@ class OutputProcessor:
         log.error("request %s failed: %r", req.rid, exc, exc_info=exc)
         self.stats.failed += 1
         req.finish_reason = INTERNAL_ERROR
+        req.status = ReqStatus.DONE
         if req in self.waiting:
             self.waiting.remove(req)
         if req in self.running:
             self.running.remove(req)
             if req.steps_in_flight:
                 self.finishing.append(req)
+                req.status = ReqStatus.FINISHING
             else:
                 self._release(req)
         req.emit(RequestFailedError(req.rid))
@@ -204,8 +207,10 @@ class OutputProcessor:
         req.finish_reason = reason
         if req.steps_in_flight:
             self.finishing.append(req)
+            req.status = ReqStatus.FINISHING
         else:
             self._release(req)
+            req.status = ReqStatus.DONE
         if not (reason and reason.stopped_on_string):
             req.detok.flush()  # text held back for a possible stop string is the caller's after all
         self.stats.finished += 1

@@ -15,7 +15,7 @@ from radixserve.cache.pins import PinTable
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
 from radixserve.io import FinishReason
-from radixserve.request import Req
+from radixserve.request import Req, ReqStatus
 from radixserve.speculative.drafter import Drafter
 from radixserve.step import Draft, ScheduledBatch
 from radixserve.scheduler.fairness import FairShare, preemptible, victim_key
@@ -114,6 +114,7 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
 
     # ---- queue management -------------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
+        req.status = ReqStatus.WAITING
         self.waiting.append(req)
 
     def abort(self, rid: str) -> None:
@@ -205,6 +206,7 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
         self.running.remove(req)
         self._release(req)
         self.waiting.appendleft(req)
+        req.status = ReqStatus.WAITING
         self.stats.retractions += 1
         self.new_token_ratio = min(1.0, max(self.new_token_ratio, self.cfg.init_new_token_ratio) + 0.1)
 
@@ -418,6 +420,9 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
             f"page leak: free {self.pool.num_free_pages} + tree {self.cache.total_pages} + kept partial {kept} "
             f"+ private {len(private)} != capacity {self.pool.capacity}"
         )
+        for queue, status in ((self.waiting, ReqStatus.WAITING), (self.running, ReqStatus.RUNNING),
+                              (self.finishing, ReqStatus.FINISHING)):
+            assert all(r.status is status for r in queue), f"every request in {status.value} has that status"
         for r in self.waiting:
             assert not r.pages and r.node is None and r.tail is None, f"waiting request {r.rid} holds pages"
         if not holders:

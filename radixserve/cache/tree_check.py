@@ -1,0 +1,54 @@
+"""The radix tree's invariants, checked by a full walk (tests and `Engine.check_invariants`; never on the serving
+path): structure, chained page keys, namespaces, lock counts, LRU heap membership, page ownership and counters."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixserve.cache.radix_cache import RadixCache
+
+
+def check_tree(cache: RadixCache) -> None:
+    """Raise AssertionError naming the first broken rule of the tree."""
+    root = cache.root
+    assert root.parent is None and not root.pages and not root.keys, "root holds no pages"
+    assert root.lock_ref == 0, "root lock_ref stays 0 (root is never counted)"
+    pb = cache._page_bytes
+    seen: set[int] = set()
+    evictable = protected = 0
+    in_heap = {(n.id, la) for la, _, n in cache._heap}
+    nodes = cache._nodes()
+    assert len(nodes) == cache._num_nodes, f"node count {cache._num_nodes} matches a recount {len(nodes)}"
+    for node in nodes:
+        parent = node.parent
+        assert parent is not None, "every node in the tree has a parent"
+        assert len(node.pages) > 0, "a node holds at least one page"
+        assert len(node.keys) == len(node.pages), "one key per page"
+        assert len(node.token_bytes) == len(node.pages) * pb, "page_size tokens per page"
+        assert parent.children.get(node.keys[0]) is node, "children dict key equals the child's first page key"
+        if parent is not root:
+            assert node.namespace == parent.namespace, "a node's namespace equals its parent's"
+        assert cache._page_keys(cache._parent_key(node), node.token_bytes) == node.keys, (
+            "page key = hash(parent key, page tokens), chained from the namespace root key"
+        )
+        assert node.lock_ref >= 0, "lock_ref >= 0"
+        assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), (
+            "a node's lock_ref >= the sum of its children's (every lock below passes through it)"
+        )
+        assert parent is root or parent.last_access >= node.last_access, "a parent is touched whenever a child is"
+        for p in node.pages:
+            assert p not in seen, f"page {p} appears twice in the tree"
+            seen.add(p)
+            assert 0 < p < cache.pool.num_pages, f"page {p} is a valid, non-sink page id"
+            assert not cache.pool.is_free(p), f"tree page {p} is not in the pool's free list"
+        if node.lock_ref:
+            protected += len(node.pages)
+        else:
+            evictable += len(node.pages)
+            if not node.children:
+                assert (node.id, node.last_access) in in_heap, "every unlocked leaf is in the eviction heap"
+    assert evictable == cache._evictable, f"evictable_pages {cache._evictable} matches a recount {evictable}"
+    assert protected == cache._protected, f"protected_pages {cache._protected} matches a recount {protected}"
+    assert cache.total_pages == len(seen), "total_pages equals the pages held by the tree"
+    if cache.index is not None:
+        assert cache.index.pages() == seen, "the continuation index holds exactly the tree's pages"
