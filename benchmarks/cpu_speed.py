@@ -14,6 +14,7 @@ Prints a markdown table and appends it to benchmarks/RESULTS.md (unless --no-rec
 
     .venv/bin/python -m benchmarks.cpu_speed [--repeats 3] [--new-tokens 32] [--no-record]
 """
+
 from __future__ import annotations
 
 import os
@@ -103,8 +104,9 @@ class Ours:
     def decode(self, prompts: list[list[int]], new_tokens: int) -> float:
         """Decode tokens/s over the batch: tokens after the first / time after the last first token."""
         self.eng.flush_cache()
-        outs = self.eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": new_tokens, "temperature": 0,
-                                                                     "ignore_eos": True})
+        outs = self.eng.generate(
+            input_ids=prompts, sampling_params={"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+        )
         tokens = sum(o["meta_info"]["completion_tokens"] - 1 for o in outs)
         first = max(o["meta_info"]["ttft"] for o in outs)
         last = max(o["meta_info"]["e2e_latency"] for o in outs)
@@ -179,9 +181,11 @@ def machine() -> str:
                 break
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{name}, {os.cpu_count()} cores{' with AVX-512 BF16' if 'avx512_bf16' in flags else ''}, {mem:.0f} GiB, "
-            f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    return (
+        f"{name}, {os.cpu_count()} cores{' with AVX-512 BF16' if 'avx512_bf16' in flags else ''}, {mem:.0f} GiB, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}"
+    )
 
 
 def med(xs: list[float]) -> float:
@@ -206,7 +210,9 @@ def main() -> None:
 
     stream = source_tokens(eng.encode, PREFILL_LEN + BATCH * DECODE_PROMPT_LEN)
     long_prompt = stream[:PREFILL_LEN]
-    prompts = [stream[PREFILL_LEN + i * DECODE_PROMPT_LEN: PREFILL_LEN + (i + 1) * DECODE_PROMPT_LEN] for i in range(BATCH)]
+    prompts = [
+        stream[PREFILL_LEN + i * DECODE_PROMPT_LEN : PREFILL_LEN + (i + 1) * DECODE_PROMPT_LEN] for i in range(BATCH)
+    ]
 
     cases: dict[str, Callable[[Any], float]] = {
         "decode1": lambda m: m.decode(prompts[:1], args.new_tokens),
@@ -226,8 +232,11 @@ def main() -> None:
         for c, case in cases.items():
             for e, m in engines.items():
                 res[(e, c)].append(case(m))
-        print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(f"{e} {c} {res[(e, c)][-1]:.3g}" for c in cases for e in engines),
-              flush=True)
+        print(
+            f"repeat {rep + 1}/{args.repeats}: "
+            + ", ".join(f"{e} {c} {res[(e, c)][-1]:.3g}" for c in cases for e in engines),
+            flush=True,
+        )
     del theirs
     startup_s = startup_fresh_process(model_dir)
     eng.shutdown()
@@ -238,11 +247,24 @@ def main() -> None:
     prefill_flop = 2 * params * PREFILL_LEN  # the projections; attention adds a few percent at 1k
     ttft_ours, ttft_theirs = med(res[("ours", "ttft1k")]), med(res[("theirs", "ttft1k")])
     rows = [
-        ("decode, batch 1 (tokens/s)", med(res[("ours", "decode1")]), med(res[("theirs", "decode1")]), 1 / floor_step_s),
-        ("decode, batch 8 (tokens/s, all requests)", med(res[("ours", "decode8")]), med(res[("theirs", "decode8")]),
-         BATCH / floor_step_s),
-        (f"prefill, {PREFILL_LEN}-token prompt (tokens/s)", PREFILL_LEN / ttft_ours, PREFILL_LEN / ttft_theirs,
-         PREFILL_LEN / (prefill_flop / fl)),
+        (
+            "decode, batch 1 (tokens/s)",
+            med(res[("ours", "decode1")]),
+            med(res[("theirs", "decode1")]),
+            1 / floor_step_s,
+        ),
+        (
+            "decode, batch 8 (tokens/s, all requests)",
+            med(res[("ours", "decode8")]),
+            med(res[("theirs", "decode8")]),
+            BATCH / floor_step_s,
+        ),
+        (
+            f"prefill, {PREFILL_LEN}-token prompt (tokens/s)",
+            PREFILL_LEN / ttft_ours,
+            PREFILL_LEN / ttft_theirs,
+            PREFILL_LEN / (prefill_flop / fl),
+        ),
     ]
     lines = [
         "| measure | radixserve | transformers | floor | radixserve / transformers | radixserve / floor |",
@@ -250,9 +272,11 @@ def main() -> None:
     ]
     for name, o, h, f in rows:
         lines.append(f"| {name} | {o:.1f} | {h:.1f} | {f:.1f} | {o / h:.2f}x | {o / f:.2f} |")
-    lines.append(f"| time to first token, {PREFILL_LEN}-token prompt (s) | {ttft_ours:.2f} | {ttft_theirs:.2f} | "
-                 f"{prefill_flop / fl:.2f} | {ttft_theirs / ttft_ours:.2f}x faster | |")
-    lines.append(f"| start-up: `Engine(dtype=\"bfloat16\")` in process (s) | {engine_build_s:.1f} | | | | |")
+    lines.append(
+        f"| time to first token, {PREFILL_LEN}-token prompt (s) | {ttft_ours:.2f} | {ttft_theirs:.2f} | "
+        f"{prefill_flop / fl:.2f} | {ttft_theirs / ttft_ours:.2f}x faster | |"
+    )
+    lines.append(f'| start-up: `Engine(dtype="bfloat16")` in process (s) | {engine_build_s:.1f} | | | | |')
     lines.append(f"| start-up: fresh interpreter, import + engine + 1 token (s) | {startup_s:.1f} | | | | |")
     table = "\n".join(lines)
     notes = (

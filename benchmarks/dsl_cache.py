@@ -6,6 +6,7 @@ rag: the RAG example (a long shared system prompt, six questions through run_bat
 tot: a tree of thought (question -> 3 plans -> 2 solutions each -> a select verdict per solution), nested forks.
 Each mode gets a fresh engine and a warm-up program; outputs must be identical in both modes (greedy decoding).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,10 @@ def run_rag(backend: sgl.Backend) -> list[Any]:
 
 
 def run_tot(backend: sgl.Backend) -> list[Any]:
-    q = ("A farmer has 17 sheep. All but 9 run away. He then buys twice as many sheep as he has left. "
-         "How many sheep does he have now?")
+    q = (
+        "A farmer has 17 sheep. All but 9 run away. He then buys twice as many sheep as he has left. "
+        "How many sheep does he have now?"
+    )
     return tree_of_thought.run(question=q, plans=3, solutions=2, backend=backend, temperature=0).ret_value
 
 
@@ -75,8 +78,13 @@ def measure(model: str | None, dtype: str, cache: bool, workload: Callable[[sgl.
         rt.shutdown()
     prompt = after["prompt_tokens_total"] - before["prompt_tokens_total"]
     hits = after["cached_tokens_total"] - before["cached_tokens_total"]
-    return {"seconds": seconds, "outputs": outputs, "prompt_tokens": prompt, "hit_rate": hits / prompt if prompt else 0.0,
-            "prefill": after["computed_prefill_tokens_total"] - before["computed_prefill_tokens_total"]}
+    return {
+        "seconds": seconds,
+        "outputs": outputs,
+        "prompt_tokens": prompt,
+        "hit_rate": hits / prompt if prompt else 0.0,
+        "prefill": after["computed_prefill_tokens_total"] - before["computed_prefill_tokens_total"],
+    }
 
 
 def main() -> None:
@@ -85,18 +93,24 @@ def main() -> None:
     p.add_argument("--dtype", default="auto", help="engine dtype (auto: bfloat16; float32 makes on/off bit-identical)")
     p.add_argument("--workloads", default="rag,tot", help="comma-separated: " + ", ".join(WORKLOADS))
     args = p.parse_args()
-    print(f"# frontend_dsl cache benchmark: model={args.model or 'default'} dtype={args.dtype} machine={platform.machine()} "
-          f"python={platform.python_version()}")
+    print(
+        f"# frontend_dsl cache benchmark: model={args.model or 'default'} dtype={args.dtype} machine={platform.machine()} "
+        f"python={platform.python_version()}"
+    )
     print("| workload | cache | time (s) | prompt tokens | prefill tokens computed | hit rate |")
     print("|---|---|---|---|---|---|")
     for name in args.workloads.split(","):
         on = measure(args.model, args.dtype, True, WORKLOADS[name])
         off = measure(args.model, args.dtype, False, WORKLOADS[name])
         for label, r in (("on", on), ("off", off)):
-            print(f"| {name} | {label} | {r['seconds']:.2f} | {r['prompt_tokens']} | {r['prefill']} | "
-                  f"{r['hit_rate']:.1%} |")
-        print(f"| {name} | off/on | {off['seconds'] / on['seconds']:.2f}x | | "
-              f"{off['prefill'] / max(on['prefill'], 1):.2f}x | |")
+            print(
+                f"| {name} | {label} | {r['seconds']:.2f} | {r['prompt_tokens']} | {r['prefill']} | "
+                f"{r['hit_rate']:.1%} |"
+            )
+        print(
+            f"| {name} | off/on | {off['seconds'] / on['seconds']:.2f}x | | "
+            f"{off['prefill'] / max(on['prefill'], 1):.2f}x | |"
+        )
         # bfloat16 sums differ with batch shape (cached prefix vs recomputed), so greedy text may drift; float32 should not
         same = sum(a == b for a, b in zip(on["outputs"], off["outputs"]))
         print(f"| {name} | outputs equal on/off: {same} of {len(on['outputs'])} | | | | |")

@@ -3,6 +3,7 @@ requests while a dashboard page is open (or a client hammers /cache/tree), measu
 
     python -m benchmarks.explorer_cost [--rounds 3] [--requests 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,8 +98,10 @@ def serve(model: Path, tree_nodes: int, urls: Any) -> None:
     """The server under test, in its own process: an engine whose tree holds `tree_nodes` nodes."""
     torch.set_num_threads(1)
     pages = (tree_nodes // (LEAVES + 1) + 1) * (PREFIX_PAGES + LEAVES * LEAF_PAGES) + 4096
-    with Engine(model=model, dtype="float32", page_size=PAGE, max_total_tokens=pages * PAGE) as eng, \
-            BackgroundServer(build_app(eng)) as srv:
+    with (
+        Engine(model=model, dtype="float32", page_size=PAGE, max_total_tokens=pages * PAGE) as eng,
+        BackgroundServer(build_app(eng)) as srv,
+    ):
         cache = eng.scheduler.cache
         eng.loop.call(lambda: grow(cache, eng.runner.pool.alloc, tree_nodes, random.Random(1)))
         urls.put(srv.url)
@@ -110,8 +113,10 @@ def latencies(url: str, n: int, rng: random.Random) -> list[float]:
     out = []
     with httpx.Client(base_url=url, timeout=120) as c:
         for _ in range(n):
-            body = {"input_ids": [rng.randrange(3, 500) for _ in range(64)],
-                    "sampling_params": {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}}
+            body = {
+                "input_ids": [rng.randrange(3, 500) for _ in range(64)],
+                "sampling_params": {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True},
+            }
             t = time.perf_counter()
             c.post("/generate", json=body).raise_for_status()
             out.append(time.perf_counter() - t)
@@ -158,8 +163,20 @@ def hook_cost(batch_size: int = 64, steps: int = 400) -> float:
 
     tracker = Tracker()
     ServerMetrics(SimpleNamespace(tracker=tracker))  # its histograms listen, as in a server
-    reqs = [SimpleNamespace(rid=str(i), namespace="", input_ids=[1] * 64, created=time.perf_counter(), kv_len=65,
-                            num_fill=65, cached_tokens=0, node=None, output_ids=[1]) for i in range(batch_size)]
+    reqs = [
+        SimpleNamespace(
+            rid=str(i),
+            namespace="",
+            input_ids=[1] * 64,
+            created=time.perf_counter(),
+            kv_len=65,
+            num_fill=65,
+            cached_tokens=0,
+            node=None,
+            output_ids=[1],
+        )
+        for i in range(batch_size)
+    ]
     batch = SimpleNamespace(reqs=reqs, chunks=[1] * batch_size)
     cache = SimpleNamespace(_clock=0)
     best = float("inf")
@@ -209,35 +226,48 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="requests per case per round")
     ap.add_argument("--serve-tree-nodes", type=int, default=10_000)
     args = ap.parse_args()
-    model = write_random_checkpoint(Path(tempfile.mkdtemp()) / "tiny", {**TINY, "num_hidden_layers": 4},
-                                    torch.device("cpu"))
+    model = write_random_checkpoint(
+        Path(tempfile.mkdtemp()) / "tiny", {**TINY, "num_hidden_layers": 4}, torch.device("cpu")
+    )
     tok = Tokenizer.from_dir(model)
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
-    print(f"machine: {platform.node()}, CPU {model_name}, torch {torch.__version__} "
-          f"({torch.backends.cpu.get_cpu_capability()}), {time.strftime('%Y-%m-%d')}")
-    print("\n| tree nodes | first snapshot, 400 shown ms | again, 400 shown (admin) ms | same, one tenant's half ms "
-          "| 5,000 shown ms | whole tree (no budget) ms | why-miss ms |")
+    print(
+        f"machine: {platform.node()}, CPU {model_name}, torch {torch.__version__} "
+        f"({torch.backends.cpu.get_cpu_capability()}), {time.strftime('%Y-%m-%d')}"
+    )
+    print(
+        "\n| tree nodes | first snapshot, 400 shown ms | again, 400 shown (admin) ms | same, one tenant's half ms "
+        "| 5,000 shown ms | whole tree (no budget) ms | why-miss ms |"
+    )
     print("|---|---|---|---|---|---|---|")
     for n in (10_000, 100_000):
         r = snapshot_times(tok, n)
-        print(f"| {int(r['nodes']):,} | {r['cold_400_ms']:.1f} | {r['admin_400_ms']:.1f} | {r['tenant_400_ms']:.1f} | {r['admin_5000_ms']:.1f} "
-              f"| {r['whole_tree_ms']:.0f} | {r['why_miss_ms']:.2f} |")
+        print(
+            f"| {int(r['nodes']):,} | {r['cold_400_ms']:.1f} | {r['admin_400_ms']:.1f} | {r['tenant_400_ms']:.1f} | {r['admin_5000_ms']:.1f} "
+            f"| {r['whole_tree_ms']:.0f} | {r['why_miss_ms']:.2f} |"
+        )
     print(f"\ntimeline hooks on the engine loop: {hook_cost():.0f} us per decode step of 64 requests (least of 5)")
     tc = tracker_cost(model, args.rounds)
     on, off = statistics.median(tc["hooks on"]), statistics.median(tc["hooks off"])
-    print(f"decode of 32 streams x 48 tokens, {args.rounds} interleaved rounds: hooks on {on:.0f} tok/s, "
-          f"off {off:.0f} tok/s (on/off {on / off:.3f})")
+    print(
+        f"decode of 32 streams x 48 tokens, {args.rounds} interleaved rounds: hooks on {on:.0f} tok/s, "
+        f"off {off:.0f} tok/s (on/off {on / off:.3f})"
+    )
     res = serving_cost(model, args.serve_tree_nodes, args.rounds, args.requests)
     base = statistics.mean(res["closed"])
-    print(f"\nrequests of 64 prompt + 32 generated tokens, one at a time, tree of {args.serve_tree_nodes:,} nodes, "
-          f"{args.rounds} interleaved rounds x {args.requests} requests per case (server, page, client: 3 processes)")
+    print(
+        f"\nrequests of 64 prompt + 32 generated tokens, one at a time, tree of {args.serve_tree_nodes:,} nodes, "
+        f"{args.rounds} interleaved rounds x {args.requests} requests per case (server, page, client: 3 processes)"
+    )
     print("| case | mean latency s | p90 s | vs closed |")
     print("|---|---|---|---|")
     for case, xs in res.items():
         xs = sorted(xs)
-        print(f"| {case} | {statistics.mean(xs):.3f} | {xs[int(0.9 * (len(xs) - 1))]:.3f} | "
-              f"{statistics.mean(xs) / base:.3f} |")
+        print(
+            f"| {case} | {statistics.mean(xs):.3f} | {xs[int(0.9 * (len(xs) - 1))]:.3f} | "
+            f"{statistics.mean(xs) / base:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ llguidance is a dependency of radixserve).
 
     .venv/bin/python -m benchmarks.grammar_libs [--model PATH]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,13 +18,21 @@ import torch
 from radixserve.model.resolve import resolve_model
 from radixserve.tokenizer import Tokenizer
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags", "address"],
-          "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0,
-                                                                             "maximum": 150},
-                         "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "bb", "ccc"]}},
-                         "address": {"type": "object", "required": ["city", "zip"],
-                                     "properties": {"city": {"type": "string"},
-                                                    "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "tags", "address"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "bb", "ccc"]}},
+        "address": {
+            "type": "object",
+            "required": ["city", "zip"],
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+        },
+    },
+}
 DOC = {"name": "Ada Lovelace", "age": 36, "tags": ["a", "ccc"], "address": {"city": "London", "zip": "12345"}}
 
 
@@ -69,6 +78,7 @@ def main() -> None:
             llt.fill_next_token_bitmask(m, bm, 0)
             logits.masked_fill_(~unpack(bm, vocab), float("-inf"))
             assert m.consume_token(i)
+
         t = walk(ids, ll_step)
         rows.append(("llguidance", rep, setup, compile_s, t))
 
@@ -87,14 +97,17 @@ def main() -> None:
             xm.fill_next_token_bitmask(xbm)
             xgr.apply_token_bitmask_inplace(logits, xbm)
             assert xm.accept_token(i)
+
         rows.append(("xgrammar", rep, setup, compile_s, walk(ids, xg_step)))
 
     print(f"vocab={vocab} tokens={len(ids)} torch_threads={torch.get_num_threads()}")
     print("| library | walk | tokenizer setup s | schema compile ms | per token ms (mean) | median | max |")
     print("|---|---|---|---|---|---|---|")
     for lib, rep, setup, comp_s, t in rows:
-        print(f"| {lib} | {rep} | {setup:.2f} | {comp_s * 1e3:.1f} | {statistics.mean(t) * 1e3:.3f} | "
-              f"{statistics.median(t) * 1e3:.3f} | {max(t) * 1e3:.2f} |")
+        print(
+            f"| {lib} | {rep} | {setup:.2f} | {comp_s * 1e3:.1f} | {statistics.mean(t) * 1e3:.3f} | "
+            f"{statistics.median(t) * 1e3:.3f} | {max(t) * 1e3:.2f} |"
+        )
 
 
 if __name__ == "__main__":

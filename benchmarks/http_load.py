@@ -11,6 +11,7 @@ Use a real model: a random one's tokens are mostly partial UTF-8, whose text onl
 
 The HTTP server runs in its own process (`run_server`), so the client's work does not share its interpreter.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,17 +32,21 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
-SYSTEM = ("You are a careful senior engineer. Answer questions about caching, schedulers and tokenizers in a few "
-          "sentences, with one concrete example each time. Prefer plain words over jargon, and say when you are unsure. "
-          "Never invent an API; if a name is unknown, say so and suggest how to look it up.")
-QUESTIONS = ["What is a radix tree, and why would an inference server use one?",
-             "How does page size change what a prefix cache can reuse?",
-             "When should a scheduler retract a running request?",
-             "Why can re-tokenizing a model's answer break a cache hit?",
-             "How would you measure time to first token fairly?",
-             "What does continuous batching change for the decode step?",
-             "Why keep the last partial page private to its request?",
-             "How do you evict from a cache without hurting running requests?"]
+SYSTEM = (
+    "You are a careful senior engineer. Answer questions about caching, schedulers and tokenizers in a few "
+    "sentences, with one concrete example each time. Prefer plain words over jargon, and say when you are unsure. "
+    "Never invent an API; if a name is unknown, say so and suggest how to look it up."
+)
+QUESTIONS = [
+    "What is a radix tree, and why would an inference server use one?",
+    "How does page size change what a prefix cache can reuse?",
+    "When should a scheduler retract a running request?",
+    "Why can re-tokenizing a model's answer break a cache hit?",
+    "How would you measure time to first token fairly?",
+    "What does continuous batching change for the decode step?",
+    "Why keep the last partial page private to its request?",
+    "How do you evict from a cache without hurting running requests?",
+]
 
 
 @dataclass
@@ -63,10 +68,16 @@ class Report:
         itl = sorted((t.e2e - t.ttft) / (t.completion_tokens - 1) for t in self.turns if t.completion_tokens > 1)
         out_tokens = sum(t.completion_tokens for t in self.turns)
         prompt = sum(t.prompt_tokens for t in self.turns)
-        return {"ttft_p50_ms": 1e3 * pct(ttft, 50), "ttft_p99_ms": 1e3 * pct(ttft, 99),
-                "itl_p50_ms": 1e3 * pct(itl, 50), "itl_p99_ms": 1e3 * pct(itl, 99),
-                "output_tok_s": out_tokens / self.wall, "requests": len(self.turns), "wall_s": self.wall,
-                "hit_rate": sum(t.cached_tokens for t in self.turns) / max(prompt, 1)}
+        return {
+            "ttft_p50_ms": 1e3 * pct(ttft, 50),
+            "ttft_p99_ms": 1e3 * pct(ttft, 99),
+            "itl_p50_ms": 1e3 * pct(itl, 50),
+            "itl_p99_ms": 1e3 * pct(itl, 99),
+            "output_tok_s": out_tokens / self.wall,
+            "requests": len(self.turns),
+            "wall_s": self.wall,
+            "hit_rate": sum(t.cached_tokens for t in self.turns) / max(prompt, 1),
+        }
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -86,12 +97,20 @@ def next_question(conv: int, turn: int) -> str:
 
 # ---------------------------------------------------------------- HTTP client
 
-async def http_conversation(client: httpx.AsyncClient, conv: int, turns: int, max_tokens: int, model: str | None,
-                            out: list[Turn]) -> None:
+
+async def http_conversation(
+    client: httpx.AsyncClient, conv: int, turns: int, max_tokens: int, model: str | None, out: list[Turn]
+) -> None:
     messages = first_messages(conv)
     for turn in range(turns):
-        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if model:
             body["model"] = model
         t0 = time.perf_counter()
@@ -113,10 +132,13 @@ async def http_conversation(client: httpx.AsyncClient, conv: int, turns: int, ma
         e2e = time.perf_counter() - t0
         assert usage is not None, "the server sent no usage (stream_options.include_usage)"
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        out.append(Turn(ttft if ttft is not None else e2e, e2e, usage["completion_tokens"], usage["prompt_tokens"],
-                        cached))
-        messages = messages + [{"role": "assistant", "content": "".join(answer)},
-                               {"role": "user", "content": next_question(conv, turn + 1)}]
+        out.append(
+            Turn(ttft if ttft is not None else e2e, e2e, usage["completion_tokens"], usage["prompt_tokens"], cached)
+        )
+        messages = messages + [
+            {"role": "assistant", "content": "".join(answer)},
+            {"role": "user", "content": next_question(conv, turn + 1)},
+        ]
 
 
 async def run_http(url: str, conversations: int, turns: int, max_tokens: int, model: str | None) -> Report:
@@ -124,16 +146,17 @@ async def run_http(url: str, conversations: int, turns: int, max_tokens: int, mo
     async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
         report = Report(0.0)
         t0 = time.perf_counter()
-        await asyncio.gather(*(http_conversation(client, c, turns, max_tokens, model, report.turns)
-                               for c in range(conversations)))
+        await asyncio.gather(
+            *(http_conversation(client, c, turns, max_tokens, model, report.turns) for c in range(conversations))
+        )
         report.wall = time.perf_counter() - t0
         return report
 
 
 # ---------------------------------------------------------------- in-process
 
-async def engine_conversation(eng: Any, builder: Any, conv: int, turns: int, max_tokens: int,
-                              out: list[Turn]) -> None:
+
+async def engine_conversation(eng: Any, builder: Any, conv: int, turns: int, max_tokens: int, out: list[Turn]) -> None:
     messages = first_messages(conv)
     params = {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     for turn in range(turns):
@@ -149,10 +172,19 @@ async def engine_conversation(eng: Any, builder: Any, conv: int, turns: int, max
         e2e = time.perf_counter() - t0
         answer = "".join(text)
         builder.remember("", answer, ids_out, meta["finish_reason"])
-        out.append(Turn(ttft if ttft is not None else e2e, e2e, meta["completion_tokens"], meta["prompt_tokens"],
-                        meta["cached_tokens"]))
-        messages = messages + [{"role": "assistant", "content": answer},
-                               {"role": "user", "content": next_question(conv, turn + 1)}]
+        out.append(
+            Turn(
+                ttft if ttft is not None else e2e,
+                e2e,
+                meta["completion_tokens"],
+                meta["prompt_tokens"],
+                meta["cached_tokens"],
+            )
+        )
+        messages = messages + [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": next_question(conv, turn + 1)},
+        ]
 
 
 def run_engine(engine_kwargs: dict[str, Any], conversations: int, turns: int, max_tokens: int) -> Report:
@@ -166,8 +198,9 @@ def run_engine(engine_kwargs: dict[str, Any], conversations: int, turns: int, ma
 
         async def main() -> None:
             t0 = time.perf_counter()
-            await asyncio.gather(*(engine_conversation(eng, builder, c, turns, max_tokens, report.turns)
-                                   for c in range(conversations)))
+            await asyncio.gather(
+                *(engine_conversation(eng, builder, c, turns, max_tokens, report.turns) for c in range(conversations))
+            )
             report.wall = time.perf_counter() - t0
 
         asyncio.run(main())
@@ -184,6 +217,7 @@ def warm_up_engine(eng: Any) -> None:
 
 # ---------------------------------------------------------------- server process
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -191,10 +225,14 @@ def free_port() -> int:
 
 
 def start_server(engine_kwargs: dict[str, Any], port: int) -> subprocess.Popen:
-    code = ("from radixserve.server.launch import run_server\n"
-            f"run_server({engine_kwargs!r}, port={port})\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = f"from radixserve.server.launch import run_server\nrun_server({engine_kwargs!r}, port={port})\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     deadline = time.monotonic() + 1800  # the first start of the default model converts it
     while True:
         if proc.poll() is not None:
@@ -217,6 +255,7 @@ def warm_up_server(url: str) -> None:
 
 # ---------------------------------------------------------------- main
 
+
 def resolve_model_arg(model: str | None, tmp: Path) -> str | None:
     if model != "random":
         return model
@@ -224,8 +263,11 @@ def resolve_model_arg(model: str | None, tmp: Path) -> str | None:
     from benchmarks.random_model import make_random_model
 
     # vocab = the tiny tokenizer's, so every sampled id decodes
-    return str(make_random_model(tmp / "random", layers=8, hidden=512, heads=8, kv_heads=4, intermediate=1536,
-                                 vocab=512, context=8192))
+    return str(
+        make_random_model(
+            tmp / "random", layers=8, hidden=512, heads=8, kv_heads=4, intermediate=1536, vocab=512, context=8192
+        )
+    )
 
 
 def print_table(rows: dict[str, dict[str, float]]) -> None:
@@ -233,8 +275,11 @@ def print_table(rows: dict[str, dict[str, float]]) -> None:
     print("| path | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for name, row in rows.items():
-        print(f"| {name} | " + " | ".join(f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k])
-                                         for k in keys) + " |")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]) for k in keys)
+            + " |"
+        )
 
 
 def main() -> None:
@@ -261,8 +306,12 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model = resolve_model_arg(args.model, Path(tmp))
-        engine_kwargs = {"model": model, "dtype": args.dtype, "page_size": args.page_size,
-                         "max_total_tokens": args.max_total_tokens}
+        engine_kwargs = {
+            "model": model,
+            "dtype": args.dtype,
+            "page_size": args.page_size,
+            "max_total_tokens": args.max_total_tokens,
+        }
         engine = run_engine(engine_kwargs, args.conversations, args.turns, args.max_tokens).row()
         port = free_port()
         proc = start_server(engine_kwargs, port)
@@ -275,8 +324,12 @@ def main() -> None:
             proc.wait(timeout=120)
     print(f"workload: {shape}, model {args.model or 'default'}, dtype {args.dtype}, page size {args.page_size}")
     print_table({"engine (in-process)": engine, "http (server process)": http})
-    print("HTTP / in-process: " + ", ".join(
-        f"{k} {http[k] / engine[k]:.2f}x" for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "output_tok_s")))
+    print(
+        "HTTP / in-process: "
+        + ", ".join(
+            f"{k} {http[k] / engine[k]:.2f}x" for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "output_tok_s")
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 
     .venv/bin/python -m benchmarks.partial_page_copy [--trials 8] [--pages 4] [--new 8] [--skip-engine]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,10 +46,14 @@ def default_geometry() -> tuple[int, int, int]:
     try:
         from radixserve.model.resolve import DEFAULT_GGUF_NAME, default_cache_dir
 
-        cfg = json.loads((default_cache_dir() / DEFAULT_GGUF_NAME.removesuffix("-q4_k_m.gguf") / "config.json")
-                         .read_text())
-        return (cfg["num_hidden_layers"], cfg["num_key_value_heads"],
-                cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+        cfg = json.loads(
+            (default_cache_dir() / DEFAULT_GGUF_NAME.removesuffix("-q4_k_m.gguf") / "config.json").read_text()
+        )
+        return (
+            cfg["num_hidden_layers"],
+            cfg["num_key_value_heads"],
+            cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+        )
     except (OSError, KeyError, ImportError):
         return (24, 2, 64)  # Qwen2.5-Coder-0.5B
 
@@ -56,15 +61,17 @@ def default_geometry() -> tuple[int, int, int]:
 def engine_ttft(args: argparse.Namespace) -> dict[str, list[float]]:
     from radixserve import Engine
 
-    engines = {on: Engine(dtype="bfloat16", page_size=16, max_total_tokens=8192, enable_partial_page_reuse=on)
-               for on in (True, False)}
+    engines = {
+        on: Engine(dtype="bfloat16", page_size=16, max_total_tokens=8192, enable_partial_page_reuse=on)
+        for on in (True, False)
+    }
     rng = random.Random(0)
     vocab = 20000
     times: dict[str, list[float]] = {"on": [], "off": []}
     cached: dict[str, list[int]] = {"on": [], "off": []}
     try:
         for trial in range(args.trials + 1):  # trial 0 warms both up
-            for on in ((True, False) if trial % 2 else (False, True)):
+            for on in (True, False) if trial % 2 else (False, True):
                 eng = engines[on]
                 prefix = [rng.randrange(100, vocab) for _ in range(16 * args.pages + args.rest)]
                 eng.generate(input_ids=prefix, sampling_params={"max_new_tokens": 1, "temperature": 0})
@@ -92,9 +99,11 @@ def main() -> None:
     ap.add_argument("--skip-engine", action="store_true")
     args = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit.strip()}, "
-          f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"cpu capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads")
+    print(
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit.strip()}, "
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"cpu capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads"
+    )
     geometry = default_geometry()
     print(f"copy_slots on a pool of {geometry[0]} layers x {geometry[1]} KV heads x {geometry[2]}, bf16, page 16:")
     print("| rows per request | requests | us per call | us per request |")
@@ -107,8 +116,10 @@ def main() -> None:
         return
     times = engine_ttft(args)
     on, off = statistics.median(times["on"]), statistics.median(times["off"])
-    print(f"reader TTFT (prefix {args.pages} pages + {args.rest}, {args.new} new tokens), median of {args.trials}: "
-          f"on {on:.1f} ms, off {off:.1f} ms, on/off {on / off:.2f}")
+    print(
+        f"reader TTFT (prefix {args.pages} pages + {args.rest}, {args.new} new tokens), median of {args.trials}: "
+        f"on {on:.1f} ms, off {off:.1f} ms, on/off {on / off:.2f}"
+    )
     print("  on:  " + ", ".join(f"{t:.0f}" for t in times["on"]))
     print("  off: " + ", ".join(f"{t:.0f}" for t in times["off"]))
 

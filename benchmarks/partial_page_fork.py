@@ -8,6 +8,7 @@ evolve alike; one program runs at a time, on one engine at a time.
 
     .venv/bin/python -m benchmarks.partial_page_fork --replay benchmarks/out/.../results_raw.json [--rounds 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,14 +65,18 @@ async def run_program(eng: Engine, program: list[list[dict[str, Any]]]) -> list[
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--replay", type=Path, required=True, help="results_raw.json of a compare run with the fork workload")
+    ap.add_argument(
+        "--replay", type=Path, required=True, help="results_raw.json of a compare run with the fork workload"
+    )
     ap.add_argument("--rounds", type=int, default=2, help="times through all programs (the caches flushed between)")
     ap.add_argument("--kv-tokens", type=int, default=16384)
     args = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit.strip()}, "
-          f"{platform.processor() or platform.machine()}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit.strip()}, "
+        f"{platform.processor() or platform.machine()}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"{torch.get_num_threads()} threads"
+    )
     progs = programs(args.replay)
     engines = {name: Engine(dtype="bfloat16", max_total_tokens=args.kv_tokens, **kw) for name, kw in CONFIGS.items()}
     names = list(engines)
@@ -84,7 +89,7 @@ def main() -> None:
             for eng in engines.values():
                 eng.flush_cache()
             for program in progs:
-                order = names[k % len(names):] + names[: k % len(names)]
+                order = names[k % len(names) :] + names[: k % len(names)]
                 k += 1
                 for name in order:
                     results[name] += asyncio.run(run_program(engines[name], program))
@@ -102,8 +107,10 @@ def main() -> None:
             return statistics.quantiles(xs, n=10)[int(p * 10) - 1] if p != 0.5 else statistics.median(xs)
 
         cached, prompt = sum(c for *_, c in rows), sum(p for *_, p, _ in rows)
-        print(f"| {name} | {q('branch', 0.5):.0f} | {q('branch', 0.9):.0f} | {q('merge', 0.5):.0f} | "
-              f"{q('prefill', 0.5):.0f} | {cached:,} / {prompt:,} ({cached / prompt:.1%}) |")
+        print(
+            f"| {name} | {q('branch', 0.5):.0f} | {q('branch', 0.9):.0f} | {q('merge', 0.5):.0f} | "
+            f"{q('prefill', 0.5):.0f} | {cached:,} / {prompt:,} ({cached / prompt:.1%}) |"
+        )
 
 
 if __name__ == "__main__":

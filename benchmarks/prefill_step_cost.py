@@ -9,6 +9,7 @@ it by b * n, while running them in a step of their own costs only a.
 
     .venv/bin/python -m benchmarks.prefill_step_cost [--prefix 1200] [--tokens 1,16,32,64,96,128,256,512]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,7 +75,9 @@ def profile_step(eng: Engine, prefix: list[int], n: int, rng: random.Random) -> 
 
     eng.runner.execute = profiled  # type: ignore[method-assign]
     try:
-        eng.generate(input_ids=prefix + [rng.randrange(1000, 20000) for _ in range(n)], sampling_params={"max_new_tokens": 1})
+        eng.generate(
+            input_ids=prefix + [rng.randrange(1000, 20000) for _ in range(n)], sampling_params={"max_new_tokens": 1}
+        )
     finally:
         eng.runner.execute = execute  # type: ignore[method-assign]
     groups: dict[str, float] = {}
@@ -93,7 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",")]
     rng = random.Random(0)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").is_file() else "n/a"
     with Engine(dtype="bfloat16") as eng:
         prefix = [rng.randrange(1000, 20000) for _ in range(args.prefix)]
@@ -102,8 +107,10 @@ def main(argv: list[str] | None = None) -> None:
         times = step_times(eng, prefix, tokens, args.repeats, rng)
         a, b = fit(times)
         wall, groups = profile_step(eng, prefix, args.profile_tokens, rng)
-    print(f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads. Commit: {commit}. Load average (1 min) at end: {load}.")
+    print(
+        f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads. Commit: {commit}. Load average (1 min) at end: {load}."
+    )
     print(f"- Command: `python -m benchmarks.prefill_step_cost {' '.join(argv if argv is not None else sys.argv[1:])}`")
     print(f"- Default model, bf16, {args.prefix}-token prefix served from the cache; best of {args.repeats}.\n")
     print("| new tokens | step ms | ms per new token |\n|---|---|---|")
@@ -111,7 +118,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {n} | {t * 1e3:.1f} | {t * 1e3 / n:.2f} |")
     print(f"\nFit: step = {a * 1e3:.1f} ms + {b * 1e3:.2f} ms x new tokens (a / b = {a / b:.0f} tokens).\n")
     total = sum(groups.values())
-    print(f"Profile of one step with {args.profile_tokens} new tokens ({wall * 1e3:.1f} ms wall, {total * 1e3:.1f} ms of op time):\n")
+    print(
+        f"Profile of one step with {args.profile_tokens} new tokens ({wall * 1e3:.1f} ms wall, {total * 1e3:.1f} ms of op time):\n"
+    )
     print("| ops | ms | share |\n|---|---|---|")
     for group, t in sorted(groups.items(), key=lambda kv: -kv[1]):
         print(f"| {group} | {t * 1e3:.1f} | {t / total:.0%} |")

@@ -5,6 +5,7 @@ One 1024-token prefix, 16 requests with distinct 32-token tails, 16 new tokens e
 
     .venv/bin/python -m benchmarks.prefix_cache [--requests 16] [--prefix 1024]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,9 @@ def run(model: Path, cache: bool, prompts: list[list[int]], new_tokens: int) -> 
         eng.flush_cache()
         before = eng.metrics()["computed_prefill_tokens_total"]
         t0 = time.perf_counter()
-        eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": new_tokens, "temperature": 0,
-                                                         "ignore_eos": True})
+        eng.generate(
+            input_ids=prompts, sampling_params={"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+        )
         wall = time.perf_counter() - t0
         m = eng.metrics()
         return wall, m["computed_prefill_tokens_total"] - before, m["hit_rate"]
@@ -48,8 +50,10 @@ def main() -> None:
         off = run(model, False, prompts, args.new_tokens)
         on = run(model, True, prompts, args.new_tokens)
     print(f"machine: {platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print(f"workload: {args.requests} requests, {args.prefix}-token shared prefix, {args.tail}-token tails, "
-          f"{args.new_tokens} new tokens, bf16, 12 layers hidden 768")
+    print(
+        f"workload: {args.requests} requests, {args.prefix}-token shared prefix, {args.tail}-token tails, "
+        f"{args.new_tokens} new tokens, bf16, 12 layers hidden 768"
+    )
     print("| cache | wall s | prefill tokens computed | hit rate |")
     print("|---|---|---|---|")
     print(f"| off | {off[0]:.2f} | {off[1]} | {off[2]:.3f} |")

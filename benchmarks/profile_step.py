@@ -8,6 +8,7 @@ rest of the step's wall time is the embedding, norms, RoPE, residual adds, SiLU 
 
     .venv/bin/python -m benchmarks.profile_step [--configs bfloat16:none bfloat16:int8 bfloat16:int4] [--top 12]
 """
+
 from __future__ import annotations
 
 import os
@@ -35,6 +36,7 @@ def _labelled(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         with record_function(label):
             return fn(*args, **kwargs)
+
     return run
 
 
@@ -86,7 +88,9 @@ def profile_call(eng: Engine, ids: list[int], new_tokens: int, which: int) -> tu
 
     eng.runner.execute = maybe_profiled  # type: ignore[method-assign]
     try:
-        eng.generate(input_ids=ids, sampling_params={"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True})
+        eng.generate(
+            input_ids=ids, sampling_params={"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+        )
     finally:
         eng.runner.execute = execute  # type: ignore[method-assign]
     return seen["wall"], seen["prof"]
@@ -114,8 +118,10 @@ def main() -> None:
             prefix = [rng.randrange(1000, 20000) for _ in range(PREFIX)]
             eng.generate(input_ids=prefix, sampling_params={"max_new_tokens": 1})  # cache the prefix, warm up
             tail = [rng.randrange(1000, 20000) for _ in range(a.tail)]
-            steps = {f"decode, 1 stream, {PREFIX + 3} context": profile_call(eng, prefix + tail[:1], 4, 3),
-                     f"prefill of {a.tail} new tokens after a cached {PREFIX}": profile_call(eng, prefix + tail, 1, 0)}
+            steps = {
+                f"decode, 1 stream, {PREFIX + 3} context": profile_call(eng, prefix + tail[:1], 4, 3),
+                f"prefill of {a.tail} new tokens after a cached {PREFIX}": profile_call(eng, prefix + tail, 1, 0),
+            }
         for what, (wall, prof) in steps.items():
             parts, ops = breakdown(wall, prof, a.top)
             print(f"\n{conf}, {what}: {wall * 1e3:.1f} ms wall\n\n| part | ms | share |\n|---|---|---|")

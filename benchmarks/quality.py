@@ -9,6 +9,7 @@ Engines are built one after another (only one in memory). Prints a markdown tabl
 
     .venv/bin/python -m benchmarks.quality [--configs float32:none bfloat16:none bfloat16:int8 bfloat16:int4]
 """
+
 from __future__ import annotations
 
 import os
@@ -51,16 +52,18 @@ PROMPTS = [
 
 
 def perplexity(eng: Engine, ids: list[int]) -> float:
-    out = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0},
-                       return_logprob=True, logprob_start_len=0)
+    out = eng.generate(
+        input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=0
+    )
     lps = [lp for lp, _ in out["meta_info"]["input_token_logprobs"][1:]]  # the first token has no context
     return math.exp(-sum(lps) / len(lps))
 
 
 def greedy(eng: Engine) -> list[list[int]]:
     prompts = [eng.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
-    outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": AGREE_TOKENS, "temperature": 0,
-                                                            "ignore_eos": True})
+    outs = eng.generate(
+        input_ids=prompts, sampling_params={"max_new_tokens": AGREE_TOKENS, "temperature": 0, "ignore_eos": True}
+    )
     return [o["output_ids"] for o in outs]
 
 
@@ -85,11 +88,15 @@ def main() -> None:
         reference = reference or outs
         ppl_ref = ppl_ref or ppl
         lead = [leading_match(o, r) for o, r in zip(outs, reference)]
-        rows.append(f"| {conf} | {ppl:.3f} | {100 * (ppl / ppl_ref - 1):+.2f}% | {sum(lead)}/{AGREE_TOKENS * len(lead)} "
-                    f"| {sum(n == AGREE_TOKENS for n in lead)}/{len(lead)} | {sorted(lead)[len(lead) // 2]} |")
+        rows.append(
+            f"| {conf} | {ppl:.3f} | {100 * (ppl / ppl_ref - 1):+.2f}% | {sum(lead)}/{AGREE_TOKENS * len(lead)} "
+            f"| {sum(n == AGREE_TOKENS for n in lead)}/{len(lead)} | {sorted(lead)[len(lead) // 2]} |"
+        )
         print(f"{conf}: {time.perf_counter() - t:.0f} s", flush=True)
-    print(f"| dtype:quantization | perplexity ({PPL_TOKENS} tokens) | vs {a.configs[0]} | leading tokens equal to "
-          f"{a.configs[0]} | prompts equal for all {AGREE_TOKENS} | median leading run |")
+    print(
+        f"| dtype:quantization | perplexity ({PPL_TOKENS} tokens) | vs {a.configs[0]} | leading tokens equal to "
+        f"{a.configs[0]} | prompts equal for all {AGREE_TOKENS} | median leading run |"
+    )
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))
 

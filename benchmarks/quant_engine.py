@@ -5,6 +5,7 @@ of the repeats). CPU flags printed with the figures.
 
     .venv/bin/python -m benchmarks.quant_engine [--configs bfloat16:none bfloat16:int8 bfloat16:int4 float32:none]
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,10 @@ def cpu_flags() -> str:
     except (OSError, StopIteration):
         flags = []
     have = [w for w in wanted if w in flags]
-    return (f"flags={' '.join(have) or 'n/a'} torch_cpu={cpu_select.cpu_capability()} "
-            f"bf16_hw={cpu_select.has_bf16_hardware()} threads={torch.get_num_threads()} torch={torch.__version__}")
+    return (
+        f"flags={' '.join(have) or 'n/a'} torch_cpu={cpu_select.cpu_capability()} "
+        f"bf16_hw={cpu_select.has_bf16_hardware()} threads={torch.get_num_threads()} torch={torch.__version__}"
+    )
 
 
 def weight_bytes(eng: Engine) -> int:
@@ -60,14 +63,21 @@ def main() -> None:
         for _ in range(a.repeats):
             for conf, eng in engines.items():
                 ours = Ours(eng)
-                runs[conf].append((ours.decode(ids[:1], a.new_tokens), ours.decode(ids, a.new_tokens), ours.prefill(long)))
-        print(f"| dtype:quantization | decode tok/s x1 | decode tok/s x8 (total) | TTFT {a.prefill}-token prompt (s) "
-              f"| prefill tok/s | weights MB |")
+                runs[conf].append(
+                    (ours.decode(ids[:1], a.new_tokens), ours.decode(ids, a.new_tokens), ours.prefill(long))
+                )
+        print(
+            f"| dtype:quantization | decode tok/s x1 | decode tok/s x8 (total) | TTFT {a.prefill}-token prompt (s) "
+            f"| prefill tok/s | weights MB |"
+        )
         print("|---|---|---|---|---|---|")
         for conf, rs in runs.items():
             d1, d8, ttft = (statistics.median(r[i] for r in rs) for i in range(3))
-            print(f"| {conf} | {d1:.1f} | {d8:.1f} | {ttft:.2f} | {a.prefill / ttft:.0f} | "
-                  f"{weight_bytes(engines[conf]) / 1e6:.0f} |", flush=True)
+            print(
+                f"| {conf} | {d1:.1f} | {d8:.1f} | {ttft:.2f} | {a.prefill / ttft:.0f} | "
+                f"{weight_bytes(engines[conf]) / 1e6:.0f} |",
+                flush=True,
+            )
     finally:
         for eng in engines.values():
             eng.shutdown()

@@ -7,6 +7,7 @@ lm_head 151936x896) at 1 and 96 rows: decode and an uncached prefill tail. Print
 
     .venv/bin/python -m benchmarks.quant_linear [--rows 1 96] [--iters 20]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,10 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
     a = ap.parse_args()
-    print(f"cpu_kind={cpu_select.cpu_kind()} torch_cpu={cpu_select.cpu_capability()} threads={torch.get_num_threads()} "
-          f"(int8 at >= {INT8_DENSE_ROWS} rows: codes widened to bf16, dense matmul)")
+    print(
+        f"cpu_kind={cpu_select.cpu_kind()} torch_cpu={cpu_select.cpu_capability()} threads={torch.get_num_threads()} "
+        f"(int8 at >= {INT8_DENSE_ROWS} rows: codes widened to bf16, dense matmul)"
+    )
     print("| shape | rows | fp32 us | bf16 packed us | int8 us | int4 g32 us | int4 g64 us | int4 g128 us |")
     print("|---|---|---|---|---|---|---|---|")
     for name in a.shapes:
@@ -55,8 +58,12 @@ def main() -> None:
         for m in a.rows:
             x = torch.randn(m, k)
             xb = x.bfloat16()
-            row = [_time(lambda: torch.nn.functional.linear(x, w), a.iters), _time(lambda: bf(xb), a.iters),
-                   _time(lambda: q(xb), a.iters), *(_time(lambda lin=lin: lin(xb), a.iters) for lin in q4)]
+            row = [
+                _time(lambda: torch.nn.functional.linear(x, w), a.iters),
+                _time(lambda: bf(xb), a.iters),
+                _time(lambda: q(xb), a.iters),
+                *(_time(lambda lin=lin: lin(xb), a.iters) for lin in q4),
+            ]
             print(f"| {name} {n}x{k} | {m} | " + " | ".join(f"{v:.0f}" for v in row) + " |", flush=True)
 
 

@@ -3,6 +3,7 @@ generates a few tokens, KV pool fixed at 4,096 tokens, one process per configura
 
     .venv/bin/python -m benchmarks.quant_memory [--configs bfloat16:none auto:auto bfloat16:int8 bfloat16:int4]
 """
+
 from __future__ import annotations
 
 import argparse

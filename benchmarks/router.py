@@ -15,6 +15,7 @@ the router's percentile minus the direct one.
 
     .venv/bin/python -m benchmarks.router [--model random|PATH] [--conversations 16] [--turns 4] [--max-tokens 32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,22 @@ from pathlib import Path
 import httpx
 
 from benchmarks.http_load import (
-    QUESTIONS, REPO, SYSTEM, Report, Turn, free_port, pct, resolve_model_arg, start_server, warm_up_server,
+    QUESTIONS,
+    REPO,
+    SYSTEM,
+    Report,
+    Turn,
+    free_port,
+    pct,
+    resolve_model_arg,
+    start_server,
+    warm_up_server,
 )
 
-WORDS = ("cache page token prefix tree worker router replica batch decode prefill kernel tensor stream queue "
-         "latency memory block hash model layer head vector scale").split()
+WORDS = (
+    "cache page token prefix tree worker router replica batch decode prefill kernel tensor stream queue "
+    "latency memory block hash model layer head vector scale"
+).split()
 
 STUB = """
 from starlette.applications import Starlette
@@ -75,8 +87,9 @@ def start_router(workers: list[str], policy: str, extra: list[str]) -> tuple[sub
     cmd = [sys.executable, "-m", "radixserve.cli", "route", "--port", str(port), "--policy", policy] + extra
     for w in workers:
         cmd += ["--worker", w]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     url = f"http://127.0.0.1:{port}"
     wait_up(url, proc, "router")
     return proc, url
@@ -103,12 +116,23 @@ def document(conv: int, words: int) -> str:
 
 async def conversation(client: httpx.AsyncClient, conv: int, args: argparse.Namespace, out: list[Turn]) -> None:
     """T turns, streamed; each answer goes back into the conversation as clients do."""
-    messages = [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"Read this document ({conv}): {document(conv, args.doc_words)}\n"
-                                            + QUESTIONS[conv % len(QUESTIONS)]}]
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {
+            "role": "user",
+            "content": f"Read this document ({conv}): {document(conv, args.doc_words)}\n"
+            + QUESTIONS[conv % len(QUESTIONS)],
+        },
+    ]
     for turn in range(args.turns):
-        body = {"messages": messages, "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "messages": messages,
+            "max_tokens": args.max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         t0 = time.perf_counter()
         ttft, answer, usage = None, [], None
         async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
@@ -125,10 +149,13 @@ async def conversation(client: httpx.AsyncClient, conv: int, args: argparse.Name
                         answer.append(choice["delta"]["content"])
         e2e = time.perf_counter() - t0
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        out.append(Turn(ttft if ttft is not None else e2e, e2e, usage["completion_tokens"], usage["prompt_tokens"],
-                        cached))
-        messages = messages + [{"role": "assistant", "content": "".join(answer)},
-                               {"role": "user", "content": QUESTIONS[(conv + turn + 1) % len(QUESTIONS)]}]
+        out.append(
+            Turn(ttft if ttft is not None else e2e, e2e, usage["completion_tokens"], usage["prompt_tokens"], cached)
+        )
+        messages = messages + [
+            {"role": "assistant", "content": "".join(answer)},
+            {"role": "user", "content": QUESTIONS[(conv + turn + 1) % len(QUESTIONS)]},
+        ]
 
 
 async def run_workload(url: str, args: argparse.Namespace) -> Report:
@@ -146,8 +173,12 @@ def hit_rate_runs(replicas: list[str], args: argparse.Namespace) -> list[tuple[s
     flush(replicas)
     one = asyncio.run(run_workload(replicas[0], args)).row()
     rows.append(("1 replica, direct", one, "-"))
-    runs = [("cache_aware", []), ("cache_aware", ["--balance-abs-threshold", "4"]), ("round_robin", []),
-            ("least_load", [])]
+    runs = [
+        ("cache_aware", []),
+        ("cache_aware", ["--balance-abs-threshold", "4"]),
+        ("round_robin", []),
+        ("least_load", []),
+    ]
     for policy, extra in runs:
         flush(replicas)
         proc, url = start_router(replicas, policy, extra)
@@ -174,8 +205,9 @@ def chat_bodies(n: int) -> list[dict]:
 
 def overhead(requests: int) -> dict[str, float]:
     port = free_port()
-    stub = subprocess.Popen([sys.executable, "-c", STUB, str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    stub = subprocess.Popen(
+        [sys.executable, "-c", STUB, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     direct_url = f"http://127.0.0.1:{port}"
     try:
         wait_up(direct_url, stub, "stub")
@@ -218,8 +250,10 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}")
 
     ov = overhead(args.overhead_requests)
-    print(f"router overhead over {args.overhead_requests} requests (stub upstream, 4th-turn chat bodies): " +
-          ", ".join(f"{k} {v:.2f}" for k, v in ov.items()))
+    print(
+        f"router overhead over {args.overhead_requests} requests (stub upstream, 4th-turn chat bodies): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in ov.items())
+    )
     if args.skip_hit_rate:
         return
     os.environ["OMP_NUM_THREADS"] = "1"  # each replica: one torch thread (the replicas inherit this)
@@ -239,13 +273,17 @@ def main() -> None:
             for p in procs:
                 stop(p)
     single = rows[0][1]["hit_rate"]
-    print(f"workload: {args.conversations} conversations x {args.turns} turns, {args.max_tokens} tokens per answer, "
-          f"a {args.doc_words}-word document per conversation, model {args.model}, page size {args.page_size}")
+    print(
+        f"workload: {args.conversations} conversations x {args.turns} turns, {args.max_tokens} tokens per answer, "
+        f"a {args.doc_words}-word document per conversation, model {args.model}, page size {args.page_size}"
+    )
     print("| setup | hit rate | vs 1 replica | requests per replica | TTFT p50 ms | TTFT p99 ms | wall s |")
     print("|---|---|---|---|---|---|---|")
     for name, row, split in rows:
-        print(f"| {name} | {row['hit_rate']:.3f} | {row['hit_rate'] / single:.3f} | {split} | "
-              f"{row['ttft_p50_ms']:.0f} | {row['ttft_p99_ms']:.0f} | {row['wall_s']:.1f} |")
+        print(
+            f"| {name} | {row['hit_rate']:.3f} | {row['hit_rate'] / single:.3f} | {split} | "
+            f"{row['ttft_p50_ms']:.0f} | {row['ttft_p99_ms']:.0f} | {row['wall_s']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

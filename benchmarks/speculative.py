@@ -9,6 +9,7 @@ the acceptance rate and mean accepted length, and whether the tokens were the sa
     .venv/bin/python -m benchmarks.speculative --step-cost   # a verify step's cost by batch size (for `auto`)
     .venv/bin/python -m benchmarks.speculative --float32-check   # greedy tokens on vs off in float32 (60 tokens)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,14 @@ DOCUMENT = (
     "accompanied by an adult after 6 p.m. The library's wifi network is called RiversideGuest and needs no password."
 )
 
-TOPICS = ["a lighthouse keeper who collects shells", "the history of paper kites", "a city of talking bicycles",
-          "why autumn leaves change colour", "a chess match on a night train", "the first bakery on the moon"]
+TOPICS = [
+    "a lighthouse keeper who collects shells",
+    "the history of paper kites",
+    "a city of talking bicycles",
+    "why autumn leaves change colour",
+    "a chess match on a night train",
+    "the first bakery on the moon",
+]
 
 
 @dataclass
@@ -70,18 +77,40 @@ class Run:
 def workloads(eng: Engine, rng: random.Random) -> dict[str, tuple[list[int], int]]:
     """name -> (prompt ids, max_new_tokens)."""
     chat = eng.apply_chat_template
-    code_edit = chat([{"role": "user", "content": "Here is a Python function:\n\n```python\n" + FUNCTION + "```\n\n"
-                       "Rewrite the whole function with one change: rename the parameter `min_gap` to `max_gap`. "
-                       "Output only the complete code."}])
-    first_turn = [{"role": "user", "content": "Write a Python class `LRUCache` with get and put methods, using an "
-                   "OrderedDict. Only code."}]
+    code_edit = chat(
+        [
+            {
+                "role": "user",
+                "content": "Here is a Python function:\n\n```python\n" + FUNCTION + "```\n\n"
+                "Rewrite the whole function with one change: rename the parameter `min_gap` to `max_gap`. "
+                "Output only the complete code.",
+            }
+        ]
+    )
+    first_turn = [
+        {
+            "role": "user",
+            "content": "Write a Python class `LRUCache` with get and put methods, using an OrderedDict. Only code.",
+        }
+    ]
     answer = eng.generate(input_ids=chat(first_turn), sampling_params={"max_new_tokens": 200, "temperature": 0})["text"]
-    multi_turn = chat(first_turn + [{"role": "assistant", "content": answer},
-                                    {"role": "user", "content": "Add a docstring to every method and show the full "
-                                     "class again."}])
-    rag = chat([{"role": "system", "content": "Answer from the document only, quoting its sentences."},
-                {"role": "user", "content": "Document:\n" + DOCUMENT + "\n\nWhat are the rules for borrowing, "
-                 "renewing and returning items late? Quote every relevant sentence."}])
+    multi_turn = chat(
+        first_turn
+        + [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Add a docstring to every method and show the full class again."},
+        ]
+    )
+    rag = chat(
+        [
+            {"role": "system", "content": "Answer from the document only, quoting its sentences."},
+            {
+                "role": "user",
+                "content": "Document:\n" + DOCUMENT + "\n\nWhat are the rules for borrowing, "
+                "renewing and returning items late? Quote every relevant sentence.",
+            },
+        ]
+    )
     prose = chat([{"role": "user", "content": f"Write a short story about {rng.choice(TOPICS)}."}])
     return {"code-edit": (code_edit, 400), "multi-turn": (multi_turn, 300), "rag": (rag, 200), "prose": (prose, 160)}
 
@@ -113,8 +142,9 @@ def step_cost(eng: Engine, batches: tuple[int, ...] = (1, 2, 4, 8), extra: int =
         assert pages is not None
         try:
             tables = [pages[i * per : (i + 1) * per] for i in range(b)]
-            fb = ForwardBatch.build([[100] * n] * b, [prefix] * b, tables, ps,
-                                    [i * n + j for i in range(b) for j in range(n)])
+            fb = ForwardBatch.build(
+                [[100] * n] * b, [prefix] * b, tables, ps, [i * n + j for i in range(b) for j in range(n)]
+            )
             times = []
             for _ in range(iters):
                 t0 = time.perf_counter()
@@ -138,11 +168,18 @@ def float32_check(new_tokens: int = 60) -> None:
         loads = workloads(engs["off"], random.Random(0))
         for name in ("multi-turn", "prose"):
             ids, _ = loads[name]
-            outs = {m: e.generate(input_ids=ids, sampling_params={"max_new_tokens": new_tokens, "temperature": 0})
-                    ["output_ids"] for m, e in engs.items()}
+            outs = {
+                m: e.generate(input_ids=ids, sampling_params={"max_new_tokens": new_tokens, "temperature": 0})[
+                    "output_ids"
+                ]
+                for m, e in engs.items()
+            }
             steps = engs["ngram"].cache_stats()["spec_verify_steps"]
-            print(f"{name}: float32 {'same' if outs['off'] == outs['ngram'] else 'DIFFERENT'} tokens "
-                  f"({len(outs['off'])} tokens; verify steps so far {steps})", flush=True)
+            print(
+                f"{name}: float32 {'same' if outs['off'] == outs['ngram'] else 'DIFFERENT'} tokens "
+                f"({len(outs['off'])} tokens; verify steps so far {steps})",
+                flush=True,
+            )
     finally:
         for e in engs.values():
             e.shutdown()
@@ -156,7 +193,9 @@ def main() -> None:
     ap.add_argument("--step-cost", action="store_true", help="only measure a verify step's cost by batch size")
     ap.add_argument("--float32-check", action="store_true", help="only compare greedy tokens on/off in float32")
     a = ap.parse_args()
-    print(f"cpu={cpu_select.cpu_capability()} bf16_hw={cpu_select.has_bf16_hardware()} threads={torch.get_num_threads()}")
+    print(
+        f"cpu={cpu_select.cpu_capability()} bf16_hw={cpu_select.has_bf16_hardware()} threads={torch.get_num_threads()}"
+    )
     if a.float32_check:
         float32_check()
         return
@@ -167,12 +206,16 @@ def main() -> None:
     off = Engine(speculative="off")
     on = Engine(speculative="ngram", speculative_max_tokens=a.max_tokens)
     info = off.model_info()
-    print(f"model={info['model_name']} dtype={info['dtype']} quantization={info['quantization']} "
-          f"speculative_max_tokens={a.max_tokens}")
+    print(
+        f"model={info['model_name']} dtype={info['dtype']} quantization={info['quantization']} "
+        f"speculative_max_tokens={a.max_tokens}"
+    )
     try:
         loads = workloads(off, random.Random(0))
-        print("| workload | prompt tokens | answer tokens | decode tok/s off | on | ratio | end-to-end tok/s off | on | "
-              "ratio | acceptance | mean accepted length | same tokens |")
+        print(
+            "| workload | prompt tokens | answer tokens | decode tok/s off | on | ratio | end-to-end tok/s off | on | "
+            "ratio | acceptance | mean accepted length | same tokens |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name, (ids, max_new) in loads.items():
             if a.only and name not in a.only:
@@ -197,7 +240,12 @@ def row(name: str, prompt_len: int, runs: dict[str, list[Run]], proposed: int, a
     def med(label: str, attr: str) -> float:
         return statistics.median(getattr(r, attr) for r in runs[label])
 
-    d_off, d_on, e_off, e_on = med("off", "decode_tps"), med("on", "decode_tps"), med("off", "e2e_tps"), med("on", "e2e_tps")
+    d_off, d_on, e_off, e_on = (
+        med("off", "decode_tps"),
+        med("on", "decode_tps"),
+        med("off", "e2e_tps"),
+        med("on", "e2e_tps"),
+    )
     ref = runs["off"][0].ids
     diverge = [next((i for i, (x, y) in enumerate(zip(r.ids, ref)) if x != y), None) for r in runs["off"] + runs["on"]]
     diverge += [min(len(r.ids), len(ref)) for r in runs["off"] + runs["on"] if len(r.ids) != len(ref)]
@@ -205,9 +253,11 @@ def row(name: str, prompt_len: int, runs: dict[str, list[Run]], proposed: int, a
     same = "yes" if first is None else f"no: from token {first}"
     rate = accepted / proposed if proposed else 0.0
     mean_len = (accepted + steps) / steps if steps else 0.0
-    return (f"| {name} | {prompt_len} | {len(runs['off'][0].ids)} | {d_off:.1f} | {d_on:.1f} | {d_on / d_off:.2f}x | "
-            f"{e_off:.1f} | {e_on:.1f} | {e_on / e_off:.2f}x | {rate:.0%} ({accepted}/{proposed}) | {mean_len:.2f} | "
-            f"{same} |")
+    return (
+        f"| {name} | {prompt_len} | {len(runs['off'][0].ids)} | {d_off:.1f} | {d_on:.1f} | {d_on / d_off:.2f}x | "
+        f"{e_off:.1f} | {e_on:.1f} | {e_on / e_off:.2f}x | {rate:.0%} ({accepted}/{proposed}) | {mean_len:.2f} | "
+        f"{same} |"
+    )
 
 
 if __name__ == "__main__":

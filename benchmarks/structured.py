@@ -10,6 +10,7 @@ decode steps and wall time jump-forward saves.
 
     .venv/bin/python -m benchmarks.structured [--model PATH] [--rounds 3] [--streams 1 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,18 +25,28 @@ from radixserve.constrained.bitmask import StepMasks
 from radixserve.model import cpu_select
 
 SCHEMA = {
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "required": ["invoice", "vendor", "date", "currency", "items", "paid"],
     "properties": {
         "invoice": {"type": "integer", "minimum": 0, "maximum": 1000000},
         "vendor": {"type": "string", "maxLength": 32},
         "date": {"type": "string", "pattern": "^20[0-9]{2}-[01][0-9]-[0-3][0-9]$"},
         "currency": {"enum": ["USD", "EUR", "GBP"]},
-        "items": {"type": "array", "maxItems": 3, "items": {
-            "type": "object", "additionalProperties": False, "required": ["name", "quantity", "unit_price"],
-            "properties": {"name": {"type": "string", "maxLength": 24},
-                           "quantity": {"type": "integer", "minimum": 1, "maximum": 1000},
-                           "unit_price": {"type": "number", "minimum": 0, "maximum": 100000}}}},
+        "items": {
+            "type": "array",
+            "maxItems": 3,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "quantity", "unit_price"],
+                "properties": {
+                    "name": {"type": "string", "maxLength": 24},
+                    "quantity": {"type": "integer", "minimum": 1, "maximum": 1000},
+                    "unit_price": {"type": "number", "minimum": 0, "maximum": 100000},
+                },
+            },
+        },
         "paid": {"type": "boolean"},
     },
 }
@@ -72,8 +83,10 @@ def mask_cost(eng: Engine, outputs: list[list[int]]) -> float:
 
 
 def prompts(eng: Engine, n: int) -> list[list[int]]:
-    return [eng.apply_chat_template([{"role": "user", "content": f"Extract the invoice as JSON.\n\n{DOCS[i % 8]}"}])
-            for i in range(n)]
+    return [
+        eng.apply_chat_template([{"role": "user", "content": f"Extract the invoice as JSON.\n\n{DOCS[i % 8]}"}])
+        for i in range(n)
+    ]
 
 
 def run(eng: Engine, ids: list[list[int]], params: list[dict[str, Any]]) -> tuple[float, list[int], int, int]:
@@ -85,15 +98,25 @@ def run(eng: Engine, ids: list[list[int]], params: list[dict[str, Any]]) -> tupl
     outs = eng.generate(input_ids=ids, sampling_params=params)
     wall = time.perf_counter() - t
     LAST_OUTPUTS = [o["output_ids"] for o in outs]
-    return wall, [o["meta_info"]["completion_tokens"] for o in outs], stats.steps - steps0, stats.forced_tokens - forced0
+    return (
+        wall,
+        [o["meta_info"]["completion_tokens"] for o in outs],
+        stats.steps - steps0,
+        stats.forced_tokens - forced0,
+    )
 
 
 def bench(eng: Engine, streams: int, rounds: int, max_new: int) -> dict[str, Any]:
     ids = prompts(eng, streams)
     json_params = [{"max_new_tokens": max_new, "temperature": 0.0, "json_schema": SCHEMA}] * streams
     warm = eng.generate(input_ids=ids, sampling_params=json_params)  # warm: prompts cached, schema compiled
-    eng.generate(input_ids=ids, sampling_params=[{"max_new_tokens": o["meta_info"]["completion_tokens"],
-                                                  "temperature": 0.0, "ignore_eos": True} for o in warm])
+    eng.generate(
+        input_ids=ids,
+        sampling_params=[
+            {"max_new_tokens": o["meta_info"]["completion_tokens"], "temperature": 0.0, "ignore_eos": True}
+            for o in warm
+        ],
+    )
     res: dict[str, list] = {"free": [], "json": [], "json+jf": []}
     for _ in range(rounds):
         eng.scheduler.cfg.enable_jump_forward = False
@@ -111,8 +134,12 @@ def bench(eng: Engine, streams: int, rounds: int, max_new: int) -> dict[str, Any
 
 def median_rate(rows: list[tuple]) -> tuple[float, float, float, float]:
     """(median tok/s, median wall, median steps, median forced)."""
-    return (statistics.median(t / w for w, t, _, _ in rows), statistics.median(w for w, *_ in rows),
-            statistics.median(s for *_, s, _ in rows), statistics.median(f for *_, f in rows))
+    return (
+        statistics.median(t / w for w, t, _, _ in rows),
+        statistics.median(w for w, *_ in rows),
+        statistics.median(s for *_, s, _ in rows),
+        statistics.median(f for *_, f in rows),
+    )
 
 
 def main() -> None:
@@ -126,18 +153,26 @@ def main() -> None:
     print(f"cpu={cpu_select.cpu_capability()} torch_threads={torch.get_num_threads()}")
     with Engine(model=a.model, dtype=a.dtype) as eng:
         print(f"model={eng.model_info()['model_name']} dtype={eng.dtype_name}")
-        print("| streams | mode | output tok/s (median) | vs free per token | wall s | scheduler steps | forced tokens |")
+        print(
+            "| streams | mode | output tok/s (median) | vs free per token | wall s | scheduler steps | forced tokens |"
+        )
         print("|---|---|---|---|---|---|---|")
         for streams in a.streams:
             res = bench(eng, streams, a.rounds, a.max_new_tokens)
             free_rate, free_wall, free_steps, _ = median_rate(res["free"])
             for mode in ("free", "json", "json+jf"):
                 rate, wall, steps, forced = median_rate(res[mode])
-                print(f"| {streams} | {mode} | {rate:.1f} | {rate / free_rate - 1:+.1%} | {wall:.2f} | {steps:.0f} | "
-                      f"{forced:.0f} |", flush=True)
+                print(
+                    f"| {streams} | {mode} | {rate:.1f} | {rate / free_rate - 1:+.1%} | {wall:.2f} | {steps:.0f} | "
+                    f"{forced:.0f} |",
+                    flush=True,
+                )
             step_ms = free_wall / free_steps * 1e3
-            print(f"| {streams} | grammar work alone (replayed) | {res['mask_ms'][0]:.2f} ms/step | "
-                  f"{res['mask_ms'][0] / step_ms:+.1%} of a free step ({step_ms:.0f} ms) | | | |", flush=True)
+            print(
+                f"| {streams} | grammar work alone (replayed) | {res['mask_ms'][0]:.2f} ms/step | "
+                f"{res['mask_ms'][0] / step_ms:+.1%} of a free step ({step_ms:.0f} ms) | | | |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

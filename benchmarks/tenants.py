@@ -9,6 +9,7 @@ request still queued when a scenario ends is aborted; a quiet request that waits
 
     python -m benchmarks.tenants [--rate 1] [--flood-factor 10] [--duration 20] [--rounds 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,17 @@ class StepLog:
 class Load:
     """One open-loop stream of requests: Poisson arrivals at `rate` for `duration` s; TTFTs of those that finish."""
 
-    def __init__(self, eng: Engine, rate: float, tenant: str, prompt: Any, new_tokens: int, priority: int = 0,
-                 give_up: float | None = None, steps: StepLog | None = None) -> None:
+    def __init__(
+        self,
+        eng: Engine,
+        rate: float,
+        tenant: str,
+        prompt: Any,
+        new_tokens: int,
+        priority: int = 0,
+        give_up: float | None = None,
+        steps: StepLog | None = None,
+    ) -> None:
         self.eng, self.rate, self.tenant, self.prompt = eng, rate, tenant, prompt
         self.new_tokens, self.priority, self.give_up = new_tokens, priority, give_up
         self.ttfts: list[float] = []
@@ -70,9 +80,13 @@ class Load:
 
     async def one(self, i: int) -> None:
         start = time.perf_counter()
-        kwargs = dict(input_ids=self.prompt(i), sampling_params={"max_new_tokens": self.new_tokens, "temperature": 0,
-                                                                 "ignore_eos": True},
-                      tenant=self.tenant, priority=self.priority, timeout=self.give_up)
+        kwargs = dict(
+            input_ids=self.prompt(i),
+            sampling_params={"max_new_tokens": self.new_tokens, "temperature": 0, "ignore_eos": True},
+            tenant=self.tenant,
+            priority=self.priority,
+            timeout=self.give_up,
+        )
         if self.steps is None:  # the flood: only its load matters
             await self.eng.async_generate(**kwargs)
             return
@@ -125,8 +139,10 @@ def p95(xs: list[float]) -> float:
 def machine() -> str:
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
-    return (f"{platform.node()}, CPU {name}, {torch.get_num_threads()} torch threads, torch {torch.__version__} "
-            f"({torch.backends.cpu.get_cpu_capability()}), {time.strftime('%Y-%m-%d %H:%M')}")
+    return (
+        f"{platform.node()}, CPU {name}, {torch.get_num_threads()} torch threads, torch {torch.__version__} "
+        f"({torch.backends.cpu.get_cpu_capability()}), {time.strftime('%Y-%m-%d %H:%M')}"
+    )
 
 
 def main() -> None:
@@ -142,10 +158,24 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--json", default=None, help="write the raw figures here")
     args = ap.parse_args()
-    model = make_random_model(Path(tempfile.mkdtemp()) / "m", layers=args.layers, hidden=args.hidden, heads=8,
-                              kv_heads=2, intermediate=3 * args.hidden, vocab=512, context=4096)
-    settings = dict(model=model, dtype="float32", page_size=16, max_total_tokens=32768,
-                    max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size)
+    model = make_random_model(
+        Path(tempfile.mkdtemp()) / "m",
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=8,
+        kv_heads=2,
+        intermediate=3 * args.hidden,
+        vocab=512,
+        context=4096,
+    )
+    settings = dict(
+        model=model,
+        dtype="float32",
+        page_size=16,
+        max_total_tokens=32768,
+        max_running_requests=args.max_running_requests,
+        chunked_prefill_size=args.chunked_prefill_size,
+    )
     quiet_rate, flood_rate = args.rate, args.rate * args.flood_factor
 
     def quiet_prompt(seed: int) -> Any:
@@ -172,8 +202,16 @@ def main() -> None:
                 "high priority + low-priority flood": (off, "low", 1),
             }
             for k, (name, (eng, flood_kind, prio)) in enumerate(cases.items()):
-                measured = Load(eng, quiet_rate, "quiet" if prio == 0 else "flood", quiet_prompt(seed + k + 1),
-                                16, priority=prio, give_up=args.give_up, steps=logs[id(eng)])
+                measured = Load(
+                    eng,
+                    quiet_rate,
+                    "quiet" if prio == 0 else "flood",
+                    quiet_prompt(seed + k + 1),
+                    16,
+                    priority=prio,
+                    give_up=args.give_up,
+                    steps=logs[id(eng)],
+                )
                 flood = None if flood_kind is None else Load(eng, flood_rate, "flood", flood_prompt, 32, priority=0)
                 asyncio.run(scenario(measured, flood, args.duration, seed))
                 results.setdefault(name, []).extend(measured.ttfts)
@@ -181,27 +219,37 @@ def main() -> None:
                 gave_up[name] = gave_up.get(name, 0) + measured.gave_up
                 print(f"round {rnd + 1} {name}: n={len(measured.ttfts)} p95 {p95(measured.ttfts):.3f} s", flush=True)
     print(f"\nmachine: {machine()}")
-    print(f"flags: {json.dumps({k: str(v) for k, v in settings.items() if k != 'model'})}, {args.layers} layers "
-          f"hidden {args.hidden}, quiet {quiet_rate}/s, flood {flood_rate}/s, {args.duration:g} s x {args.rounds} rounds\n")
+    print(
+        f"flags: {json.dumps({k: str(v) for k, v in settings.items() if k != 'model'})}, {args.layers} layers "
+        f"hidden {args.hidden}, quiet {quiet_rate}/s, flood {flood_rate}/s, {args.duration:g} s x {args.rounds} rounds\n"
+    )
     print("| scenario | requests | TTFT p50 s | TTFT p95 s | gave up | tokens run before the first token p50 / p95 |")
     print("|---|---|---|---|---|---|")
     for name, xs in results.items():
         w = works[name] or [0]
-        print(f"| {name} | {len(xs)} | {np.percentile(xs, 50):.3f} | {p95(xs):.3f} | {gave_up[name]} | "
-              f"{np.percentile(w, 50):.0f} / {np.percentile(w, 95):.0f} |")
-    alone, fair, unfair = (p95(results[k]) for k in ("quiet alone", "quiet + flood, fair share on",
-                                                      "quiet + flood, fair share off"))
+        print(
+            f"| {name} | {len(xs)} | {np.percentile(xs, 50):.3f} | {p95(xs):.3f} | {gave_up[name]} | "
+            f"{np.percentile(w, 50):.0f} / {np.percentile(w, 95):.0f} |"
+        )
+    alone, fair, unfair = (
+        p95(results[k]) for k in ("quiet alone", "quiet + flood, fair share on", "quiet + flood, fair share off")
+    )
     hi0, hi = p95(results["high priority, unloaded"]), p95(results["high priority + low-priority flood"])
-    print(f"\nquiet p95 with fair share on / alone: {fair / alone:.2f}x (goal <= 2); off / alone: {unfair / alone:.2f}x")
+    print(
+        f"\nquiet p95 with fair share on / alone: {fair / alone:.2f}x (goal <= 2); off / alone: {unfair / alone:.2f}x"
+    )
     print(f"high-priority p95 under the flood / unloaded: {hi / hi0:.2f}x (goal <= 1.5)")
     w = {k: float(np.percentile(v or [0], 95)) for k, v in works.items()}
-    print(f"work before the first token, p95 ratios: fair on / alone "
-          f"{w['quiet + flood, fair share on'] / w['quiet alone']:.2f}x, off / alone "
-          f"{w['quiet + flood, fair share off'] / w['quiet alone']:.2f}x (of those that got a token), high priority "
-          f"flood / unloaded {w['high priority + low-priority flood'] / w['high priority, unloaded']:.2f}x")
+    print(
+        f"work before the first token, p95 ratios: fair on / alone "
+        f"{w['quiet + flood, fair share on'] / w['quiet alone']:.2f}x, off / alone "
+        f"{w['quiet + flood, fair share off'] / w['quiet alone']:.2f}x (of those that got a token), high priority "
+        f"flood / unloaded {w['high priority + low-priority flood'] / w['high priority, unloaded']:.2f}x"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "works": works, "gave_up": gave_up,
-                                               "machine": machine()}))
+        Path(args.json).write_text(
+            json.dumps({"results": results, "works": works, "gave_up": gave_up, "machine": machine()})
+        )
 
 
 if __name__ == "__main__":

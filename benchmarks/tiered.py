@@ -11,6 +11,7 @@ earlier engine wrote at shutdown; both answer the same question greedily and mus
 
     .venv/bin/python -m benchmarks.tiered [--pool-tokens 1024 --docs 8 --doc-tokens 512 --rounds 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,11 +26,21 @@ import torch
 
 from radixserve import Engine
 
-WORDS = ("the model reads a page of text and keeps its keys and values so the next request with the same "
-         "prefix skips the work documents about rivers trains markets weather history music code tests "
-         "servers caches memory disks network latency budget policy schedule").split()
-QUESTIONS = ["Summarize it.", "Name one topic.", "What is the first word?", "Is it long?", "Give a title.",
-             "List two nouns.", "What comes last?", "Any numbers?"]
+WORDS = (
+    "the model reads a page of text and keeps its keys and values so the next request with the same "
+    "prefix skips the work documents about rivers trains markets weather history music code tests "
+    "servers caches memory disks network latency budget policy schedule"
+).split()
+QUESTIONS = [
+    "Summarize it.",
+    "Name one topic.",
+    "What is the first word?",
+    "Is it long?",
+    "Give a title.",
+    "List two nouns.",
+    "What comes last?",
+    "Any numbers?",
+]
 
 
 def text_of(rng: random.Random, n_words: int) -> str:
@@ -83,12 +94,24 @@ def rag(args: argparse.Namespace, kv_dir: Path) -> dict[str, Any]:
     off.shutdown()
     best = optimum_hits(prompts, s_on["page_size"])
     p50 = {k: statistics.median(v) for k, v in ttft.items()}
-    return {"requests": len(prompts), "pool_tokens": args.pool_tokens, "doc_tokens": args.docs * args.doc_tokens,
-            "optimum_hit_tokens": best, "hit_tokens_on": s_on["hit_tokens"], "hit_tokens_off": s_off["hit_tokens"],
-            "hit_vs_optimum_on": s_on["hit_tokens"] / best, "hit_vs_optimum_off": s_off["hit_tokens"] / best,
-            "ttft_p50_on": p50["on"], "ttft_p50_off": p50["off"], "ttft_ratio": p50["on"] / p50["off"],
-            "load_ms_per_page": 1e3 * s_on["load_seconds_per_page"], "spilled_pages": s_on["spilled_pages"],
-            "loaded_pages": s_on["loaded_pages"], "disk_mb": s_on["disk_bytes"] / 1e6, "outputs_identical": same}
+    return {
+        "requests": len(prompts),
+        "pool_tokens": args.pool_tokens,
+        "doc_tokens": args.docs * args.doc_tokens,
+        "optimum_hit_tokens": best,
+        "hit_tokens_on": s_on["hit_tokens"],
+        "hit_tokens_off": s_off["hit_tokens"],
+        "hit_vs_optimum_on": s_on["hit_tokens"] / best,
+        "hit_vs_optimum_off": s_off["hit_tokens"] / best,
+        "ttft_p50_on": p50["on"],
+        "ttft_p50_off": p50["off"],
+        "ttft_ratio": p50["on"] / p50["off"],
+        "load_ms_per_page": 1e3 * s_on["load_seconds_per_page"],
+        "spilled_pages": s_on["spilled_pages"],
+        "loaded_pages": s_on["loaded_pages"],
+        "disk_mb": s_on["disk_bytes"] / 1e6,
+        "outputs_identical": same,
+    }
 
 
 def restart(args: argparse.Namespace, kv_dir: Path) -> dict[str, Any]:
@@ -113,10 +136,15 @@ def restart(args: argparse.Namespace, kv_dir: Path) -> dict[str, Any]:
         same &= c["ids"] == w["ids"]
         cold_t.append(c["ttft"])
         warm_t.append(w["ttft"])
-    return {"system_tokens": args.system_tokens, "ttft_cold": statistics.median(cold_t),
-            "ttft_after_restart": statistics.median(warm_t),
-            "ratio": statistics.median(warm_t) / statistics.median(cold_t), "disk_hit_tokens": hit,
-            "outputs_identical": same, "runs": args.restarts}
+    return {
+        "system_tokens": args.system_tokens,
+        "ttft_cold": statistics.median(cold_t),
+        "ttft_after_restart": statistics.median(warm_t),
+        "ratio": statistics.median(warm_t) / statistics.median(cold_t),
+        "disk_hit_tokens": hit,
+        "outputs_identical": same,
+        "runs": args.restarts,
+    }
 
 
 def main() -> None:
@@ -130,19 +158,28 @@ def main() -> None:
     ap.add_argument("--restarts", type=int, default=2)
     ap.add_argument("--skip", choices=["rag", "restart"], default=None)
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"cpu capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"cpu capability {torch.backends.cpu.get_cpu_capability()}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         if args.skip != "rag":
             t0 = time.perf_counter()
             r = rag(args, Path(tmp) / "rag")
-            print(f"RAG ({time.perf_counter() - t0:.0f} s):", {k: round(v, 4) if isinstance(v, float) else v
-                                                             for k, v in r.items()}, flush=True)
+            print(
+                f"RAG ({time.perf_counter() - t0:.0f} s):",
+                {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()},
+                flush=True,
+            )
         if args.skip != "restart":
             t0 = time.perf_counter()
             r = restart(args, Path(tmp) / "restart")
-            print(f"restart ({time.perf_counter() - t0:.0f} s):", {k: round(v, 4) if isinstance(v, float) else v
-                                                                 for k, v in r.items()}, flush=True)
+            print(
+                f"restart ({time.perf_counter() - t0:.0f} s):",
+                {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()},
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ says what the communication costs, not what tensor parallelism gains on GPUs (no
 
     .venv/bin/python -m benchmarks.tp [--model PATH] [--dtype bfloat16] [--reps 10]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,20 +52,31 @@ def main() -> None:
     path = resolve_model(a.model)
     dtype, cpu = getattr(torch, a.dtype), torch.device("cpu")
     threads = torch.get_num_threads()
-    print(f"cpu={cpu_select.cpu_capability()} bf16_hw={cpu_select.has_bf16_hardware()} threads={threads} "
-          f"model={path.name} dtype={a.dtype}", flush=True)
+    print(
+        f"cpu={cpu_select.cpu_capability()} bf16_hw={cpu_select.has_bf16_hardware()} threads={threads} "
+        f"model={path.name} dtype={a.dtype}",
+        flush=True,
+    )
     settings = worker_settings(str(path), a.dtype, "cpu", PAGE, 4096, "torch", 8, None, "none")
     tp = distributed.start(2, cpu, [json.dumps(settings)])
     assert tp is not None
     try:
-        args = dict(dtype=dtype, device=cpu, page_size=PAGE, max_total_tokens=4096, attention_backend="torch",
-                    max_running_requests=8)
+        args = dict(
+            dtype=dtype,
+            device=cpu,
+            page_size=PAGE,
+            max_total_tokens=4096,
+            attention_backend="torch",
+            max_running_requests=8,
+        )
         one, two = ModelRunner(path, **args), ModelRunner(path, tp=tp, **args)
         half = max(1, threads // 2)
         # tp=1 with all threads, tp=1 with the threads one rank gets, tp=2 (one rank's threads each)
         configs = (("all", one, threads, None), ("half", one, half, None), ("tp2", two, half, tp))
-        print(f"| step | tp=1, {threads} threads: ms | tp=1, {half} thread(s): ms | tp=2, {half} each: ms "
-              f"| tp=2 / tp=1 ({threads} threads) |\n|---|---|---|---|---|")
+        print(
+            f"| step | tp=1, {threads} threads: ms | tp=1, {half} thread(s): ms | tp=2, {half} each: ms "
+            f"| tp=2 / tp=1 ({threads} threads) |\n|---|---|---|---|---|"
+        )
         for name, batch in cases(one.config.vocab_size).items():
             times: dict[str, list[float]] = {c[0]: [] for c in configs}
             for rep in range(a.reps + 1):  # the first repetition warms up
@@ -77,8 +89,10 @@ def main() -> None:
                     if rep:
                         times[key].append((time.perf_counter() - start) * 1e3)
             m = {k: statistics.median(v) for k, v in times.items()}
-            print(f"| {name} | {m['all']:.1f} | {m['half']:.1f} | {m['tp2']:.1f} | {m['tp2'] / m['all']:.2f} |",
-                  flush=True)
+            print(
+                f"| {name} | {m['all']:.1f} | {m['half']:.1f} | {m['tp2']:.1f} | {m['tp2'] / m['all']:.2f} |",
+                flush=True,
+            )
     finally:
         tp.close()
 

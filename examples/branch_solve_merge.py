@@ -5,13 +5,14 @@
 The task text is prefilled once before the fork, so the branches start from cached pages; the merge step reads the
 branches' variables back into the parent.
 """
+
 from __future__ import annotations
 
 import time
 
 from common import HitRate, open_backend, parse_args, sgl
 
-TASK = '''Review this Python function.
+TASK = """Review this Python function.
 
 def moving_average(values, window):
     result = []
@@ -19,7 +20,7 @@ def moving_average(values, window):
         chunk = values[i:i + window]
         result.append(sum(chunk) / window)
     return result
-'''
+"""
 
 CRITERIA = ["correctness (edge cases included)", "performance", "readability and naming"]
 

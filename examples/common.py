@@ -1,4 +1,5 @@
 """What the examples share: pick a backend from the command line, and report the cache hit rate of a run."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,7 +1,8 @@
 """A few-shot classifier: the labelled examples are a shared prefix, and select scores every label in one call.
 
-    python examples/few_shot_select.py [--model PATH | --url http://127.0.0.1:30000]
+python examples/few_shot_select.py [--model PATH | --url http://127.0.0.1:30000]
 """
+
 from __future__ import annotations
 
 import time

@@ -4,6 +4,7 @@
 
 Without --interactive it plays a short scripted conversation.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,8 +29,10 @@ def chat_turn(s, history, message):
 
 
 def main() -> None:
-    args = parse_args("Chat with the model; earlier turns are served from the radix cache.",
-                      {"--interactive": dict(action="store_true", help="type your own messages (empty line ends)")})
+    args = parse_args(
+        "Chat with the model; earlier turns are served from the radix cache.",
+        {"--interactive": dict(action="store_true", help="type your own messages (empty line ends)")},
+    )
     with open_backend(args) as backend:
         hits = HitRate(backend)
         history: list[dict[str, str]] = []

@@ -5,6 +5,7 @@
 run_batch sends the questions together; their common prefix (the system prompt with the documents) is prefilled
 once, and every question's prompt then starts with cached pages.
 """
+
 from __future__ import annotations
 
 import time
@@ -45,8 +46,10 @@ most one box per person. Textbooks, encyclopedias and magazines are not accepted
 not keep are sold at the yearly book fair in October; the proceeds fund the children's section.
 """
 
-SYSTEM = ("You are the assistant of Harbor Lane Library. Answer the visitor's question in one or two sentences, "
-          "using only the documents below. If they do not say, answer that you do not know.\n\n" + DOCUMENTS)
+SYSTEM = (
+    "You are the assistant of Harbor Lane Library. Answer the visitor's question in one or two sentences, "
+    "using only the documents below. If they do not say, answer that you do not know.\n\n" + DOCUMENTS
+)
 
 QUESTIONS = [
     "When does the library open on Saturdays?",

@@ -3,6 +3,7 @@ choice's logprobs, a chat streamed to asyncio with text_async_iter, and select w
 
     python examples/sglang_programs.py [--model PATH | --url http://127.0.0.1:30000]
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,12 @@ def capital(s, country, method):
 
 
 async def stream_answer_2() -> None:
-    state = multi_turn_question.run(question_1="What is the capital of the United Kingdom?",
-                                    question_2="List two local attractions.", stream=True, temperature=0)
+    state = multi_turn_question.run(
+        question_1="What is the capital of the United Kingdom?",
+        question_2="List two local attractions.",
+        stream=True,
+        temperature=0,
+    )
     async for out in state.text_async_iter(var_name="answer_2"):
         print(out, end="", flush=True)
     print()
@@ -54,8 +59,11 @@ def main() -> None:
         print(f"tokens scored per choice: {[len(e) for e in meta['input_token_logprobs']]}")
         print(state.text(), "\n")
         asyncio.run(stream_answer_2())
-        for method in (sgl.token_length_normalized, sgl.greedy_token_selection,
-                       sgl.unconditional_likelihood_normalized):
+        for method in (
+            sgl.token_length_normalized,
+            sgl.greedy_token_selection,
+            sgl.unconditional_likelihood_normalized,
+        ):
             print(f"{type(method).__name__}: {capital.run(country='France', method=method)['city']}")
         print(hits.report())
 

@@ -3,6 +3,7 @@ asks two constrained questions in parallel (a regex and a typed gen) on the same
 
     python examples/structured_extraction.py [--model PATH | --url http://127.0.0.1:30000]
 """
+
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
@@ -52,8 +53,10 @@ def main() -> None:
         states = extract.run_batch([{"doc": d} for d in DOCS], backend=backend)
         for state in states:
             invoice = Invoice.model_validate_json(state["invoice"])  # parses: the grammar saw to it
-            print(f"{invoice.vendor!r} {invoice.currency} paid={invoice.paid} items={len(invoice.items)} "
-                  f"date={state['date']} count={int(state['count'])}")
+            print(
+                f"{invoice.vendor!r} {invoice.currency} paid={invoice.paid} items={len(invoice.items)} "
+                f"date={state['date']} count={int(state['count'])}"
+            )
         print(rate.report())
 
 

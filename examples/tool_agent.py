@@ -6,6 +6,7 @@ one, so it is served mostly from the radix cache.
 
 With --model (or the default model) a server is started in-process on a free port.
 """
+
 from __future__ import annotations
 
 import ast
@@ -20,24 +21,48 @@ import openai
 from common import HitRate, parse_args
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate an arithmetic expression such as (3 + 4) * 2.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string", "maxLength": 40}},
-                       "required": ["expression"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "population", "description": "The population of a city, in millions.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
-                       "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression such as (3 + 4) * 2.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "maxLength": 40}},
+                "required": ["expression"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "population",
+            "description": "The population of a city, in millions.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 POPULATION = {"paris": 2.1, "tokyo": 14.0, "lagos": 15.4, "lima": 10.1}
-OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-       ast.USub: operator.neg}
+OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+}
 QUESTION = "How many people live in Paris and Tokyo together, in millions?"
 MAX_TURNS = 4
 
 
 def calculate(expr: str) -> float:
     """Arithmetic only: numbers, + - * / and parentheses (never eval)."""
+
     def walk(node: ast.AST) -> float:
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return node.value
@@ -46,6 +71,7 @@ def calculate(expr: str) -> float:
         if isinstance(node, ast.UnaryOp) and type(node.op) in OPS:
             return OPS[type(node.op)](walk(node.operand))
         raise ValueError("not arithmetic")
+
     return walk(ast.parse(expr, mode="eval").body)
 
 
@@ -62,13 +88,13 @@ def run_tool(name: str, arguments: str) -> str:
 
 def ask(client: openai.OpenAI, messages: list[dict[str, Any]], tool_choice: Any, stream: bool) -> dict[str, Any]:
     """One turn: the assistant message as a dict (content and tool_calls), streamed or not."""
-    kw = dict(model="default", messages=messages, tools=TOOLS, tool_choice=tool_choice, max_tokens=200,
-              temperature=0)
+    kw = dict(model="default", messages=messages, tools=TOOLS, tool_choice=tool_choice, max_tokens=200, temperature=0)
     if not stream:
         msg = client.chat.completions.create(**kw).choices[0].message
-        calls = [{"id": c.id, "type": "function", "function": {"name": c.function.name,
-                                                               "arguments": c.function.arguments}}
-                 for c in msg.tool_calls or []]
+        calls = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in msg.tool_calls or []
+        ]
         return {"role": "assistant", "content": msg.content, "tool_calls": calls}
     content, calls = "", {}
     for chunk in client.chat.completions.create(stream=True, **kw):

@@ -2,6 +2,7 @@
 language so that `import frontend_dsl as sgl` runs SGLang programs (README.md: what is supported, row by row).
 Shared prompts and forks become radix cache hits: forks prefill their common prefix once, select scores all choices
 in one batched call, run_batch computes its inputs' common prefix once."""
+
 from radixserve import Engine
 from frontend_dsl.api import (
     assistant,
@@ -59,10 +60,42 @@ def get_server_info(backend: Backend | None = None) -> dict:
 
 
 __all__ = [
-    "assistant", "assistant_begin", "assistant_end", "function", "gen", "gen_int", "gen_string", "image", "select",
-    "separate_reasoning", "system", "system_begin", "system_end", "user", "user_begin", "user_end", "video",
-    "Backend", "Engine", "OpenAI", "Runtime", "RuntimeEndpoint", "ChoicesDecision", "ChoicesSamplingMethod",
-    "greedy_token_selection", "token_length_normalized", "unconditional_likelihood_normalized",
-    "set_default_backend", "flush_cache", "pin", "unpin", "get_server_info", "BackendError", "NotSupportedError", "ProgramError",
-    "Program", "ProgramState", "ProgramStateGroup",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "image",
+    "select",
+    "separate_reasoning",
+    "system",
+    "system_begin",
+    "system_end",
+    "user",
+    "user_begin",
+    "user_end",
+    "video",
+    "Backend",
+    "Engine",
+    "OpenAI",
+    "Runtime",
+    "RuntimeEndpoint",
+    "ChoicesDecision",
+    "ChoicesSamplingMethod",
+    "greedy_token_selection",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
+    "set_default_backend",
+    "flush_cache",
+    "pin",
+    "unpin",
+    "get_server_info",
+    "BackendError",
+    "NotSupportedError",
+    "ProgramError",
+    "Program",
+    "ProgramState",
+    "ProgramStateGroup",
 ]

@@ -1,4 +1,5 @@
 """The DSL's public constructors, named and shaped like SGLang's frontend language."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,16 +16,20 @@ from frontend_dsl.program import Program
 def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
     """`@function` (or `@function()`) turns `f(s, ...)` into a Program with run() and run_batch()."""
     if num_api_spec_tokens is not None:
-        raise NotSupportedError("function(num_api_spec_tokens=...) is not supported: API speculative execution "
-                                "exists for chat-only OpenAI models; frontend_dsl's OpenAI backend sends each gen "
-                                "after sgl.assistant as its own chat request instead")
+        raise NotSupportedError(
+            "function(num_api_spec_tokens=...) is not supported: API speculative execution "
+            "exists for chat-only OpenAI models; frontend_dsl's OpenAI backend sends each gen "
+            "after sgl.assistant as its own chat request instead"
+        )
     if func is None:
         return Program
     return Program(func)
 
 
-_REFUSED = {"stop_regex": "a stop condition by regex is not in the engine (regex= constrains the output instead)",
-            "min_tokens": "the engine's sampler has no min_new_tokens, and ignoring it would end gens early"}
+_REFUSED = {
+    "stop_regex": "a stop condition by regex is not in the engine (regex= constrains the output instead)",
+    "min_tokens": "the engine's sampler has no min_new_tokens, and ignoring it would end gens early",
+}
 # Typed gens as regexes, as SGLang's runtime backend writes them.
 REGEX_INT = r"[-+]?[0-9]+"
 REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+"
@@ -54,36 +59,69 @@ def _constraint(regex: str | None, json_schema: Any, dtype: Any) -> dict[str, An
     return {k: v for k, v in out.items() if v is not None}
 
 
-def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None, n: int | None = None,
-        stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-        stop_regex: str | list[str] | None = None, temperature: float | None = None, top_p: float | None = None,
-        top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
-        presence_penalty: float | None = None, ignore_eos: bool | None = None, return_logprob: bool | None = None,
-        logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-        return_text_in_logprobs: bool | None = None, dtype: Any = None, choices: list[str] | None = None,
-        choices_method: ChoicesSamplingMethod | None = None, regex: str | None = None,
-        json_schema: Any = None) -> Expr:
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: Any = None,
+    choices: list[str] | None = None,
+    choices_method: ChoicesSamplingMethod | None = None,
+    regex: str | None = None,
+    json_schema: Any = None,
+) -> Expr:
     """Generate text into variable `name`; unset sampling args come from run(). With choices=, acts as select().
 
     `regex=`, `json_schema=` (JSON text, a dict, or a pydantic model class) and `dtype=` (int, float, bool, str)
     constrain the output: the engine masks every token the grammar refuses."""
     if choices:
-        return select(name, choices, 0.0 if temperature is None else temperature,
-                      token_length_normalized if choices_method is None else choices_method)
+        return select(
+            name,
+            choices,
+            0.0 if temperature is None else temperature,
+            token_length_normalized if choices_method is None else choices_method,
+        )
     given = {"stop_regex": stop_regex, "min_tokens": min_tokens}
     for arg, value in given.items():
         if value is not None:
             raise NotSupportedError(f"gen({arg}=...) is not supported: {_REFUSED[arg]}")
     if n not in (None, 1):
         raise NotSupportedError(f"gen(n={n}) is not supported: use s.fork({n}) for parallel samples")
-    params = {"max_new_tokens": max_tokens, "stop": [stop] if isinstance(stop, str) else stop,
-              "stop_token_ids": stop_token_ids, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-              "min_p": min_p, "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
-              "ignore_eos": ignore_eos, **_constraint(regex, json_schema, dtype)}
+    params = {
+        "max_new_tokens": max_tokens,
+        "stop": [stop] if isinstance(stop, str) else stop,
+        "stop_token_ids": stop_token_ids,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "frequency_penalty": frequency_penalty,
+        "presence_penalty": presence_penalty,
+        "ignore_eos": ignore_eos,
+        **_constraint(regex, json_schema, dtype),
+    }
     params = {k: v for k, v in params.items() if v is not None}
     SamplingParams.from_dict(params)  # a bad value fails here, at the line that wrote it
-    logprobs = {"return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
-                "top_logprobs_num": top_logprobs_num, "return_text_in_logprobs": return_text_in_logprobs}
+    logprobs = {
+        "return_logprob": return_logprob,
+        "logprob_start_len": logprob_start_len,
+        "top_logprobs_num": top_logprobs_num,
+        "return_text_in_logprobs": return_text_in_logprobs,
+    }
     return Gen(name, params | {k: v for k, v in logprobs.items() if v is not None})
 
 
@@ -106,12 +144,18 @@ def video(path: str, num_frames: int) -> Expr:
 
 
 def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Expr:
-    raise NotSupportedError("sgl.separate_reasoning(...) is not supported: radixserve has no reasoning parser; "
-                            "split the gen's text on the model's think tags yourself")
+    raise NotSupportedError(
+        "sgl.separate_reasoning(...) is not supported: radixserve has no reasoning parser; "
+        "split the gen's text on the model's think tags yourself"
+    )
 
 
-def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
-           choices_method: ChoicesSamplingMethod = token_length_normalized) -> Expr:
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesSamplingMethod = token_length_normalized,
+) -> Expr:
     """Append the choice choices_method picks from the choices' token logprobs after the text so far (default:
     the highest mean token logprob). Selection is deterministic: temperature is accepted, as SGLang's runtime
     backends accept it, and does not change it."""

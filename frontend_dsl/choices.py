@@ -5,6 +5,7 @@ output_token_logprobs, unconditional_token_logprobs) and returns a ChoicesDecisi
 `state.get_meta_info(name)` gives back. Token logprob entries are (logprob, token_id, token_text) tuples, as SGLang
 reports them; a user-written subclass of ChoicesSamplingMethod plugs in the same way.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,29 +38,52 @@ class ChoicesSamplingMethod(ABC):
         return False
 
     @abstractmethod
-    def __call__(self, *, choices: list[str], normalized_prompt_logprobs: list[float], input_token_logprobs: Entries,
-                 output_token_logprobs: Entries,
-                 unconditional_token_logprobs: Entries | None = None) -> ChoicesDecision: ...
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: Entries,
+        output_token_logprobs: Entries,
+        unconditional_token_logprobs: Entries | None = None,
+    ) -> ChoicesDecision: ...
 
 
 class TokenLengthNormalized(ChoicesSamplingMethod):
     """The choice with the highest mean logprob over its own tokens (ties: the earliest)."""
 
-    def __call__(self, *, choices: list[str], normalized_prompt_logprobs: list[float], input_token_logprobs: Entries,
-                 output_token_logprobs: Entries,
-                 unconditional_token_logprobs: Entries | None = None) -> ChoicesDecision:
-        return ChoicesDecision(choices[_argmax_first(normalized_prompt_logprobs)], {
-            "normalized_prompt_logprobs": normalized_prompt_logprobs,
-            "input_token_logprobs": input_token_logprobs, "output_token_logprobs": output_token_logprobs})
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: Entries,
+        output_token_logprobs: Entries,
+        unconditional_token_logprobs: Entries | None = None,
+    ) -> ChoicesDecision:
+        return ChoicesDecision(
+            choices[_argmax_first(normalized_prompt_logprobs)],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+            },
+        )
 
 
 class GreedyTokenSelection(ChoicesSamplingMethod):
     """Compare choices token by token, keeping those with the best logprob at each position until one is left; a
     choice shorter than the others is padded with its own mean logprob (so a prefix of a longer choice competes)."""
 
-    def __call__(self, *, choices: list[str], normalized_prompt_logprobs: list[float], input_token_logprobs: Entries,
-                 output_token_logprobs: Entries,
-                 unconditional_token_logprobs: Entries | None = None) -> ChoicesDecision:
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: Entries,
+        output_token_logprobs: Entries,
+        unconditional_token_logprobs: Entries | None = None,
+    ) -> ChoicesDecision:
         width = max(len(e) for e in input_token_logprobs)
         matrix = []
         for entries in input_token_logprobs:
@@ -72,10 +96,15 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
             remaining = [i for i in remaining if matrix[i][j] == best]
             if len(remaining) == 1:
                 break
-        return ChoicesDecision(choices[remaining[0]], {
-            "normalized_prompt_logprobs": normalized_prompt_logprobs,
-            "input_token_logprobs": input_token_logprobs, "output_token_logprobs": output_token_logprobs,
-            "greedy_logprob_matrix": matrix})
+        return ChoicesDecision(
+            choices[remaining[0]],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+                "greedy_logprob_matrix": matrix,
+            },
+        )
 
 
 class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
@@ -86,9 +115,15 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
     def requires_unconditional_logprobs(self) -> bool:
         return True
 
-    def __call__(self, *, choices: list[str], normalized_prompt_logprobs: list[float], input_token_logprobs: Entries,
-                 output_token_logprobs: Entries,
-                 unconditional_token_logprobs: Entries | None = None) -> ChoicesDecision:
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: Entries,
+        output_token_logprobs: Entries,
+        unconditional_token_logprobs: Entries | None = None,
+    ) -> ChoicesDecision:
         if unconditional_token_logprobs is None:
             raise ValueError("unconditional_likelihood_normalized needs unconditional_token_logprobs")
         scores = []
@@ -97,11 +132,16 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
                 raise ValueError("conditional and unconditional token logprobs differ in length")
             diffs = [c - u for c, u in zip(_logprobs(cond), _logprobs(uncond))]
             scores.append(sum(diffs) / len(diffs) if diffs else -math.inf)
-        return ChoicesDecision(choices[_argmax_first(scores)], {
-            "normalized_prompt_logprobs": normalized_prompt_logprobs,
-            "input_token_logprobs": input_token_logprobs, "output_token_logprobs": output_token_logprobs,
-            "unconditional_token_logprobs": unconditional_token_logprobs,
-            "normalized_unconditional_prompt_logprobs": scores})
+        return ChoicesDecision(
+            choices[_argmax_first(scores)],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+                "unconditional_token_logprobs": unconditional_token_logprobs,
+                "normalized_unconditional_prompt_logprobs": scores,
+            },
+        )
 
 
 token_length_normalized = TokenLengthNormalized()

@@ -1,4 +1,5 @@
 """Errors a DSL caller tells apart: the model server failed, or a program failed."""
+
 from __future__ import annotations
 
 
@@ -15,8 +16,10 @@ class ProgramError(RuntimeError):
 
     def __init__(self, program_name: str, cause: BaseException, state_text: str) -> None:
         tail = state_text if len(state_text) <= 2000 else "..." + state_text[-2000:]
-        super().__init__(f"program {program_name!r} failed: {type(cause).__name__}: {cause}\n"
-                         f"--- state so far ({len(state_text)} chars) ---\n{tail}")
+        super().__init__(
+            f"program {program_name!r} failed: {type(cause).__name__}: {cause}\n"
+            f"--- state so far ({len(state_text)} chars) ---\n{tail}"
+        )
         self.program_name = program_name
         self.cause = cause
         self.state_text = state_text

@@ -4,6 +4,7 @@
 works; reading `s["x"]` waits only until every queued write to "x" is done. The worker thread lives while there is
 queued work and exits when the queue is empty, so a state that is dropped holds no thread.
 """
+
 from __future__ import annotations
 
 import threading
@@ -12,16 +13,33 @@ from collections.abc import Iterator
 from typing import Any
 
 from frontend_dsl.backends.base import Backend
-from frontend_dsl.ir import (Expr, Gen, RoleBegin, RoleEnd, Select, SetVar, Text, VarScopeBegin, VarScopeEnd, flatten,
-                             written_vars)
+from frontend_dsl.ir import (
+    Expr,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SetVar,
+    Text,
+    VarScopeBegin,
+    VarScopeEnd,
+    flatten,
+    written_vars,
+)
 from frontend_dsl.prefix_gate import GateTicket
 
 _LOGPROB_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 
 class Executor:
-    def __init__(self, backend: Backend, defaults: dict[str, Any], stream: bool,
-                 ticket: GateTicket | None = None, fed_async: bool = False) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        defaults: dict[str, Any],
+        stream: bool,
+        ticket: GateTicket | None = None,
+        fed_async: bool = False,
+    ) -> None:
         """`defaults`: run()'s sampling args (engine names). `fed_async`: a program thread may still append, so a
         text iterator must also wait for end() before it stops."""
         self.backend = backend
@@ -114,8 +132,9 @@ class Executor:
             children.append(c)
         return children
 
-    def text_iter(self, var_name: str | None = None,
-                  with_meta: bool = False) -> Iterator[str | tuple[str, dict[str, Any] | None]]:
+    def text_iter(
+        self, var_name: str | None = None, with_meta: bool = False
+    ) -> Iterator[str | tuple[str, dict[str, Any] | None]]:
         """Text as it is appended (only variable var_name's text if given) until the state is done; then raises its
         error. with_meta: (text, meta_info of the gen or select that wrote it, as far as it is known) pairs."""
         i = 0
@@ -178,7 +197,7 @@ class Executor:
         elif isinstance(node, VarScopeEnd):
             if node.name not in self.var_scopes:
                 raise ValueError(f"var_scope {node.name!r} ended without beginning")
-            self._set(node.name, self.text_[self.var_scopes.pop(node.name):], None)
+            self._set(node.name, self.text_[self.var_scopes.pop(node.name) :], None)
         else:
             raise TypeError(f"cannot execute {type(node).__name__}")
 
@@ -210,8 +229,10 @@ class Executor:
         if not getattr(self.backend, "chat_only", False):
             return self.text_
         if self.cur_role != "assistant" or len(self.text_) != self.cur_role_begin:
-            raise ValueError(f"{self.backend!r} is a chat model: a gen must come right after sgl.assistant / "
-                             "assistant_begin (the model only writes whole assistant messages)")
+            raise ValueError(
+                f"{self.backend!r} is a chat model: a gen must come right after sgl.assistant / "
+                "assistant_begin (the model only writes whole assistant messages)"
+            )
         return [dict(m) for m in self.messages_]
 
     def _gen(self, node: Gen) -> None:
@@ -237,8 +258,9 @@ class Executor:
     def _select(self, node: Select) -> None:
         self._backend_call_gate(self.text_)
         method = node.choices_method
-        scores = self.backend.score_choices(self.text_, node.choices,
-                                            getattr(method, "requires_unconditional_logprobs", False))
+        scores = self.backend.score_choices(
+            self.text_, node.choices, getattr(method, "requires_unconditional_logprobs", False)
+        )
         decision = method(choices=node.choices, **scores)
         if decision.decision not in node.choices:
             raise ValueError(f"choices_method {method!r} decided {decision.decision!r}, not one of the choices")
@@ -255,7 +277,7 @@ class Executor:
     def _role_end(self, role: str) -> None:
         if self.cur_role != role:
             raise ValueError(f"{role}_end() without a matching {role}_begin() (open message: {self.cur_role})")
-        content = self.text_[self.cur_role_begin:]
+        content = self.text_[self.cur_role_begin :]
         seg = self.backend.role_templates().segment(role, first=not self.messages_)
         self._append(seg.suffix, None)
         self.messages_.append({"role": role, "content": content})

@@ -1,4 +1,5 @@
 """Expression nodes: what `s += ...` appends. A program's executor runs them in order."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -80,8 +81,9 @@ def as_expr(x: Any) -> Expr:
         return x
     if isinstance(x, str):
         return Text(x)
-    raise TypeError(f"can only append str or DSL expressions (gen, select, roles) to a program state, "
-                    f"got {type(x).__name__}: {x!r}")
+    raise TypeError(
+        f"can only append str or DSL expressions (gen, select, roles) to a program state, got {type(x).__name__}: {x!r}"
+    )
 
 
 def role_message(role: str, expr: Any = None) -> ExprList:

@@ -6,6 +6,7 @@ first wave waits at this gate until every program of the wave has made its first
 then the longest common prefix of those prompts is prefilled once and the gate opens for good. A timeout keeps a
 program that is slow to reach its first call from holding the others for long.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Program: a decorated function `f(s, ...)`, run on a backend once (run) or over many inputs at once (run_batch)."""
+
 from __future__ import annotations
 
 import functools
@@ -18,22 +19,48 @@ from frontend_dsl.prefix_gate import GateTicket, PrefixGate
 from frontend_dsl.state import ProgramState
 
 MAX_AUTO_THREADS = 64
-_EAGER = ("frontend_dsl runs programs eagerly and does not trace them; run_batch computes its inputs' common prefix "
-          "once instead, and forks their shared text")
+_EAGER = (
+    "frontend_dsl runs programs eagerly and does not trace them; run_batch computes its inputs' common prefix "
+    "once instead, and forks their shared text"
+)
 
 
-def sampling_defaults(max_new_tokens: int, stop: str | Sequence[str], stop_token_ids: Sequence[int],
-                      temperature: float, top_p: float, top_k: int, min_p: float, frequency_penalty: float,
-                      presence_penalty: float, ignore_eos: bool, return_logprob: bool | None,
-                      logprob_start_len: int | None, top_logprobs_num: int | None,
-                      return_text_in_logprobs: bool | None) -> dict[str, Any]:
+def sampling_defaults(
+    max_new_tokens: int,
+    stop: str | Sequence[str],
+    stop_token_ids: Sequence[int],
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    frequency_penalty: float,
+    presence_penalty: float,
+    ignore_eos: bool,
+    return_logprob: bool | None,
+    logprob_start_len: int | None,
+    top_logprobs_num: int | None,
+    return_text_in_logprobs: bool | None,
+) -> dict[str, Any]:
     """run()'s sampling args as engine sampling params (validated now, so a bad value fails before anything runs)."""
-    params = dict(max_new_tokens=max_new_tokens, stop=[stop] if isinstance(stop, str) else list(stop),
-                  stop_token_ids=list(stop_token_ids), temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                  frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos)
+    params = dict(
+        max_new_tokens=max_new_tokens,
+        stop=[stop] if isinstance(stop, str) else list(stop),
+        stop_token_ids=list(stop_token_ids),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos,
+    )
     SamplingParams.from_dict(params)
-    return params | dict(return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                         top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs)
+    return params | dict(
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
+    )
 
 
 def _in_order(futures: list[Future], inputs: list[dict[str, Any]], pbar: Any) -> Iterator[ProgramState]:
@@ -57,8 +84,10 @@ class Program:
 
     def __init__(self, func: Callable[..., Any], bind_arguments: dict[str, Any] | None = None) -> None:
         params = list(inspect.signature(func).parameters.values())
-        if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
-                                                inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        if not params or params[0].kind not in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
             raise TypeError(f"a program's first parameter must be the state `s`; {func.__name__} has none")
         self.func = func
         self.name: str = func.__name__
@@ -73,37 +102,94 @@ class Program:
             raise TypeError(f"{self.name} has no argument(s) {', '.join(sorted(unknown))}")
         return Program(self.func, {**self.bind_arguments, **kwargs})
 
-    def run(self, *args: Any, max_new_tokens: int = 128, stop: str | Sequence[str] = (),
-            stop_token_ids: Sequence[int] = (), temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-            min_p: float = 0.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-            ignore_eos: bool = False, return_logprob: bool | None = None, logprob_start_len: int | None = None,
-            top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None, stream: bool = False,
-            backend: Backend | None = None, use_thread: bool = True, **kwargs: Any) -> ProgramState:
+    def run(
+        self,
+        *args: Any,
+        max_new_tokens: int = 128,
+        stop: str | Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
+        stream: bool = False,
+        backend: Backend | None = None,
+        use_thread: bool = True,
+        **kwargs: Any,
+    ) -> ProgramState:
         """Run once. The sampling args apply to every gen that does not set its own. Raises ProgramError if the
         program fails; with stream=True it returns at once and `state.text_iter()` yields text as it comes
         (raising the ProgramError at its end). use_thread is accepted for SGLang compatibility: gens always run on
         the state's worker thread, which is what lets forks run concurrently."""
-        defaults = sampling_defaults(max_new_tokens, stop, stop_token_ids, temperature, top_p, top_k, min_p,
-                                     frequency_penalty, presence_penalty, ignore_eos, return_logprob,
-                                     logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+        defaults = sampling_defaults(
+            max_new_tokens,
+            stop,
+            stop_token_ids,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            frequency_penalty,
+            presence_penalty,
+            ignore_eos,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs,
+        )
         return self._run(resolve_backend(backend), args, {**kwargs, **self.bind_arguments}, defaults, stream, None)
 
     __call__ = run
 
-    def run_batch(self, batch_kwargs: Sequence[dict[str, Any] | Sequence[Any]], *, max_new_tokens: int = 128,
-                  stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (), temperature: float = 1.0,
-                  top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0, frequency_penalty: float = 0.0,
-                  presence_penalty: float = 0.0, ignore_eos: bool = False, return_logprob: bool | None = None,
-                  logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-                  return_text_in_logprobs: bool | None = None, backend: Backend | None = None,
-                  num_threads: int | str = "auto", progress_bar: bool = False,
-                  generator_style: bool = False) -> list[ProgramState] | Iterator[ProgramState]:
+    def run_batch(
+        self,
+        batch_kwargs: Sequence[dict[str, Any] | Sequence[Any]],
+        *,
+        max_new_tokens: int = 128,
+        stop: str | Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
+        backend: Backend | None = None,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        generator_style: bool = False,
+    ) -> list[ProgramState] | Iterator[ProgramState]:
         """Run once per input, concurrently, with the inputs' common prompt prefix computed once (see prefix_gate).
         Returns the states in input order; if any program failed, raises the first one's ProgramError.
         generator_style: return at once an iterator that yields each state (in input order) when it is done."""
-        defaults = sampling_defaults(max_new_tokens, stop, stop_token_ids, temperature, top_p, top_k, min_p,
-                                     frequency_penalty, presence_penalty, ignore_eos, return_logprob,
-                                     logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+        defaults = sampling_defaults(
+            max_new_tokens,
+            stop,
+            stop_token_ids,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            frequency_penalty,
+            presence_penalty,
+            ignore_eos,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs,
+        )
         backend = resolve_backend(backend)
         inputs = [self._as_kwargs(x) for x in batch_kwargs]
         if not inputs:
@@ -125,6 +211,7 @@ class Program:
         pbar = None
         if progress_bar:
             import tqdm
+
             pbar = tqdm.tqdm(total=len(inputs))
         pool = ThreadPoolExecutor(num_threads, thread_name_prefix=f"run_batch-{self.name}")
         futures = [pool.submit(run_one, kw) for kw in inputs]
@@ -148,12 +235,20 @@ class Program:
             return {**dict(zip(self.arg_names, x)), **self.bind_arguments}
         raise TypeError(f"run_batch inputs must be dicts of arguments (or lists of them), got {type(x).__name__}")
 
-    def _run(self, backend: Backend, args: tuple, kwargs: dict[str, Any], defaults: dict[str, Any], stream: bool,
-             ticket: GateTicket | None) -> ProgramState:
+    def _run(
+        self,
+        backend: Backend,
+        args: tuple,
+        kwargs: dict[str, Any],
+        defaults: dict[str, Any],
+        stream: bool,
+        ticket: GateTicket | None,
+    ) -> ProgramState:
         state = ProgramState(Executor(backend, defaults, stream, ticket, fed_async=stream))
         if stream:
-            threading.Thread(target=self._execute, args=(state, args, kwargs), name=f"program-{self.name}",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._execute, args=(state, args, kwargs), name=f"program-{self.name}", daemon=True
+            ).start()
             return state
         self._execute(state, args, kwargs)
         if state.executor.error is not None:

@@ -6,6 +6,7 @@ carries what a template puts at the start: BOS, a default system prompt) and aft
 render each message on its own (ChatML/Qwen, Llama 3, ...), concatenating the segments of a conversation equals the
 template's rendering of the whole conversation, so `s += user(...)` builds exactly the prompt `Engine.chat` would.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -40,7 +41,7 @@ def _cut(render: Render, context: list[dict[str, str]], role: str) -> RoleSegmen
         return f"the chat template does not accept a {role} message {where}: {e}"
     if not after.startswith(before):
         return f"the chat template re-renders earlier messages when a {role} message follows them"
-    seg = after[len(before):]
+    seg = after[len(before) :]
     if seg.count(SENTINEL) != 1:
         return f"the chat template does not render a {role} message's content verbatim"
     prefix, suffix = seg.split(SENTINEL)

@@ -1,4 +1,5 @@
 """ProgramState (`s` in a program) and ProgramStateGroup (what `s.fork(n)` returns)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -68,8 +69,9 @@ class ProgramState:
         """Text pieces as they are produced (with run(stream=True), gen output token by token); var_name: only that gen's."""
         return self.executor.text_iter(var_name)
 
-    async def text_async_iter(self, var_name: str | None = None,
-                              return_meta_data: bool = False) -> AsyncIterator[str | tuple[str, Any]]:
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[str | tuple[str, Any]]:
         """text_iter for asyncio code: the waiting happens on a worker thread, so the event loop keeps running.
         return_meta_data: (text, meta_info of the gen that wrote it so far) pairs, as SGLang gives them."""
         loop = asyncio.get_running_loop()
@@ -88,8 +90,10 @@ class ProgramState:
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ProgramStateGroup":
         """`size` independent copies of this state that run concurrently; the shared prefix is computed once."""
         if position_ids_offset is not None:
-            raise NotSupportedError("fork(position_ids_offset=...) is not supported: radixserve positions every "
-                                    "token by its place in the text")
+            raise NotSupportedError(
+                "fork(position_ids_offset=...) is not supported: radixserve positions every "
+                "token by its place in the text"
+            )
         return ProgramStateGroup([ProgramState(e) for e in self.executor.fork(size)], self)
 
     @contextmanager
@@ -172,7 +176,7 @@ class ProgramStateGroup:
         for s in self.states:
             s.sync()
         if mode == "concate_and_append":
-            self.parent.executor.submit(Text("".join(s.executor.text_[s.executor.fork_start:] for s in self.states)))
+            self.parent.executor.submit(Text("".join(s.executor.text_[s.executor.fork_start :] for s in self.states)))
             self.parent.sync()
             return
         self.parent.executor.wait_idle()

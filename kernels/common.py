@@ -1,4 +1,5 @@
 """Launch helpers shared by the kernels: interpreter detection and block sizes."""
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ to one contiguous range of the request's tokens and writes a partial output plus
 merges the splits of each (request, head). Splitting the keys keeps the GPU busy when the batch is small and
 the sequences are long; with a single split, stage 1 writes the final output and stage 2 is skipped.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,17 +20,41 @@ from kernels.online_softmax import attend_block
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K_buf, V_buf, PageTable, SeqLens, Out, PartialOut, PartialLse,
-    sm_scale_log2, num_splits,
-    stride_qb, stride_qh, stride_outb, stride_outh,
-    stride_kp, stride_ks, stride_kh,
-    stride_vp, stride_vs, stride_vh,
+    Q,
+    K_buf,
+    V_buf,
+    PageTable,
+    SeqLens,
+    Out,
+    PartialOut,
+    PartialLse,
+    sm_scale_log2,
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_outb,
+    stride_outh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
     stride_pt,
-    stride_pb, stride_ph, stride_ps,
-    stride_lb, stride_lh,
-    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SINGLE_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    PAGE_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -47,8 +72,11 @@ def _decode_split_kernel(
     heads = kvh * GROUP + offs_h
     mask_h = offs_h < GROUP  # the group (e.g. 7 heads) is padded to BLOCK_H rows for tl.dot
     mask_d = offs_d < HEAD_DIM
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    q = tl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_h[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
 
@@ -61,32 +89,53 @@ def _decode_split_kernel(
         page = tl.load(PageTable + b * stride_pt + n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
         slot = n % PAGE_SIZE
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K_buf + (page * stride_kp + slot * stride_ks + kvh * stride_kh)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(q.dtype)
-        v = tl.load(V_buf + (page * stride_vp + slot * stride_vs + kvh * stride_vh)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(q.dtype)
+        k = tl.load(
+            K_buf + (page * stride_kp + slot * stride_ks + kvh * stride_kh)[:, None] + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        ).to(q.dtype)
+        v = tl.load(
+            V_buf + (page * stride_vp + slot * stride_vs + kvh * stride_vh)[:, None] + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        ).to(q.dtype)
         m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_PRECISION)
 
     if SINGLE_SPLIT:
-        tl.store(Out + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :],
-                 (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
+        tl.store(
+            Out + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :],
+            (acc / l_i[:, None]).to(Out.dtype.element_ty),
+            mask=mask_h[:, None] & mask_d[None, :],
+        )
         return
     # An empty split leaves l_i == 0: it writes a zero output with lse -inf, which the merge weighs by 0.
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    tl.store(PartialOut + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :], out,
-             mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(
+        PartialOut + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
+        out,
+        mask=mask_h[:, None] & mask_d[None, :],
+    )
     tl.store(PartialLse + b * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
 
 
 @triton.jit
 def _decode_merge_kernel(
-    PartialOut, PartialLse, Out, num_splits,
-    stride_pb, stride_ph, stride_ps,
-    stride_lb, stride_lh,
-    stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    PartialOut,
+    PartialLse,
+    Out,
+    num_splits,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -95,31 +144,50 @@ def _decode_merge_kernel(
     mask_s = offs_s < num_splits
     mask_d = offs_d < HEAD_DIM
     lse = tl.load(PartialLse + b * stride_lb + h * stride_lh + offs_s, mask=mask_s, other=float("-inf"))
-    part = tl.load(PartialOut + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-                   mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    part = tl.load(
+        PartialOut + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     w = tl.exp2(lse - tl.max(lse, 0))  # split 0 always holds a key, so the max is finite
     out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
 
 
-def decode_workspace(batch_size: int, num_heads: int, head_dim: int, num_splits: int,
-                     device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_workspace(
+    batch_size: int, num_heads: int, head_dim: int, num_splits: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Float32 buffers for the partial outputs `[B, H, S, D]` and log-sum-exps `[B, H, S]` of stage 1."""
-    return (torch.empty(batch_size, num_heads, num_splits, head_dim, dtype=torch.float32, device=device),
-            torch.empty(batch_size, num_heads, num_splits, dtype=torch.float32, device=device))
+    return (
+        torch.empty(batch_size, num_heads, num_splits, head_dim, dtype=torch.float32, device=device),
+        torch.empty(batch_size, num_heads, num_splits, dtype=torch.float32, device=device),
+    )
 
 
-def decode_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
-                      max_splits: int = 16, min_tokens_per_split: int = 128) -> int:
+def decode_num_splits(
+    batch_size: int,
+    num_kv_heads: int,
+    max_seq_len: int,
+    num_sms: int,
+    max_splits: int = 16,
+    min_tokens_per_split: int = 128,
+) -> int:
     """Splits per request: enough programs for about two waves over `num_sms`, none shorter than the minimum."""
     want = math.ceil(2 * num_sms / max(1, batch_size * num_kv_heads))
     return max(1, min(max_splits, want, math.ceil(max_seq_len / min_tokens_per_split)))
 
 
 def decode_attention(
-    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor,
-    out: torch.Tensor, scale: float, num_splits: int = 1,
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None, block_n: int | None = None,
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+    num_splits: int = 1,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block_n: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """Write into `out` `[B, H, D]` the attention of q `[B, H, D]` over the first seq_lens[b] tokens of request b.
@@ -142,26 +210,59 @@ def decode_attention(
     block_d = next_pow2(dim)
     block_n = block_n or decode_block_n(dim, q.dtype)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
-        q, k_buf, v_buf, page_table, seq_lens, out, part, lse,
-        scale * math.log2(math.e), num_splits,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_buf.stride(0), k_buf.stride(1), k_buf.stride(2),
-        v_buf.stride(0), v_buf.stride(1), v_buf.stride(2),
+        q,
+        k_buf,
+        v_buf,
+        page_table,
+        seq_lens,
+        out,
+        part,
+        lse,
+        scale * math.log2(math.e),
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        k_buf.stride(2),
+        v_buf.stride(0),
+        v_buf.stride(1),
+        v_buf.stride(2),
         page_table.stride(0),
-        part.stride(0), part.stride(1), part.stride(2),
-        lse.stride(0), lse.stride(1),
-        PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=dim,
-        BLOCK_H=next_pow2(group), BLOCK_N=block_n, BLOCK_D=block_d,
-        SINGLE_SPLIT=single, UPCAST=needs_upcast(_decode_split_kernel, q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        part.stride(0),
+        part.stride(1),
+        part.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        PAGE_SIZE=page_size,
+        GROUP=group,
+        HEAD_DIM=dim,
+        BLOCK_H=next_pow2(group),
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        SINGLE_SPLIT=single,
+        UPCAST=needs_upcast(_decode_split_kernel, q.dtype),
+        DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps or attention_num_warps(dim, q.dtype),
     )
     if single:
         return out
     _decode_merge_kernel[(batch, heads)](
-        part, lse, out, num_splits,
-        part.stride(0), part.stride(1), part.stride(2),
-        lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1),
-        HEAD_DIM=dim, BLOCK_S=next_pow2(num_splits, at_least=2), BLOCK_D=block_d,
+        part,
+        lse,
+        out,
+        num_splits,
+        part.stride(0),
+        part.stride(1),
+        part.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=dim,
+        BLOCK_S=next_pow2(num_splits, at_least=2),
+        BLOCK_D=block_d,
     )
     return out

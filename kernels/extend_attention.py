@@ -7,6 +7,7 @@ then the new tokens' own K/V straight from the packed k/v inputs with the causal
 online-softmax state. On a cache hit the prefix is long and the new part short: the prefix costs only page
 reads, shared by the group's heads.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,15 +22,40 @@ from kernels.online_softmax import attend_block
 
 @triton.jit
 def _extend_kernel(
-    Q, K, V, Out, K_buf, V_buf, PageTable, QoIndptr, PrefixLens,
+    Q,
+    K,
+    V,
+    Out,
+    K_buf,
+    V_buf,
+    PageTable,
+    QoIndptr,
+    PrefixLens,
     sm_scale_log2,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_bkp, stride_bks, stride_bkh,
-    stride_bvp, stride_bvs, stride_bvh,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_bkp,
+    stride_bks,
+    stride_bkh,
+    stride_bvp,
+    stride_bvs,
+    stride_bvh,
     stride_pt,
-    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_TOK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_TOK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -49,8 +75,11 @@ def _extend_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     rows = (q_start + tok).to(tl.int64)
-    q = tl.load(Q + (rows * stride_qt + head * stride_qh)[:, None] + offs_d[None, :],
-                mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+    q = tl.load(
+        Q + (rows * stride_qt + head * stride_qh)[:, None] + offs_d[None, :],
+        mask=mask_r[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
 
@@ -65,10 +94,16 @@ def _extend_kernel(
         page = tl.load(PageTable + b * stride_pt + n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
         slot = n % PAGE_SIZE
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K_buf + (page * stride_bkp + slot * stride_bks + kvh * stride_bkh)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(q.dtype)
-        v = tl.load(V_buf + (page * stride_bvp + slot * stride_bvs + kvh * stride_bvh)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(q.dtype)
+        k = tl.load(
+            K_buf + (page * stride_bkp + slot * stride_bks + kvh * stride_bkh)[:, None] + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        ).to(q.dtype)
+        v = tl.load(
+            V_buf + (page * stride_bvp + slot * stride_bvs + kvh * stride_bvh)[:, None] + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        ).to(q.dtype)
         m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_PRECISION)
 
     # New tokens: causal, so this block of queries needs keys only up to its last token.
@@ -78,23 +113,38 @@ def _extend_kernel(
         mask_n = n < end_n
         kv_rows = (q_start + n).to(tl.int64)
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K + kv_rows[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(q.dtype)
-        v = tl.load(V + kv_rows[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(q.dtype)
+        k = tl.load(K + kv_rows[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0).to(
+            q.dtype
+        )
+        v = tl.load(V + kv_rows[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0).to(
+            q.dtype
+        )
         causal = (tok[:, None] >= n[None, :]) & mask_n[None, :]
         m_i, l_i, acc = attend_block(q, k, v, causal, m_i, l_i, acc, sm_scale_log2, DOT_PRECISION)
 
     out = acc / l_i[:, None]
-    tl.store(Out + (rows * stride_ot + head * stride_oh)[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty),
-             mask=mask_r[:, None] & mask_d[None, :])
+    tl.store(
+        Out + (rows * stride_ot + head * stride_oh)[:, None] + offs_d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=mask_r[:, None] & mask_d[None, :],
+    )
 
 
 def extend_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-    k_buf: torch.Tensor, v_buf: torch.Tensor, page_table: torch.Tensor,
-    qo_indptr: torch.Tensor, prefix_lens: torch.Tensor, max_extend_len: int, scale: float,
-    block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    page_table: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    max_extend_len: int,
+    scale: float,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Write into `out` `[T, H, D]` the causal attention of the packed new tokens q `[T, H, D]`.
 
@@ -115,15 +165,40 @@ def extend_attention(
     block_tok = max(1, block_m // block_g)  # rows = max(block_m, block_g) >= 16
     grid = (batch, kv_heads, triton.cdiv(max_extend_len, block_tok))
     _extend_kernel[grid](
-        q, k, v, out, k_buf, v_buf, page_table, qo_indptr, prefix_lens,
+        q,
+        k,
+        v,
+        out,
+        k_buf,
+        v_buf,
+        page_table,
+        qo_indptr,
+        prefix_lens,
         scale * math.log2(math.e),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        k_buf.stride(0), k_buf.stride(1), k_buf.stride(2),
-        v_buf.stride(0), v_buf.stride(1), v_buf.stride(2),
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        k_buf.stride(2),
+        v_buf.stride(0),
+        v_buf.stride(1),
+        v_buf.stride(2),
         page_table.stride(0),
-        PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=dim,
-        BLOCK_G=block_g, BLOCK_TOK=block_tok, BLOCK_N=block_n, BLOCK_D=next_pow2(dim),
-        UPCAST=needs_upcast(_extend_kernel, q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        PAGE_SIZE=page_size,
+        GROUP=group,
+        HEAD_DIM=dim,
+        BLOCK_G=block_g,
+        BLOCK_TOK=block_tok,
+        BLOCK_N=block_n,
+        BLOCK_D=next_pow2(dim),
+        UPCAST=needs_upcast(_extend_kernel, q.dtype),
+        DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps or attention_num_warps(dim, q.dtype),
     )
     return out

@@ -1,4 +1,5 @@
 """KV store: copy each new token's K and V rows into its slot of the paged pool."""
+
 from __future__ import annotations
 
 import torch
@@ -10,9 +11,17 @@ from kernels.common import next_pow2
 
 @triton.jit
 def _store_kv_kernel(
-    K, V, K_buf, V_buf, Loc,
-    stride_kt, stride_vt, stride_bk, stride_bv,
-    ROW: tl.constexpr, BLOCK: tl.constexpr,
+    K,
+    V,
+    K_buf,
+    V_buf,
+    Loc,
+    stride_kt,
+    stride_vt,
+    stride_bk,
+    stride_bv,
+    ROW: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -25,8 +34,9 @@ def _store_kv_kernel(
     tl.store(V_buf + slot * stride_bv + offs, v.to(V_buf.dtype.element_ty), mask=mask)
 
 
-def store_kv(k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             block: int = 1024) -> None:
+def store_kv(
+    k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int = 1024
+) -> None:
     """Write k/v `[T, kv_heads, D]` into pool pages `[num_pages, page_size, kv_heads, D]` at flat slots `loc` `[T]`.
 
     Slot s is token s % page_size of page s // page_size; the pages' (kv_heads, D) rows must be contiguous.
@@ -40,5 +50,15 @@ def store_kv(k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: tor
     assert k.stride(-1) == 1 and v.stride(-1) == 1
     block = min(block, next_pow2(row))
     _store_kv_kernel[(tokens, triton.cdiv(row, block))](
-        k, v, kb, vb, loc, k.stride(0), v.stride(0), kb.stride(0), vb.stride(0), ROW=row, BLOCK=block,
+        k,
+        v,
+        kb,
+        vb,
+        loc,
+        k.stride(0),
+        v.stride(0),
+        kb.stride(0),
+        vb.stride(0),
+        ROW=row,
+        BLOCK=block,
     )

@@ -1,4 +1,5 @@
 """One step of the online (streaming) softmax shared by the attention kernels, in the base-2 domain."""
+
 from __future__ import annotations
 
 import triton

@@ -1,4 +1,5 @@
 """radixserve: an LLM serving engine built around a radix tree of token-hashed KV pages."""
+
 import os
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any

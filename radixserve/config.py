@@ -1,4 +1,5 @@
 """Model hyperparameters, read from a Hugging Face `config.json` dict (GGUF loading builds the same dict)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,7 +35,9 @@ class ModelConfig:
         archs = cfg.get("architectures") or []
         arch = archs[0] if archs else ""
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {arch!r}; radixserve serves {', '.join(SUPPORTED_ARCHITECTURES)}")
+            raise ValueError(
+                f"unsupported architecture {arch!r}; radixserve serves {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
         num_heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
         eos = cfg.get("eos_token_id")

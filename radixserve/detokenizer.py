@@ -1,4 +1,5 @@
 """Incremental detokenizer: turns a stream of generated ids into UTF-8-safe text deltas and finds stop strings."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -13,8 +14,13 @@ CONTEXT_TOKENS = 6
 class IncrementalDetokenizer:
     """One request's streaming text: `step` per batch of new ids, `flush` once at the end; `text` is all emitted."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True,
-                 stop: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int] = (),
+        skip_special_tokens: bool = True,
+        stop: Sequence[str] = (),
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.stop = tuple(s for s in stop if s)
@@ -35,17 +41,17 @@ class IncrementalDetokenizer:
         """Text of the ids past the read offset; "" while it ends in half a UTF-8 character (unless final)."""
         if self._read == len(self._ids):
             return ""
-        prefix_text = self._decode(self._ids[self._prefix:self._read])
-        full_text = self._decode(self._ids[self._prefix:])
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full_text = self._decode(self._ids[self._prefix :])
         if not final and (len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd")):
             return ""  # an incomplete character (or nothing visible yet): wait for the next token
         # Slide the window: the next step decodes from here with the last emitted tokens as context.
         self._prefix, self._read = self._read, len(self._ids)
         if self._prefix >= 64:  # the window never looks before _prefix: drop those ids now and then
-            del self._ids[:self._prefix]
+            del self._ids[: self._prefix]
             self._read -= self._prefix
             self._prefix = 0
-        return full_text[len(prefix_text):]
+        return full_text[len(prefix_text) :]
 
     def _release(self, final: bool) -> tuple[str, str | None]:
         """Emit pending text up to the first stop match, holding back a tail that could start a stop string."""
@@ -59,8 +65,8 @@ class IncrementalDetokenizer:
                 self.text += pending[:i]
                 return pending[:i], s
         hold = 0 if final else self._stop_prefix_len(pending)
-        out = pending[:len(pending) - hold]
-        self._pending = pending[len(pending) - hold:]
+        out = pending[: len(pending) - hold]
+        self._pending = pending[len(pending) - hold :]
         self.text += out
         return out, None
 

@@ -15,6 +15,7 @@ resolved ids on the device group. The CPU group waits without a deadline: an idl
 and a rank whose peer died still learns it at once, from the closed connection. The default group (the model's
 collectives, and the start-up rendezvous) gives up after START_TIMEOUT.
 """
+
 from __future__ import annotations
 
 import logging
@@ -72,11 +73,21 @@ class TPGroup:
     def send_batch(self, batch: ForwardBatch, resolved_ids: torch.Tensor | None = None) -> None:
         """Rank 0: broadcast one step's batch (built on the CPU); `resolved_ids` replace placeholder input ids."""
         t, b, n = batch.num_tokens, batch.batch_size, int(batch.logits_indices.numel())
-        header = torch.tensor([_STEP, t, b, batch.page_table.shape[1], n, batch.page_size,
-                               int(resolved_ids is not None)])
+        header = torch.tensor(
+            [_STEP, t, b, batch.page_table.shape[1], n, batch.page_size, int(resolved_ids is not None)]
+        )
         dist.broadcast(header, 0, group=self.control)
-        parts = [batch.input_ids, batch.positions, batch.out_cache_loc, batch.logits_indices, batch.prefix_lens,
-                 batch.extend_lens, batch.seq_lens, batch.qo_indptr, batch.page_table.flatten()]
+        parts = [
+            batch.input_ids,
+            batch.positions,
+            batch.out_cache_loc,
+            batch.logits_indices,
+            batch.prefix_lens,
+            batch.extend_lens,
+            batch.seq_lens,
+            batch.qo_indptr,
+            batch.page_table.flatten(),
+        ]
         dist.broadcast(torch.cat([p.cpu().long() for p in parts]), 0, group=self.control)
         if resolved_ids is not None:
             dist.broadcast(resolved_ids, 0, group=self.group)
@@ -91,8 +102,18 @@ class TPGroup:
         payload = torch.empty(3 * t + n + 4 * b + 1 + b * pages, dtype=torch.int64)
         dist.broadcast(payload, 0, group=self.control)
         ids, pos, loc, rows, prefix, extend, seq, indptr, table = payload.split([t, t, t, n, b, b, b, b + 1, b * pages])
-        batch = ForwardBatch(ids, pos, loc, prefix.int(), extend.int(), seq.int(), indptr.int(),
-                             table.int().reshape(b, pages), page_size, rows).to(self.device)
+        batch = ForwardBatch(
+            ids,
+            pos,
+            loc,
+            prefix.int(),
+            extend.int(),
+            seq.int(),
+            indptr.int(),
+            table.int().reshape(b, pages),
+            page_size,
+            rows,
+        ).to(self.device)
         if resolved:
             batch.input_ids = torch.empty(t, dtype=torch.int64, device=self.device)
             dist.broadcast(batch.input_ids, 0, group=self.group)
@@ -140,8 +161,9 @@ def join(rank: int, size: int, local_rank: int, base: torch.device, init_method:
     # START_TIMEOUT, not a hang) has a deadline; the control group, where an idle worker waits for work, has none.
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=size, device_id=device,
-                                timeout=START_TIMEOUT)
+        dist.init_process_group(
+            "nccl", init_method=init_method, rank=rank, world_size=size, device_id=device, timeout=START_TIMEOUT
+        )
     else:
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size, timeout=START_TIMEOUT)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
@@ -183,9 +205,15 @@ def start(size: int, base: torch.device, worker_args: list[str]) -> TPGroup | No
 
 def _spawn(rank: int, size: int, port: int, threads: int, worker_args: list[str]) -> subprocess.Popen:
     root = str(Path(__file__).resolve().parents[1])  # the radixserve this process runs, first on the worker's path
-    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        **os.environ,
+        "RANK": str(rank),
+        "WORLD_SIZE": str(size),
+        "LOCAL_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     env.setdefault("OMP_NUM_THREADS", str(threads))
     return subprocess.Popen([sys.executable, "-m", "radixserve.tp_worker", *worker_args], env=env)
 

@@ -1,4 +1,5 @@
 """The Engine API: submit requests from any thread or event loop; one background thread runs the scheduler loop."""
+
 from __future__ import annotations
 
 import asyncio
@@ -98,8 +99,17 @@ class Engine(CacheSurface, EngineStats):
         self.tokenizer = Tokenizer.from_dir(self.model_path)
         # Applied to what a request leaves unset (see radixserve/model/sampling_defaults.py).
         self.sampling_defaults = load_sampling_defaults(self.model_path) if c.sampling_defaults == "model" else {}
-        settings = worker_settings(str(self.model_path), dtype, str(self.device), c.page_size, c.max_total_tokens,
-                                   self.attention_backend, c.max_running_requests, c.context_length, self.quantization)
+        settings = worker_settings(
+            str(self.model_path),
+            dtype,
+            str(self.device),
+            c.page_size,
+            c.max_total_tokens,
+            self.attention_backend,
+            c.max_running_requests,
+            c.context_length,
+            self.quantization,
+        )
         self.tp = start_tensor_parallel(c.tp, settings)  # tp > 1: workers start (under torchrun ranks > 0 serve, exit)
         self.device = self.tp.device if self.tp is not None else self.device  # under torchrun: LOCAL_RANK's GPU
         try:
@@ -112,23 +122,38 @@ class Engine(CacheSurface, EngineStats):
     def _build(self, c: EngineConfig, dtype: str) -> None:
         """The runner (weights and KV pool), the scheduler and the loop."""
         self.runner = ModelRunner(
-            self.model_path, _DTYPES[dtype], self.device, c.page_size, c.max_total_tokens, self.attention_backend,
-            c.max_running_requests, c.context_length, quantization=self.cpu_choice.weights, tp=self.tp,
+            self.model_path,
+            _DTYPES[dtype],
+            self.device,
+            c.page_size,
+            c.max_total_tokens,
+            self.attention_backend,
+            c.max_running_requests,
+            c.context_length,
+            quantization=self.cpu_choice.weights,
+            tp=self.tp,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is
         # implemented), so a windowed model is exact only up to its window.
         limit = min(cfg.max_position_embeddings, cfg.sliding_window or cfg.max_position_embeddings)
         if c.context_length is not None and c.context_length > limit:
-            raise ParamError("context_length", f"context_length {c.context_length} exceeds what the model supports "
-                             f"({limit})")
+            raise ParamError(
+                "context_length", f"context_length {c.context_length} exceeds what the model supports ({limit})"
+            )
         self.context_length = c.context_length or limit
         self.max_queued_requests = c.max_queued_requests
         pool = self.runner.pool
         eos = frozenset(self.tokenizer.eos_token_ids) | frozenset(cfg.eos_token_ids)
         self.grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size, eos)
-        self.inputs = RequestBuilder(self.tokenizer, cfg.vocab_size, self.context_length,
-                                     pool.capacity * pool.page_size, self.sampling_defaults, self.grammars)
+        self.inputs = RequestBuilder(
+            self.tokenizer,
+            cfg.vocab_size,
+            self.context_length,
+            pool.capacity * pool.page_size,
+            self.sampling_defaults,
+            self.grammars,
+        )
         self.encode_prompts = self.inputs.encode_prompts  # the server tokenizes prompts in a thread with it
         self.compile_grammars = self.inputs.compile_grammars  # and compiles their grammars
         # Speculation runs with overlap off (radixserve/speculative/mode.py); `auto` turns it on where it pays.
@@ -155,8 +180,9 @@ class Engine(CacheSurface, EngineStats):
         )
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
         # The disk tier under the radix tree (--kv-cache-dir): evicted pages spill there and survive restarts.
-        self.tier = attach_tier(c, self.scheduler, self.model_path, self.quantization, cfg.num_layers,
-                                cfg.num_kv_heads, cfg.head_dim)
+        self.tier = attach_tier(
+            c, self.scheduler, self.model_path, self.quantization, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+        )
 
         # Overlap: a worker thread runs step N (on a GPU it only launches kernels) while the loop processes step N-1
         # and schedules N+1. On a CPU both would share the same cores, so it is off there by default.
@@ -164,8 +190,14 @@ class Engine(CacheSurface, EngineStats):
         self._inflight = 0  # requests submitted and not finished (the queue limit counts those not yet running)
         self._inflight_lock = threading.Lock()
         self.tracker = Tracker()  # request timelines (radixserve/timeline.py), read by the dashboard and exporters
-        self.loop = EngineLoop(self.scheduler, self.runner, self.device, self.overlap_schedule, self.tracker,
-                               idle=Checkpointer(self.scheduler))
+        self.loop = EngineLoop(
+            self.scheduler,
+            self.runner,
+            self.device,
+            self.overlap_schedule,
+            self.tracker,
+            idle=Checkpointer(self.scheduler),
+        )
         # An engine never shut down still stops its loop (and its tensor-parallel workers) at interpreter exit, before
         # torch's threads are torn down under it (that aborts the process), and persists its cache tree to the disk
         # tier.
@@ -197,7 +229,9 @@ class Engine(CacheSurface, EngineStats):
         self.loop.check_alive()
         limit = self.max_queued_requests
         if limit is not None and count > limit:
-            raise ParamError(field, f"{count} requests at once can never fit the queue of {limit} (max_queued_requests)")
+            raise ParamError(
+                field, f"{count} requests at once can never fit the queue of {limit} (max_queued_requests)"
+            )
         with self._inflight_lock:
             waiting = self._inflight - self.loop.running_snapshot
             if limit is not None and waiting + count > limit:
@@ -245,8 +279,19 @@ class Engine(CacheSurface, EngineStats):
         return self._stream(specs[0])
 
     def _specs(self, r: GenerateRequest) -> tuple[list[RequestSpec], bool]:
-        return self.inputs.specs(r.prompt, r.sampling_params, r.input_ids, r.return_logprob, r.logprob_start_len,
-                                 r.top_logprobs_num, r.cache_salt, r.rid, r.priority, r.timeout, r.tenant)
+        return self.inputs.specs(
+            r.prompt,
+            r.sampling_params,
+            r.input_ids,
+            r.return_logprob,
+            r.logprob_start_len,
+            r.top_logprobs_num,
+            r.cache_salt,
+            r.rid,
+            r.priority,
+            r.timeout,
+            r.tenant,
+        )
 
     async def _stream(self, spec: RequestSpec) -> AsyncIterator[StreamChunk]:
         loop = asyncio.get_running_loop()
@@ -286,8 +331,11 @@ class Engine(CacheSurface, EngineStats):
 
     async def _collect(self, specs: list[RequestSpec]) -> list[GenerateOutput]:
         # n > 1: prefill each prompt once (a zero-token request), so the n samples all hit its pages in the tree.
-        multi = [replace(s, rid=uuid.uuid4().hex, params=s.params.replace(max_new_tokens=0, n=1), return_logprob=False)
-                 for s in specs if s.params.n > 1]
+        multi = [
+            replace(s, rid=uuid.uuid4().hex, params=s.params.replace(max_new_tokens=0, n=1), return_logprob=False)
+            for s in specs
+            if s.params.n > 1
+        ]
         expanded: list[RequestSpec] = []
         for s in specs:
             for i in range(s.params.n):
@@ -328,8 +376,19 @@ class Engine(CacheSurface, EngineStats):
         which the request is aborted (finish_reason abort, message "timeout") and its pages freed; tenant: the group
         whose fair share of prefill it uses (default: cache_salt). Arguments are validated here, before anything is
         queued, so bad input raises ValueError at the call."""
-        request = GenerateRequest(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                  top_logprobs_num, cache_salt, rid, priority, timeout, tenant)
+        request = GenerateRequest(
+            prompt,
+            input_ids,
+            sampling_params,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            cache_salt,
+            rid,
+            priority,
+            timeout,
+            tenant,
+        )
         if stream:
             return _dicts(self.stream(request))
         specs, single = self._specs(request)
@@ -357,8 +416,17 @@ class Engine(CacheSurface, EngineStats):
         else:
             raise RuntimeError("Engine.generate blocks; inside an event loop use `await engine.async_generate(...)`")
         coro = self.async_generate(
-            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, cache_salt, rid,
-            priority=priority, timeout=timeout, tenant=tenant,
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            cache_salt,
+            rid,
+            priority=priority,
+            timeout=timeout,
+            tenant=tenant,
         )
         return asyncio.run(coro)
 

@@ -1,5 +1,6 @@
 """The engine's prefix-cache surface: statistics per tier, pinning, and the disk tier's life (open, checkpoint,
 persist at shutdown). A mixin of Engine, which provides `scheduler`, `runner`, `inputs`, `loop` and `generate`."""
+
 from __future__ import annotations
 
 import time
@@ -14,17 +15,43 @@ from radixserve.errors import ParamError
 from radixserve.scheduler.scheduler import Scheduler
 
 CHECKPOINT_S = 30.0  # an idle engine writes pages the disk tier lacks and its index at most this often
-TIER_KEYS = ("disk_pages", "disk_bytes", "disk_limit_bytes", "disk_hit_tokens", "spilled_pages", "loaded_pages",
-             "load_seconds", "load_seconds_per_page", "disk_bad_files", "disk_lru_evicted_pages", "disk_write_errors")
+TIER_KEYS = (
+    "disk_pages",
+    "disk_bytes",
+    "disk_limit_bytes",
+    "disk_hit_tokens",
+    "spilled_pages",
+    "loaded_pages",
+    "load_seconds",
+    "load_seconds_per_page",
+    "disk_bad_files",
+    "disk_lru_evicted_pages",
+    "disk_write_errors",
+)
 
 
-def attach_tier(config: EngineConfig, scheduler: Scheduler, model_path: Any, quantization: str,
-                num_layers: int, num_kv_heads: int, head_dim: int) -> KVTier | None:
+def attach_tier(
+    config: EngineConfig,
+    scheduler: Scheduler,
+    model_path: Any,
+    quantization: str,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> KVTier | None:
     """Open --kv-cache-dir under the scheduler's radix cache (None when off or unusable)."""
     if config.kv_cache_dir is None or not isinstance(scheduler.cache, RadixCache):
         return None
-    tier = open_tier(config.kv_cache_dir, config.kv_cache_disk_gb, model_path, quantization, scheduler.pool,
-                     num_layers, num_kv_heads, head_dim)
+    tier = open_tier(
+        config.kv_cache_dir,
+        config.kv_cache_disk_gb,
+        model_path,
+        quantization,
+        scheduler.pool,
+        num_layers,
+        num_kv_heads,
+        head_dim,
+    )
     scheduler.cache.tier = tier
     return tier
 
@@ -61,8 +88,9 @@ class CacheSurface:
         """Per-tier pages, bytes and hits (device = the KV pool; disk = --kv-cache-dir); zeros for a tier that is off."""
         s, cache, pool = self.scheduler.stats, self.scheduler.cache, self.runner.pool
         cfg = self.runner.config
-        page_bytes = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool.dtype.itemsize) * \
-            pool.page_size
+        page_bytes = (
+            kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool.dtype.itemsize) * pool.page_size
+        )
         tier = cache.tier.snapshot() if cache.tier is not None else dict.fromkeys(TIER_KEYS, 0)
         pinned = len(self.scheduler.pins.pinned_pages(cache)) if isinstance(cache, RadixCache) else 0
         return {

@@ -1,6 +1,7 @@
 """Every setting of an Engine in one validated dataclass: `Engine(EngineConfig(...))` or `Engine(**fields)`; the
 CLI's engine flags are checked against these fields (tests/test_cli.py) and the scheduler's and runner's settings
 are derived from it. A bad value raises ParamError naming the field, at construction."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -35,7 +36,9 @@ class EngineConfig:
     overlap_schedule: bool | None = None  # None: on for CUDA, off on CPU
     prefill_merge_tokens: int | str | None = "auto"  # "auto": 32 on CPU, no limit on CUDA; None: no limit
     sampling_defaults: str = "model"  # "model": the publisher's values for what a request leaves unset; "none"
-    quantization: str = "auto"  # CPU weight format: auto (chosen by the CPU), none, int8, int4 (radixserve/model/quant.py)
+    quantization: str = (
+        "auto"  # CPU weight format: auto (chosen by the CPU), none, int8, int4 (radixserve/model/quant.py)
+    )
     speculative: str = "auto"  # n-gram speculative decoding: auto (on for CPU), off, ngram (radixserve/speculative/)
     speculative_max_tokens: int = 8  # most drafted tokens verified per request and step
     kv_cache_dir: str | Path | None = None  # disk tier for evicted and persisted KV pages; None: off
@@ -54,40 +57,76 @@ class EngineConfig:
         return [
             ("dtype", self.dtype in ("auto", *DTYPES), f"must be one of auto, {', '.join(DTYPES)}"),
             ("page_size", _int(self.page_size) and self.page_size >= 1, "must be an integer >= 1"),
-            ("max_total_tokens", self.max_total_tokens is None or (_int(self.max_total_tokens)
-                                                                   and self.max_total_tokens >= 1),
-             "must be an integer >= 1 or None"),
-            ("context_length", self.context_length is None or (_int(self.context_length) and self.context_length >= 2),
-             "must be an integer >= 2 or None"),
-            ("attention_backend", self.attention_backend in (None, *ATTENTION_BACKENDS),
-             f"must be one of {', '.join(ATTENTION_BACKENDS)} or None"),
+            (
+                "max_total_tokens",
+                self.max_total_tokens is None or (_int(self.max_total_tokens) and self.max_total_tokens >= 1),
+                "must be an integer >= 1 or None",
+            ),
+            (
+                "context_length",
+                self.context_length is None or (_int(self.context_length) and self.context_length >= 2),
+                "must be an integer >= 2 or None",
+            ),
+            (
+                "attention_backend",
+                self.attention_backend in (None, *ATTENTION_BACKENDS),
+                f"must be one of {', '.join(ATTENTION_BACKENDS)} or None",
+            ),
             ("enable_partial_page_reuse", isinstance(self.enable_partial_page_reuse, bool), "must be True or False"),
             ("schedule_policy", self.schedule_policy in ("lpm", "fcfs"), "must be 'lpm' or 'fcfs'"),
             ("fair_share", isinstance(self.fair_share, bool), "must be True or False"),
-            ("chunked_prefill_size", _int(self.chunked_prefill_size) and self.chunked_prefill_size >= 1,
-             "must be an integer >= 1"),
-            ("max_running_requests", _int(self.max_running_requests) and self.max_running_requests >= 1,
-             "must be an integer >= 1"),
-            ("max_queued_requests", self.max_queued_requests is None or (_int(self.max_queued_requests)
-                                                                         and self.max_queued_requests >= 0),
-             "must be an integer >= 0 or None"),
-            ("init_new_token_ratio", isinstance(self.init_new_token_ratio, (int, float))
-             and 0 <= self.init_new_token_ratio <= 1, "must be in [0, 1]"),
-            ("prefill_merge_tokens", merge in ("auto", None) or (_int(merge) and merge >= 1),
-             "must be an integer >= 1, None or 'auto'"),
+            (
+                "chunked_prefill_size",
+                _int(self.chunked_prefill_size) and self.chunked_prefill_size >= 1,
+                "must be an integer >= 1",
+            ),
+            (
+                "max_running_requests",
+                _int(self.max_running_requests) and self.max_running_requests >= 1,
+                "must be an integer >= 1",
+            ),
+            (
+                "max_queued_requests",
+                self.max_queued_requests is None or (_int(self.max_queued_requests) and self.max_queued_requests >= 0),
+                "must be an integer >= 0 or None",
+            ),
+            (
+                "init_new_token_ratio",
+                isinstance(self.init_new_token_ratio, (int, float)) and 0 <= self.init_new_token_ratio <= 1,
+                "must be in [0, 1]",
+            ),
+            (
+                "prefill_merge_tokens",
+                merge in ("auto", None) or (_int(merge) and merge >= 1),
+                "must be an integer >= 1, None or 'auto'",
+            ),
             ("sampling_defaults", self.sampling_defaults in ("model", "none"), "must be 'model' or 'none'"),
             ("enable_jump_forward", isinstance(self.enable_jump_forward, bool), "must be a bool"),
             ("quantization", self.quantization in QUANTIZATIONS, f"must be one of {', '.join(QUANTIZATIONS)}"),
             ("speculative", self.speculative in SPECULATIVE_MODES, f"must be one of {', '.join(SPECULATIVE_MODES)}"),
-            ("speculative_max_tokens", _int(self.speculative_max_tokens) and 1 <= self.speculative_max_tokens <= 64,
-             "must be an integer in [1, 64]"),
-            ("kv_cache_dir", self.kv_cache_dir is None or (isinstance(self.kv_cache_dir, (str, Path))
-                                                           and str(self.kv_cache_dir) != ""),
-             "must be a directory path or None"),
-            ("kv_cache_disk_gb", isinstance(self.kv_cache_disk_gb, (int, float))
-             and not isinstance(self.kv_cache_disk_gb, bool) and self.kv_cache_disk_gb > 0, "must be > 0"),
-            ("max_pinned_share", isinstance(self.max_pinned_share, (int, float)) and 0 <= self.max_pinned_share <= 1,
-             "must be in [0, 1]"),
+            (
+                "speculative_max_tokens",
+                _int(self.speculative_max_tokens) and 1 <= self.speculative_max_tokens <= 64,
+                "must be an integer in [1, 64]",
+            ),
+            (
+                "kv_cache_dir",
+                self.kv_cache_dir is None
+                or (isinstance(self.kv_cache_dir, (str, Path)) and str(self.kv_cache_dir) != ""),
+                "must be a directory path or None",
+            ),
+            (
+                "kv_cache_disk_gb",
+                isinstance(self.kv_cache_disk_gb, (int, float))
+                and not isinstance(self.kv_cache_disk_gb, bool)
+                and self.kv_cache_disk_gb > 0,
+                "must be > 0",
+            ),
+            (
+                "max_pinned_share",
+                isinstance(self.max_pinned_share, (int, float)) and 0 <= self.max_pinned_share <= 1,
+                "must be in [0, 1]",
+            ),
             ("tp", _int(self.tp) and self.tp >= 1, "must be an integer >= 1"),
         ]
 

@@ -2,6 +2,7 @@
 inbox, schedules a step, runs it (with overlap: launches it on a worker thread and processes the previous one
 meanwhile), and keeps a failure to the requests it belongs to (Scheduler.fail_batches); a fault that repeats in
 every step stops it, and every waiting caller is told."""
+
 from __future__ import annotations
 
 import logging
@@ -31,13 +32,23 @@ HEARTBEAT_LIMIT_S = 120.0  # a CPU prefill step can take seconds; only a loop si
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, device: torch.device, overlap: bool,
-                 tracker: Tracker | None = None, idle: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        device: torch.device,
+        overlap: bool,
+        tracker: Tracker | None = None,
+        idle: Callable[[], None] | None = None,
+    ) -> None:
         self.scheduler, self.runner, self.device = scheduler, runner, device
         self.tracker = tracker or Tracker()
         self.idle = idle  # maintenance run between steps while there is no work (the disk tier's checkpoint)
-        self.worker = (ThreadPoolExecutor(1, thread_name_prefix="radixserve-step", initializer=bind_device,
-                                          initargs=(device,)) if overlap else None)
+        self.worker = (
+            ThreadPoolExecutor(1, thread_name_prefix="radixserve-step", initializer=bind_device, initargs=(device,))
+            if overlap
+            else None
+        )
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.live: list[tuple[ScheduledBatch, Future[PendingOutput] | None]] = []  # launched, not yet processed
         self.running_snapshot = 0  # requests running after the last step (read by other threads)

@@ -1,6 +1,7 @@
 """What an Engine tells about itself: cache and scheduler counters (`cache_stats`, `metrics`), the model and the
 choices made for it (`model_info`), and the maintenance calls that go through its loop (`flush_cache`,
 `check_invariants`). A mixin of `Engine`; every read runs on the engine loop, between steps."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

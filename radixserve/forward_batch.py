@@ -1,4 +1,5 @@
 """The packed input of one model forward: prefill chunks and decode tokens of many requests at once."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -49,10 +50,14 @@ class ForwardBatch:
         On CUDA they go through pinned memory with non-blocking copies: the caller's thread never waits for kernels
         already queued (the step in flight), and the copies run in stream order before this step's kernels.
         """
-        return replace(self, input_ids=to_device(self.input_ids, device), positions=to_device(self.positions, device),
-                       out_cache_loc=to_device(self.out_cache_loc, device),
-                       page_table=to_device(self.page_table, device),
-                       logits_indices=to_device(self.logits_indices, device))
+        return replace(
+            self,
+            input_ids=to_device(self.input_ids, device),
+            positions=to_device(self.positions, device),
+            out_cache_loc=to_device(self.out_cache_loc, device),
+            page_table=to_device(self.page_table, device),
+            logits_indices=to_device(self.logits_indices, device),
+        )
 
     @staticmethod
     def build(
@@ -91,8 +96,9 @@ class ForwardBatch:
             seq_lens=torch.tensor(seq, dtype=torch.int32),
             qo_indptr=indptr,
             # one tensor from padded rows: a tensor per row cost more than the rest of the build
-            page_table=torch.tensor([list(pt) + [0] * (max_pages - len(pt)) for pt in page_tables],
-                                    dtype=torch.int32).reshape(len(page_tables), max_pages).to(device),
+            page_table=torch.tensor([list(pt) + [0] * (max_pages - len(pt)) for pt in page_tables], dtype=torch.int32)
+            .reshape(len(page_tables), max_pages)
+            .to(device),
             page_size=page_size,
             logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
         )

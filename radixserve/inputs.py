@@ -1,6 +1,7 @@
 """Requests from the caller's arguments: validated (every bad value a ParamError naming its field), tokenized with
 the prompt's size checked first, the model's sampling defaults under what the request sets; and the scheduler's
 `Req` built from a validated spec. Runs on the caller's thread, never in the engine loop."""
+
 from __future__ import annotations
 
 import uuid
@@ -42,8 +43,15 @@ class RequestSpec:
 class RequestBuilder:
     """Checks and tokenizes requests for one engine (its tokenizer, vocabulary, context, KV pool and defaults)."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, context_length: int, pool_tokens: int,
-                 sampling_defaults: dict[str, Any], grammars: GrammarCompiler | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        context_length: int,
+        pool_tokens: int,
+        sampling_defaults: dict[str, Any],
+        grammars: GrammarCompiler | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.grammars = grammars
         self.vocab_size = vocab_size
@@ -84,8 +92,11 @@ class RequestBuilder:
         else:
             params = [self.params(sampling_params)] * len(ids_list)
         rids = [rid] if isinstance(rid, str) else (rid if isinstance(rid, list) else [None] * len(ids_list))
-        if (rid is not None and not isinstance(rid, (str, list))) or len(rids) != len(ids_list) \
-                or not all(r is None or isinstance(r, str) for r in rids):
+        if (
+            (rid is not None and not isinstance(rid, (str, list)))
+            or len(rids) != len(ids_list)
+            or not all(r is None or isinstance(r, str) for r in rids)
+        ):
             raise ParamError("rid", "rid must be a string, or a list of strings with one entry per prompt")
         if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
             raise ParamError("top_logprobs_num", f"top_logprobs_num must be an integer >= 0, got {top_logprobs_num!r}")
@@ -96,8 +107,19 @@ class RequestBuilder:
         for ids, p, r in zip(ids_list, params, rids):
             self.validate_prompt(ids, p)
             specs.append(
-                RequestSpec(ids, p, r or uuid.uuid4().hex, cache_salt, bool(return_logprob), logprob_start_len,
-                            top_logprobs_num, priority, timeout, tenant, self.grammar(p))
+                RequestSpec(
+                    ids,
+                    p,
+                    r or uuid.uuid4().hex,
+                    cache_salt,
+                    bool(return_logprob),
+                    logprob_start_len,
+                    top_logprobs_num,
+                    priority,
+                    timeout,
+                    tenant,
+                    self.grammar(p),
+                )
             )
         return specs, single and specs[0].params.n == 1
 
@@ -135,9 +157,12 @@ class RequestBuilder:
         limit = self.max_prompt_chars
         for t in texts:
             if len(t) > limit:
-                raise ParamError("prompt", f"prompt of {len(t)} characters exceeds the limit of {limit} "
-                                 f"({CHARS_PER_TOKEN} per token of the {self.context_length}-token context)",
-                                 code="prompt_too_large")
+                raise ParamError(
+                    "prompt",
+                    f"prompt of {len(t)} characters exceeds the limit of {limit} "
+                    f"({CHARS_PER_TOKEN} per token of the {self.context_length}-token context)",
+                    code="prompt_too_large",
+                )
         return [self.tokenizer.encode(t) for t in texts]
 
     def id_lists(self, input_ids: Any) -> tuple[bool, list[list[int]]]:
@@ -159,13 +184,18 @@ class RequestBuilder:
             raise ParamError("prompt", f"token ids must be in [0, {vocab})")
         if any(t >= vocab for t in p.stop_token_ids):
             raise ParamError("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
-        for limit, fails in ((self.context_length, f"exceeds the context length {self.context_length}"),
-                             (self.pool_tokens, f"cannot fit in the KV pool of {self.pool_tokens} tokens")):
+        for limit, fails in (
+            (self.context_length, f"exceeds the context length {self.context_length}"),
+            (self.pool_tokens, f"cannot fit in the KV pool of {self.pool_tokens} tokens"),
+        ):
             if len(ids) > limit:
                 raise ParamError("prompt", f"prompt of {len(ids)} tokens {fails}", code="context_length_exceeded")
             if len(ids) + p.max_new_tokens > limit:
-                raise ParamError("max_new_tokens", f"prompt of {len(ids)} tokens + max_new_tokens {p.max_new_tokens} "
-                                 f"{fails}", code="context_length_exceeded")
+                raise ParamError(
+                    "max_new_tokens",
+                    f"prompt of {len(ids)} tokens + max_new_tokens {p.max_new_tokens} {fails}",
+                    code="context_length_exceeded",
+                )
 
     def make_req(self, spec: RequestSpec, emit: Callable[[Any], None], stream: bool) -> Req:
         """The scheduler's request for a validated spec; `emit` receives its output chunks (or an exception)."""
@@ -208,6 +238,7 @@ class RequestBuilder:
 def check_scheduling(priority: Any, timeout: Any) -> None:
     if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
         raise ParamError("priority", f"priority must be an integer (higher runs first), got {priority!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or not 0 < timeout < 1e9):
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e9
+    ):
         raise ParamError("timeout", f"timeout must be a number of seconds > 0, got {timeout!r}")

@@ -4,6 +4,7 @@
 Results encode to the documented JSON shape `{"text", "output_ids", "meta_info": {...}}` as they are (msgspec
 encodes the structs field by field); `to_dict()` gives the same shape for the Engine's dict API. Nothing past this
 module builds or reads result dicts."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

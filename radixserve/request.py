@@ -1,4 +1,5 @@
 """One generation request as the scheduler sees it: tokens, KV pages, progress and results."""
+
 from __future__ import annotations
 
 import enum

@@ -6,6 +6,7 @@ value that fails later inside the engine loop. Limits on counts (stop strings, s
 request can ask for; context-dependent checks (token ids inside the vocabulary, prompt + max_new_tokens inside the
 context) are the engine's.
 """
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """One scheduled step: what the model computes and samples, and what comes back. The types between the scheduler
 and the model runner, below both (the runner imports nothing of the scheduler)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -5,6 +5,7 @@ Engine opens and closes a timeline around each request. Readers on other threads
 exporter, the metrics) only read finished timelines or copy lists, which the GIL makes atomic; nothing here ever
 waits for the loop or makes the loop wait.
 """
+
 from __future__ import annotations
 
 import bisect

@@ -1,4 +1,5 @@
 """Tokenizer: a `tokenizers` model plus the Hugging Face config around it (special tokens, BOS rule, chat template)."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,13 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # jinja's own tojson escapes HTML characters and sorts keys; chat templates expect plain json.dumps
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -64,8 +70,9 @@ def _strftime_now(fmt: str) -> str:
 @lru_cache(maxsize=16)
 def _compile_template(source: str) -> jinja2.Template:
     """Compile a chat template the way transformers does: sandboxed, trim_blocks + lstrip_blocks, loop controls."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols, _GenerationTag])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -103,8 +110,9 @@ def _content_text(content: Any) -> Any:
 class Tokenizer:
     """Encode/decode text and render chat prompts for one model."""
 
-    def __init__(self, tokenizer: HFTokenizer, config: dict[str, Any] | None = None,
-                 extra_eos_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self, tokenizer: HFTokenizer, config: dict[str, Any] | None = None, extra_eos_ids: Sequence[int] = ()
+    ) -> None:
         """Wrap a `tokenizers.Tokenizer`; config is tokenizer_config.json as a dict (specials, chat_template, BOS)."""
         config = config or {}
         self._tok = tokenizer
@@ -140,8 +148,12 @@ class Tokenizer:
             self.add_bos_token: bool = bool(post_ids) and post_ids[0] == self.bos_token_id
         else:
             self.add_bos_token = bool(bos_rule)
-        self._strip_post_bos = (not self.add_bos_token and self.bos_token_id is not None
-                                and bool(post_ids) and post_ids[0] == self.bos_token_id)
+        self._strip_post_bos = (
+            not self.add_bos_token
+            and self.bos_token_id is not None
+            and bool(post_ids)
+            and post_ids[0] == self.bos_token_id
+        )
         self.add_eos_token: bool = bool(config.get("add_eos_token", False)) and eos_id is not None
         self._eos_id = eos_id
         self.chat_template: str | dict[str, str] | None = self._parse_templates(config.get("chat_template"))
@@ -228,8 +240,12 @@ class Tokenizer:
     @property
     def special_tokens(self) -> dict[str, str | None]:
         """The named special tokens a chat template may use (None where the model has none)."""
-        return {"bos_token": self.bos_token, "eos_token": self.eos_token, "pad_token": self.pad_token,
-                "unk_token": self.unk_token}
+        return {
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+            "unk_token": self.unk_token,
+        }
 
     def select_chat_template(self, tools: bool = False) -> str | None:
         """The template to render: of a named set, "tool_use" when tools are passed and it exists, else "default"."""
@@ -238,8 +254,9 @@ class Tokenizer:
             return template.get("tool_use") if tools and "tool_use" in template else template.get("default")
         return template
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list | None = None, **kwargs: Any) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None, **kwargs: Any
+    ) -> str:
         """Render messages with the model's chat template (as transformers renders it); ValueError on bad input."""
         template = self.select_chat_template(bool(tools))
         if not template:
@@ -258,7 +275,8 @@ class Tokenizer:
         variables = {k: v for k, v in self.special_tokens.items() if v is not None} | {"documents": None} | kwargs
         try:
             return _compile_template(template).render(
-                messages=chat, tools=tools, add_generation_prompt=add_generation_prompt, **variables)
+                messages=chat, tools=tools, add_generation_prompt=add_generation_prompt, **variables
+            )
         except (jinja2.exceptions.TemplateError, TypeError, KeyError, IndexError) as e:
             # a template refusing the conversation (raise_exception) or tripping on its shape is the caller's error
             raise ValueError(f"chat template error: {e}") from e

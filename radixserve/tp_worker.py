@@ -5,6 +5,7 @@ broadcasts until rank 0 stops (radixserve/distributed.py).
 MASTER_ADDR, MASTER_PORT) set: rank 0 starts it so. Under torchrun itself no one runs this module: the Engine of a
 rank above 0 calls `run_worker` and exits.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,29 @@ from radixserve.model.parallel import plan_shard
 from radixserve.model.runner import ModelRunner
 
 
-def worker_settings(model_path: str, dtype: str, device: str, page_size: int, max_total_tokens: int | None,
-                    attention_backend: str, max_running_requests: int, context_length: int | None,
-                    quantization: str) -> dict[str, Any]:
+def worker_settings(
+    model_path: str,
+    dtype: str,
+    device: str,
+    page_size: int,
+    max_total_tokens: int | None,
+    attention_backend: str,
+    max_running_requests: int,
+    context_length: int | None,
+    quantization: str,
+) -> dict[str, Any]:
     """The ModelRunner settings every rank must share, as JSON-safe values (what rank 0 passes to its workers)."""
-    return dict(model_path=model_path, dtype=dtype, device=device, page_size=page_size,
-                max_total_tokens=max_total_tokens, attention_backend=attention_backend,
-                max_running_requests=max_running_requests, context_length=context_length, quantization=quantization)
+    return dict(
+        model_path=model_path,
+        dtype=dtype,
+        device=device,
+        page_size=page_size,
+        max_total_tokens=max_total_tokens,
+        attention_backend=attention_backend,
+        max_running_requests=max_running_requests,
+        context_length=context_length,
+        quantization=quantization,
+    )
 
 
 def start_tensor_parallel(size: int, settings: dict[str, Any]) -> TPGroup | None:
@@ -37,8 +54,11 @@ def start_tensor_parallel(size: int, settings: dict[str, Any]) -> TPGroup | None
     if size == 1:
         return None
     if settings["quantization"] != "none":
-        raise ParamError("tp", f"tensor parallelism with quantization {settings['quantization']!r} is not supported "
-                               "yet: use quantization 'none' (or 'auto') with tp > 1")
+        raise ParamError(
+            "tp",
+            f"tensor parallelism with quantization {settings['quantization']!r} is not supported "
+            "yet: use quantization 'none' (or 'auto') with tp > 1",
+        )
     try:
         plan_shard(read_config(Path(settings["model_path"])), size)
     except ValueError as e:
@@ -65,8 +85,11 @@ def run_worker(tp: TPGroup, *settings: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     env = torchrun_env()
     if env is None or not argv:
-        print("usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python -m radixserve.tp_worker "
-              "SETTINGS_JSON [SETTINGS_JSON ...]", file=sys.stderr)
+        print(
+            "usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python -m radixserve.tp_worker "
+            "SETTINGS_JSON [SETTINGS_JSON ...]",
+            file=sys.stderr,
+        )
         return 2
     settings = [json.loads(a) for a in argv]
     rank, size, local_rank = env

@@ -5,6 +5,7 @@ device="cuda")`, `.to("cuda")`, indexing a CUDA tensor with a Python list): the 
 already queued, the step in flight included, and holds the GIL meanwhile. Going through pinned memory with
 `non_blocking=True` queues the copy in stream order instead.
 """
+
 from __future__ import annotations
 
 from typing import Any

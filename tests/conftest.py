@@ -1,4 +1,5 @@
 """Shared fixtures: tiny Hugging Face model folders (random weights + a tiny BPE tokenizer), built once per session."""
+
 from __future__ import annotations
 
 import os

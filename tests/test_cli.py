@@ -1,4 +1,5 @@
 """The `radixserve` command on the tiny model: bad model paths, serve's option plumbing, generate, and chat in a pty."""
+
 from __future__ import annotations
 
 import os
@@ -31,26 +32,95 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
     fake = types.ModuleType("radixserve.server.launch")
     fake.run_server = lambda *args, **kwargs: calls.append((args, kwargs))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "radixserve.server.launch", fake)
-    argv = ["serve", "--model", str(tiny_model_dir), "--host", "0.0.0.0", "--port", "31234", "--api-key", "sk-x",
-            "--max-queued-requests", "7", "--page-size", "1", "--max-total-tokens", "4096", "--dtype", "float32", "--quantization", "int8",
-            "--attention-backend", "torch", "--chunked-prefill-size", "64", "--schedule-policy", "fcfs",
-            "--prefill-merge-tokens", "none", "--disable-radix-cache", "--context-length", "512",
-            "--max-connections", "99", "--header-timeout", "3", "--body-timeout", "4", "--max-body-mb", "1",
-            "--speculative", "ngram", "--speculative-max-tokens", "5", "--kv-cache-disk-gb", "0.5",
-            "--max-pinned-share", "0.25", "--otlp-endpoint", "http://127.0.0.1:4318"]
+    argv = [
+        "serve",
+        "--model",
+        str(tiny_model_dir),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "31234",
+        "--api-key",
+        "sk-x",
+        "--max-queued-requests",
+        "7",
+        "--page-size",
+        "1",
+        "--max-total-tokens",
+        "4096",
+        "--dtype",
+        "float32",
+        "--quantization",
+        "int8",
+        "--attention-backend",
+        "torch",
+        "--chunked-prefill-size",
+        "64",
+        "--schedule-policy",
+        "fcfs",
+        "--prefill-merge-tokens",
+        "none",
+        "--disable-radix-cache",
+        "--context-length",
+        "512",
+        "--max-connections",
+        "99",
+        "--header-timeout",
+        "3",
+        "--body-timeout",
+        "4",
+        "--max-body-mb",
+        "1",
+        "--speculative",
+        "ngram",
+        "--speculative-max-tokens",
+        "5",
+        "--kv-cache-disk-gb",
+        "0.5",
+        "--max-pinned-share",
+        "0.25",
+        "--otlp-endpoint",
+        "http://127.0.0.1:4318",
+    ]
     assert main(argv) == 0
-    (args, kwargs), = calls
+    ((args, kwargs),) = calls
     engine_kwargs, host, port, keys, max_queued = args
     assert (host, port, keys.cli, max_queued) == ("0.0.0.0", 31234, ("sk-x",), 7)
-    assert kwargs == {"served_model_name": None, "max_connections": 99, "header_timeout_s": 3.0, "body_timeout_s": 4.0,
-                      "max_body_bytes": 1 << 20, "grace_period_s": 30.0, "otlp_endpoint": "http://127.0.0.1:4318"}
+    assert kwargs == {
+        "served_model_name": None,
+        "max_connections": 99,
+        "header_timeout_s": 3.0,
+        "body_timeout_s": 4.0,
+        "max_body_bytes": 1 << 20,
+        "grace_period_s": 30.0,
+        "otlp_endpoint": "http://127.0.0.1:4318",
+    }
     assert engine_kwargs == {
-        "model": str(tiny_model_dir), "dtype": "float32", "quantization": "int8", "device": "cpu", "page_size": 1, "max_total_tokens": 4096,
-        "context_length": 512, "attention_backend": "torch", "chunked_prefill_size": 64, "schedule_policy": "fcfs",
-        "fair_share": True, "prefill_merge_tokens": None, "max_running_requests": 64, "enable_radix_cache": False,
-        "enable_partial_page_reuse": True, "overlap_schedule": None, "enable_jump_forward": True,
-        "sampling_defaults": "model", "init_new_token_ratio": 0.7, "speculative": "ngram", "speculative_max_tokens": 5,
-        "kv_cache_dir": None, "kv_cache_disk_gb": 0.5, "max_pinned_share": 0.25, "tp": 1,
+        "model": str(tiny_model_dir),
+        "dtype": "float32",
+        "quantization": "int8",
+        "device": "cpu",
+        "page_size": 1,
+        "max_total_tokens": 4096,
+        "context_length": 512,
+        "attention_backend": "torch",
+        "chunked_prefill_size": 64,
+        "schedule_policy": "fcfs",
+        "fair_share": True,
+        "prefill_merge_tokens": None,
+        "max_running_requests": 64,
+        "enable_radix_cache": False,
+        "enable_partial_page_reuse": True,
+        "overlap_schedule": None,
+        "enable_jump_forward": True,
+        "sampling_defaults": "model",
+        "init_new_token_ratio": 0.7,
+        "speculative": "ngram",
+        "speculative_max_tokens": 5,
+        "kv_cache_dir": None,
+        "kv_cache_disk_gb": 0.5,
+        "max_pinned_share": 0.25,
+        "tp": 1,
     }
     from radixserve import Engine
 
@@ -74,9 +144,25 @@ def test_chat_in_a_pty_reuses_the_cache_on_turn_two(tiny_model_dir: Path) -> Non
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "radixserve.cli", "chat", "--model", str(tiny_model_dir), "--dtype", "float32", "--max-new-tokens", "8",
-         "--temperature", "0", "--system", "You are terse."],
-        cwd=str(REPO), env=env, encoding="utf-8", timeout=120,
+        [
+            "-m",
+            "radixserve.cli",
+            "chat",
+            "--model",
+            str(tiny_model_dir),
+            "--dtype",
+            "float32",
+            "--max-new-tokens",
+            "8",
+            "--temperature",
+            "0",
+            "--system",
+            "You are terse.",
+        ],
+        cwd=str(REPO),
+        env=env,
+        encoding="utf-8",
+        timeout=120,
     )
     try:
         child.expect(">>> ")

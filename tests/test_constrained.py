@@ -1,6 +1,7 @@
 """Constrained decoding in the engine, on the tiny model: outputs match their grammar (greedy, sampled, n > 1, with
 logprobs, with overlap), unconstrained rows of the same batch are untouched, jump-forward saves steps, and the
 bitmask helpers do what they say."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,12 @@ import torch
 from radixserve.constrained.bitmask import unpack
 from radixserve.errors import ParamError
 
-SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99},
-                                           "tag": {"enum": ["alpha", "beta"]}},
-          "required": ["id", "tag"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99}, "tag": {"enum": ["alpha", "beta"]}},
+    "required": ["id", "tag"],
+    "additionalProperties": False,
+}
 REGEX = r"[a-d]{3}-[0-9]{2}"
 
 
@@ -26,15 +30,20 @@ def _ok(text: str) -> bool:
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_constrained_rows_match_and_free_rows_are_untouched(tiny_model_dir: Path, make_engine: Callable,
-                                                            overlap: bool) -> None:
+def test_constrained_rows_match_and_free_rows_are_untouched(
+    tiny_model_dir: Path, make_engine: Callable, overlap: bool
+) -> None:
     eng = make_engine(tiny_model_dir, overlap_schedule=overlap)
     free = {"max_new_tokens": 24, "temperature": 0.0}
     prompts = ["The quick brown fox", "Once upon a time"]
     alone = [eng.generate(p, free)["output_ids"] for p in prompts]
-    params = [free, {"max_new_tokens": 60, "temperature": 0.0, "json_schema": SCHEMA},
-              {"max_new_tokens": 60, "temperature": 1.0, "seed": 5, "regex": REGEX}, free,
-              {"max_new_tokens": 60, "temperature": 0.7, "top_p": 0.9, "json_schema": json.dumps(SCHEMA)}]
+    params = [
+        free,
+        {"max_new_tokens": 60, "temperature": 0.0, "json_schema": SCHEMA},
+        {"max_new_tokens": 60, "temperature": 1.0, "seed": 5, "regex": REGEX},
+        free,
+        {"max_new_tokens": 60, "temperature": 0.7, "top_p": 0.9, "json_schema": json.dumps(SCHEMA)},
+    ]
     outs = eng.generate([prompts[0], "a", "b", prompts[1], "c"], params)
     assert [outs[0]["output_ids"], outs[3]["output_ids"]] == alone
     assert _ok(outs[1]["text"]) and _ok(outs[4]["text"])
@@ -63,8 +72,12 @@ def test_n_samples_logprobs_and_jump_forward(tiny_model_dir: Path, make_engine: 
 
 def test_grammar_errors_name_the_field(tiny_model_dir: Path, make_engine: Callable) -> None:
     eng = make_engine(tiny_model_dir)
-    for params, field in [({"regex": "(a"}, "regex"), ({"json_schema": {"type": 3}}, "json_schema"),
-                          ({"ebnf": "root ::= ("}, "ebnf"), ({"regex": "a", "json_schema": {}}, "json_schema")]:
+    for params, field in [
+        ({"regex": "(a"}, "regex"),
+        ({"json_schema": {"type": 3}}, "json_schema"),
+        ({"ebnf": "root ::= ("}, "ebnf"),
+        ({"regex": "a", "json_schema": {}}, "json_schema"),
+    ]:
         with pytest.raises(ParamError) as err:
             eng.generate("x", params)
         assert err.value.field == field

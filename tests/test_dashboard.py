@@ -1,6 +1,7 @@
 """The cache explorer's endpoints against a live server on the tiny model, two tenants (API keys) and an admin view;
 request timelines, OpenTelemetry spans (in-memory exporter) and the latency histograms (parsed by prometheus-client).
 The page itself is driven in a browser by tests/test_dashboard_browser.py."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,9 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Iterator[Engine]:
-    with engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=PAGE, max_total_tokens=8192,
-                             chunked_prefill_size=16) as eng:
+    with engine_left_at_rest(
+        tiny_model_dir, dtype="float32", page_size=PAGE, max_total_tokens=8192, chunked_prefill_size=16
+    ) as eng:
         yield eng
 
 
@@ -92,16 +94,21 @@ def walk(node: dict) -> Iterator[dict]:
 def workload(server: BackgroundServer, engine: Engine) -> list[dict]:
     model = engine.model_info()["model_name"]
     with client(server, ALICE) as c:
-        usage = chat_turns(c, model, ["What is the plan?", "And then?", "Why the fox?"],
-                           headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"})
+        usage = chat_turns(
+            c,
+            model,
+            ["What is the plan?", "And then?", "Why the fox?"],
+            headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"},
+        )
     with client(server, BOB) as c:
         c.post("/v1/completions", json={"model": model, "prompt": "bob's own harmless prompt", **GREEDY})
     wait_idle(engine)
     return usage
 
 
-def test_tree_shows_the_conversation_to_its_tenant_only(server: BackgroundServer, workload: list[dict],
-                                                       admin: httpx.Client) -> None:
+def test_tree_shows_the_conversation_to_its_tenant_only(
+    server: BackgroundServer, workload: list[dict], admin: httpx.Client
+) -> None:
     assert workload[-1]["prompt_tokens_details"]["cached_tokens"] > 0, "later turns hit the cache"
     with client(server, ALICE) as a, client(server, BOB) as b:
         tree_a = a.get("/cache/tree").json()
@@ -134,8 +141,7 @@ def test_tree_is_collapsed_to_the_node_budget_and_zooms_by_path(server: Backgrou
         [top] = small["root"]["children"]
         assert top["hidden_children"] == top["num_children"] > 0
         shallow = a.get("/cache/tree", params={"depth": 1}).json()
-        assert all(not c["children"] and c["hidden_children"] == c["num_children"]
-                   for c in shallow["root"]["children"])
+        assert all(not c["children"] and c["hidden_children"] == c["num_children"] for c in shallow["root"]["children"])
         zoomed = a.get("/cache/tree", params={"path": top["key"]}).json()
         assert zoomed["root"]["id"] == top["id"] and zoomed["root"]["children"]
         assert a.get("/cache/tree", params={"depth": "-1"}).status_code == 400
@@ -201,8 +207,7 @@ def test_dashboard_page_and_assets_are_served_without_a_key(server: BackgroundSe
     assert httpx.get(server.url + "/dashboard/static/../../cache/stats").status_code in (401, 404)
 
 
-def test_spans_of_a_traced_request(server: BackgroundServer, spans: InMemorySpanExporter,
-                                   workload: list[dict]) -> None:
+def test_spans_of_a_traced_request(server: BackgroundServer, spans: InMemorySpanExporter, workload: list[dict]) -> None:
     server.app.state.tracer.flush()
     done = spans.get_finished_spans()
     roots = [s for s in done if s.name == "radixserve.request" and s.context.trace_id == int(TRACE_ID, 16)]
@@ -217,7 +222,8 @@ def test_spans_of_a_traced_request(server: BackgroundServer, spans: InMemorySpan
     chunks = [s for s in children if s.name == "radixserve.prefill_chunk"]
     assert all(0 < s.attributes["radixserve.chunk_tokens"] <= 16 for s in chunks)
     assert sum(s.attributes["radixserve.chunk_tokens"] for s in chunks) == (
-        root.attributes["radixserve.prompt_tokens"] - root.attributes["radixserve.cached_tokens"])
+        root.attributes["radixserve.prompt_tokens"] - root.attributes["radixserve.cached_tokens"]
+    )
     decode = next(s for s in children if s.name == "radixserve.decode")
     assert decode.attributes["radixserve.decode_steps"] == len(decode.events) == GREEDY["max_tokens"] - 1
     for s in children:
@@ -230,8 +236,13 @@ def test_latency_histograms(server: BackgroundServer, workload: list[dict]) -> N
     # server-wide histograms are the admin's to read (a user key sees its own counters only)
     text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
     fams = {f.name: f for f in text_string_to_metric_families(text)}
-    for name in ("radixserve_time_to_first_token_seconds", "radixserve_inter_token_latency_seconds",
-                 "radixserve_queue_time_seconds", "radixserve_prefill_chunk_tokens", "radixserve_step_time_seconds"):
+    for name in (
+        "radixserve_time_to_first_token_seconds",
+        "radixserve_inter_token_latency_seconds",
+        "radixserve_queue_time_seconds",
+        "radixserve_prefill_chunk_tokens",
+        "radixserve_step_time_seconds",
+    ):
         fam = fams[name]
         assert fam.type == "histogram", name
         buckets = [(float(s.labels["le"]), s.value) for s in fam.samples if s.name == name + "_bucket"]
@@ -239,8 +250,11 @@ def test_latency_histograms(server: BackgroundServer, workload: list[dict]) -> N
         assert [v for _, v in buckets] == sorted(v for _, v in buckets), "cumulative buckets"
         count = next(s.value for s in fam.samples if s.name == name + "_count")
         assert count == buckets[-1][1]
-    chunks = {float(s.labels["le"]): s.value for s in fams["radixserve_prefill_chunk_tokens"].samples
-              if s.name.endswith("_bucket")}
+    chunks = {
+        float(s.labels["le"]): s.value
+        for s in fams["radixserve_prefill_chunk_tokens"].samples
+        if s.name.endswith("_bucket")
+    }
     assert chunks[16.0] == chunks[float("inf")], "chunked_prefill_size=16: no chunk is larger"
     # every metric the example Grafana dashboard charts is one the server exports
     grafana = (Path(__file__).parents[1] / "examples" / "grafana_dashboard.json").read_text()
@@ -252,8 +266,14 @@ def test_latency_histograms(server: BackgroundServer, workload: list[dict]) -> N
 def test_timelines_show_retractions_and_their_spans(tiny_model_dir: Path, make_engine) -> None:
     """Memory pressure (as in test_engine): requests are retracted and resumed; their timelines and spans say so."""
     rng = random.Random(3)
-    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=320, init_new_token_ratio=0.05,
-                      chunked_prefill_size=32, speculative="off")  # drafts' reserved slots would admit fewer
+    eng = make_engine(
+        tiny_model_dir,
+        page_size=16,
+        max_total_tokens=320,
+        init_new_token_ratio=0.05,
+        chunked_prefill_size=32,
+        speculative="off",
+    )  # drafts' reserved slots would admit fewer
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -273,15 +293,24 @@ def test_timelines_show_retractions_and_their_spans(tiny_model_dir: Path, make_e
     root = roots[hit.rid]
     assert root.attributes["radixserve.retractions"] == hit.retractions
     assert [e.name for e in root.events].count("retraction") == hit.retractions
-    requeued = [s for s in exporter.get_finished_spans()
-                if s.name == "radixserve.requeued" and s.parent.span_id == root.context.span_id]
+    requeued = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.name == "radixserve.requeued" and s.parent.span_id == root.context.span_id
+    ]
     assert len(requeued) == hit.retractions
 
 
 def test_running_requests_table_is_per_tenant(server: BackgroundServer, engine: Engine) -> None:
     model = engine.model_info()["model_name"]
-    body = {"model": model, "prompt": SECRET + " and a long answer", "max_tokens": 400, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": model,
+        "prompt": SECRET + " and a long answer",
+        "max_tokens": 400,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with client(server, ALICE) as a, client(server, BOB) as b, a.stream("POST", "/v1/completions", json=body) as r:
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data: "))  # it runs
@@ -359,8 +388,11 @@ def test_otlp_endpoint_exports_over_http(engine: Engine) -> None:
     try:
         app = build_app(engine, otlp_endpoint=f"http://127.0.0.1:{collector.server_port}")
         with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
-            r = c.post("/generate", json={"text": "trace me", "sampling_params": {"max_new_tokens": 3}},
-                       headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"})
+            r = c.post(
+                "/generate",
+                json={"text": "trace me", "sampling_params": {"max_new_tokens": 3}},
+                headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"},
+            )
             assert r.status_code == 200
             app.state.tracer.flush()
         app.state.tracer.close()
@@ -370,15 +402,20 @@ def test_otlp_endpoint_exports_over_http(engine: Engine) -> None:
     spans = [s for _, req in received for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
     root = next(s for s in spans if s.name == "radixserve.request")
     assert root.trace_id.hex() == TRACE_ID
-    assert {"radixserve.queued", "radixserve.prefill_chunk"} <= {s.name for s in spans if s.parent_span_id == root.span_id}
+    assert {"radixserve.queued", "radixserve.prefill_chunk"} <= {
+        s.name for s in spans if s.parent_span_id == root.span_id
+    }
     service = {a.key: a.value.string_value for rs in received[0][1].resource_spans for a in rs.resource.attributes}
     assert service["service.name"] == "radixserve"
 
 
 def test_event_stream_ends_when_the_server_drains(engine: Engine) -> None:
     app = build_app(engine)
-    with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as c, \
-            c.stream("GET", "/cache/events", params={"interval_ms": 100}) as r:
+    with (
+        BackgroundServer(app) as srv,
+        httpx.Client(base_url=srv.url, timeout=30) as c,
+        c.stream("GET", "/cache/events", params={"interval_ms": 100}) as r,
+    ):
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data: "))
         app.state.server.draining = True  # as on SIGTERM

@@ -3,6 +3,7 @@ browser; playwright downloads nothing), against a live server on the tiny model 
 
 Skips only when no chromium is installed (`apt-get install chromium`) or playwright is missing. The screenshot goes to
 the test's tmp folder, and also to $DASHBOARD_SCREENSHOT when set (that is how docs/dashboard.png is made)."""
+
 from __future__ import annotations
 
 import os
@@ -19,13 +20,15 @@ from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
 
 CHROMIUM = os.environ.get("RADIXSERVE_CHROMIUM") or next(
-    (p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
+    (p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None
+)
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (apt-get install chromium)")
 
 ALICE, BOB = "alice-key", "bob-key"
 try:  # keys with roles (issue 21): `--api-key` entries are admins unless they say role=user
     import radixserve.server.tenants  # noqa: F401
+
     KEYS = f"{ALICE} role=user,{BOB} role=user"
 except ImportError:  # before roles: every key is a tenant
     KEYS = f"{ALICE},{BOB}"
@@ -34,8 +37,10 @@ SECRET = "alpha secret plan"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[BackgroundServer]:
-    with engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=8192) as eng, \
-            BackgroundServer(build_app(eng, api_key=KEYS)) as srv:
+    with (
+        engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=8192) as eng,
+        BackgroundServer(build_app(eng, api_key=KEYS)) as srv,
+    ):
         run_workload(srv, eng)
         yield srv
 
@@ -84,8 +89,9 @@ def test_dashboard_in_a_browser(server: BackgroundServer, browser: object, tmp_p
     api_tree = httpx.get(server.url + "/cache/tree", headers={"Authorization": f"Bearer {ALICE}"}).json()
     shown = page.locator("#tree g.node[data-key]:not([data-key=''])")
     assert shown.count() == api_tree["shown_nodes"] >= 5, "every node of the workload's tree is drawn"
-    labels = " ".join(page.locator("#tree g.node title").all_text_contents() + page.locator("#tree text")
-                      .all_text_contents())
+    labels = " ".join(
+        page.locator("#tree g.node title").all_text_contents() + page.locator("#tree text").all_text_contents()
+    )
     assert SECRET in labels and "hits" in labels
 
     # a click on the system prompt's node (shared by every turn: hit more than once) opens its details

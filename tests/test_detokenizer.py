@@ -1,4 +1,5 @@
 """IncrementalDetokenizer: streaming equals a full decode, UTF-8 safety, and stop strings across token boundaries."""
+
 from __future__ import annotations
 
 import random
@@ -29,7 +30,7 @@ def stream(tok: Tokenizer, ids: list[int], chunk: int = 1, **kw: object) -> tupl
     d = IncrementalDetokenizer(tok, **kw)
     deltas, matched = [], None
     for i in range(0, len(ids), chunk):
-        delta, matched = d.step(ids[i:i + chunk])
+        delta, matched = d.step(ids[i : i + chunk])
         deltas.append(delta)
         assert d.text == "".join(deltas)
         if matched is not None:
@@ -80,19 +81,22 @@ def test_invalid_utf8_is_flushed_not_lost(tok: Tokenizer) -> None:
     assert out == tok.decode(ids) == "ab\ufffd"
 
 
-@pytest.mark.parametrize("text,stop", [
-    ("The answer is 42. END of story", "END"),
-    ("你好世界！今天天气很好", "天气"),  # CJK stop inside multi-byte tokens
-    ("emoji 😀🚀 rocket", "🚀"),
-    ("def f(x):\n    return x\n\nprint(f(1))", "\n\n"),
-    ("one two three", "e t"),  # spans a token boundary
-])
+@pytest.mark.parametrize(
+    "text,stop",
+    [
+        ("The answer is 42. END of story", "END"),
+        ("你好世界！今天天气很好", "天气"),  # CJK stop inside multi-byte tokens
+        ("emoji 😀🚀 rocket", "🚀"),
+        ("def f(x):\n    return x\n\nprint(f(1))", "\n\n"),
+        ("one two three", "e t"),  # spans a token boundary
+    ],
+)
 @pytest.mark.parametrize("chunk", [1, 3])
 def test_stop_string_cuts_before_match(tok: Tokenizer, text: str, stop: str, chunk: int) -> None:
     ids = tok.encode(text)
     deltas, matched, out = stream(tok, ids, chunk, stop=[stop])
     assert matched == stop
-    assert out == text[:text.index(stop)]
+    assert out == text[: text.index(stop)]
 
 
 def test_random_stop_strings_never_emitted_partially(tok: Tokenizer) -> None:
@@ -100,8 +104,8 @@ def test_random_stop_strings_never_emitted_partially(tok: Tokenizer) -> None:
     for _ in range(150):
         text = rng.choice(TEXTS)
         start = rng.randrange(len(text) - 1)
-        stop = text[start:start + rng.randint(1, 6)]
-        expected = text[:text.index(stop)]
+        stop = text[start : start + rng.randint(1, 6)]
+        expected = text[: text.index(stop)]
         d = IncrementalDetokenizer(tok, stop=[stop, "never-present-stop"])
         matched = None
         for i in tok.encode(text):
@@ -137,12 +141,13 @@ def test_metaspace_tokenizer_keeps_leading_space_with_prompt_context() -> None:
     hf = HFTokenizer(models.BPE(unk_token="<unk>"))
     hf.pre_tokenizer = pre_tokenizers.Metaspace()
     hf.decoder = decoders.Metaspace()
-    hf.train_from_iterator(SAMPLE_TEXT, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"],
-                                                            show_progress=False))
+    hf.train_from_iterator(
+        SAMPLE_TEXT, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"], show_progress=False)
+    )
     tok = Tokenizer(hf)
     prompt = tok.encode("Hello, world!")
     out_ids = tok.encode("How are you today? Fine.")
-    expected = tok.decode(prompt + out_ids)[len(tok.decode(prompt)):]
+    expected = tok.decode(prompt + out_ids)[len(tok.decode(prompt)) :]
     assert expected.startswith(" How")
     _, _, out = stream(tok, out_ids, prompt_ids=prompt)
     assert out == expected

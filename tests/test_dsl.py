@@ -1,4 +1,5 @@
 """frontend_dsl on the in-process Engine (tiny model): semantics, cache mapping, select scoring, streaming, errors."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -60,6 +61,7 @@ def default_backend_cleared():
 
 # ---- expressions and roles (no model) ---------------------------------------------------------------------------
 
+
 def test_expressions_concatenate_and_bad_arguments_fail_where_written() -> None:
     e = "Q: " + sgl.gen("a", max_tokens=3) + "\n"
     assert [type(x).__name__ for x in e.items] == ["Text", "Gen", "Text"]
@@ -78,8 +80,13 @@ def test_expressions_concatenate_and_bad_arguments_fail_where_written() -> None:
 def test_role_segments_concatenate_to_the_template_rendering_of_the_conversation(tiny_model_dir: Path) -> None:
     tok = Tokenizer.from_dir(tiny_model_dir)
     roles = RoleTemplates(lambda m: tok.apply_chat_template(m, add_generation_prompt=False))
-    convo = [("system", "Be brief."), ("user", "Hi there"), ("assistant", "Hello!"), ("user", "Bye"),
-             ("assistant", "See you.")]
+    convo = [
+        ("system", "Be brief."),
+        ("user", "Hi there"),
+        ("assistant", "Hello!"),
+        ("user", "Bye"),
+        ("assistant", "See you."),
+    ]
     for start in (0, 1):  # with and without a system message (the template then adds its default one)
         msgs = convo[start:]
         built = ""
@@ -90,7 +97,7 @@ def test_role_segments_concatenate_to_the_template_rendering_of_the_conversation
         assert built == full
     # the assistant prefix is the generation prompt
     ctx = [{"role": "user", "content": "Hi"}]
-    gen_prompt = tok.apply_chat_template(ctx, True)[len(tok.apply_chat_template(ctx, False)):]
+    gen_prompt = tok.apply_chat_template(ctx, True)[len(tok.apply_chat_template(ctx, False)) :]
     assert roles.segment("assistant", first=False).prefix == gen_prompt
     # the tiny template allows a system message only first: a clear error, not a wrong prompt
     with pytest.raises(ValueError, match="system"):
@@ -104,8 +111,10 @@ def test_prefix_gate_prefills_the_common_prefix_once_all_programs_arrived_or_lef
     prefilled: list[str] = []
     gate = PrefixGate(prefilled.append, expected=3)
     a, b, c = gate.ticket(), gate.ticket(), gate.ticket()
-    waiting = [threading.Thread(target=a.arrive, args=("You are a librarian. Q: 1",)),
-               threading.Thread(target=b.arrive, args=("You are a librarian. Q: 22",))]
+    waiting = [
+        threading.Thread(target=a.arrive, args=("You are a librarian. Q: 1",)),
+        threading.Thread(target=b.arrive, args=("You are a librarian. Q: 22",)),
+    ]
     for t in waiting:
         t.start()
     time.sleep(0.1)
@@ -124,6 +133,7 @@ def test_prefix_gate_prefills_the_common_prefix_once_all_programs_arrived_or_lef
 
 
 # ---- semantics --------------------------------------------------------------------------------------------------
+
 
 def test_greedy_gen_equals_engine_generate_on_the_rendered_prompt(rt: sgl.Runtime) -> None:
     @sgl.function
@@ -172,6 +182,7 @@ def test_streaming_yields_text_as_produced_and_adds_up_to_the_state(rt: sgl.Runt
 
 # ---- cache mapping ----------------------------------------------------------------------------------------------
 
+
 def test_fork_computes_the_shared_prefix_once(rt: sgl.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     prefix = text_of_tokens(rt, 500)
     prefix_ids = rt.tokenize(prefix)
@@ -208,7 +219,8 @@ def test_fork_computes_the_shared_prefix_once(rt: sgl.Runtime, monkeypatch: pyte
 
 
 def test_run_batch_runs_concurrently_and_computes_the_common_prefix_once(
-        rt: sgl.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    rt: sgl.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
     system = text_of_tokens(rt, 300)
 
     @sgl.function
@@ -233,6 +245,7 @@ def test_run_batch_runs_concurrently_and_computes_the_common_prefix_once(
 
 # ---- select -----------------------------------------------------------------------------------------------------
 
+
 def hf_mean_logprobs(model_dir: Path, rt: sgl.Runtime, prefix: str, choices: list[str]) -> list[float]:
     """Mean logprob of each choice's tokens after prefix, computed independently with transformers (float32)."""
     import transformers
@@ -252,7 +265,8 @@ def hf_mean_logprobs(model_dir: Path, rt: sgl.Runtime, prefix: str, choices: lis
 
 
 def test_select_picks_the_highest_mean_logprob_choice_as_transformers_scores_it(
-        rt: sgl.Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rt: sgl.Runtime, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prefix = "The quick brown fox jumps over the lazy dog. The answer is "
     # one-token, multi-token and boundary-merging choices (" " ends the prefix; the choices start with letters)
     choices = ["dog", "forest into the fox", "x", "radix tree", "Hello"]
@@ -275,6 +289,7 @@ def test_select_picks_the_highest_mean_logprob_choice_as_transformers_scores_it(
 
 
 # ---- programs: forks, variables, errors ------------------------------------------------------------------------
+
 
 def test_nested_forks_and_variables_read_back_in_the_parent(rt: sgl.Runtime) -> None:
     @sgl.function

@@ -1,4 +1,5 @@
 """frontend_dsl over HTTP: RuntimeEndpoint against the radixserve app (uvicorn in a thread) gives what Runtime gives."""
+
 from __future__ import annotations
 
 import socket
@@ -50,9 +51,12 @@ def branches(s, topic):
 
 def snapshot(state: sgl.ProgramState) -> dict[str, Any]:
     meta = state.get_meta_info("final") if "final" in state else None
-    return {"text": state.text(), "messages": state.messages(),
-            "vars": {k: state[k] for k in ("answer", "final", "view", "summary") if k in state},
-            "select_scores": meta["normalized_prompt_logprobs"] if meta else None}
+    return {
+        "text": state.text(),
+        "messages": state.messages(),
+        "vars": {k: state[k] for k in ("answer", "final", "view", "summary") if k in state},
+        "select_scores": meta["normalized_prompt_logprobs"] if meta else None,
+    }
 
 
 def test_in_process_and_http_backends_give_identical_results(engine: Any, server: Server) -> None:
@@ -63,8 +67,10 @@ def test_in_process_and_http_backends_give_identical_results(engine: Any, server
         results[name] = [
             snapshot(chat.run(question="What is a radix tree?", backend=backend, **GREEDY)),
             snapshot(branches.run(topic="caching", backend=backend, **GREEDY)),
-            [snapshot(st) for st in chat.run_batch([{"question": f"q{i}"} for i in range(4)], backend=backend,
-                                                   **GREEDY)],
+            [
+                snapshot(st)
+                for st in chat.run_batch([{"question": f"q{i}"} for i in range(4)], backend=backend, **GREEDY)
+            ],
         ]
     assert results["local"] == results["remote"]
     assert results["remote"][0]["messages"][-1]["content"] in ("Yes", "No", "Let me think again")

@@ -1,6 +1,7 @@
 """Where meaning matters, the default model (Qwen2.5-Coder-0.5B-Instruct): SGLang's tool-use program picks the
 calculator for arithmetic, the likelihood selection methods pick the right capital, and the OpenAI backend's chat model and
 the in-process Runtime write the same greedy answer."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -58,12 +59,15 @@ def test_selection_methods_know_the_capital(real_engine: Any, server: Server, me
 def test_unconditional_normalization_divides_out_the_choices_prior(real_engine: Any, server: Server) -> None:
     # It favours the choice the prompt makes most MORE likely than it is on its own, which is not always the most
     # likely one ("Paris" is likely anyway); both backends must score it the same.
-    states = [capital.run(method=sgl.unconditional_likelihood_normalized, backend=b)
-              for b in (sgl.Runtime(engine=real_engine), sgl.RuntimeEndpoint(server.url))]
+    states = [
+        capital.run(method=sgl.unconditional_likelihood_normalized, backend=b)
+        for b in (sgl.Runtime(engine=real_engine), sgl.RuntimeEndpoint(server.url))
+    ]
     metas = [st.get_meta_info("city") for st in states]
     assert states[0]["city"] == states[1]["city"]
     assert metas[0]["normalized_unconditional_prompt_logprobs"] == pytest.approx(
-        metas[1]["normalized_unconditional_prompt_logprobs"], abs=1e-3)
+        metas[1]["normalized_unconditional_prompt_logprobs"], abs=1e-3
+    )
     scores = metas[0]["normalized_unconditional_prompt_logprobs"]
     assert states[0]["city"] == ["Berlin", "Paris", "Madrid", "Rome"][scores.index(max(scores))]
 
@@ -71,13 +75,13 @@ def test_unconditional_normalization_divides_out_the_choices_prior(real_engine: 
 def test_openai_chat_model_answers_as_the_runtime_does(real_engine: Any, server: Server) -> None:
     oa = sgl.OpenAI(real_engine.model_info()["model_name"], base_url=server.url + "/v1")
     remote = ask.run(question="What is the capital of France?", backend=oa, temperature=0)
-    local = ask.run(question="What is the capital of France?", backend=sgl.Runtime(engine=real_engine),
-                    temperature=0)
+    local = ask.run(question="What is the capital of France?", backend=sgl.Runtime(engine=real_engine), temperature=0)
     assert "Paris" in remote["answer"] and remote["answer"] == local["answer"]
 
 
 async def test_text_async_iter_streams_the_answer(real_engine: Any) -> None:
-    state = ask.run(question="Name a primary color.", backend=sgl.Runtime(engine=real_engine), stream=True,
-                    temperature=0)
+    state = ask.run(
+        question="Name a primary color.", backend=sgl.Runtime(engine=real_engine), stream=True, temperature=0
+    )
     pieces = [out async for out in state.text_async_iter(var_name="answer")]
     assert len(pieces) > 1 and "".join(pieces) == state["answer"]

@@ -4,6 +4,7 @@ Each program below uses only the documented surface (decorator, gen/select, role
 forms, fork with `forks += ...`, `s[...]`, messages(), text_iter(), run/run_batch with sampling args, ret_value,
 set_default_backend); the backend is set once, as SGLang programs do.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ def default_backend(tiny_model_dir: Path, make_engine) -> Iterator[None]:
 
 
 # 1. quick start: a chat with roles, run, messages, streaming ------------------------------------------------------
+
 
 @sgl.function
 def multi_turn_question(s, question_1, question_2):
@@ -50,6 +52,7 @@ def test_quick_start_chat() -> None:
 
 # 2. few-shot classification with select ---------------------------------------------------------------------------
 
+
 @sgl.function
 def few_shot_sentiment(s, review):
     s += "Classify the sentiment of each review.\n\n"
@@ -71,6 +74,7 @@ def test_few_shot_classification_with_select() -> None:
 
 
 # 3. tree of thought: nested forks ----------------------------------------------------------------------------------
+
 
 def propose_plan(s, question, num_branches):
     s += sgl.user("Please generate a high-level plan to answer this question: " + question)
@@ -118,6 +122,7 @@ def test_tree_of_thought_with_nested_forks() -> None:
 
 # 4. multi-turn conversation: `with` roles, begin/end, reading answers between turns ------------------------------
 
+
 @sgl.function
 def conversation(s, turns):
     s += sgl.system("You are a patient tutor.")
@@ -142,6 +147,7 @@ def test_multi_turn_conversation() -> None:
 
 # 5. run_batch over 16 inputs ---------------------------------------------------------------------------------------
 
+
 @sgl.function
 def text_qa(s, question):
     s += "Q: " + question + "\n"
@@ -156,11 +162,13 @@ def test_run_batch_over_16_inputs() -> None:
         assert state.text() == f"Q: {q}\nA:" + state["answer"]
         assert "\n" not in state["answer"]
     # the same answers as one at a time
-    assert [st["answer"] for st in states[:3]] == [text_qa.run(question=q, temperature=0)["answer"]
-                                                   for q in questions[:3]]
+    assert [st["answer"] for st in states[:3]] == [
+        text_qa.run(question=q, temperature=0)["answer"] for q in questions[:3]
+    ]
 
 
 # 6. tool use: gen with choices, then the choice's logprobs from meta_info ---------------------------------------
+
 
 @sgl.function
 def tool_use(s, question):
@@ -182,8 +190,13 @@ def test_tool_use_reads_the_choices_logprobs() -> None:
 
 # 7. asyncio streaming of one variable ------------------------------------------------------------------------------
 
+
 async def test_async_stream_of_one_answer() -> None:
-    state = multi_turn_question.run(question_1="What is the capital of France?",
-                                    question_2="List two local attractions.", stream=True, temperature=0)
+    state = multi_turn_question.run(
+        question_1="What is the capital of France?",
+        question_2="List two local attractions.",
+        stream=True,
+        temperature=0,
+    )
     pieces = [out async for out in state.text_async_iter(var_name="answer_2")]
     assert "".join(pieces) == state["answer_2"] and len(pieces) > 1

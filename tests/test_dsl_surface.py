@@ -1,6 +1,7 @@
 """SGLang's frontend surface, row by row of frontend_dsl/README.md, on both radixserve backends (in-process Runtime and
 RuntimeEndpoint over HTTP) with the tiny model: meta_info keys, selection methods, text_async_iter, var_scope, fork
 groups, run_batch options, refusals."""
+
 from __future__ import annotations
 
 import math
@@ -42,11 +43,18 @@ def run(body: Any, backend: sgl.Backend, **kw: Any) -> sgl.ProgramState:
 
 # ---- gen: meta_info and parameters ----------------------------------------------------------------------------------
 
+
 def test_gen_meta_info_has_sglangs_keys_and_logprobs_when_asked(backend: sgl.Backend) -> None:
     def prog(s):
         s += "Hello there" + sgl.gen("plain", max_tokens=4)
-        s += sgl.gen("lp", max_tokens=3, return_logprob=True, logprob_start_len=0, top_logprobs_num=2,
-                     return_text_in_logprobs=True)
+        s += sgl.gen(
+            "lp",
+            max_tokens=3,
+            return_logprob=True,
+            logprob_start_len=0,
+            top_logprobs_num=2,
+            return_text_in_logprobs=True,
+        )
 
     state = run(prog, backend)
     plain = state.get_meta_info("plain")
@@ -68,17 +76,26 @@ def test_gen_sampling_parameters_reach_the_engine(backend: sgl.Backend) -> None:
     first_id = backend.tokenize("Hello there" + free["x"])[len(backend.tokenize("Hello there"))]
     stop_text = free["x"][3:6]  # a stop string the greedy continuation is known to contain
 
-    state = run(lambda s: s.__iadd__("Hello there" + sgl.gen("long", max_tokens=12, ignore_eos=True, top_k=1,
-                                                              top_p=0.9, min_p=0.01)), backend, temperature=1.0)
+    state = run(
+        lambda s: s.__iadd__(
+            "Hello there" + sgl.gen("long", max_tokens=12, ignore_eos=True, top_k=1, top_p=0.9, min_p=0.01)
+        ),
+        backend,
+        temperature=1.0,
+    )
     assert state["long"] == free["x"]  # top_k=1 samples greedily even at temperature 1
-    by_id = run(lambda s: s.__iadd__("Hello there" + sgl.gen("g", max_tokens=12, stop_token_ids=[first_id])),
-                backend).get_meta_info("g")
+    by_id = run(
+        lambda s: s.__iadd__("Hello there" + sgl.gen("g", max_tokens=12, stop_token_ids=[first_id])), backend
+    ).get_meta_info("g")
     assert by_id["completion_tokens"] == 1 and by_id["finish_reason"]["type"] == "stop"
     state = run(lambda s: s.__iadd__("Hello there" + sgl.gen("g", max_tokens=12, stop=stop_text)), backend)
     assert state.get_meta_info("g")["finish_reason"]["type"] == "stop" and stop_text not in state["g"]
-    penalized = run(lambda s: s.__iadd__("Hello there" + sgl.gen("g", max_tokens=12, ignore_eos=True,
-                                                                  frequency_penalty=2.0, presence_penalty=2.0)),
-                    backend)
+    penalized = run(
+        lambda s: s.__iadd__(
+            "Hello there" + sgl.gen("g", max_tokens=12, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0)
+        ),
+        backend,
+    )
     assert penalized["g"] != free["x"]  # the tiny model repeats itself; the penalties change that
 
 
@@ -92,6 +109,7 @@ def test_stream_meta_info_accumulates_output_logprobs(backend: sgl.Backend) -> N
 
 
 # ---- select: meta_info and the three selection methods --------------------------------------------------------------
+
 
 def test_select_meta_info_has_per_choice_logprob_lists(backend: sgl.Backend) -> None:
     def prog(s):
@@ -122,7 +140,8 @@ def test_greedy_token_selection_compares_token_by_token(backend: sgl.Backend) ->
 
 
 def test_unconditional_likelihood_normalized_scores_the_choices_without_the_prompt(
-        backend: sgl.Backend, engine: Any) -> None:
+    backend: sgl.Backend, engine: Any
+) -> None:
     def prog(s):
         s += PREFIX + sgl.select("pick", choices=CHOICES, choices_method=sgl.unconditional_likelihood_normalized)
 
@@ -131,15 +150,17 @@ def test_unconditional_likelihood_normalized_scores_the_choices_without_the_prom
     for cond, uncond in zip(meta["input_token_logprobs"], meta["unconditional_token_logprobs"]):
         ids = [e[1] for e in cond]
         assert [e[1] for e in uncond] == ids and uncond[0][0] is None
-        alone = engine.generate(input_ids=[ids], sampling_params={"max_new_tokens": 0}, return_logprob=True,
-                                logprob_start_len=0)[0]["meta_info"]["input_token_logprobs"]
+        alone = engine.generate(
+            input_ids=[ids], sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0
+        )[0]["meta_info"]["input_token_logprobs"]
         assert [e[0] for e in uncond[1:]] == pytest.approx([lp for lp, _ in alone[1:]], abs=1e-4)
     scores = meta["normalized_unconditional_prompt_logprobs"]
     assert state["pick"] == CHOICES[max(range(len(CHOICES)), key=lambda i: (scores[i], -i))]
 
 
-@pytest.mark.parametrize("method", [sgl.token_length_normalized, sgl.greedy_token_selection,
-                                    sgl.unconditional_likelihood_normalized])
+@pytest.mark.parametrize(
+    "method", [sgl.token_length_normalized, sgl.greedy_token_selection, sgl.unconditional_likelihood_normalized]
+)
 def test_select_with_no_text_before_it(backend: sgl.Backend, method: Any) -> None:
     state = run(lambda s: s.__iadd__(sgl.select("x", choices=CHOICES, choices_method=method)), backend)
     meta = state.get_meta_info("x")
@@ -151,18 +172,25 @@ def test_select_with_no_text_before_it(backend: sgl.Backend, method: Any) -> Non
 
 def test_a_user_written_choices_method_gets_sglangs_keyword_arguments(backend: sgl.Backend) -> None:
     class Shortest(sgl.ChoicesSamplingMethod):
-        def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs, output_token_logprobs,
-                     unconditional_token_logprobs=None):
+        def __call__(
+            self,
+            *,
+            choices,
+            normalized_prompt_logprobs,
+            input_token_logprobs,
+            output_token_logprobs,
+            unconditional_token_logprobs=None,
+        ):
             i = min(range(len(choices)), key=lambda k: len(input_token_logprobs[k]))
             return sgl.ChoicesDecision(choices[i], {"lengths": [len(e) for e in input_token_logprobs]})
 
-    state = run(lambda s: s.__iadd__(PREFIX + sgl.select("pick", choices=CHOICES, choices_method=Shortest())),
-                backend)
+    state = run(lambda s: s.__iadd__(PREFIX + sgl.select("pick", choices=CHOICES, choices_method=Shortest())), backend)
     lengths = state.get_meta_info("pick")["lengths"]
     assert state["pick"] == CHOICES[lengths.index(min(lengths))]
 
 
 # ---- ProgramState --------------------------------------------------------------------------------------------------
+
 
 async def test_text_async_iter_with_var_name_and_meta_data(backend: sgl.Backend) -> None:
     def prog(s):
@@ -233,6 +261,7 @@ def test_sync_and_messages(backend: sgl.Backend) -> None:
 
 # ---- Program: run, run_batch ---------------------------------------------------------------------------------------
 
+
 def test_run_batch_options(backend: sgl.Backend) -> None:
     @sgl.function
     def echo(s, word):
@@ -253,8 +282,9 @@ def test_run_level_logprob_args_and_bind(backend: sgl.Backend) -> None:
     def say(s, word, n):
         s += "Say " + word + ":" + sgl.gen("out", max_tokens=n) + sgl.gen("own", max_tokens=2, return_logprob=False)
 
-    state = say.bind(n=3).run("hi", backend=backend, return_logprob=True, top_logprobs_num=2,
-                              return_text_in_logprobs=True, **GREEDY)
+    state = say.bind(n=3).run(
+        "hi", backend=backend, return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=True, **GREEDY
+    )
     meta = state.get_meta_info("out")
     assert len(meta["output_token_logprobs"]) == 3 and len(meta["output_token_logprobs"][0]) == 3
     assert all(len(top) == 2 for top in meta["output_top_logprobs"])
@@ -264,8 +294,10 @@ def test_run_level_logprob_args_and_bind(backend: sgl.Backend) -> None:
 
 
 def test_select_temperature_is_accepted_and_the_decision_is_the_argmax(backend: sgl.Backend) -> None:
-    picks = {run(lambda s: s.__iadd__(PREFIX + sgl.select("x", choices=CHOICES, temperature=t)), backend)["x"]
-             for t in (0.0, 0.7, 1.5)}
+    picks = {
+        run(lambda s: s.__iadd__(PREFIX + sgl.select("x", choices=CHOICES, temperature=t)), backend)["x"]
+        for t in (0.0, 0.7, 1.5)
+    }
     assert len(picks) == 1
 
 
@@ -300,19 +332,23 @@ def test_get_server_info_and_flush_cache(backend: sgl.Backend) -> None:
 
 # ---- refusals --------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("call, named", [
-    (lambda: sgl.gen("x", dtype=complex), "dtype"),
-    (lambda: sgl.gen("x", stop_regex=r"\n+"), "stop_regex"),
-    (lambda: sgl.gen("x", min_tokens=4), "min_tokens"),
-    (lambda: sgl.gen("x", n=2), "n=2"),
-    (lambda: sgl.image("cat.png"), "sgl.image"),
-    (lambda: sgl.video("cat.mp4", 8), "sgl.video"),
-    (lambda: sgl.separate_reasoning(sgl.gen("x")), "separate_reasoning"),
-    (lambda: sgl.function(lambda s: None, num_api_spec_tokens=64), "num_api_spec_tokens"),
-    (lambda: sgl.function(lambda s: None).trace(), "trace"),
-    (lambda: sgl.function(lambda s: None).cache(), "cache"),
-    (lambda: sgl.function(lambda s: None).compile(), "compile"),
-])
+
+@pytest.mark.parametrize(
+    "call, named",
+    [
+        (lambda: sgl.gen("x", dtype=complex), "dtype"),
+        (lambda: sgl.gen("x", stop_regex=r"\n+"), "stop_regex"),
+        (lambda: sgl.gen("x", min_tokens=4), "min_tokens"),
+        (lambda: sgl.gen("x", n=2), "n=2"),
+        (lambda: sgl.image("cat.png"), "sgl.image"),
+        (lambda: sgl.video("cat.mp4", 8), "sgl.video"),
+        (lambda: sgl.separate_reasoning(sgl.gen("x")), "separate_reasoning"),
+        (lambda: sgl.function(lambda s: None, num_api_spec_tokens=64), "num_api_spec_tokens"),
+        (lambda: sgl.function(lambda s: None).trace(), "trace"),
+        (lambda: sgl.function(lambda s: None).cache(), "cache"),
+        (lambda: sgl.function(lambda s: None).compile(), "compile"),
+    ],
+)
 def test_unsupported_calls_are_refused_naming_the_call(call: Any, named: str) -> None:
     with pytest.raises(sgl.NotSupportedError, match=named):
         call()
@@ -331,8 +367,15 @@ def test_fork_position_ids_offset_is_refused(backend: sgl.Backend) -> None:
 
 def test_runtime_maps_warns_about_and_refuses_sglang_server_args(tiny_model_dir: Path) -> None:
     with pytest.warns(UserWarning, match="mem_fraction_static"):
-        rt = sgl.Runtime(str(tiny_model_dir), tp_size=1, mem_fraction_static=0.8, disable_radix_cache=True,
-                         max_total_tokens=2048, dtype="float32", page_size=8)
+        rt = sgl.Runtime(
+            str(tiny_model_dir),
+            tp_size=1,
+            mem_fraction_static=0.8,
+            disable_radix_cache=True,
+            max_total_tokens=2048,
+            dtype="float32",
+            page_size=8,
+        )
     try:
         assert rt.get_server_info()["page_size"] == 8 and rt.get_server_info()["dtype"] == "float32"
         again = [run(lambda s: s.__iadd__(PREFIX + sgl.gen("g", max_tokens=1)), rt) for _ in range(2)]

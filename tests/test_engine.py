@@ -1,4 +1,5 @@
 """Engine behaviour on a tiny model: cache accounting, memory pressure, aborts, sampling, namespaces, streaming."""
+
 from __future__ import annotations
 
 import asyncio
@@ -57,8 +58,7 @@ def test_memory_pressure_evicts_then_retracts_and_outputs_stay_the_same(tiny_mod
 
     # 20 pages of 16 tokens; the six requests need 6 x 100 tokens. A low decode reservation over-admits on purpose
     # (speculation off: its reservation of draft slots per request would admit fewer, and nothing would retract).
-    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=320, init_new_token_ratio=0.05,
-                      speculative="off")
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=320, init_new_token_ratio=0.05, speculative="off")
     junk = rand_ids(rng, 200)
     eng.generate(input_ids=junk, sampling_params={"max_new_tokens": 1})
     stats = eng.cache_stats()
@@ -86,13 +86,13 @@ def test_request_that_can_never_fit_fails_clearly(tiny_model_dir: Path, make_eng
 
 
 async def test_abort_at_random_moments_leaks_nothing(tiny_model_dir: Path, make_engine) -> None:
-    eng = make_engine(tiny_model_dir, page_size=4, max_total_tokens=1024, chunked_prefill_size=16,
-                      max_running_requests=3)
+    eng = make_engine(
+        tiny_model_dir, page_size=4, max_total_tokens=1024, chunked_prefill_size=16, max_running_requests=3
+    )
     rng = random.Random(4)
 
     async def consume(ids: list[int], stop_after: int) -> None:
-        it = eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "ignore_eos": True},
-                                stream=True)
+        it = eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "ignore_eos": True}, stream=True)
         n = 0
         async for _ in it:
             n += 1
@@ -101,8 +101,7 @@ async def test_abort_at_random_moments_leaks_nothing(tiny_model_dir: Path, make_
         await it.aclose()
 
     async def abort_by_rid(ids: list[int], delay: float, rid: str) -> None:
-        task = asyncio.ensure_future(eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 30},
-                                                        rid=rid))
+        task = asyncio.ensure_future(eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 30}, rid=rid))
         await asyncio.sleep(delay)
         eng.abort(rid)
         out = await task
@@ -129,13 +128,17 @@ def test_same_seed_same_tokens_alone_and_in_a_busy_batch(tiny_model_dir: Path, m
     others = [rand_ids(rng, rng.randrange(5, 60)) for _ in range(5)]
     batch = eng.generate(
         input_ids=others[:3] + [prompt] + others[3:],
-        sampling_params=[{"max_new_tokens": 16, "temperature": 1.3, "ignore_eos": True}] * 3 + [seeded]
+        sampling_params=[{"max_new_tokens": 16, "temperature": 1.3, "ignore_eos": True}] * 3
+        + [seeded]
         + [{"max_new_tokens": 16, "temperature": 0.7, "ignore_eos": True}] * 2,
     )
     assert batch[3]["output_ids"] == alone
-    greedy = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 16, "temperature": 0, "ignore_eos": True})
-    top1 = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 16, "temperature": 0.8, "top_k": 1,
-                                                           "ignore_eos": True})
+    greedy = eng.generate(
+        input_ids=prompt, sampling_params={"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+    )
+    top1 = eng.generate(
+        input_ids=prompt, sampling_params={"max_new_tokens": 16, "temperature": 0.8, "top_k": 1, "ignore_eos": True}
+    )
     assert top1["output_ids"] == greedy["output_ids"]
 
 
@@ -146,15 +149,18 @@ def test_stop_token_ids_and_stop_strings(tiny_model_dir: Path, make_engine) -> N
     ids, text = full["output_ids"], full["text"]
     stop_tok = ids[5]
     first = ids.index(stop_tok)
-    out = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True,
-                                                          "stop_token_ids": [stop_tok]})
+    out = eng.generate(
+        input_ids=prompt,
+        sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "stop_token_ids": [stop_tok]},
+    )
     assert out["output_ids"] == ids[: first + 1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_tok}
     # A stop string taken from the middle of the text: output ends right before its first occurrence.
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip(), text
-    out = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True,
-                                                          "stop": [stop]})
+    out = eng.generate(
+        input_ids=prompt, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "stop": [stop]}
+    )
     assert out["text"] == text[: text.index(stop)]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
 
@@ -178,8 +184,10 @@ def test_namespaces_never_share_pages(tiny_model_dir: Path, make_engine) -> None
 def test_n_samples_share_the_prompt_pages(tiny_model_dir: Path, make_engine) -> None:
     eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=2048)
     prompt = rand_ids(random.Random(9), 64)
-    outs = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 8, "temperature": 1.0, "n": 4,
-                                                           "seed": 7, "ignore_eos": True})
+    outs = eng.generate(
+        input_ids=prompt,
+        sampling_params={"max_new_tokens": 8, "temperature": 1.0, "n": 4, "seed": 7, "ignore_eos": True},
+    )
     assert len(outs) == 4
     # 3 full pages, and 15 rows copied from the 4th (the last token is computed for each sample's logits)
     assert all(o["meta_info"]["cached_tokens"] == 63 for o in outs)
@@ -202,7 +210,7 @@ def test_chat_encode_decode_and_prefill_only(tiny_model_dir: Path, make_engine) 
     eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=2048)
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}]
     ids = eng.apply_chat_template(msgs)
-    assert eng.decode(ids) .startswith("<|im_start|>system") is False  # special tokens are skipped when decoding
+    assert eng.decode(ids).startswith("<|im_start|>system") is False  # special tokens are skipped when decoding
     assert eng.tokenizer.decode(ids, skip_special_tokens=False).startswith("<|im_start|>system")
     out = eng.chat(msgs, sampling_params={"max_new_tokens": 4, "temperature": 0})
     assert out["meta_info"]["prompt_tokens"] == len(ids)
@@ -215,8 +223,9 @@ def test_chat_encode_decode_and_prefill_only(tiny_model_dir: Path, make_engine) 
 def test_prefill_merge_limit_runs_long_prefills_one_per_step(tiny_model_dir: Path, make_engine, limit) -> None:
     """With a limit, a prefill chunk longer than it joins no step that holds other prefill work (shorter chunks may
     join it); without, all four prompts prefill in one step. Tokens are the same either way."""
-    eng = make_engine(tiny_model_dir, page_size=4, max_total_tokens=4096, chunked_prefill_size=512,
-                      prefill_merge_tokens=limit)
+    eng = make_engine(
+        tiny_model_dir, page_size=4, max_total_tokens=4096, chunked_prefill_size=512, prefill_merge_tokens=limit
+    )
     steps: list[list[int]] = []
     execute = eng.runner.execute
 

@@ -1,4 +1,5 @@
 """Rule 1 of DESIGN.md: greedy tokens equal HF transformers' (float32), cache on or off, for every architecture."""
+
 from __future__ import annotations
 
 import random
@@ -26,7 +27,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], n: int = NEW) -> list[l
             for _ in range(n):
                 logits = model(torch.tensor([ids])).logits[0, -1]
                 ids.append(int(logits.argmax()))
-            outs.append(ids[len(p):])
+            outs.append(ids[len(p) :])
     return outs
 
 
@@ -100,8 +101,12 @@ def test_float32_logits_within_1e4_of_transformers(tiny_model_dir: Path, make_en
     prompt = rand_ids(rng, 70)
     eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=2048)
     eng.generate(input_ids=prompt[:48] + [5], sampling_params={"max_new_tokens": 1})  # caches 3 pages of the prefix
-    out = eng.generate(input_ids=prompt, sampling_params={"max_new_tokens": 1, "temperature": 0},
-                       return_logprob=True, logprob_start_len=40)
+    out = eng.generate(
+        input_ids=prompt,
+        sampling_params={"max_new_tokens": 1, "temperature": 0},
+        return_logprob=True,
+        logprob_start_len=40,
+    )
     lps = out["meta_info"]["input_token_logprobs"]
     assert [t for _, t in lps] == prompt[40:]
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)

@@ -1,6 +1,7 @@
 """Scheduling between tenants and priorities: the fair-share order, a flood that cannot starve another tenant under
 longest-prefix-first, a high priority retracting low-priority decodes (pool invariants after, outputs unchanged),
 timeouts that abort and free, and the per-namespace flush of the radix cache."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,9 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
 def fake(tenant: str, created: float, priority: int = 0, tokens: int = 100) -> Any:
-    return SimpleNamespace(tenant=tenant, created=created, priority=priority, num_fill=tokens, kv_len=0,
-                           name=f"{tenant}{int(created)}")
+    return SimpleNamespace(
+        tenant=tenant, created=created, priority=priority, num_fill=tokens, kv_len=0, name=f"{tenant}{int(created)}"
+    )
 
 
 def names(reqs: list[Any]) -> list[str]:
@@ -67,18 +69,19 @@ async def _finish_order(engine: Any, calls: list[dict], first: dict) -> list[str
     return order
 
 
-def test_a_flood_with_cached_prefixes_cannot_starve_another_tenant(tiny_model_dir: Path,
-                                                                  make_engine: Callable) -> None:
+def test_a_flood_with_cached_prefixes_cannot_starve_another_tenant(tiny_model_dir: Path, make_engine: Callable) -> None:
     shared = list(range(10, 90))  # the flood's prompts share a cached prefix: longest-prefix-first favours them
     results = {}
     for fair in (True, False):
-        eng = make_engine(tiny_model_dir, page_size=4, max_running_requests=1, schedule_policy="lpm",
-                          fair_share=fair)
+        eng = make_engine(tiny_model_dir, page_size=4, max_running_requests=1, schedule_policy="lpm", fair_share=fair)
         eng.generate(input_ids=shared + [1], sampling_params={**GREEDY, "max_new_tokens": 1}, tenant="A")
-        flood = [dict(input_ids=shared + [2 + i], sampling_params={**GREEDY, "max_new_tokens": 2}, tenant="A",
-                      rid=f"A{i}") for i in range(6)]
-        quiet = dict(input_ids=list(range(200, 260)), sampling_params={**GREEDY, "max_new_tokens": 2}, tenant="B",
-                     rid="B")
+        flood = [
+            dict(input_ids=shared + [2 + i], sampling_params={**GREEDY, "max_new_tokens": 2}, tenant="A", rid=f"A{i}")
+            for i in range(6)
+        ]
+        quiet = dict(
+            input_ids=list(range(200, 260)), sampling_params={**GREEDY, "max_new_tokens": 2}, tenant="B", rid="B"
+        )
         first = dict(input_ids=[5, 6, 7], sampling_params={**GREEDY, "max_new_tokens": 30}, tenant="A", rid="first")
         results[fair] = [r for r in asyncio.run(_finish_order(eng, flood + [quiet], first)) if r != "first"]
     assert results[True].index("B") <= 1, results[True]  # fair share: B's turn comes at once
@@ -122,8 +125,14 @@ def test_high_priority_takes_pages_from_low_priority(tiny_model_dir: Path, make_
     # Full reservations (ratio 1): the two low-priority requests leave too few pages for the high one to fit
     # beside them, however the decaying ratio has moved by the time it arrives. Speculation off: accepted drafts
     # would let the low-priority requests finish before the high one can matter.
-    eng = make_engine(tiny_model_dir, page_size=4, max_total_tokens=256, max_running_requests=8,
-                      init_new_token_ratio=1.0, speculative="off")
+    eng = make_engine(
+        tiny_model_dir,
+        page_size=4,
+        max_total_tokens=256,
+        max_running_requests=8,
+        init_new_token_ratio=1.0,
+        speculative="off",
+    )
 
     async def scenario() -> list[str]:
         order: list[str] = []
@@ -133,12 +142,15 @@ def test_high_priority_takes_pages_from_low_priority(tiny_model_dir: Path, make_
             assert out["meta_info"]["finish_reason"]["type"] == "length"
             order.append(name)
 
-        lows = [asyncio.ensure_future(run(f"low{i}", input_ids=list(range(30 + i, 60 + i)),
-                                          sampling_params={**GREEDY, "max_new_tokens": 90})) for i in range(2)]
+        lows = [
+            asyncio.ensure_future(
+                run(f"low{i}", input_ids=list(range(30 + i, 60 + i)), sampling_params={**GREEDY, "max_new_tokens": 90})
+            )
+            for i in range(2)
+        ]
         while eng.metrics()["generation_tokens_total"] < 20:
             await asyncio.sleep(0.005)
-        await run("high", input_ids=list(range(100, 140)), sampling_params={**GREEDY, "max_new_tokens": 60},
-                  priority=1)
+        await run("high", input_ids=list(range(100, 140)), sampling_params={**GREEDY, "max_new_tokens": 60}, priority=1)
         await asyncio.gather(*lows)
         return order
 
@@ -149,16 +161,17 @@ def test_high_priority_takes_pages_from_low_priority(tiny_model_dir: Path, make_
     eng.check_invariants()
 
 
-def test_timeouts_abort_waiting_and_running_requests_and_free_their_pages(tiny_model_dir: Path,
-                                                                          make_engine: Callable) -> None:
+def test_timeouts_abort_waiting_and_running_requests_and_free_their_pages(
+    tiny_model_dir: Path, make_engine: Callable
+) -> None:
     # Speculation off: the 900-token request must still be decoding when its timeout ends it.
     eng = make_engine(tiny_model_dir, page_size=4, max_running_requests=1, speculative="off")
 
     async def scenario() -> tuple[dict, dict, dict]:
-        running = eng.async_generate(input_ids=list(range(10, 30)), sampling_params={**GREEDY, "max_new_tokens": 900},
-                                     timeout=0.6)
-        waiting = eng.async_generate(input_ids=[1, 2, 3], sampling_params={**GREEDY, "max_new_tokens": 2},
-                                     timeout=0.2)
+        running = eng.async_generate(
+            input_ids=list(range(10, 30)), sampling_params={**GREEDY, "max_new_tokens": 900}, timeout=0.6
+        )
+        waiting = eng.async_generate(input_ids=[1, 2, 3], sampling_params={**GREEDY, "max_new_tokens": 2}, timeout=0.2)
         fine = eng.async_generate(input_ids=[4, 5, 6], sampling_params={**GREEDY, "max_new_tokens": 2}, timeout=60)
         return tuple(await asyncio.gather(running, waiting, fine))  # type: ignore[return-value]
 
@@ -217,8 +230,12 @@ def test_a_tenant_holding_every_slot_gives_one_up_to_another(tiny_model_dir: Pat
                 assert out["meta_info"]["finish_reason"]["type"] == "length"
                 order.append(name)
 
-            flood = [asyncio.ensure_future(run(f"A{i}", input_ids=[7 + i, 8, 9], tenant="A",
-                                               sampling_params={**GREEDY, "max_new_tokens": 150})) for i in range(3)]
+            flood = [
+                asyncio.ensure_future(
+                    run(f"A{i}", input_ids=[7 + i, 8, 9], tenant="A", sampling_params={**GREEDY, "max_new_tokens": 150})
+                )
+                for i in range(3)
+            ]
             while eng.metrics()["num_running"] < 3:
                 await asyncio.sleep(0.005)
             await run("B", input_ids=[40, 41, 42], tenant="B", sampling_params={**GREEDY, "max_new_tokens": 4})

@@ -1,5 +1,6 @@
 """One request must never harm the others (issue 12): strict parameters at every entry point, failures isolated to
 their request inside the engine loop, queue accounting that always returns, bounded work per request."""
+
 from __future__ import annotations
 
 import sys
@@ -48,8 +49,9 @@ BAD_PARAMS = [
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Iterator[Any]:
-    with engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=2048,
-                             max_queued_requests=4) as eng:
+    with engine_left_at_rest(
+        tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=2048, max_queued_requests=4
+    ) as eng:
         yield eng
 
 
@@ -66,23 +68,26 @@ def serves_as_before(engine: Any, reference: list[int]) -> None:
 
 
 @pytest.mark.parametrize("params,field", BAD_PARAMS, ids=[f for _, f in BAD_PARAMS])
-def test_bad_sampling_params_are_refused_at_the_call(engine: Any, reference: list[int], params: dict[str, Any],
-                                                      field: str) -> None:
+def test_bad_sampling_params_are_refused_at_the_call(
+    engine: Any, reference: list[int], params: dict[str, Any], field: str
+) -> None:
     with pytest.raises(ParamError) as err:
         engine.generate(input_ids=PROMPT, sampling_params=params)
     assert err.value.field == field
     serves_as_before(engine, reference)
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    (dict(input_ids=[[1, 2], 3]), "input_ids"),
-    (dict(input_ids=[True, 2]), "input_ids"),
-    (dict(input_ids=PROMPT, top_logprobs_num=True), "top_logprobs_num"),
-    (dict(input_ids=PROMPT, rid=5), "rid"),
-    (dict(prompt="x" * 5_000_000), "prompt"),
-])
-def test_bad_request_shapes_are_refused(engine: Any, reference: list[int], kwargs: dict[str, Any],
-                                        field: str) -> None:
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(input_ids=[[1, 2], 3]), "input_ids"),
+        (dict(input_ids=[True, 2]), "input_ids"),
+        (dict(input_ids=PROMPT, top_logprobs_num=True), "top_logprobs_num"),
+        (dict(input_ids=PROMPT, rid=5), "rid"),
+        (dict(prompt="x" * 5_000_000), "prompt"),
+    ],
+)
+def test_bad_request_shapes_are_refused(engine: Any, reference: list[int], kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ParamError) as err:
         engine.generate(sampling_params=GREEDY, **kwargs)
     assert err.value.field == field
@@ -105,8 +110,9 @@ def test_queue_places_are_given_back_and_batches_are_all_or_nothing(engine: Any,
     serves_as_before(engine, reference)
 
 
-def test_a_sampler_fault_fails_its_request_alone(engine: Any, reference: list[int],
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sampler_fault_fails_its_request_alone(
+    engine: Any, reference: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import radixserve.model.runner as runner
 
     real = runner.sample_ids
@@ -137,8 +143,9 @@ def test_a_sampler_fault_fails_its_request_alone(engine: Any, reference: list[in
     serves_as_before(engine, reference)
 
 
-def test_a_detokenizer_fault_fails_its_request_alone(engine: Any, reference: list[int],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_detokenizer_fault_fails_its_request_alone(
+    engine: Any, reference: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from radixserve.detokenizer import IncrementalDetokenizer
 
     real = IncrementalDetokenizer.step
@@ -152,8 +159,10 @@ def test_a_detokenizer_fault_fails_its_request_alone(engine: Any, reference: lis
     import asyncio
 
     async def together() -> list[Any]:
-        calls = [engine.async_generate(input_ids=PROMPT, sampling_params=GREEDY),
-                 engine.async_generate(input_ids=PROMPT, sampling_params={**GREEDY, "stop": ["BOOM"]})]
+        calls = [
+            engine.async_generate(input_ids=PROMPT, sampling_params=GREEDY),
+            engine.async_generate(input_ids=PROMPT, sampling_params={**GREEDY, "stop": ["BOOM"]}),
+        ]
         return await asyncio.gather(*calls, return_exceptions=True)
 
     good, bad = asyncio.run(together())
@@ -162,8 +171,9 @@ def test_a_detokenizer_fault_fails_its_request_alone(engine: Any, reference: lis
     serves_as_before(engine, reference)
 
 
-def test_a_failing_step_fails_its_batch_and_the_engine_goes_on(engine: Any, reference: list[int],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_step_fails_its_batch_and_the_engine_goes_on(
+    engine: Any, reference: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = engine.runner.forward
     calls = {"n": 0}
 
@@ -211,6 +221,7 @@ def test_a_fault_in_every_step_stops_the_engine_cleanly(tiny_model_dir: Path) ->
 
     eng = Engine(model=tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=512)
     try:
+
         def broken(batch: Any) -> Any:
             raise RuntimeError("injected persistent fault")
 
@@ -228,11 +239,32 @@ def test_a_fault_in_every_step_stops_the_engine_cleanly(tiny_model_dir: Path) ->
         eng.shutdown()
 
 
-SAMPLING_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 2**65), st.floats(allow_nan=True),
-                            st.text(max_size=3), st.lists(st.integers(-2, 600), max_size=3),
-                            st.lists(st.text(max_size=2), max_size=3))
-FIELDS = ["max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-          "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "seed", "n", "bogus"]
+SAMPLING_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 2**65),
+    st.floats(allow_nan=True),
+    st.text(max_size=3),
+    st.lists(st.integers(-2, 600), max_size=3),
+    st.lists(st.text(max_size=2), max_size=3),
+)
+FIELDS = [
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "seed",
+    "n",
+    "bogus",
+]
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -252,14 +284,17 @@ def test_any_sampling_dict_is_a_param_error_or_a_result(engine: Any, params: dic
 # ---- the same through HTTP -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def http(engine: Any) -> Iterator[httpx.Client]:
-    with BackgroundServer(build_app(engine, max_queued_requests=4)) as srv, \
-            httpx.Client(base_url=srv.url, timeout=60) as client:
+    with (
+        BackgroundServer(build_app(engine, max_queued_requests=4)) as srv,
+        httpx.Client(base_url=srv.url, timeout=60) as client,
+    ):
         yield client
 
 
 @pytest.mark.parametrize("params,field", BAD_PARAMS, ids=[f for _, f in BAD_PARAMS])
-def test_generate_answers_400_naming_the_field(http: httpx.Client, engine: Any, reference: list[int],
-                                               params: dict[str, Any], field: str) -> None:
+def test_generate_answers_400_naming_the_field(
+    http: httpx.Client, engine: Any, reference: list[int], params: dict[str, Any], field: str
+) -> None:
     r = http.post("/generate", json={"input_ids": PROMPT, "sampling_params": params})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
@@ -268,12 +303,15 @@ def test_generate_answers_400_naming_the_field(http: httpx.Client, engine: Any, 
     assert http.get("/health").status_code == 200
 
 
-@pytest.mark.parametrize("body,param", [
-    (b'{"text": "\xff\xfe"}', None),
-    (b"[" * 100_000 + b"]" * 100_000, None),
-    (b'{"input_ids": [[1, 2], 3]}', "input_ids"),
-    (b'{"text": "hi", "sampling_params": {"seed": 1.5}}', "seed"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        (b'{"text": "\xff\xfe"}', None),
+        (b"[" * 100_000 + b"]" * 100_000, None),
+        (b'{"input_ids": [[1, 2], 3]}', "input_ids"),
+        (b'{"text": "hi", "sampling_params": {"seed": 1.5}}', "seed"),
+    ],
+)
 def test_malformed_bodies_are_400(http: httpx.Client, body: bytes, param: str | None) -> None:
     r = http.post("/generate", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
@@ -287,8 +325,9 @@ def test_a_huge_prompt_is_refused_before_tokenizing(http: httpx.Client, engine: 
     assert time.perf_counter() - start < 30  # generous: the point is that it is not tokenized (see RESULTS.md)
 
 
-def test_internal_errors_answer_500_naming_the_request(http: httpx.Client, engine: Any,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_internal_errors_answer_500_naming_the_request(
+    http: httpx.Client, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from radixserve.detokenizer import IncrementalDetokenizer
 
     real = IncrementalDetokenizer.step
@@ -299,8 +338,9 @@ def test_internal_errors_answer_500_naming_the_request(http: httpx.Client, engin
         return real(self, ids)
 
     monkeypatch.setattr(IncrementalDetokenizer, "step", faulty)
-    r = http.post("/generate", json={"input_ids": PROMPT, "rid": "req-42",
-                                     "sampling_params": {**GREEDY, "stop": ["BOOM"]}})
+    r = http.post(
+        "/generate", json={"input_ids": PROMPT, "rid": "req-42", "sampling_params": {**GREEDY, "stop": ["BOOM"]}}
+    )
     assert r.status_code == 500
     err = r.json()["error"]
     assert "req-42" in err["message"] and "secret" not in r.text
@@ -325,8 +365,10 @@ def test_slow_headers_and_stalled_bodies_are_cut_off(engine: Any) -> None:
         assert time.monotonic() - start < 4
         slow.close()
         stalled = socket.create_connection(("127.0.0.1", srv.port))
-        stalled.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: 100\r\n\r\n{\"text\":")  # the rest of the body never comes
+        stalled.sendall(
+            b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"text":'
+        )  # the rest of the body never comes
         stalled.settimeout(5)
         assert b" 408 " in stalled.recv(200).split(b"\r\n")[0] + b" "
         stalled.close()
@@ -344,9 +386,25 @@ def test_schemathesis_finds_no_server_error(engine: Any, tmp_path: Path) -> None
     cli = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
     with BackgroundServer(build_app(engine, max_queued_requests=4)) as srv:
         done = subprocess.run(
-            [cli, "run", f"{srv.url}/openapi.json", "--checks", "not_a_server_error", "--max-examples", "25",
-             "--generation-deterministic", "--request-timeout", "60", "--max-failures", "5"],
-            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+            [
+                cli,
+                "run",
+                f"{srv.url}/openapi.json",
+                "--checks",
+                "not_a_server_error",
+                "--max-examples",
+                "25",
+                "--generation-deterministic",
+                "--request-timeout",
+                "60",
+                "--max-failures",
+                "5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             assert c.get("/health").status_code == 200

@@ -1,5 +1,6 @@
 """GGUF conversion on tiny GGUF files written here with gguf.GGUFWriter (no real model): weights, config and tokenizer
 round-trip, and agree with transformers' own GGUF loader; resolve_model's caching, default-model assembly and errors."""
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,16 @@ from tiny_tokenizer import CHAT_TEMPLATE
 Q = gguf.GGMLQuantizationType
 GGUF_ARCH = {"qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3, "llama": gguf.MODEL_ARCH.LLAMA}
 # A mix of the storage types llama.cpp uses; each row length of the tiny model is a multiple of the 32-value blocks.
-MIXED_TYPES = {"attn_q": Q.Q8_0, "attn_k": Q.Q5_0, "attn_v": Q.F16, "attn_output": Q.BF16, "ffn_up": Q.Q5_0,
-               "ffn_gate": Q.Q8_0, "token_embd": Q.Q8_0, "output": Q.Q8_0}
+MIXED_TYPES = {
+    "attn_q": Q.Q8_0,
+    "attn_k": Q.Q5_0,
+    "attn_v": Q.F16,
+    "attn_output": Q.BF16,
+    "ffn_up": Q.Q5_0,
+    "ffn_gate": Q.Q8_0,
+    "token_embd": Q.Q8_0,
+    "output": Q.Q8_0,
+}
 QUANTIZED_HF = {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "embed_tokens", "lm_head"}
 TEXTS = [
     "Hello, world! How are you today? I'm fine.",
@@ -112,7 +121,9 @@ def load_folder(folder: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def ggufs(tiny_model_factory: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+def ggufs(
+    tiny_model_factory: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, Path]]:
     """arch -> (original HF folder, GGUF with mixed quantization) for qwen2 (tied), qwen3 (qk-norm), llama (permuted)."""
     out = {}
     for arch in ("qwen2", "qwen3", "llama"):
@@ -133,7 +144,9 @@ def test_conversion_matches_original_and_transformers(arch: str, ggufs: dict, tm
     assert set(ours) == set(original)
     for name, value in original.items():
         assert ours[name].dtype == np.float32 and ours[name].shape == value.shape, name
-        if name.endswith(".weight") and name.split(".")[-2] in QUANTIZED_HF:  # close, and exactly what transformers reads
+        if (
+            name.endswith(".weight") and name.split(".")[-2] in QUANTIZED_HF
+        ):  # close, and exactly what transformers reads
             np.testing.assert_allclose(ours[name], value, atol=0.1 * float(np.abs(value).max()), err_msg=name)
         else:  # stored as F32 in the GGUF: the round trip is exact
             np.testing.assert_array_equal(ours[name], value, err_msg=name)
@@ -141,7 +154,9 @@ def test_conversion_matches_original_and_transformers(arch: str, ggufs: dict, tm
     # transformers' GGUF config reader ignores qwen3.attention.key_length (it assumes Qwen3's usual head_dim of 128),
     # so it cannot load the tiny Qwen3; the comparison with the original above covers that one.
     if arch != "qwen3":
-        theirs = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+        theirs = AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+        )
         for name, value in theirs.state_dict().items():
             if name == "lm_head.weight" and theirs.config.tie_word_embeddings:
                 continue
@@ -149,8 +164,17 @@ def test_conversion_matches_original_and_transformers(arch: str, ggufs: dict, tm
 
     cfg = json.loads((folder / "config.json").read_text())
     ref = json.loads((hf_dir / "config.json").read_text())
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+    ):
         assert cfg[key] == ref[key], key
     assert cfg["architectures"] == ref["architectures"]
     assert cfg["rope_theta"] == pytest.approx(ref.get("rope_theta") or ref["rope_parameters"]["rope_theta"])
@@ -176,7 +200,9 @@ def test_tokenizer_matches_source_and_transformers(ggufs: dict, tmp_path: Path) 
     assert ours.id_to_token(gen["eos_token_id"][0]) == "<|im_end|>"
 
 
-def test_converted_gguf_generates_like_original(ggufs: dict, tmp_path: Path, make_engine: Callable, monkeypatch) -> None:
+def test_converted_gguf_generates_like_original(
+    ggufs: dict, tmp_path: Path, make_engine: Callable, monkeypatch
+) -> None:
     """The Llama GGUF (permuted Q/K rows), stored as F32 and converted into several shards, decodes like the original."""
     hf_dir, _ = ggufs["llama"]
     gguf_path = write_gguf(tmp_path / "f32.gguf", "llama", hf_dir, {})
@@ -216,7 +242,7 @@ def make_part_packages(root: Path, data: bytes, n: int) -> list[tuple[str, str]]
         pkg = root / f"fake_model_part{i + 1}"
         (pkg / "data").mkdir(parents=True)
         (pkg / "__init__.py").write_text("")
-        (pkg / "data" / f"part{i + 1:02d}.bin").write_bytes(data[i * size:(i + 1) * size])
+        (pkg / "data" / f"part{i + 1:02d}.bin").write_bytes(data[i * size : (i + 1) * size])
         parts.append((pkg.name, f"part{i + 1:02d}.bin"))
     return parts
 
@@ -268,9 +294,18 @@ def _broken_paths(root: Path, gguf_path: Path) -> dict[str, tuple[Path, str]]:
     (root / "badjson" / "config.json").write_text("{not json")
     cases["bad json"] = (root / "badjson", "not valid JSON")
     (root / "noweights").mkdir()
-    (root / "noweights" / "config.json").write_text(json.dumps(
-        {"architectures": ["Qwen2ForCausalLM"], "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
-         "num_hidden_layers": 1, "num_attention_heads": 2}))
+    (root / "noweights" / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "vocab_size": 8,
+                "hidden_size": 8,
+                "intermediate_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+            }
+        )
+    )
     cases["no weights"] = (root / "noweights", "needs \\*.safetensors")
     (root / "gpt").mkdir()
     (root / "gpt" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
@@ -312,14 +347,18 @@ def test_tensor_names_and_byte_alphabet() -> None:
     assert alphabet[ord(" ")] == "Ġ" and alphabet[ord("\n")] == "Ċ"
 
 
-
 def llama3_like_metadata(**overrides: object) -> dict:
     """A byte-level vocabulary with one merge and Llama 3's special tokens and BOS rule."""
     tokens = [*byte_alphabet().values(), "hi", "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>"]
     meta = {
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "llama-bpe", "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": [1] * 257 + [3, 3, 3], "tokenizer.ggml.merges": ["h i"],
-        "tokenizer.ggml.bos_token_id": 257, "tokenizer.ggml.eos_token_id": 259, "tokenizer.ggml.eot_token_id": 258,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "llama-bpe",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [1] * 257 + [3, 3, 3],
+        "tokenizer.ggml.merges": ["h i"],
+        "tokenizer.ggml.bos_token_id": 257,
+        "tokenizer.ggml.eos_token_id": 259,
+        "tokenizer.ggml.eot_token_id": 258,
         "tokenizer.ggml.add_bos_token": True,
     }
     meta.update(overrides)
@@ -335,15 +374,22 @@ def test_tokenizer_bos_and_end_of_generation_ids() -> None:
     assert end_of_generation_ids(meta) == [259, 258]
     cfg = tokenizer_config(meta, 8192)
     assert (cfg["bos_token"], cfg["eos_token"], cfg["add_bos_token"], cfg["model_max_length"]) == (
-        "<|begin_of_text|>", "<|end_of_text|>", True, 8192)
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        True,
+        8192,
+    )
     assert build_tokenizer(llama3_like_metadata(**{"tokenizer.ggml.add_bos_token": False})).encode("hi").ids == [256]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"tokenizer.ggml.model": "llama"}, "GGUF tokenizer 'llama' is not supported"),
-    ({"tokenizer.ggml.pre": "some-new-model"}, "pre-tokenizer 'some-new-model' is not supported"),
-    ({"tokenizer.ggml.pre": None}, "no tokenizer.ggml.pre"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"tokenizer.ggml.model": "llama"}, "GGUF tokenizer 'llama' is not supported"),
+        ({"tokenizer.ggml.pre": "some-new-model"}, "pre-tokenizer 'some-new-model' is not supported"),
+        ({"tokenizer.ggml.pre": None}, "no tokenizer.ggml.pre"),
+    ],
+)
 def test_tokenizer_refuses_what_it_cannot_reproduce(overrides: dict, message: str) -> None:
     meta = {k: v for k, v in llama3_like_metadata(**overrides).items() if v is not None}
     with pytest.raises(ValueError, match=message):

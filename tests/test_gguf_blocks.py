@@ -1,6 +1,7 @@
 """GGUF block mapping (radixserve/gguf/blocks.py): Q4_0 / Q4_K -> int4 groups exactly, Q8_0 -> per-channel int8
 (exact when a row shares one block scale, else requantized within half a per-row step); compared against gguf's own
 dequantizer, and through the int4/int8 linears."""
+
 from __future__ import annotations
 
 import gguf
@@ -87,8 +88,17 @@ def test_loader_takes_int4_codes_from_the_gguf_blocks(arch, tiny_model_factory, 
     from radixserve.model.quant import quantize_model
     from radixserve.model.resolve import resolve_model
 
-    types = {"attn_q": T.Q4_0, "attn_k": T.Q4_0, "attn_v": T.Q4_0, "attn_output": T.Q8_0, "ffn_gate": T.Q4_0,
-             "ffn_up": T.Q4_0, "ffn_down": T.Q4_0, "token_embd": T.Q8_0, "output": T.Q8_0}
+    types = {
+        "attn_q": T.Q4_0,
+        "attn_k": T.Q4_0,
+        "attn_v": T.Q4_0,
+        "attn_output": T.Q8_0,
+        "ffn_gate": T.Q4_0,
+        "ffn_up": T.Q4_0,
+        "ffn_down": T.Q4_0,
+        "token_embd": T.Q8_0,
+        "output": T.Q8_0,
+    }
     gguf_path = write_gguf(tmp_path / f"tiny-{arch}.gguf", arch, tiny_model_factory(arch), types)
     folder = resolve_model(gguf_path, cache_dir=tmp_path / "cache", progress=False)
     cfg, model = load_model(folder, torch.float32)

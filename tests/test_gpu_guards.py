@@ -1,5 +1,6 @@
 """The GPU path on a machine without one: nothing imports flashinfer or touches CUDA unless asked, asking fails
 clearly, and the CUDA-graph ladder's bucketing and padding (pure functions) are right."""
+
 from __future__ import annotations
 
 import importlib.abc
@@ -129,8 +130,9 @@ def test_default_attention_backend_by_device_and_dtype() -> None:
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_every_engine_thread_binds_the_device(tiny_model_dir: Path, overlap: bool,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_engine_thread_binds_the_device(
+    tiny_model_dir: Path, overlap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """CUDA's current device is per thread: the loop thread and the overlap worker each bind the engine's."""
     import threading
 
@@ -172,8 +174,9 @@ def test_padded_batch_size_picks_the_smallest_graph_that_fits() -> None:
 
 def decode_batch(page_size: int) -> ForwardBatch:
     """Three decode requests at 5, 17 and 33 tokens, the logits wanted for two of them."""
-    tables = [[3], [4, 9], [7, 2, 8]] if page_size == 16 else [list(range(10, 15)), list(range(20, 37)),
-                                                                  list(range(40, 73))]
+    tables = (
+        [[3], [4, 9], [7, 2, 8]] if page_size == 16 else [list(range(10, 15)), list(range(20, 37)), list(range(40, 73))]
+    )
     return ForwardBatch.build([[11], [12], [13]], [4, 16, 32], tables, page_size, [0, 2])
 
 
@@ -239,12 +242,16 @@ def test_busy_fraction_merges_overlapping_gpu_intervals() -> None:
     def ev(cat: str, ts: float, dur: float) -> dict:
         return {"ph": "X", "cat": cat, "ts": ts, "dur": dur}
 
-    trace = {"traceEvents": [
-        ev("cpu_op", 0, 100),  # the window: 0..100 us
-        ev("kernel", 10, 20), ev("kernel", 20, 20),  # 10..40, overlapping
-        ev("gpu_memcpy", 50, 5), ev("kernel", 90, 10),  # 50..55, 90..100
-        {"ph": "i", "cat": "kernel", "ts": 60},  # an instant event carries no duration
-    ]}
+    trace = {
+        "traceEvents": [
+            ev("cpu_op", 0, 100),  # the window: 0..100 us
+            ev("kernel", 10, 20),
+            ev("kernel", 20, 20),  # 10..40, overlapping
+            ev("gpu_memcpy", 50, 5),
+            ev("kernel", 90, 10),  # 50..55, 90..100
+            {"ph": "i", "cat": "kernel", "ts": 60},  # an instant event carries no duration
+        ]
+    }
     busy, span_ms = busy_fraction(trace)
     assert busy == pytest.approx(0.45) and span_ms == pytest.approx(0.1)
     with pytest.raises(RuntimeError, match="no GPU activity"):

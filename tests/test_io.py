@@ -1,4 +1,5 @@
 """The typed request path: GenerateRequest in, GenerateOutput / StreamChunk out, the dict API built from them."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,17 +11,28 @@ from radixserve.io import OutputMeta
 
 
 def _meta(**kw: object) -> OutputMeta:
-    base = dict(id="r", prompt_tokens=3, completion_tokens=2, cached_tokens=0, finish_reason=None, ttft=None,
-                e2e_latency=0.5)
+    base = dict(
+        id="r", prompt_tokens=3, completion_tokens=2, cached_tokens=0, finish_reason=None, ttft=None, e2e_latency=0.5
+    )
     return OutputMeta(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def test_output_encodes_to_the_documented_json_shape() -> None:
     out = GenerateOutput("hi", [1, 2], _meta(finish_reason=FinishReason("stop", 2), ttft=0.1))
     as_json = msgspec.json.decode(msgspec.json.encode(out))
-    assert as_json == {"text": "hi", "output_ids": [1, 2], "meta_info": {
-        "id": "r", "prompt_tokens": 3, "completion_tokens": 2, "cached_tokens": 0,
-        "finish_reason": {"type": "stop", "matched": 2}, "ttft": 0.1, "e2e_latency": 0.5}}
+    assert as_json == {
+        "text": "hi",
+        "output_ids": [1, 2],
+        "meta_info": {
+            "id": "r",
+            "prompt_tokens": 3,
+            "completion_tokens": 2,
+            "cached_tokens": 0,
+            "finish_reason": {"type": "stop", "matched": 2},
+            "ttft": 0.1,
+            "e2e_latency": 0.5,
+        },
+    }
     assert out.to_dict() == as_json
 
 

@@ -4,6 +4,7 @@ through the Triton interpreter.
 Inputs are fresh random values each run (the seed is in every failure message); outputs and the split-KV
 workspace are poisoned with NaN first, so an element a kernel forgets to write fails the comparison.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,6 +30,8 @@ NUM_KV_HEADS = 2
 
 def on_device(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.to(DEVICE) for t in tensors]
+
+
 # Outputs are compared elementwise as |out - ref| <= atol + rtol * |ref|. float32 is exact up to summation order;
 # float16 and bfloat16 round the output once (and on a GPU also the softmax weights fed to the P @ V product).
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -53,8 +56,13 @@ def seed() -> int:
     return random.SystemRandom().randrange(2**31)
 
 
-def random_pool(num_pages: int, page_size: int, head_dim: int, dtype: torch.dtype, gen: torch.Generator,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def random_pool(
+    num_pages: int,
+    page_size: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's K and V pages, random everywhere so a read of a wrong slot changes the result."""
     shape = (num_pages, page_size, NUM_KV_HEADS, head_dim)
     return torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype)
@@ -78,8 +86,9 @@ def gather_tokens(buf: torch.Tensor, pages: torch.Tensor, n: int) -> torch.Tenso
     return buf.flatten(0, 1)[slots]
 
 
-def reference_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix_len: int,
-                        scale: float) -> torch.Tensor:
+def reference_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix_len: int, scale: float
+) -> torch.Tensor:
     """float64 causal attention of q `[n, H, D]` at positions prefix_len.. over keys/values `[prefix_len + n, KV, D]`."""
     group = q.shape[1] // keys.shape[1]
     k = keys.double().repeat_interleave(group, 1)
@@ -155,8 +164,9 @@ def test_decode_attention(dtype: torch.dtype, page_size: int, group: int, head_d
     out = decode_attention(*args, scale, num_splits=splits, workspace=workspace, block_n=16).cpu()
 
     for i, s in enumerate(seq_lens):
-        ref = reference_attention(q[i : i + 1], gather_tokens(k_buf, table[i], s), gather_tokens(v_buf, table[i], s),
-                                  s - 1, scale)
+        ref = reference_attention(
+            q[i : i + 1], gather_tokens(k_buf, table[i], s), gather_tokens(v_buf, table[i], s), s - 1, scale
+        )
         assert_close(out[i : i + 1], ref, dtype, seed, f"request {i} (seq_len {s})")
 
 
@@ -223,8 +233,13 @@ def test_random_ragged_batches_default_blocks(dtype: torch.dtype, seed: int) -> 
     out = extend_attention(*args, max(extend), scale).cpu()
     for i, (p, e) in enumerate(lens):
         rows = slice(int(indptr[i]), int(indptr[i + 1]))
-        ref = reference_attention(q[rows], torch.cat([gather_tokens(k_buf, table[i], p), k[rows]]),
-                                  torch.cat([gather_tokens(v_buf, table[i], p), v[rows]]), p, scale)
+        ref = reference_attention(
+            q[rows],
+            torch.cat([gather_tokens(k_buf, table[i], p), k[rows]]),
+            torch.cat([gather_tokens(v_buf, table[i], p), v[rows]]),
+            p,
+            scale,
+        )
         assert_close(out[rows], ref, dtype, seed, f"extend request {i} (prefix {p}, extend {e})")
 
     seq_lens = [p + e for p, e in lens]
@@ -234,8 +249,9 @@ def test_random_ragged_batches_default_blocks(dtype: torch.dtype, seed: int) -> 
     args = on_device(q, k_buf, v_buf, table, torch.tensor(seq_lens, dtype=torch.int32), out)
     out = decode_attention(*args, scale, num_splits=splits).cpu()
     for i, s in enumerate(seq_lens):
-        ref = reference_attention(q[i : i + 1], gather_tokens(k_buf, table[i], s), gather_tokens(v_buf, table[i], s),
-                                  s - 1, scale)
+        ref = reference_attention(
+            q[i : i + 1], gather_tokens(k_buf, table[i], s), gather_tokens(v_buf, table[i], s), s - 1, scale
+        )
         assert_close(out[i : i + 1], ref, dtype, seed, f"decode request {i} (seq_len {s}, {splits} splits)")
 
 
@@ -263,10 +279,13 @@ def compile_for_gpu(arch: int) -> list[str]:
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
     def build(fn: object, pointers: dict[str, str], consts: dict[str, object], dt: str, warps: int = 4) -> str:
-        sig = {n: "constexpr" if n in consts else pointers.get(n, "fp32" if n == "sm_scale_log2" else "i32")
-               for n in fn.arg_names}
-        kernel = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32),
-                                options={"num_warps": warps})
+        sig = {
+            n: "constexpr" if n in consts else pointers.get(n, "fp32" if n == "sm_scale_log2" else "i32")
+            for n in fn.arg_names
+        }
+        kernel = triton.compile(
+            ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32), options={"num_warps": warps}
+        )
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(kernel.asm["cubin"])
             f.flush()
@@ -283,14 +302,45 @@ def compile_for_gpu(arch: int) -> list[str]:
         data = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "K_buf", "V_buf")}
         index = {"PageTable": "*i32", "QoIndptr": "*i32", "PrefixLens": "*i32", "SeqLens": "*i32"}
         partial = {"PartialOut": "*fp32", "PartialLse": "*fp32"}
-        built.append(build(_extend_kernel, data | index, dict(
-            PAGE_SIZE=16, GROUP=group, HEAD_DIM=dim, BLOCK_G=block_g, BLOCK_TOK=rows // block_g, BLOCK_N=keys,
-            BLOCK_D=dim, UPCAST=False, DOT_PRECISION=prec), dt, warps))
+        built.append(
+            build(
+                _extend_kernel,
+                data | index,
+                dict(
+                    PAGE_SIZE=16,
+                    GROUP=group,
+                    HEAD_DIM=dim,
+                    BLOCK_G=block_g,
+                    BLOCK_TOK=rows // block_g,
+                    BLOCK_N=keys,
+                    BLOCK_D=dim,
+                    UPCAST=False,
+                    DOT_PRECISION=prec,
+                ),
+                dt,
+                warps,
+            )
+        )
         for single in (True, False):
-            built.append(build(_decode_split_kernel, data | index | partial, dict(
-                PAGE_SIZE=16, GROUP=group, HEAD_DIM=dim, BLOCK_H=16, BLOCK_N=decode_block_n(dim, torch_dtype[dt]),
-                BLOCK_D=dim,
-                SINGLE_SPLIT=single, UPCAST=False, DOT_PRECISION=prec), dt, warps))
+            built.append(
+                build(
+                    _decode_split_kernel,
+                    data | index | partial,
+                    dict(
+                        PAGE_SIZE=16,
+                        GROUP=group,
+                        HEAD_DIM=dim,
+                        BLOCK_H=16,
+                        BLOCK_N=decode_block_n(dim, torch_dtype[dt]),
+                        BLOCK_D=dim,
+                        SINGLE_SPLIT=single,
+                        UPCAST=False,
+                        DOT_PRECISION=prec,
+                    ),
+                    dt,
+                    warps,
+                )
+            )
         built.append(build(_decode_merge_kernel, data | partial, dict(HEAD_DIM=dim, BLOCK_S=16, BLOCK_D=dim), dt))
         built.append(build(_store_kv_kernel, data | {"Loc": "*i64"}, dict(ROW=2 * dim, BLOCK=2 * dim), dt))
     return built

@@ -1,4 +1,5 @@
 """KVPool: the free list and the page slots."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,9 @@ from radixserve.cache.kv_pool import KVPool
 
 
 def make_pool(num_pages: int = 8, page_size: int = 4) -> KVPool:
-    return KVPool(num_layers=2, num_pages=num_pages, page_size=page_size, num_kv_heads=2, head_dim=3, dtype=torch.float32)
+    return KVPool(
+        num_layers=2, num_pages=num_pages, page_size=page_size, num_kv_heads=2, head_dim=3, dtype=torch.float32
+    )
 
 
 def test_alloc_free_roundtrip() -> None:

@@ -3,6 +3,7 @@
 Round trips are bit-identical; damaged, foreign or other-namespace files are misses (and damaged ones deleted); the
 size limit holds; a second process is refused; write errors turn spilling off without an exception; and the tree's
 invariants hold after every scenario (DESIGN.md rule 3)."""
+
 from __future__ import annotations
 
 import errno

@@ -1,5 +1,6 @@
 """Pinning and the disk tier over HTTP and in the DSL: /cache/pin, /cache/unpin, `pin: true` on /generate, the tier's
 figures in /metrics, API keys as separate namespaces on disk, and sgl.pin / sgl.unpin on both DSL backends."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -34,23 +35,40 @@ def test_pin_endpoints_and_pin_on_generate(make_engine: Callable, tiny_model_dir
         assert http.post("/cache/pin", json={}).status_code == 400
         assert http.post("/cache/unpin", json={"input_ids": PROMPT}).json() == {"success": True}
         assert http.post("/cache/unpin", json={"input_ids": PROMPT}).json() == {"success": False}
-        r = http.post("/generate", json={"input_ids": PROMPT[:8], "pin": True,
-                                         "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+        r = http.post(
+            "/generate",
+            json={"input_ids": PROMPT[:8], "pin": True, "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
+        )
         assert r.status_code == 200 and gauges(http)["radixserve_pinned_pages"] == 2
-        r = http.post("/v1/completions", json={"model": eng.model_info()["model_name"], "prompt": PROMPT[:12],
-                                               "max_tokens": 2, "temperature": 0, "pin": True})
+        r = http.post(
+            "/v1/completions",
+            json={
+                "model": eng.model_info()["model_name"],
+                "prompt": PROMPT[:12],
+                "max_tokens": 2,
+                "temperature": 0,
+                "pin": True,
+            },
+        )
         assert r.status_code == 200 and gauges(http)["radixserve_pinned_pages"] == 3  # shares the 2 above
         m = gauges(http)
-        for name in ("radixserve_disk_pages", "radixserve_disk_bytes", "radixserve_device_bytes",
-                     "radixserve_spilled_pages_total", "radixserve_loaded_pages_total",
-                     "radixserve_disk_hit_tokens_total", "radixserve_load_seconds_total"):
+        for name in (
+            "radixserve_disk_pages",
+            "radixserve_disk_bytes",
+            "radixserve_device_bytes",
+            "radixserve_spilled_pages_total",
+            "radixserve_loaded_pages_total",
+            "radixserve_disk_hit_tokens_total",
+            "radixserve_load_seconds_total",
+        ):
             assert name in m, name
         assert http.post("/flush_cache").status_code == 200
         assert gauges(http)["radixserve_pinned_pages"] == 0
 
 
-def test_api_keys_stay_apart_on_disk_across_a_restart(make_engine: Callable, tiny_model_dir: Path,
-                                                      tmp_path: Path) -> None:
+def test_api_keys_stay_apart_on_disk_across_a_restart(
+    make_engine: Callable, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     body = {"input_ids": PROMPT + [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
     first = make_engine(tiny_model_dir, kv_cache_dir=tmp_path, **POOL)
     with BackgroundServer(build_app(first, api_key="key-a,key-b")) as srv:

@@ -1,4 +1,5 @@
 """LlamaForCausalLM + loader + torch backend against transformers on the same tiny random weights (float32)."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,9 @@ VOCAB = 512
 
 
 @pytest.fixture(scope="module", params=ARCHS)
-def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ModelConfig, LlamaForCausalLM, object]:
+def tiny(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, ModelConfig, LlamaForCausalLM, object]:
     arch = request.param
     path = make_tiny_checkpoint(tmp_path_factory.mktemp(arch), arch, vocab_size=VOCAB)
     config, model = load_model(path, torch.float32)
@@ -44,8 +47,14 @@ def hf_logits(hf: object, ids: list[int]) -> torch.Tensor:
 class PagedRunner:
     """Drives our model step by step with a KV pool whose pages are handed out in a shuffled order."""
 
-    def __init__(self, config: ModelConfig, model: LlamaForCausalLM, page_size: int, num_pages: int = 160,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        model: LlamaForCausalLM,
+        page_size: int,
+        num_pages: int = 160,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         self.model, self.page_size = model, page_size
         self.pool = KVPool(config.num_layers, num_pages, page_size, config.num_kv_heads, config.head_dim, dtype)
         self.attn = TorchAttentionBackend(self.pool, config.num_heads, config.head_dim)
@@ -63,7 +72,9 @@ class PagedRunner:
                 table.append(self.free.pop())
             tables.append(table)
         total = sum(len(t) for _, t, _ in chunks)
-        batch = ForwardBatch.build([t for _, t, _ in chunks], [p for _, _, p in chunks], tables, self.page_size, list(range(total)))
+        batch = ForwardBatch.build(
+            [t for _, t, _ in chunks], [p for _, _, p in chunks], tables, self.page_size, list(range(total))
+        )
         self.attn.plan(batch)
         logits = self.model.compute_logits(self.model(batch, self.attn)[batch.logits_indices])
         return list(logits.split([len(t) for _, t, _ in chunks]))
@@ -129,7 +140,9 @@ def test_greedy_tokens_match_hf_generate(tiny) -> None:
     _, config, model, hf = tiny
     prompt = tokens(12, 7)
     with torch.no_grad():
-        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None)[0, 12:].tolist()
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None)[
+            0, 12:
+        ].tolist()
     run = PagedRunner(config, model, 4)
     seq = list(prompt)
     (logits,) = run.step([("a", prompt, 0)])
@@ -160,7 +173,9 @@ def test_sharded_checkpoint_and_bf16(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16 kernels for this CPU")
-@pytest.mark.parametrize("arch,overrides", [("qwen2", {}), ("llama", {"attention_bias": True})], ids=["tied-qkv-bias", "untied-o-bias"])
+@pytest.mark.parametrize(
+    "arch,overrides", [("qwen2", {}), ("llama", {"attention_bias": True})], ids=["tied-qkv-bias", "untied-o-bias"]
+)
 def test_cpu_packed_bf16_matches_plain(tmp_path: Path, arch: str, overrides: dict) -> None:
     """load_model packs bf16 weights for oneDNN; logits equal the plain F.linear model's, prefill and decode."""
     path = make_tiny_checkpoint(tmp_path, arch, vocab_size=VOCAB, num_hidden_layers=2, **overrides)
@@ -226,14 +241,22 @@ def test_load_weights_rejects_unexpected_and_missing(tmp_path: Path) -> None:
         None,
         {"rope_type": "linear", "factor": 4.0},
         {"rope_type": "dynamic", "factor": 2.0},
-        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+        },
         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
     ],
 )
 def test_rope_frequencies_match_transformers(scaling: dict | None) -> None:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    cfg = transformers.LlamaConfig(hidden_size=128, num_attention_heads=4, max_position_embeddings=1024, rope_theta=10000.0, rope_scaling=scaling)
+    cfg = transformers.LlamaConfig(
+        hidden_size=128, num_attention_heads=4, max_position_embeddings=1024, rope_theta=10000.0, rope_scaling=scaling
+    )
     kind = (scaling or {}).get("rope_type", "default")
     if kind == "default":
         ref, ref_scale = 1.0 / (10000.0 ** (torch.arange(0, 32, 2, dtype=torch.int64).float() / 32)), 1.0

@@ -4,6 +4,7 @@ Each request's key slots are rebuilt from kv_indptr / kv_indices / kv_last_page_
 and must equal, query row by query row, the slots the torch backend's plan gathers and leaves unmasked. A reference
 attention that sees only the metadata must also give the torch backend's outputs. CPU only, no flashinfer needed.
 """
+
 from __future__ import annotations
 
 import math
@@ -103,8 +104,13 @@ def test_metadata_keys_equal_torch_backend_keys(kind: str, page_size: int) -> No
             assert set(slots[r][: prefix + qi + 1]) == visible[r][qi], f"request {r} query {qi}"
 
 
-def reference_paged_attention(meta: PagedKVMetadata, pool: KVPool, layer: int, q: torch.Tensor, scale: float,
-                              ) -> torch.Tensor:
+def reference_paged_attention(
+    meta: PagedKVMetadata,
+    pool: KVPool,
+    layer: int,
+    q: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Attention in float64 from the metadata alone: request i's queries are its last q_len key positions."""
     k_flat = pool.k_buffers[layer].reshape(-1, KV_HEADS, HEAD_DIM).double()
     v_flat = pool.v_buffers[layer].reshape(-1, KV_HEADS, HEAD_DIM).double()

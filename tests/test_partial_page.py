@@ -3,6 +3,7 @@
 Greedy outputs must equal those with the feature off (DESIGN.md rule 1) for shared prefixes ending at every offset
 inside a page, concurrent forks, chunked prefill, overlap, retraction and aborts; every engine test ends at rest with
 no page leaked (the make_engine fixture, rule 2); the copy reads only the matched rows."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,9 @@ def spy_copies(eng) -> list[tuple[list[int], list[int]]]:
 
 
 @pytest.mark.parametrize("owner_tokens", [1, 8])
-def test_every_offset_inside_a_page_matches_the_feature_off(tiny_model_dir: Path, make_engine,
-                                                             owner_tokens: int) -> None:
+def test_every_offset_inside_a_page_matches_the_feature_off(
+    tiny_model_dir: Path, make_engine, owner_tokens: int
+) -> None:
     """The owner's prompt is 2 pages + 15 tokens. Readers share its first 32 + j tokens, j = 0..15. With one output
     token the owner's partial page is kept as a tail; with 8 it fills and enters the tree as a full page, which the
     readers then leave part way: both are sources."""
@@ -99,23 +101,33 @@ def test_copy_slots_touches_only_the_named_slots() -> None:
     for b, old in zip((*pool.k_buffers, *pool.v_buffers), before):
         assert torch.equal(b[3, :2], old[1, :2])
         assert torch.equal(b[3, 2:], old[3, 2:]) and not b[3].isnan().any()
-        assert torch.equal(b[:3], old[:3]) if not old[:3].isnan().any() else torch.equal(b[:3].nan_to_num(),
-                                                                                          old[:3].nan_to_num())
+        assert (
+            torch.equal(b[:3], old[:3])
+            if not old[:3].isnan().any()
+            else torch.equal(b[:3].nan_to_num(), old[:3].nan_to_num())
+        )
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_concurrent_forks_and_chunked_prefill_match_the_feature_off(tiny_model_dir: Path, make_engine,
-                                                                     overlap: bool) -> None:
+def test_concurrent_forks_and_chunked_prefill_match_the_feature_off(
+    tiny_model_dir: Path, make_engine, overlap: bool
+) -> None:
     """Branches sent together: the first computes the shared prefix and the others copy its partial page while it
     still runs (a live tail); chunks of 20 tokens end inside pages, so tails are recorded mid-prefill too."""
     rng = random.Random(13)
     shared = prefix_ids(rng, 3 * PS + 7)
     branches = [shared + suffix_ids(rng, rng.randrange(3, 30)) for _ in range(6)]
-    tails = [shared[: 3 * PS + 2] + suffix_ids(rng, 4), shared[:PS - 3] + suffix_ids(rng, 4)]
+    tails = [shared[: 3 * PS + 2] + suffix_ids(rng, 4), shared[: PS - 3] + suffix_ids(rng, 4)]
     outs, stats = {}, {}
     for on in (False, True):
-        eng = make_engine(tiny_model_dir, page_size=PS, max_total_tokens=4096, enable_partial_page_reuse=on,
-                          chunked_prefill_size=20, overlap_schedule=overlap)
+        eng = make_engine(
+            tiny_model_dir,
+            page_size=PS,
+            max_total_tokens=4096,
+            enable_partial_page_reuse=on,
+            chunked_prefill_size=20,
+            overlap_schedule=overlap,
+        )
         first = eng.generate(input_ids=branches + tails, sampling_params={**GREEDY, "max_new_tokens": 6})
         second = eng.generate(input_ids=tails, sampling_params=GREEDY)
         outs[on] = [o["output_ids"] for o in first + second]
@@ -134,8 +146,9 @@ def test_retraction_under_memory_pressure_matches_the_feature_off(tiny_model_dir
     outs, retractions = {}, {}
     for on in (False, True):
         # 20 pages; six requests of ~80 tokens each. A low decode reservation over-admits on purpose.
-        eng = make_engine(tiny_model_dir, page_size=PS, max_total_tokens=320, init_new_token_ratio=0.05,
-                          enable_partial_page_reuse=on)
+        eng = make_engine(
+            tiny_model_dir, page_size=PS, max_total_tokens=320, init_new_token_ratio=0.05, enable_partial_page_reuse=on
+        )
         eng.generate(input_ids=shared, sampling_params={**GREEDY, "max_new_tokens": 1})
         outs[on] = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
         retractions[on] = eng.metrics()["num_retractions"]
@@ -145,14 +158,14 @@ def test_retraction_under_memory_pressure_matches_the_feature_off(tiny_model_dir
 
 
 async def test_aborts_of_owners_and_readers_leak_nothing(tiny_model_dir: Path, make_engine) -> None:
-    eng = make_engine(tiny_model_dir, page_size=PS, max_total_tokens=1024, chunked_prefill_size=20,
-                      max_running_requests=4)
+    eng = make_engine(
+        tiny_model_dir, page_size=PS, max_total_tokens=1024, chunked_prefill_size=20, max_running_requests=4
+    )
     rng = random.Random(15)
     shared = prefix_ids(rng, 2 * PS + 5)
 
     async def consume(ids: list[int], stop_after: int) -> None:
-        it = eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "ignore_eos": True},
-                                stream=True)
+        it = eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "ignore_eos": True}, stream=True)
         n = 0
         async for _ in it:
             n += 1
@@ -161,8 +174,7 @@ async def test_aborts_of_owners_and_readers_leak_nothing(tiny_model_dir: Path, m
         await it.aclose()
 
     async def abort_by_rid(ids: list[int], delay: float, rid: str) -> None:
-        task = asyncio.ensure_future(eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 30},
-                                                        rid=rid))
+        task = asyncio.ensure_future(eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 30}, rid=rid))
         await asyncio.sleep(delay)
         eng.abort(rid)
         await task
@@ -177,8 +189,9 @@ async def test_aborts_of_owners_and_readers_leak_nothing(tiny_model_dir: Path, m
     # and the engine still answers as with the feature off
     ids = shared + suffix_ids(rng, 4)
     want = make_engine(tiny_model_dir, page_size=PS, max_total_tokens=1024, enable_partial_page_reuse=False)
-    assert (await eng.async_generate(input_ids=ids, sampling_params=GREEDY))["output_ids"] == \
-        (await want.async_generate(input_ids=ids, sampling_params=GREEDY))["output_ids"]
+    assert (await eng.async_generate(input_ids=ids, sampling_params=GREEDY))["output_ids"] == (
+        await want.async_generate(input_ids=ids, sampling_params=GREEDY)
+    )["output_ids"]
 
 
 def test_kept_partial_pages_are_evicted_first_and_never_leak(tiny_model_dir: Path, make_engine) -> None:
@@ -216,6 +229,7 @@ def test_page_size_one_and_cache_off_have_no_partial_pages(tiny_model_dir: Path,
 
 
 # ---- the registry alone ------------------------------------------------------------------------------------------
+
 
 def _registry() -> tuple[KVPool, RadixCache, PartialPages]:
     pool = KVPool(num_layers=1, num_pages=32, page_size=4, num_kv_heads=1, head_dim=2, dtype=torch.float32)
@@ -271,8 +285,9 @@ def test_registry_drops_a_tail_whose_prefix_was_evicted() -> None:
 
 
 @pytest.mark.parametrize("shared", [5, PS + 4])
-def test_requests_sent_together_share_rows_past_their_cached_pages(tiny_model_dir: Path, make_engine,
-                                                                   shared: int) -> None:
+def test_requests_sent_together_share_rows_past_their_cached_pages(
+    tiny_model_dir: Path, make_engine, shared: int
+) -> None:
     """Two prompts sharing `shared` tokens, nothing cached: the second waits a step (as it would for a shared full
     page) and copies the rows the first computed, as page size 1 would reuse them."""
     rng = random.Random(19)
@@ -288,8 +303,9 @@ def test_requests_sent_together_share_rows_past_their_cached_pages(tiny_model_di
     assert outs[True] == outs[False]
 
 
-def test_a_failed_step_with_a_copy_caches_nothing_of_it(tiny_model_dir: Path, make_engine,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_step_with_a_copy_caches_nothing_of_it(
+    tiny_model_dir: Path, make_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from radixserve.errors import RequestFailedError
 
     rng = random.Random(20)
@@ -325,8 +341,9 @@ async def test_a_reader_copies_from_a_running_owner_that_keeps_writing(tiny_mode
     want_ids = (await want.async_generate(input_ids=reader, sampling_params=GREEDY))["output_ids"]
     eng = make_engine(tiny_model_dir, page_size=PS, max_total_tokens=2048)
     copies = spy_copies(eng)
-    stream = eng.async_generate(input_ids=owner, sampling_params={"max_new_tokens": 400, "ignore_eos": True},
-                                stream=True)
+    stream = eng.async_generate(
+        input_ids=owner, sampling_params={"max_new_tokens": 400, "ignore_eos": True}, stream=True
+    )
     await stream.__anext__()  # the owner has prefilled and decodes on
     got = await eng.async_generate(input_ids=reader, sampling_params=GREEDY)
     owner_pages = await asyncio.to_thread(eng.loop.call, lambda: [r.pages for r in eng.scheduler.running])

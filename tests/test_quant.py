@@ -1,4 +1,5 @@
 """Weight-only int8/int4 linears against float32 matmul, and the CPU-aware choice of dtype/quantization (issue 14)."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,7 +19,12 @@ from radixserve.model.quant import (
     quantize_int8,
 )
 
-SHAPES = [(1, 64, 96), (3, 896, 128), (17, 128, 4864), (96, 256, 33)]  # (rows, in, out): odd widths; int8 op and dense paths
+SHAPES = [
+    (1, 64, 96),
+    (3, 896, 128),
+    (17, 128, 4864),
+    (96, 256, 33),
+]  # (rows, in, out): odd widths; int8 op and dense paths
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -84,7 +90,9 @@ def test_int8_quantize_round_trip_and_zero_rows():
     assert torch.all(err <= s[:, None] / 2 + 1e-6)  # at most half a quantization step per row
 
 
-@pytest.mark.parametrize(("fmt", "cls", "tol"), [("int8", Int8Linear, INT8_REL_TOL), ("int4", Int4Linear, INT4_REL_TOL[64])])
+@pytest.mark.parametrize(
+    ("fmt", "cls", "tol"), [("int8", Int8Linear, INT8_REL_TOL), ("int4", Int4Linear, INT4_REL_TOL[64])]
+)
 def test_load_model_quantized_replaces_every_linear_and_the_tied_head(tmp_path, fmt, cls, tol):
     from radixserve.model.loader import load_model
     from tests.tiny_models import make_tiny_checkpoint
@@ -108,7 +116,13 @@ def _pretend(monkeypatch, cap: str, bf16_hw: bool, amx: bool) -> None:
 @pytest.mark.parametrize(
     ("cap", "bf16_hw", "amx", "kind", "expected"),
     [
-        ("AVX2", False, False, "AVX2", ("float32", "none")),  # the issue's EPYC: bf16 emulated, float32 prefill 5x faster
+        (
+            "AVX2",
+            False,
+            False,
+            "AVX2",
+            ("float32", "none"),
+        ),  # the issue's EPYC: bf16 emulated, float32 prefill 5x faster
         ("AVX512", False, False, "AVX512", ("float32", "none")),  # AVX-512 without BF16
         ("AVX512", True, False, "AVX512_BF16", ("bfloat16", "int8")),  # native bf16, int8 halves decode bytes
         ("AVX512", True, True, "AMX", ("bfloat16", "int8")),  # int8 codes + bf16 copy; int4 fails the quality bar
@@ -149,7 +163,10 @@ def test_engine_reports_the_choice(monkeypatch, tiny_model_dir):
     with Engine(model=tiny_model_dir, max_total_tokens=256) as eng:
         info, stats = eng.model_info(), eng.cache_stats()
         assert (info["dtype"], info["quantization"]) == ("bfloat16", "int8")
-        assert info["quantization_reason"].startswith("cpu=AMX") and stats["quantization_reason"] == info["quantization_reason"]
+        assert (
+            info["quantization_reason"].startswith("cpu=AMX")
+            and stats["quantization_reason"] == info["quantization_reason"]
+        )
         out = eng.generate(input_ids=list(range(40)), sampling_params={"max_new_tokens": 4, "temperature": 0})
         assert len(out["output_ids"]) == 4  # a 40-token prefill (dense int8 path) and decode steps (int8 op)
 

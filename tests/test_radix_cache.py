@@ -1,4 +1,5 @@
 """RadixCache: unit tests for each operation, then stateful property tests against a simple model of the tree."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -10,7 +11,15 @@ import torch
 import xxhash
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    multiple,
+    rule,
+    run_state_machine_as_test,
+)
 
 from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.cache.kv_pool import KVPool
@@ -34,7 +43,9 @@ def mod4_hash(data: bytes, seed: int) -> int:
 def make(page_size: int = 4, num_pages: int = 64, hash_fn: HashFn | None = None) -> tuple[KVPool, RadixCache]:
     """A pool and a tree with a continuation index, so every test also checks that the index follows the tree's pages
     (check_invariants: the index holds exactly the tree's page keys)."""
-    pool = KVPool(num_layers=1, num_pages=num_pages, page_size=page_size, num_kv_heads=1, head_dim=1, dtype=torch.float32)
+    pool = KVPool(
+        num_layers=1, num_pages=num_pages, page_size=page_size, num_kv_heads=1, head_dim=1, dtype=torch.float32
+    )
     return pool, RadixCache(pool, page_size, hash_fn, index=ContinuationIndex())
 
 
@@ -551,6 +562,7 @@ def test_random_operations_keep_invariants(page_size: int, hash_fn: HashFn | Non
 
 
 # ---- continuation index (speculative drafts from the tree, issue 16) ----------------------------------------------
+
 
 def test_continuation_index_drafts_what_followed_and_forgets_evicted_pages() -> None:
     pool, cache = make(4, num_pages=32)

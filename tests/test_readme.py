@@ -1,5 +1,6 @@
 """The README's snippets work when pasted: its curl against a live server (tiny model), its Python against the
 default model, each run as written (only the server address is swapped for the test server's)."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def test_readme_curl_answers(tiny_model_dir: Path, make_engine) -> None:
     eng = make_engine(tiny_model_dir)
     with BackgroundServer(build_app(eng)) as srv:
         for snippet in (s for s in snippets("bash") if "curl" in s):
-            done = subprocess.run(["bash", "-c", snippet.replace(README_URL, srv.url)], capture_output=True,
-                                  text=True, timeout=120)
+            done = subprocess.run(
+                ["bash", "-c", snippet.replace(README_URL, srv.url)], capture_output=True, text=True, timeout=120
+            )
             assert done.returncode == 0, done.stderr
             answer = json.loads(done.stdout)
             assert answer["choices"][0]["message"]["content"], answer

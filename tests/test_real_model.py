@@ -1,5 +1,6 @@
 """The real default model (Qwen2.5-Coder-0.5B-Instruct GGUF) against transformers loading the same file: tokenizer and
 chat template, dequantized weights, greedy decoding; a 4-turn chat that must reuse the cache; `radixserve generate`."""
+
 from __future__ import annotations
 
 import json
@@ -24,23 +25,28 @@ REPO = Path(__file__).resolve().parents[1]
 MIXED_TEXTS = [
     "The quick brown fox jumps over the lazy dog. It's 3.14159, isn't it? We'll see; they've gone.",
     "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
-    "for (int i = 0; i < 10; ++i) { printf(\"%d\\n\", i * i); }  // C code\r\n\r\n",
+    'for (int i = 0; i < 10; ++i) { printf("%d\\n", i * i); }  // C code\r\n\r\n',
     "机器学习和自然语言处理很有意思。日本語のテキスト。한국어 문장도 있습니다.",
     "Emoji: 😀 🚀 👍🏽 ❤️ 🇫🇷 👨‍👩‍👧‍👦 🤖🧠",
     "    leading spaces,\t\ttabs,   runs   of    spaces   \n\n\n\n and trailing    ",
     "Ünïcödé naïve café, Straße, Привет мир, e\u0301 (decomposed)",
     "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n",
     "<|fim_prefix|>def add(a, b):\n<|fim_suffix|>\n    return c<|fim_middle|><|endoftext|>",
-    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
     "12345678901234567890 0x1F 1e-6 -42 +7 100% $9.99",
 ]
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."}],
-    [{"role": "system", "content": "You are a senior Rust engineer."},
-     {"role": "user", "content": "Explain ownership in Rust."},
-     {"role": "assistant", "content": "Every value has a single owner; when the owner goes out of scope, it is dropped."},
-     {"role": "user", "content": "And borrowing?"}],
+    [
+        {"role": "system", "content": "You are a senior Rust engineer."},
+        {"role": "user", "content": "Explain ownership in Rust."},
+        {
+            "role": "assistant",
+            "content": "Every value has a single owner; when the owner goes out of scope, it is dropped.",
+        },
+        {"role": "user", "content": "And borrowing?"},
+    ],
 ]
 
 GREEDY_PROMPTS = [
@@ -55,7 +61,9 @@ def test_tokenizer_matches_transformers(real_model_dir: Path, hf_tokenizer: Any)
     for text in MIXED_TEXTS:
         ids = ours.encode(text)
         assert ids == hf_tokenizer.encode(text), text
-        assert ours.decode(ids, skip_special_tokens=False) == hf_tokenizer.decode(ids, skip_special_tokens=False) == text
+        assert (
+            ours.decode(ids, skip_special_tokens=False) == hf_tokenizer.decode(ids, skip_special_tokens=False) == text
+        )
         assert ours.decode(ids, skip_special_tokens=True) == hf_tokenizer.decode(ids, skip_special_tokens=True), text
     for messages in CONVERSATIONS:
         want = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -81,18 +89,22 @@ def test_greedy_decoding_matches_transformers(real_engine: Any, hf_model: Any) -
     outs = real_engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 32, "temperature": 0})
     for ids, out in zip(prompts, outs):
         with torch.no_grad():
-            ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, top_p=None, top_k=None,
-                                    temperature=None)
-        want = ref[0, len(ids):].tolist()
+            ref = hf_model.generate(
+                torch.tensor([ids]), max_new_tokens=32, do_sample=False, top_p=None, top_k=None, temperature=None
+            )
+        want = ref[0, len(ids) :].tolist()
         assert len(want) == 32, "the reference stopped early: pick a prompt with a longer answer"
         assert out["output_ids"][:32] == want
 
 
 def test_four_turn_chat_reuses_the_cache(real_engine: Any, real_model_dir: Path) -> None:
     code = (REPO / "radixserve" / "model" / "resolve.py").read_text()[:1500]
-    questions = [f"Here is a Python module:\n```python\n{code}\n```\nWhat does `default_cache_dir` return?",
-                 "How is the sha256 of the assembled file checked?", "What does `_locked` protect against?",
-                 "Summarize the module in one sentence."]
+    questions = [
+        f"Here is a Python module:\n```python\n{code}\n```\nWhat does `default_cache_dir` return?",
+        "How is the sha256 of the assembled file checked?",
+        "What does `_locked` protect against?",
+        "Summarize the module in one sentence.",
+    ]
     messages: list[dict[str, str]] = []
     previous = 0  # tokens of the previous turn's prompt and answer
     for turn, question in enumerate(questions):
@@ -109,9 +121,21 @@ def test_four_turn_chat_reuses_the_cache(real_engine: Any, real_model_dir: Path)
 def test_cli_generate_prints_an_answer(real_model_dir: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
-        [sys.executable, "-m", "radixserve.cli", "generate", "--chat", "--max-new-tokens", "12",
-         "What is the capital of France? Answer with one word."],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "radixserve.cli",
+            "generate",
+            "--chat",
+            "--max-new-tokens",
+            "12",
+            "What is the capital of France? Answer with one word.",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Paris" in proc.stdout

@@ -1,5 +1,6 @@
 """End to end: two tiny radixserve replicas (each its own engine and HTTP server) behind the router, driven by the
 openai SDK as a client of the router would be."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -23,9 +24,12 @@ QUESTIONS = ["Hi there!", "Tell me more.", "Why?"]
 
 @pytest.fixture(scope="module")
 def replicas(tiny_model_dir: Path) -> Iterator[list]:
-    with engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=PAGE, max_total_tokens=4096) as e1, \
-            engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=PAGE, max_total_tokens=4096) as e2, \
-            BackgroundServer(build_app(e1)) as s1, BackgroundServer(build_app(e2)) as s2:
+    with (
+        engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=PAGE, max_total_tokens=4096) as e1,
+        engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=PAGE, max_total_tokens=4096) as e2,
+        BackgroundServer(build_app(e1)) as s1,
+        BackgroundServer(build_app(e2)) as s2,
+    ):
         yield [(e1, s1), (e2, s2)]
 
 
@@ -54,22 +58,27 @@ def converse(client: openai.OpenAI, model: str, opening: str, turns: int) -> tup
     messages = [SYSTEM, {"role": "user", "content": opening}]
     homes, cached, contexts = set(), [], []
     for turn in range(turns):
-        raw = client.chat.completions.with_raw_response.create(model=model, messages=messages, max_tokens=8,
-                                                               temperature=0)
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=messages, max_tokens=8, temperature=0
+        )
         r = raw.parse()
         homes.add(raw.headers[WORKER_HEADER])
         cached.append(r.usage.prompt_tokens_details.cached_tokens)
         contexts.append(r.usage.prompt_tokens + r.usage.completion_tokens)
-        messages += [{"role": "assistant", "content": r.choices[0].message.content},
-                     {"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]}]
+        messages += [
+            {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]},
+        ]
     return homes, cached, contexts
 
 
 def test_conversations_stick_to_a_replica_and_hit_its_cache(client: openai.OpenAI, model: str, replicas: list) -> None:
-    openings = ["Write a haiku about radix trees and their many branches.",
-                "List three prime numbers, then explain why each of them is prime.",
-                "Describe a quiet harbour at dawn in two long sentences, please.",
-                "What is the capital of a country that does not exist yet?"]
+    openings = [
+        "Write a haiku about radix trees and their many branches.",
+        "List three prime numbers, then explain why each of them is prime.",
+        "Describe a quiet harbour at dawn in two long sentences, please.",
+        "What is the capital of a country that does not exist yet?",
+    ]
     used = set()
     for opening in openings:
         homes, cached, contexts = converse(client, model, opening, turns=3)
@@ -83,21 +92,32 @@ def test_conversations_stick_to_a_replica_and_hit_its_cache(client: openai.OpenA
 def test_streaming_through_the_router_matches_non_streaming(client: openai.OpenAI, model: str) -> None:
     messages = [SYSTEM, {"role": "user", "content": "Count to five, slowly and carefully, one number per line."}]
     whole = client.chat.completions.create(model=model, messages=messages, max_tokens=10, temperature=0)
-    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=10, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the same replica served both
     text = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, temperature=0)
-    streamed = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, temperature=0,
-                                         stream=True)
+    streamed = client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=5, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed) == text.choices[0].text
 
 
-def test_router_metrics_sum_the_replicas(router: BackgroundServer, client: openai.OpenAI, model: str,
-                                         replicas: list) -> None:
-    client.chat.completions.create(model=model, messages=[SYSTEM, {"role": "user", "content": "metrics"}],
-                                   max_tokens=2, temperature=0)
+def test_router_metrics_sum_the_replicas(
+    router: BackgroundServer, client: openai.OpenAI, model: str, replicas: list
+) -> None:
+    client.chat.completions.create(
+        model=model, messages=[SYSTEM, {"role": "user", "content": "metrics"}], max_tokens=2, temperature=0
+    )
     for eng, _ in replicas:
         wait_idle(eng)
     text = httpx.get(router.url + "/metrics", timeout=30).text
@@ -106,11 +126,13 @@ def test_router_metrics_sum_the_replicas(router: BackgroundServer, client: opena
     assert total["radixserve_prompt_tokens_total"] == sum(m["prompt_tokens_total"] for m in stats)
     assert total["radixserve_cached_tokens_total"] == sum(m["cached_tokens_total"] for m in stats)
     assert total["radixserve_hit_rate"] == pytest.approx(
-        sum(m["cached_tokens_total"] for m in stats) / sum(m["prompt_tokens_total"] for m in stats))
+        sum(m["cached_tokens_total"] for m in stats) / sum(m["prompt_tokens_total"] for m in stats)
+    )
 
 
-def test_removed_replica_gets_no_requests_and_can_come_back(router: BackgroundServer, client: openai.OpenAI,
-                                                            model: str, replicas: list) -> None:
+def test_removed_replica_gets_no_requests_and_can_come_back(
+    router: BackgroundServer, client: openai.OpenAI, model: str, replicas: list
+) -> None:
     admin = httpx.Client(base_url=router.url, timeout=30)
     gone = replicas[0][1].url
     assert admin.delete("/workers", params={"url": gone}).status_code == 200

@@ -1,5 +1,6 @@
 """The router over HTTP in front of fake workers (small starlette apps on 127.0.0.1): where requests go, streaming
 through, retries, a worker dying mid-stream, health checks, run-time removal and addition, summed metrics."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,6 +33,7 @@ EVENTS = [b'data: {"n": 0}\n\n', b'data: {"n": 1}\n\n', b'data: {"n": 2}\n\n', b
 @dataclass
 class Fake:
     """What a fake worker answers; tests change it between requests."""
+
     name: str
     mode: str = "ok"  # ok | status | die_mid_stream
     status: int = 503
@@ -48,6 +50,7 @@ def fake_app(fake: Fake) -> Starlette:
         if fake.mode == "status":
             return JSONResponse({"error": {"message": "no", "type": "x"}}, status_code=fake.status)
         if body.get("stream"):
+
             async def events():
                 yield EVENTS[0]
                 await asyncio.sleep(0.05)  # the first event reaches the client before the failure
@@ -55,11 +58,14 @@ def fake_app(fake: Fake) -> Starlette:
                     raise RuntimeError("worker crashed")  # uvicorn drops the connection mid-body
                 for e in EVENTS[1:]:
                     yield e
+
             return StreamingResponse(events(), media_type="text/event-stream")
         if fake.mode == "die_mid_stream":  # a non-streamed answer cut off after its first bytes
+
             async def partial():
                 yield b'{"id": "cut'
                 raise RuntimeError("worker crashed")
+
             return StreamingResponse(partial(), media_type="application/json")
         return JSONResponse({"worker": fake.name, "usage": {"prompt_tokens": 3}})
 
@@ -67,25 +73,35 @@ def fake_app(fake: Fake) -> Starlette:
         return Response(status_code=200 if fake.healthy else 503)
 
     async def metrics(request: Request) -> Response:
-        text = ("# HELP radixserve_prompt_tokens_total prompt tokens\n# TYPE radixserve_prompt_tokens_total counter\n"
-                f"radixserve_prompt_tokens_total {fake.prompt_tokens}\n"
-                "# HELP radixserve_cached_tokens_total cached\n# TYPE radixserve_cached_tokens_total counter\n"
-                f"radixserve_cached_tokens_total {fake.cached_tokens}\n"
-                "# HELP radixserve_hit_rate hit rate\n# TYPE radixserve_hit_rate gauge\n"
-                f"radixserve_hit_rate {fake.cached_tokens / fake.prompt_tokens if fake.prompt_tokens else 0}\n")
+        text = (
+            "# HELP radixserve_prompt_tokens_total prompt tokens\n# TYPE radixserve_prompt_tokens_total counter\n"
+            f"radixserve_prompt_tokens_total {fake.prompt_tokens}\n"
+            "# HELP radixserve_cached_tokens_total cached\n# TYPE radixserve_cached_tokens_total counter\n"
+            f"radixserve_cached_tokens_total {fake.cached_tokens}\n"
+            "# HELP radixserve_hit_rate hit rate\n# TYPE radixserve_hit_rate gauge\n"
+            f"radixserve_hit_rate {fake.cached_tokens / fake.prompt_tokens if fake.prompt_tokens else 0}\n"
+        )
         return Response(text, media_type="text/plain")
 
-    return Starlette(routes=[Route("/v1/chat/completions", generate, methods=["POST"]),
-                             Route("/v1/completions", generate, methods=["POST"]),
-                             Route("/health", health), Route("/metrics", metrics),
-                             Route("/v1/models", lambda r: JSONResponse({"data": [{"id": fake.name}]}))])
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", generate, methods=["POST"]),
+            Route("/v1/completions", generate, methods=["POST"]),
+            Route("/health", health),
+            Route("/metrics", metrics),
+            Route("/v1/models", lambda r: JSONResponse({"data": [{"id": fake.name}]})),
+        ]
+    )
 
 
 @pytest.fixture
 def fakes() -> Iterator[tuple[list[Fake], list[str]]]:
     fs = [Fake("a"), Fake("b"), Fake("c")]
-    with BackgroundServer(fake_app(fs[0])) as a, BackgroundServer(fake_app(fs[1])) as b, \
-            BackgroundServer(fake_app(fs[2])) as c:
+    with (
+        BackgroundServer(fake_app(fs[0])) as a,
+        BackgroundServer(fake_app(fs[1])) as b,
+        BackgroundServer(fake_app(fs[2])) as c,
+    ):
         yield fs, [a.url, b.url, c.url]
 
 
@@ -163,12 +179,13 @@ def test_worker_death_mid_stream_ends_the_stream_with_an_error(fakes, make_route
     r = http.post("/v1/chat/completions", json=chat("conversation that will break"))
     home = r.headers[WORKER_HEADER]
     fs[urls.index(home)].mode = "die_mid_stream"
-    with http.stream("POST", "/v1/chat/completions", json=chat("conversation that will break", "a", "b",
-                                                                 stream=True)) as r:
+    with http.stream(
+        "POST", "/v1/chat/completions", json=chat("conversation that will break", "a", "b", stream=True)
+    ) as r:
         assert r.headers[WORKER_HEADER] == home
         events = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert events[0] == 'data: {"n": 0}' and events[-1] == "data: [DONE]"
-    assert json.loads(events[1][len("data: "):])["error"]["code"] == "worker_failed"
+    assert json.loads(events[1][len("data: ") :])["error"]["code"] == "worker_failed"
     assert len(events) == 3  # no retry once bytes were streamed: the worker got the request once
     dead = next(w for w in router.pool.all() if w.url == home)
     assert not dead.healthy and dead.load == 0 and router.worker_failures[home] == 1
@@ -231,8 +248,9 @@ def test_health_checks_take_workers_out_and_back(fakes, make_router) -> None:
 def test_workers_can_be_listed_removed_and_added(fakes, make_router) -> None:
     fs, urls = fakes
     http, router = make_router(urls[:2], admin_key="admin")
-    homes = {http.post("/v1/chat/completions", json=chat(f"conversation {i} " * 4)).headers[WORKER_HEADER]
-             for i in range(2)}
+    homes = {
+        http.post("/v1/chat/completions", json=chat(f"conversation {i} " * 4)).headers[WORKER_HEADER] for i in range(2)
+    }
     assert homes == set(urls[:2])
     listed = http.get("/workers").json()
     assert listed["policy"] == "cache_aware" and [w["url"] for w in listed["workers"]] == urls[:2]
@@ -264,8 +282,11 @@ def test_metrics_are_summed_over_workers(fakes, make_router) -> None:
     total = {s.name: s.value for s in samples if not s.labels}
     assert total["radixserve_prompt_tokens_total"] == 40 and total["radixserve_cached_tokens_total"] == 10
     assert total["radixserve_hit_rate"] == pytest.approx(0.25)  # recomputed, not 0.5 + 1/6
-    per_worker = {s.labels["worker"]: s.value for s in samples if s.name == "radixserve_prompt_tokens_total"
-                  and "worker" in s.labels}
+    per_worker = {
+        s.labels["worker"]: s.value
+        for s in samples
+        if s.name == "radixserve_prompt_tokens_total" and "worker" in s.labels
+    }
     assert per_worker == {urls[0]: 10, urls[1]: 30}
     routed = [s for s in samples if s.name == "radixserve_router_requests_total"]
     assert sum(s.value for s in routed) == 1 and routed[0].labels["reason"] == "smallest_tree"
@@ -277,9 +298,24 @@ def test_route_command_in_its_own_process(fakes) -> None:
     layout, with every host on 127.0.0.1)."""
     fs, urls = fakes
     port = int(dead_url().rsplit(":", 1)[1])
-    proc = subprocess.Popen([sys.executable, "-m", "radixserve.cli", "route", "--port", str(port),
-                             "--worker", urls[0], "--worker", urls[1].removeprefix("http://"), "--health-interval", "0.2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "radixserve.cli",
+            "route",
+            "--port",
+            str(port),
+            "--worker",
+            urls[0],
+            "--worker",
+            urls[1].removeprefix("http://"),
+            "--health-interval",
+            "0.2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -292,16 +328,22 @@ def test_route_command_in_its_own_process(fakes) -> None:
                 pass
             assert time.monotonic() < deadline, "the router did not come up"
             time.sleep(0.1)
-        homes = {httpx.post(base + "/v1/chat/completions", json=chat(f"{word} " * 20),
-                            timeout=30).headers[WORKER_HEADER] for word in ("alpha", "omega")}
+        homes = {
+            httpx.post(base + "/v1/chat/completions", json=chat(f"{word} " * 20), timeout=30).headers[WORKER_HEADER]
+            for word in ("alpha", "omega")
+        }
         assert homes == set(urls[:2])
         fs[0].healthy = False  # the router's own health thread notices (every 0.2 s, two failures)
         deadline = time.monotonic() + 30
         while any(w["healthy"] for w in httpx.get(base + "/workers").json()["workers"] if w["url"] == urls[0]):
             assert time.monotonic() < deadline, "the health checks did not take the worker out"
             time.sleep(0.1)
-        assert httpx.post(base + "/v1/chat/completions", json=chat("alpha " * 20, "a", "b"),
-                          timeout=30).headers[WORKER_HEADER] == urls[1]
+        assert (
+            httpx.post(base + "/v1/chat/completions", json=chat("alpha " * 20, "a", "b"), timeout=30).headers[
+                WORKER_HEADER
+            ]
+            == urls[1]
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

@@ -1,4 +1,5 @@
 """The router's approximate prefix tree, routing keys and policies, without HTTP."""
+
 from __future__ import annotations
 
 import itertools
@@ -25,6 +26,7 @@ def brute_match(sent: dict[str, list[str]], text: str) -> dict[str, int]:
         while n < min(len(a), len(b)) and a[n] == b[n]:
             n += 1
         return n
+
     return {w: max(common(s, text) for s in texts) for w, texts in sent.items() if texts}
 
 
@@ -84,8 +86,9 @@ def key(path: str, body: dict, authorization: str | None = None) -> str:
 
 def test_chat_keys_grow_with_the_conversation_and_keep_namespaces_apart() -> None:
     turn1 = {"messages": [{"role": "system", "content": "be terse"}, {"role": "user", "content": "hi"}]}
-    turn2 = {"messages": turn1["messages"] + [{"role": "assistant", "content": "hello"},
-                                              {"role": "user", "content": "more"}]}
+    turn2 = {
+        "messages": turn1["messages"] + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    }
     k1, k2 = key("/v1/chat/completions", turn1), key("/v1/chat/completions", turn2)
     assert k2.startswith(k1) and len(k2) > len(k1)
     salted = key("/v1/chat/completions", {**turn1, "cache_salt": "s"})

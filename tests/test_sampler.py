@@ -1,4 +1,5 @@
 """Sampler: greedy, seeded reproducibility inside any batch, filters, penalties and logprobs."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,15 +7,26 @@ import torch
 
 from radixserve.sampling.penalties import apply_penalties
 from radixserve.sampling.sampler import (
-    TOP_P_CANDIDATES, SamplingInfo, _top_p_filter, make_generator, sample, token_logprobs,
+    TOP_P_CANDIDATES,
+    SamplingInfo,
+    _top_p_filter,
+    make_generator,
+    sample,
+    token_logprobs,
 )
 from radixserve.sampling_params import SamplingParams
 
 V = 64
 
 
-def info(seed: int | None = None, prompt: list[int] | None = None, output: list[int] | None = None,
-         top_logprobs_num: int = 0, return_logprob: bool = False, **params: object) -> SamplingInfo:
+def info(
+    seed: int | None = None,
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+    top_logprobs_num: int = 0,
+    return_logprob: bool = False,
+    **params: object,
+) -> SamplingInfo:
     sp = SamplingParams.from_dict({**params, "seed": seed})
     gen = make_generator(seed) if seed is not None else None
     return SamplingInfo(sp, gen, output or [], prompt or [], top_logprobs_num, return_logprob)
@@ -27,8 +39,14 @@ def rand_logits(rows: int, seed: int, vocab: int = V) -> torch.Tensor:
 
 def test_greedy_is_argmax_and_uses_no_rng() -> None:
     logits = rand_logits(6, 0)
-    rows = [info(temperature=0.0), info(seed=5, temperature=0.0), info(seed=6, top_k=1),
-            info(temperature=0.0, top_p=0.5), info(seed=7, top_k=1, temperature=2.0), info(temperature=0.0, min_p=0.3)]
+    rows = [
+        info(temperature=0.0),
+        info(seed=5, temperature=0.0),
+        info(seed=6, top_k=1),
+        info(temperature=0.0, top_p=0.5),
+        info(seed=7, top_k=1, temperature=2.0),
+        info(temperature=0.0, min_p=0.3),
+    ]
     states = [r.generator.get_state() for r in rows if r.generator is not None]
     out = sample(logits, rows)
     assert out.next_ids == logits.argmax(-1).tolist()
@@ -49,12 +67,14 @@ SEEDED_SETTINGS = [
     {"temperature": 1.0, "top_k": 7},
     {"temperature": 0.9, "top_p": 0.8},
     {"temperature": 1.2, "min_p": 0.05},
-    {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "frequency_penalty": 0.5,
-     "repetition_penalty": 1.2},
+    {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "frequency_penalty": 0.5, "repetition_penalty": 1.2},
 ]
 OTHERS = [
-    {"temperature": 1.0}, {"temperature": 0.0}, {"temperature": 0.5, "top_p": 0.5},
-    {"temperature": 1.3, "top_k": 3}, {"temperature": 1.0, "min_p": 0.2, "presence_penalty": 1.0},
+    {"temperature": 1.0},
+    {"temperature": 0.0},
+    {"temperature": 0.5, "top_p": 0.5},
+    {"temperature": 1.3, "top_k": 3},
+    {"temperature": 1.0, "min_p": 0.2, "presence_penalty": 1.0},
 ]
 
 
@@ -64,8 +84,10 @@ def test_seeded_row_same_alone_and_in_any_batch(settings: dict) -> None:
 
     def run(batch_size: int, position: int, mix: int) -> list[int]:
         row = info(seed=seed, prompt=[1, 2, 3], **settings)
-        others = [info(seed=(100 + mix * 10 + j) if j % 2 else None, **OTHERS[(j + mix) % len(OTHERS)])
-                  for j in range(batch_size - 1)]
+        others = [
+            info(seed=(100 + mix * 10 + j) if j % 2 else None, **OTHERS[(j + mix) % len(OTHERS)])
+            for j in range(batch_size - 1)
+        ]
         rows = others[:position] + [row] + others[position:]
         tokens = []
         for step in range(steps):
@@ -176,9 +198,11 @@ def test_penalties_change_the_greedy_choice() -> None:
 
 def test_logprobs_are_raw_log_softmax() -> None:
     logits = rand_logits(3, 9)
-    rows = [info(seed=1, temperature=0.5, top_k=3, return_logprob=True, frequency_penalty=1.0, output=[1, 2]),
-            info(temperature=0.0, top_logprobs_num=4),
-            info(seed=2)]
+    rows = [
+        info(seed=1, temperature=0.5, top_k=3, return_logprob=True, frequency_penalty=1.0, output=[1, 2]),
+        info(temperature=0.0, top_logprobs_num=4),
+        info(seed=2),
+    ]
     out = sample(logits, rows)
     ref = torch.log_softmax(logits, -1)
     assert out.logprobs == pytest.approx([ref[i, t].item() for i, t in enumerate(out.next_ids)], abs=1e-6)
@@ -225,21 +249,27 @@ def test_top_p_candidates_and_full_sort_fallback_match_reference() -> None:
 
 def test_seeded_rows_with_large_vocab_same_alone_and_in_batch() -> None:
     vocab = TOP_P_CANDIDATES * 3
-    settings = [{"top_p": 0.9}, {"top_p": 0.95, "temperature": 3.0}, {"top_k": 600, "top_p": 0.97},
-                {"min_p": 0.01, "temperature": 2.0}]
+    settings = [
+        {"top_p": 0.9},
+        {"top_p": 0.95, "temperature": 3.0},
+        {"top_k": 600, "top_p": 0.97},
+        {"min_p": 0.01, "temperature": 2.0},
+    ]
     logits = rand_logits(len(settings), 21, vocab)
     logits[0] *= 4  # peaked: cut among candidates; the hot rows need the full sort
     for _ in range(3):
         batch = sample(logits, [info(seed=50 + j, **s) for j, s in enumerate(settings)]).next_ids
-        alone = [sample(logits[j:j + 1], [info(seed=50 + j, **s)]).next_ids[0] for j, s in enumerate(settings)]
+        alone = [sample(logits[j : j + 1], [info(seed=50 + j, **s)]).next_ids[0] for j, s in enumerate(settings)]
         assert batch == alone
         logits = logits.roll(1, dims=1)
 
 
 def test_penalties_ignore_ids_outside_the_logits() -> None:
     logits = torch.tensor([[1.0, -1.0, 2.0]])
-    out = apply_penalties(logits, [info(repetition_penalty=2.0, prompt=[7, -1, 0], output=[5],
-                                        frequency_penalty=1.0, presence_penalty=0.5)])
+    out = apply_penalties(
+        logits,
+        [info(repetition_penalty=2.0, prompt=[7, -1, 0], output=[5], frequency_penalty=1.0, presence_penalty=0.5)],
+    )
     assert torch.allclose(out, torch.tensor([[0.5, -1.0, 2.0]]))
     out = apply_penalties(logits, [info(frequency_penalty=1.0, output=[9, 9])])
     assert torch.equal(out, logits)
@@ -250,14 +280,20 @@ def test_on_cuda_seeded_rows_and_filters_hold() -> None:
     vocab = TOP_P_CANDIDATES * 8
     logits = rand_logits(6, 31, vocab).cuda()
     logits[0] *= 5
-    settings = [{"top_p": 0.9}, {"top_p": 0.95, "temperature": 2.0}, {"top_k": 40}, {"min_p": 0.05},
-                {"temperature": 0.0}, {"temperature": 0.8, "frequency_penalty": 1.0, "repetition_penalty": 1.3}]
+    settings = [
+        {"top_p": 0.9},
+        {"top_p": 0.95, "temperature": 2.0},
+        {"top_k": 40},
+        {"min_p": 0.05},
+        {"temperature": 0.0},
+        {"temperature": 0.8, "frequency_penalty": 1.0, "repetition_penalty": 1.3},
+    ]
 
     def rows() -> list[SamplingInfo]:
         return [info(seed=70 + j, output=[1, 2, 2], prompt=[3], **s) for j, s in enumerate(settings)]
 
     batch = sample(logits, rows()).next_ids
-    alone = [sample(logits[j:j + 1], [r]).next_ids[0] for j, r in enumerate(rows())]
+    alone = [sample(logits[j : j + 1], [r]).next_ids[0] for j, r in enumerate(rows())]
     assert batch == alone
     assert batch[4] == logits[4].argmax().item()
     assert batch[2] in logits[2].topk(40).indices.tolist()

@@ -1,5 +1,6 @@
 """The publisher's sampling settings apply to what a request leaves unset, can be overridden per request and turned
 off per engine, and are shown; the server answers to the model alias `default`."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ PROMPT = [5, 6, 7, 8, 9]
 def model_with_defaults(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("with-defaults") / "tiny"
     shutil.copytree(tiny_model_dir, out)
-    config = json.loads((out / "generation_config.json").read_text()) if (out / "generation_config.json").exists() \
-        else {}
+    config = (
+        json.loads((out / "generation_config.json").read_text()) if (out / "generation_config.json").exists() else {}
+    )
     (out / "generation_config.json").write_text(json.dumps({**config, "temperature": 0.0, "top_k": 7}))
     return out
 
@@ -32,9 +34,12 @@ def test_defaults_apply_to_unset_fields_and_yield_to_the_request(model_with_defa
     unset = eng.generate(input_ids=PROMPT, sampling_params={"max_new_tokens": 12})
     greedy = eng.generate(input_ids=PROMPT, sampling_params={"max_new_tokens": 12, "temperature": 0})
     assert unset["output_ids"] == greedy["output_ids"]  # the model's temperature 0 applied
-    sampled = [eng.generate(input_ids=PROMPT, sampling_params={"max_new_tokens": 12, "temperature": 5.0,
-                                                                "top_k": -1, "seed": s})["output_ids"]
-               for s in range(4)]
+    sampled = [
+        eng.generate(
+            input_ids=PROMPT, sampling_params={"max_new_tokens": 12, "temperature": 5.0, "top_k": -1, "seed": s}
+        )["output_ids"]
+        for s in range(4)
+    ]
     assert any(s != greedy["output_ids"] for s in sampled)  # the request's own values win
 
 

@@ -1,5 +1,6 @@
 """`radixserve serve --dp 2`: two replica processes behind the cache-aware router, one command, driven by the openai
 SDK; a conversation stays on one replica and its later turns hit that replica's cache; SIGTERM stops all of it."""
+
 from __future__ import annotations
 
 import os
@@ -41,17 +42,48 @@ def _free_port_block(n: int) -> int:
 
 
 def test_replica_argv_drops_the_front_options() -> None:
-    argv = ["serve", "--dp", "2", "--port=9000", "--model", "m", "--page-size", "4", "--router-policy", "round_robin",
-            "--host", "0.0.0.0", "--api-key", "k"]
+    argv = [
+        "serve",
+        "--dp",
+        "2",
+        "--port=9000",
+        "--model",
+        "m",
+        "--page-size",
+        "4",
+        "--router-policy",
+        "round_robin",
+        "--host",
+        "0.0.0.0",
+        "--api-key",
+        "k",
+    ]
     assert replica_argv(argv) == ["serve", "--page-size", "4", "--api-key", "k"]
 
 
 def test_serve_dp_two_replicas_behind_the_router(tiny_model_dir: Path) -> None:
     port = _free_port_block(3)
-    cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--dp", "2", "--port", str(port), "--model",
-           str(tiny_model_dir), "--dtype", "float32", "--page-size", "4", "--max-total-tokens", "4096"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixserve.cli",
+        "serve",
+        "--dp",
+        "2",
+        "--port",
+        str(port),
+        "--model",
+        str(tiny_model_dir),
+        "--dtype",
+        "float32",
+        "--page-size",
+        "4",
+        "--max-total-tokens",
+        "4096",
+    ]
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -70,12 +102,16 @@ def test_serve_dp_two_replicas_behind_the_router(tiny_model_dir: Path) -> None:
         messages = [{"role": "system", "content": "You are terse. " * 8}, {"role": "user", "content": "Hi there!"}]
         homes, cached = set(), []
         for _ in range(3):
-            raw = client.chat.completions.with_raw_response.create(model="default", messages=messages, max_tokens=6,
-                                                                   temperature=0)
+            raw = client.chat.completions.with_raw_response.create(
+                model="default", messages=messages, max_tokens=6, temperature=0
+            )
             r = raw.parse()
             homes.add(raw.headers[WORKER_HEADER])
             cached.append(r.usage.prompt_tokens_details.cached_tokens)
-            messages += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "And?"}]
+            messages += [
+                {"role": "assistant", "content": r.choices[0].message.content},
+                {"role": "user", "content": "And?"},
+            ]
         assert len(homes) == 1  # the conversation stayed where its KV lives
         assert cached[1] > 0 and cached[2] > cached[1]
     finally:

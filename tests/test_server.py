@@ -2,6 +2,7 @@
 
 Clients: the real `openai` SDK for the OpenAI endpoints, httpx for raw bodies, SSE and disconnects.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,7 +57,7 @@ def model(engine: Engine) -> str:
 
 def sse_events(lines: Iterator[str]) -> list[Any]:
     """Parse `data:` lines; the last event must be [DONE]."""
-    events = [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    events = [line[len("data: ") :] for line in lines if line.startswith("data: ")]
     assert events and events[-1] == "[DONE]", events[-3:]
     return [json.loads(e) for e in events[:-1]]
 
@@ -67,11 +68,16 @@ def page_floor(n: int) -> int:
 
 # ---------------------------------------------------------------- OpenAI SDK
 
+
 def test_chat_matches_engine(client: openai.OpenAI, engine: Engine, model: str) -> None:
-    r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, temperature=0,
-                                       extra_body={"cache_salt": "chat-eq"})
-    ref = engine.generate(input_ids=engine.apply_chat_template(MESSAGES),
-                          sampling_params={"max_new_tokens": 8, **GREEDY}, cache_salt="chat-eq-ref")
+    r = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=8, temperature=0, extra_body={"cache_salt": "chat-eq"}
+    )
+    ref = engine.generate(
+        input_ids=engine.apply_chat_template(MESSAGES),
+        sampling_params={"max_new_tokens": 8, **GREEDY},
+        cache_salt="chat-eq-ref",
+    )
     assert r.object == "chat.completion" and r.model == model and len(r.choices) == 1
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == ref["text"]
@@ -121,15 +127,26 @@ def test_completions_forms(client: openai.OpenAI, engine: Engine, model: str) ->
     assert [c.text for c in by_id_lists.choices] == [r["text"] for r in refs]
     echoed = client.completions.create(model=model, prompt=prompts[0], max_tokens=6, temperature=0, echo=True)
     assert echoed.choices[0].text == prompts[0] + refs[0]["text"]
-    default_len = client.completions.create(model=model, prompt=prompts[0], temperature=0, extra_body={"ignore_eos": True})
+    default_len = client.completions.create(
+        model=model, prompt=prompts[0], temperature=0, extra_body={"ignore_eos": True}
+    )
     assert default_len.usage.completion_tokens == 16  # the legacy endpoint's default max_tokens
 
 
 def test_completions_stream(client: openai.OpenAI, model: str) -> None:
     prompts = ["Hello, world!", "import torch"]
     full = client.completions.create(model=model, prompt=prompts, max_tokens=7, temperature=0, echo=True)
-    chunks = list(client.completions.create(model=model, prompt=prompts, max_tokens=7, temperature=0, echo=True,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=model,
+            prompt=prompts,
+            max_tokens=7,
+            temperature=0,
+            echo=True,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     texts = ["", ""]
     for c in chunks:
         for ch in c.choices:
@@ -157,8 +174,9 @@ def test_n2_sampling_and_seed(client: openai.OpenAI, model: str) -> None:
 
 
 def test_chat_logprobs(client: openai.OpenAI, engine: Engine, model: str) -> None:
-    r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True,
-                                       top_logprobs=3)
+    r = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens
     tok = engine.tokenizer
@@ -168,11 +186,17 @@ def test_chat_logprobs(client: openai.OpenAI, engine: Engine, model: str) -> Non
         assert tops == sorted(tops, reverse=True)
         assert entry.logprob == pytest.approx(tops[0], abs=1e-5)  # greedy picks the most likely token
         assert entry.bytes == list(entry.token.encode())
-    ids = engine.generate(input_ids=engine.apply_chat_template(MESSAGES),
-                          sampling_params={"max_new_tokens": 5, **GREEDY})["output_ids"]
+    ids = engine.generate(
+        input_ids=engine.apply_chat_template(MESSAGES), sampling_params={"max_new_tokens": 5, **GREEDY}
+    )["output_ids"]
     assert [e.token for e in content] == [tok.token_to_str(i) for i in ids]
-    streamed = [c for c in client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=5, temperature=0,
-                                                         logprobs=True, stream=True) if c.choices]
+    streamed = [
+        c
+        for c in client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True, stream=True
+        )
+        if c.choices
+    ]
     lps = [e.logprob for c in streamed if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert lps == pytest.approx([e.logprob for e in content], abs=1e-5)
 
@@ -197,6 +221,7 @@ def test_models_endpoint(client: openai.OpenAI, model: str) -> None:
 
 # ---------------------------------------------------------------- multi-turn cache hits
 
+
 def test_multi_turn_chat_hits_the_cache(client: openai.OpenAI, engine: Engine, model: str) -> None:
     """Each turn's prompt extends the previous prompt + answer, so the cache serves all of it but the last page."""
     messages = [{"role": "system", "content": "You are terse."}]
@@ -204,8 +229,9 @@ def test_multi_turn_chat_hits_the_cache(client: openai.OpenAI, engine: Engine, m
     for turn, question in enumerate(["Hi there!", "Tell me more.", "Why?", "Thanks, bye."]):
         messages.append({"role": "user", "content": question})
         before = engine.metrics()["cached_tokens_total"]
-        r = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,
-                                           extra_body={"cache_salt": "multi-turn"})
+        r = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=12, temperature=0, extra_body={"cache_salt": "multi-turn"}
+        )
         cached = r.usage.prompt_tokens_details.cached_tokens
         assert cached == engine.metrics()["cached_tokens_total"] - before  # what the engine counted
         if turn == 0:
@@ -222,8 +248,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def test_multi_turn_keeps_generated_ids_when_retokenizing_differs(client: openai.OpenAI, engine: Engine,
-                                                                    model: str) -> None:
+def test_multi_turn_keeps_generated_ids_when_retokenizing_differs(
+    client: openai.OpenAI, engine: Engine, model: str
+) -> None:
     """A sampled answer whose text re-tokenizes into other ids: turn 2 still hits the cache over the whole answer."""
     messages = [{"role": "user", "content": "Tell me a story."}]
     params = {"max_new_tokens": 12, "temperature": 1.0, "seed": 0}
@@ -233,8 +260,9 @@ def test_multi_turn_keeps_generated_ids_when_retokenizing_differs(client: openai
     assert engine.tokenizer.encode(ref["text"], add_special_tokens=False) != generated  # the case this test is about
 
     salt = {"cache_salt": "retok"}
-    r1 = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=1.0, seed=0,
-                                        extra_body=salt)
+    r1 = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=12, temperature=1.0, seed=0, extra_body=salt
+    )
     assert r1.choices[0].message.content == ref["text"]
     messages += [{"role": "assistant", "content": ref["text"]}, {"role": "user", "content": "And then?"}]
     r2 = client.chat.completions.create(model=model, messages=messages, max_tokens=2, temperature=0, extra_body=salt)
@@ -247,18 +275,28 @@ def test_multi_turn_keeps_generated_ids_when_retokenizing_differs(client: openai
 
 def test_multi_turn_streaming_hits_the_cache(client: openai.OpenAI, model: str) -> None:
     messages = [{"role": "user", "content": "Count with me."}]
-    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=9, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True},
-                                                 extra_body={"cache_salt": "stream-turns"}))
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=9,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"cache_salt": "stream-turns"},
+        )
+    )
     answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     first = chunks[-1].usage
     messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Again."}]
-    r = client.chat.completions.create(model=model, messages=messages, max_tokens=3, temperature=0,
-                                       extra_body={"cache_salt": "stream-turns"})
+    r = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=3, temperature=0, extra_body={"cache_salt": "stream-turns"}
+    )
     assert r.usage.prompt_tokens_details.cached_tokens >= page_floor(first.prompt_tokens + first.completion_tokens - 1)
 
 
 # ---------------------------------------------------------------- native endpoints
+
 
 def test_generate_native(http: httpx.Client, engine: Engine) -> None:
     sp = {"max_new_tokens": 5, **GREEDY}
@@ -266,24 +304,38 @@ def test_generate_native(http: httpx.Client, engine: Engine) -> None:
     one = http.post("/generate", json={"text": "Hello, world!", "sampling_params": sp}).json()
     assert one["text"] == ref["text"] and one["output_ids"] == ref["output_ids"]
     assert set(one["meta_info"]) >= {"prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason"}
-    batch = http.post("/generate", json={"input_ids": [engine.encode("Hello, world!"), engine.encode("import torch")],
-                                         "sampling_params": sp}).json()
+    batch = http.post(
+        "/generate",
+        json={"input_ids": [engine.encode("Hello, world!"), engine.encode("import torch")], "sampling_params": sp},
+    ).json()
     assert isinstance(batch, list) and batch[0]["output_ids"] == ref["output_ids"]
-    lp = http.post("/generate", json={"text": "Hello, world!", "sampling_params": sp, "return_logprob": True,
-                                      "logprob_start_len": 0, "top_logprobs_num": 2,
-                                      "return_text_in_logprobs": True}).json()["meta_info"]
+    lp = http.post(
+        "/generate",
+        json={
+            "text": "Hello, world!",
+            "sampling_params": sp,
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 2,
+            "return_text_in_logprobs": True,
+        },
+    ).json()["meta_info"]
     n_prompt = ref["meta_info"]["prompt_tokens"]
     assert len(lp["input_token_logprobs"]) == n_prompt and lp["input_token_logprobs"][0][0] is None
     assert len(lp["output_token_logprobs"]) == 5 and len(lp["output_top_logprobs"][0]) == 2
     assert lp["output_token_logprobs"][0][2] == engine.tokenizer.token_to_str(ref["output_ids"][0])
-    with http.stream("POST", "/generate", json={"text": "Hello, world!", "sampling_params": sp, "stream": True,
-                                                "return_logprob": True}) as s:
+    with http.stream(
+        "POST",
+        "/generate",
+        json={"text": "Hello, world!", "sampling_params": sp, "stream": True, "return_logprob": True},
+    ) as s:
         events = sse_events(s.iter_lines())
     # the engine's chunks: each holds only what is new, counts are cumulative, the last one has the finish reason
     assert [i for e in events for i in e["output_ids"]] == ref["output_ids"]
     assert "".join(e["text"] for e in events) == ref["text"]
-    assert [e["meta_info"]["completion_tokens"] for e in events] == sorted(e["meta_info"]["completion_tokens"]
-                                                                           for e in events)
+    assert [e["meta_info"]["completion_tokens"] for e in events] == sorted(
+        e["meta_info"]["completion_tokens"] for e in events
+    )
     assert events[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert all(e["meta_info"]["finish_reason"] is None for e in events[:-1])
     assert sum(len(e["meta_info"]["output_token_logprobs"]) for e in events) == 5
@@ -325,20 +377,35 @@ def test_info_health_models_flush(http: httpx.Client, engine: Engine, model: str
 def test_metrics(http: httpx.Client, client: openai.OpenAI, model: str) -> None:
     def scrape() -> dict[str, float]:
         text = http.get("/metrics").text
-        return {s.name + json.dumps(s.labels, sort_keys=True): s.value
-                for fam in text_string_to_metric_families(text) for s in fam.samples}
+        return {
+            s.name + json.dumps(s.labels, sort_keys=True): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+        }
 
     before = scrape()
-    for name in ["radixserve_hit_rate", "radixserve_cached_pages", "radixserve_evictable_pages", "radixserve_free_pages",
-                 "radixserve_num_running", "radixserve_num_waiting", "radixserve_num_retractions_total",
-                 "radixserve_time_to_first_token_seconds_count", "radixserve_inter_token_latency_seconds_count",
-                 "radixserve_e2e_request_latency_seconds_count"]:
+    for name in [
+        "radixserve_hit_rate",
+        "radixserve_cached_pages",
+        "radixserve_evictable_pages",
+        "radixserve_free_pages",
+        "radixserve_num_running",
+        "radixserve_num_waiting",
+        "radixserve_num_retractions_total",
+        "radixserve_time_to_first_token_seconds_count",
+        "radixserve_inter_token_latency_seconds_count",
+        "radixserve_e2e_request_latency_seconds_count",
+    ]:
         assert name + "{}" in before, name
     client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=6, temperature=0)
     after = scrape()
-    for name in ["radixserve_prompt_tokens_total", "radixserve_generation_tokens_total",
-                 "radixserve_time_to_first_token_seconds_count", "radixserve_e2e_request_latency_seconds_count",
-                 "radixserve_inter_token_latency_seconds_count"]:
+    for name in [
+        "radixserve_prompt_tokens_total",
+        "radixserve_generation_tokens_total",
+        "radixserve_time_to_first_token_seconds_count",
+        "radixserve_e2e_request_latency_seconds_count",
+        "radixserve_inter_token_latency_seconds_count",
+    ]:
         assert after[name + "{}"] > before.get(name + "{}", 0), name
     key = 'radixserve_http_requests_total{"route": "/v1/chat/completions", "status": "200"}'
     assert after[key] == before.get(key, 0) + 1
@@ -354,8 +421,12 @@ BAD = [
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].tool_call_id"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     400, "messages[0].content[0].image_url"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        400,
+        "messages[0].content[0].image_url",
+    ),
     ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": -1}, 400, "max_tokens"),
     ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": -5}, 400, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": "ten"}, 400, "max_tokens"),
@@ -367,10 +438,16 @@ BAD = [
     ("/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 3}, 400, "top_logprobs"),
     ("/v1/chat/completions", {"messages": MESSAGES, "stop": ""}, 400, "stop"),
     ("/v1/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools[0].function"),
-    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "xml"}}, 400,
-     "response_format.type"),
-    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "objectx"}}}}, 400, "response_format"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "xml"}}, 400, "response_format.type"),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": MESSAGES,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}},
+        },
+        400,
+        "response_format",
+    ),
     ("/v1/chat/completions", {"messages": MESSAGES, "tool_choice": "required"}, 400, "tool_choice"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "fox " * 1100}]}, 400, "messages"),
     ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 5000}, 400, "max_tokens"),  # the field sent
@@ -392,8 +469,9 @@ BAD = [
 
 
 @pytest.mark.parametrize("path,body,status,param", BAD, ids=[f"{p}:{s}:{q}" for p, _, s, q in BAD])
-def test_bad_input_gets_error_body(http: httpx.Client, client: openai.OpenAI, model: str, path: str, body: Any,
-                                   status: int, param: str | None) -> None:
+def test_bad_input_gets_error_body(
+    http: httpx.Client, client: openai.OpenAI, model: str, path: str, body: Any, status: int, param: str | None
+) -> None:
     r = http.post(path, content=body) if isinstance(body, bytes) else http.post(path, json=body)
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -434,15 +512,15 @@ def test_unknown_route_has_error_body(http: httpx.Client) -> None:
 
 # ---------------------------------------------------------------- disconnects and concurrency
 
-STREAMS = [("/v1/completions", {"prompt": "The quick brown fox"}, 1),
-           ("/v1/chat/completions", {"messages": MESSAGES, "n": 3, "seed": 5, "temperature": 1.0}, 3),
-           ("/generate", {"text": "The quick brown fox", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}},
-            1)]
+STREAMS = [
+    ("/v1/completions", {"prompt": "The quick brown fox"}, 1),
+    ("/v1/chat/completions", {"messages": MESSAGES, "n": 3, "seed": 5, "temperature": 1.0}, 3),
+    ("/generate", {"text": "The quick brown fox", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}, 1),
+]
 
 
 @pytest.mark.parametrize("path,body,n", STREAMS, ids=[p for p, _, _ in STREAMS])
-def test_disconnect_mid_stream_aborts(server: BackgroundServer, engine: Engine, path: str, body: dict,
-                                      n: int) -> None:
+def test_disconnect_mid_stream_aborts(server: BackgroundServer, engine: Engine, path: str, body: dict, n: int) -> None:
     wait_idle(engine)
     before = engine.metrics()["generation_tokens_total"]
     body = {"max_tokens": 400, "ignore_eos": True, "temperature": 0, **body, "stream": True}

@@ -1,4 +1,5 @@
 """ChatPromptBuilder alone: multi-turn prompts extend the previous prompt + generated ids, and never change the text."""
+
 from __future__ import annotations
 
 
@@ -28,8 +29,11 @@ def odd_ids(tok: Tokenizer, text: str) -> list[int]:
 
 def test_without_remembered_answers_it_is_the_plain_template(tok: Tokenizer) -> None:
     b = ChatPromptBuilder(tok)
-    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"},
-            {"role": "user", "content": "bye"}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello there"},
+        {"role": "user", "content": "bye"},
+    ]
     assert b.build(msgs, "") == tok.encode(tok.apply_chat_template(msgs), add_special_tokens=False)
 
 
@@ -50,8 +54,11 @@ def test_turns_extend_prompt_plus_generated_ids(tok: Tokenizer) -> None:
 def test_namespaces_are_separate(tok: Tokenizer) -> None:
     b = ChatPromptBuilder(tok)
     b.remember("a", "hello there", odd_ids(tok, "hello there"), LENGTH)
-    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"},
-            {"role": "user", "content": "ok"}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello there"},
+        {"role": "user", "content": "ok"},
+    ]
     plain = tok.encode(tok.apply_chat_template(msgs), add_special_tokens=False)
     assert b.build(msgs, "b") == plain
     assert b.build(msgs, "a") != plain
@@ -75,13 +82,23 @@ def test_stop_string_tail_is_trimmed(tok: Tokenizer) -> None:
 
 def test_template_that_rewrites_content_falls_back(tok: Tokenizer) -> None:
     """A template that trims content would not render the answer verbatim: no splice, the plain encoding is used."""
-    trimming = Tokenizer(tok._tok, {**tok.config, "chat_template": (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")})
+    trimming = Tokenizer(
+        tok._tok,
+        {
+            **tok.config,
+            "chat_template": (
+                "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+            ),
+        },
+    )
     b = ChatPromptBuilder(trimming)
     b.remember("", " hello there ", odd_ids(tok, " hello there "), LENGTH)
-    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " hello there "},
-            {"role": "user", "content": "ok"}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": " hello there "},
+        {"role": "user", "content": "ok"},
+    ]
     assert b.build(msgs, "") == trimming.encode(trimming.apply_chat_template(msgs), add_special_tokens=False)
 
 

@@ -1,5 +1,6 @@
 """`run_server` in a real process: SIGTERM stops admitting, lets running requests finish within the grace period,
 cuts the ones that cannot, and exits 0."""
+
 from __future__ import annotations
 
 import json
@@ -43,9 +44,11 @@ def test_sigterm_drains_and_exits_zero(tiny_model_factory: Callable[..., Path]) 
     model_dir = tiny_model_factory("qwen2", max_position_embeddings=8192)  # room for a request the grace cannot finish
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    code = ("from radixserve.server.launch import run_server\n"
-            f"run_server({{'model': {str(model_dir)!r}, 'dtype': 'float32', 'page_size': 4}}, port={port}, "
-            f"grace_period_s={GRACE_S})\n")
+    code = (
+        "from radixserve.server.launch import run_server\n"
+        f"run_server({{'model': {str(model_dir)!r}, 'dtype': 'float32', 'page_size': 4}}, port={port}, "
+        f"grace_period_s={GRACE_S})\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 90
@@ -59,13 +62,20 @@ def test_sigterm_drains_and_exits_zero(tiny_model_factory: Callable[..., Path]) 
             assert time.monotonic() < deadline, "server did not come up"
             time.sleep(0.2)
 
-        short = {"prompt": "The quick brown fox", "max_tokens": 60, "ignore_eos": True, "temperature": 0,
-                 "stream": True}
+        short = {
+            "prompt": "The quick brown fox",
+            "max_tokens": 60,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
         endless = {**short, "max_tokens": 8000}  # cannot finish within the grace period
         results: list[list] = [[], []]
         started = [threading.Event(), threading.Event()]
-        threads = [threading.Thread(target=stream_events, args=(url, body, out, ev))
-                   for body, out, ev in zip((short, endless), results, started)]
+        threads = [
+            threading.Thread(target=stream_events, args=(url, body, out, ev))
+            for body, out, ev in zip((short, endless), results, started)
+        ]
         for t in threads:
             t.start()
         for ev in started:

@@ -3,6 +3,7 @@
 One tiny engine that runs one request at a time (so others queue) over a 512-token pool, served with two API keys
 and at most 2 waiting requests.
 """
+
 from __future__ import annotations
 
 import threading
@@ -31,8 +32,14 @@ LONG = {"prompt": "The quick brown fox", "max_tokens": 450, "ignore_eos": True, 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Iterator[Engine]:
     # Speculation off: the long request must keep the only slot busy; accepted drafts would end it in a few steps.
-    with engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=POOL_TOKENS,
-                             max_running_requests=1, speculative="off") as eng:
+    with engine_left_at_rest(
+        tiny_model_dir,
+        dtype="float32",
+        page_size=4,
+        max_total_tokens=POOL_TOKENS,
+        max_running_requests=1,
+        speculative="off",
+    ) as eng:
         yield eng
 
 
@@ -76,8 +83,14 @@ def test_api_keys(server: BackgroundServer, engine: Engine) -> None:
     with http(server, key=None) as anon, http(server, key="wrong") as wrong:
         assert anon.get("/health").status_code == 200  # the one open endpoint
         for c in (anon, wrong):
-            for method, path in [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/metrics"),
-                                 ("POST", "/generate"), ("POST", "/flush_cache"), ("GET", "/get_model_info")]:
+            for method, path in [
+                ("GET", "/v1/models"),
+                ("POST", "/v1/chat/completions"),
+                ("GET", "/metrics"),
+                ("POST", "/generate"),
+                ("POST", "/flush_cache"),
+                ("GET", "/get_model_info"),
+            ]:
                 r = c.request(method, path, json={})
                 assert r.status_code == 401, (path, r.text)
                 assert r.json()["error"]["code"] == "invalid_api_key"
@@ -91,8 +104,11 @@ def test_api_keys(server: BackgroundServer, engine: Engine) -> None:
 
 
 def test_each_key_is_its_own_cache_namespace(server: BackgroundServer) -> None:
-    body = {"text": "Hello, world! How are you today? I'm fine, thanks.", "sampling_params": {"max_new_tokens": 1},
-            "cache_salt": "shared-salt"}
+    body = {
+        "text": "Hello, world! How are you today? I'm fine, thanks.",
+        "sampling_params": {"max_new_tokens": 1},
+        "cache_salt": "shared-salt",
+    }
 
     def cached(key: str) -> int:
         with http(server, key) as c:

@@ -1,5 +1,6 @@
 """A 4-turn chat over HTTP with the real default model: each turn's cached prompt tokens cover >= 95% of the previous
 turn's prompt and answer (the answer comes back as text, as any OpenAI client sends it)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -25,9 +26,12 @@ def client(real_engine: Any) -> Iterator[openai.OpenAI]:  # noqa: F811
 
 def test_four_turn_chat_over_http_reuses_the_cache(client: openai.OpenAI, real_engine: Any) -> None:  # noqa: F811
     code = (REPO / "radixserve" / "server" / "chat_prompt.py").read_text()[:1500]
-    questions = [f"Here is a Python module:\n```python\n{code}\n```\nWhat does `remember` store?",
-                 "Why are the generated ids kept?", "What happens when a template trims content?",
-                 "Summarize the module in one sentence."]
+    questions = [
+        f"Here is a Python module:\n```python\n{code}\n```\nWhat does `remember` store?",
+        "Why are the generated ids kept?",
+        "What happens when a template trims content?",
+        "Summarize the module in one sentence.",
+    ]
     model = real_engine.model_info()["model_name"]
     messages: list[dict[str, str]] = []
     previous = 0  # tokens of the previous turn's prompt and answer

@@ -1,6 +1,7 @@
 """Speculative decoding (issue 16): the same greedy tokens with it on and off (every tiny architecture, cache hits,
 chunked prefill, memory pressure, aborts, stops, penalties, logprobs), seeds unchanged, drafts that actually run,
 and pool invariants after each (make_engine checks them at rest, DESIGN.md rule 2)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,12 +24,18 @@ def rand_ids(rng: random.Random, n: int) -> list[int]:
 def copy_prompts(rng: random.Random) -> list[list[int]]:
     """Prompts with text to copy (a repeated passage) and without, of several lengths."""
     passage = rand_ids(rng, 48)
-    return [passage + rand_ids(rng, 5) + passage[:12], passage * 2, rand_ids(rng, 30), rand_ids(rng, 5),
-            rand_ids(rng, 20) * 3 + rand_ids(rng, 3)]
+    return [
+        passage + rand_ids(rng, 5) + passage[:12],
+        passage * 2,
+        rand_ids(rng, 30),
+        rand_ids(rng, 5),
+        rand_ids(rng, 20) * 3 + rand_ids(rng, 3),
+    ]
 
 
-def greedy_both(make_engine: Callable, model: Path, prompts: list[list[int]], params: dict | None = None,
-                **kw: object) -> tuple[list[list[int]], list[list[int]], dict]:
+def greedy_both(
+    make_engine: Callable, model: Path, prompts: list[list[int]], params: dict | None = None, **kw: object
+) -> tuple[list[list[int]], list[list[int]], dict]:
     """Outputs with speculation off, then on (twice: the second round hits the cache); the on engine's stats."""
     params = params or GREEDY
     off = make_engine(model, speculative="off", **kw)
@@ -42,10 +49,15 @@ def greedy_both(make_engine: Callable, model: Path, prompts: list[list[int]], pa
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("config", [dict(page_size=16, chunked_prefill_size=512),
-                                    dict(page_size=1, chunked_prefill_size=32),
-                                    dict(page_size=4, chunked_prefill_size=24, enable_radix_cache=False)],
-                         ids=["page16", "page1-chunk32", "page4-chunk24-nocache"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(page_size=16, chunked_prefill_size=512),
+        dict(page_size=1, chunked_prefill_size=32),
+        dict(page_size=4, chunked_prefill_size=24, enable_radix_cache=False),
+    ],
+    ids=["page16", "page1-chunk32", "page4-chunk24-nocache"],
+)
 def test_greedy_identical_with_speculation(arch: str, config: dict, tiny_model_factory, make_engine) -> None:
     prompts = copy_prompts(random.Random(len(arch)))
     want, got, stats = greedy_both(make_engine, tiny_model_factory(arch), prompts, max_total_tokens=4096, **config)
@@ -62,8 +74,9 @@ def test_memory_pressure_retraction_with_drafts(tiny_model_dir: Path, make_engin
     alone = make_engine(tiny_model_dir, speculative="off", max_total_tokens=4096)
     want = [alone.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
     # 20 pages of 16 tokens for requests of ~100 tokens each: drafts compete for pages with retractions.
-    eng = make_engine(tiny_model_dir, speculative="ngram", page_size=16, max_total_tokens=320,
-                      init_new_token_ratio=0.05)
+    eng = make_engine(
+        tiny_model_dir, speculative="ngram", page_size=16, max_total_tokens=320, init_new_token_ratio=0.05
+    )
     outs = eng.generate(input_ids=prompts, sampling_params=params)
     assert [o["output_ids"] for o in outs] == want
     m = eng.metrics()
@@ -72,13 +85,22 @@ def test_memory_pressure_retraction_with_drafts(tiny_model_dir: Path, make_engin
 
 
 async def test_aborts_mid_verify_leak_nothing(tiny_model_dir: Path, make_engine) -> None:
-    eng = make_engine(tiny_model_dir, speculative="ngram", page_size=4, max_total_tokens=1024,
-                      chunked_prefill_size=16, max_running_requests=3)
+    eng = make_engine(
+        tiny_model_dir,
+        speculative="ngram",
+        page_size=4,
+        max_total_tokens=1024,
+        chunked_prefill_size=16,
+        max_running_requests=3,
+    )
     rng = random.Random(4)
 
     async def abort_later(ids: list[int], delay: float, rid: str) -> None:
-        task = asyncio.ensure_future(eng.async_generate(input_ids=ids, rid=rid, sampling_params={
-            "max_new_tokens": 40, "temperature": 0, "ignore_eos": True}))
+        task = asyncio.ensure_future(
+            eng.async_generate(
+                input_ids=ids, rid=rid, sampling_params={"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+            )
+        )
         await asyncio.sleep(delay)
         eng.abort(rid)
         out = await task
@@ -180,4 +202,4 @@ def test_metrics_count_drafts_per_source(tiny_model_dir: Path, make_engine) -> N
     text = ServerMetrics(eng).render().decode()
     assert f'radixserve_spec_draft_tokens_total{{source="prompt"}} {float(proposed["prompt"])}' in text
     assert f'radixserve_spec_accepted_tokens_total{{source="tree"}} {float(accepted["tree"])}' in text
-    assert f'radixserve_spec_accepted_drafts_per_step_count {float(stats["spec_verify_steps"])}' in text
+    assert f"radixserve_spec_accepted_drafts_per_step_count {float(stats['spec_verify_steps'])}" in text

@@ -2,6 +2,7 @@
 of a known row (torch's seed fixed: deterministic), and the engine with speculation on against the plain engine
 (unseeded requests draw fresh seeds, so this one is random: a correct sampler fails it 1 time in 1,000), both by
 chi-square at alpha = 1e-3."""
+
 from __future__ import annotations
 
 import collections
@@ -45,11 +46,11 @@ def test_verify_matches_the_plain_distribution(draft: list[int]) -> None:
     of 6 ids, draft id 5 has probability 0 (always rejected). Seed 1: with seed 0 the 'likely' case's second token
     scores 17.3 at df 3 (a 1-in-2,000 draw; 20,000 draws then match row 1 to 0.002), seeds 1-7 score 0.4 to 7.9."""
     torch.manual_seed(1)
-    logits = torch.tensor([[1.0, 0.5, 2.0, -1.0, 0.0, -3.0], [0.0, 1.5, 0.2, 0.7, -0.5, -2.0],
-                           [0.3, 0.3, 0.3, 0.3, 0.3, 0.3]])
+    logits = torch.tensor(
+        [[1.0, 0.5, 2.0, -1.0, 0.0, -3.0], [0.0, 1.5, 0.2, 0.7, -0.5, -2.0], [0.3, 0.3, 0.3, 0.3, 0.3, 0.3]]
+    )
     inf = info(temperature=0.8, top_k=4)
-    p = [torch.softmax(torch.where(row >= row.topk(4).values[-1], row / 0.8, -math.inf), 0).tolist()
-         for row in logits]
+    p = [torch.softmax(torch.where(row >= row.topk(4).values[-1], row / 0.8, -math.inf), 0).tolist() for row in logits]
     first: collections.Counter = collections.Counter()
     second: collections.Counter = collections.Counter()
     n = 6000
@@ -69,9 +70,15 @@ def check(counts: collections.Counter, probs: list[float]) -> None:
     assert stat < chi2_critical(df), (stat, df, counts, probs)
 
 
-@pytest.mark.parametrize("params", [dict(temperature=1.0, top_p=0.8), dict(temperature=0.7, min_p=0.1),
-                                    dict(temperature=1.0, repetition_penalty=1.5, frequency_penalty=0.4)],
-                         ids=["top_p", "min_p", "penalties"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=1.0, top_p=0.8),
+        dict(temperature=0.7, min_p=0.1),
+        dict(temperature=1.0, repetition_penalty=1.5, frequency_penalty=0.4),
+    ],
+    ids=["top_p", "min_p", "penalties"],
+)
 def test_verify_matches_the_plain_sampler_under_filters_and_penalties(params: dict) -> None:
     """The first token's distribution equals what the plain sampler draws from: filter_logits of the penalised row
     (penalties count the request's output so far; row 1 also counts the accepted first draft)."""
@@ -80,8 +87,9 @@ def test_verify_matches_the_plain_sampler_under_filters_and_penalties(params: di
     from radixserve.sampling.speculative import row_infos
 
     torch.manual_seed(1)
-    logits = torch.tensor([[1.0, 0.5, 2.0, -1.0, 0.0, -3.0], [0.0, 1.5, 0.2, 0.7, -0.5, -2.0],
-                           [0.3, 0.3, 0.3, 0.3, 0.3, 0.3]])
+    logits = torch.tensor(
+        [[1.0, 0.5, 2.0, -1.0, 0.0, -3.0], [0.0, 1.5, 0.2, 0.7, -0.5, -2.0], [0.3, 0.3, 0.3, 0.3, 0.3, 0.3]]
+    )
     inf = SamplingInfo(params=SamplingParams(**params), generator=None, output_ids=[2, 1], prompt_ids=[0])
     draft = [2, 1]
     rows = row_infos(inf, draft)

@@ -3,6 +3,7 @@ with nested objects, arrays, enums, bounded numbers, optional fields, string pat
 sampled, all in one batch, gives output that parses and validates, 100%; unconstrained greedy requests in that
 batch get exactly the tokens they get alone; and over HTTP the openai SDK's parse() and a tool-call round trip
 (tool_choice auto: the model's own decision), streamed and not."""
+
 from __future__ import annotations
 
 import json
@@ -67,9 +68,16 @@ def test_every_constrained_output_validates_and_shares_the_batch_harmlessly(real
     assert real_engine.scheduler.stats.forced_tokens > 0  # jump-forward ran
 
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +93,13 @@ class City(BaseModel):
 
 
 def test_openai_parse_on_the_real_model(client: openai.OpenAI) -> None:
-    r = client.chat.completions.parse(model="default", response_format=City, max_tokens=60, temperature=0,
-                                      messages=[{"role": "user", "content": "Describe Paris as JSON."}])
+    r = client.chat.completions.parse(
+        model="default",
+        response_format=City,
+        max_tokens=60,
+        temperature=0,
+        messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+    )
     city = r.choices[0].message.parsed
     assert isinstance(city, City) and "paris" in city.name.lower()
 
@@ -109,8 +122,13 @@ def test_tool_call_round_trip_on_the_real_model(client: openai.OpenAI, stream: b
         reason, tc = r.choices[0].finish_reason, r.choices[0].message.tool_calls[0]
         name, args, call_id = tc.function.name, tc.function.arguments, tc.id
     assert reason == "tool_calls" and name == "get_weather" and "paris" in json.loads(args)["city"].lower()
-    messages.append({"role": "assistant", "content": None, "tool_calls": [
-        {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}]})
+    messages.append(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}],
+        }
+    )
     messages.append({"role": "tool", "tool_call_id": call_id, "content": '{"temperature_c": 21, "sky": "sunny"}'})
     final = client.chat.completions.create(messages=messages, **kw)
     assert final.choices[0].finish_reason == "stop" and "21" in final.choices[0].message.content

@@ -1,6 +1,7 @@
 """Structured output over HTTP on the tiny model (random weights: only the grammar makes its output parse):
 /generate with regex / json_schema / ebnf, the openai SDK's `chat.completions.parse(response_format=Model)`, and a
 tool-call round trip (call, tool result, answer), streamed and not."""
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,21 @@ from radixserve import Engine
 from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                                    "unit": {"enum": ["c", "f"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 
 
 class Person(BaseModel):
@@ -49,23 +60,37 @@ def client(server: BackgroundServer) -> openai.OpenAI:
 
 
 def test_generate_takes_regex_json_schema_and_ebnf(server: BackgroundServer) -> None:
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
-              "required": ["n"], "additionalProperties": False}
-    cases = [({"regex": r"[a-c]{2}-[0-9]{3}"}, lambda t: re.fullmatch(r"[a-c]{2}-[0-9]{3}", t)),
-             ({"json_schema": json.dumps(schema)}, lambda t: 1 <= json.loads(t)["n"] <= 9),
-             ({"ebnf": 'root ::= "yes" | "no"'}, lambda t: t in ("yes", "no"))]
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    cases = [
+        ({"regex": r"[a-c]{2}-[0-9]{3}"}, lambda t: re.fullmatch(r"[a-c]{2}-[0-9]{3}", t)),
+        ({"json_schema": json.dumps(schema)}, lambda t: 1 <= json.loads(t)["n"] <= 9),
+        ({"ebnf": 'root ::= "yes" | "no"'}, lambda t: t in ("yes", "no")),
+    ]
     for extra, ok in cases:
         for temperature in (0.0, 1.0):
-            r = httpx.post(server.url + "/generate", json={"text": "Answer:", "sampling_params": {
-                "max_new_tokens": 40, "temperature": temperature, "seed": 3, **extra}}, timeout=60)
+            r = httpx.post(
+                server.url + "/generate",
+                json={
+                    "text": "Answer:",
+                    "sampling_params": {"max_new_tokens": 40, "temperature": temperature, "seed": 3, **extra},
+                },
+                timeout=60,
+            )
             assert r.status_code == 200, r.text
             out = r.json()
             assert out["meta_info"]["finish_reason"]["type"] == "stop", out
             assert ok(out["text"]), (extra, out["text"])
 
 
-@pytest.mark.parametrize("field,value", [("regex", "[a-"), ("json_schema", {"type": "objectx"}),
-                                         ("json_schema", "{not json"), ("ebnf", "root ::= (")])
+@pytest.mark.parametrize(
+    "field,value",
+    [("regex", "[a-"), ("json_schema", {"type": "objectx"}), ("json_schema", "{not json"), ("ebnf", "root ::= (")],
+)
 def test_bad_grammar_is_a_400_naming_the_field(server: BackgroundServer, field: str, value: object) -> None:
     r = httpx.post(server.url + "/generate", json={"text": "x", "sampling_params": {field: value}}, timeout=60)
     assert r.status_code == 400, r.text
@@ -73,28 +98,43 @@ def test_bad_grammar_is_a_400_naming_the_field(server: BackgroundServer, field: 
 
 
 def test_a_grammar_that_cannot_end_in_time_finishes_with_length(server: BackgroundServer) -> None:
-    r = httpx.post(server.url + "/generate", json={"text": "x", "sampling_params": {
-        "max_new_tokens": 5, "temperature": 0, "regex": "a{20}"}}, timeout=60)
+    r = httpx.post(
+        server.url + "/generate",
+        json={"text": "x", "sampling_params": {"max_new_tokens": 5, "temperature": 0, "regex": "a{20}"}},
+        timeout=60,
+    )
     out = r.json()
     assert out["meta_info"]["finish_reason"]["type"] == "length" and out["text"] == "a" * len(out["text"])
 
 
 def test_openai_parse_with_a_pydantic_model(client: openai.OpenAI) -> None:
     for temperature in (0.0, 1.0):
-        r = client.chat.completions.parse(model="default", messages=[{"role": "user", "content": "A person?"}],
-                                          response_format=Person, max_tokens=120, temperature=temperature, seed=1)
+        r = client.chat.completions.parse(
+            model="default",
+            messages=[{"role": "user", "content": "A person?"}],
+            response_format=Person,
+            max_tokens=120,
+            temperature=temperature,
+            seed=1,
+        )
         assert r.choices[0].finish_reason == "stop"
         assert isinstance(r.choices[0].message.parsed, Person), r.choices[0].message.content
-    r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "JSON?"}],
-                                       response_format={"type": "json_object"}, max_tokens=60, temperature=0)
+    r = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "JSON?"}],
+        response_format={"type": "json_object"},
+        max_tokens=60,
+        temperature=0,
+    )
     text = r.choices[0].message.content  # any object: random weights may ramble in a string until max_tokens
     assert text.startswith("{") and (r.choices[0].finish_reason == "length" or isinstance(json.loads(text), dict))
 
 
 def _round_trip(client: openai.OpenAI, stream: bool, tool_choice: object) -> None:
     messages: list = [{"role": "user", "content": "Weather in Paris?"}]
-    kw = dict(model="default", tools=TOOLS, tool_choice=tool_choice, max_tokens=300, temperature=0,
-              parallel_tool_calls=False)
+    kw = dict(
+        model="default", tools=TOOLS, tool_choice=tool_choice, max_tokens=300, temperature=0, parallel_tool_calls=False
+    )
     if stream:
         calls: dict[int, dict] = {}
         reason = None
@@ -116,11 +156,23 @@ def _round_trip(client: openai.OpenAI, stream: bool, tool_choice: object) -> Non
     assert call["name"] == "get_weather" and call["id"]
     args = json.loads(call["arguments"])
     assert set(args) == {"city", "unit"} and args["unit"] in ("c", "f")
-    messages.append({"role": "assistant", "content": None, "tool_calls": [
-        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]})
+    messages.append(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                }
+            ],
+        }
+    )
     messages.append({"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temp": 21})})
-    final = client.chat.completions.create(model="default", messages=messages, tools=TOOLS, tool_choice="none",
-                                           max_tokens=8, temperature=0)
+    final = client.chat.completions.create(
+        model="default", messages=messages, tools=TOOLS, tool_choice="none", max_tokens=8, temperature=0
+    )
     assert final.choices[0].message.tool_calls is None and final.choices[0].finish_reason in ("stop", "length")
 
 
@@ -132,8 +184,12 @@ def test_tool_call_round_trip(client: openai.OpenAI, stream: bool, tool_choice: 
 
 def test_unknown_named_tool_is_a_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model="default", messages=[{"role": "user", "content": "x"}], tools=TOOLS,
-                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+        client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "x"}],
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )
     assert err.value.body["param"] == "tool_choice"
 
 
@@ -142,15 +198,17 @@ def test_tool_call_parser_whole_and_streamed_in_any_pieces(engine: Engine) -> No
 
     fmt = tool_format(engine.tokenizer, frozenset({"get_weather"}))
     assert fmt is not None
-    text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n'
-            '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "f"}}\n'
-            '</tool_call>')
+    text = (
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "f"}}\n'
+        "</tool_call>"
+    )
     content, calls = fmt.parse(text)
     assert content == "Let me check." and [json.loads(c.arguments)["city"] for c in calls] == ["Oslo", "Rome"]
     assert fmt.parse("no calls <tool_call> here") == ("no calls <tool_call> here", [])
     for size in (1, 3, 7, len(text)):
         stream = ToolStream(fmt)
-        events = [e for i in range(0, len(text), size) for e in stream.feed(text[i:i + size])] + stream.finish()
+        events = [e for i in range(0, len(text), size) for e in stream.feed(text[i : i + size])] + stream.finish()
         assert "".join(e.content for e in events) == "Let me check.\n"
         assert [(e.index, e.call.name) for e in events if e.call] == [(0, "get_weather"), (1, "get_weather")]
     # A bare call (no markers) of a known tool counts, whole or streamed; other JSON stays content.
@@ -158,5 +216,5 @@ def test_tool_call_parser_whole_and_streamed_in_any_pieces(engine: Engine) -> No
     assert [c.name for c in fmt.parse(bare)[1]] == ["get_weather"]
     assert fmt.parse('{"name": "other", "arguments": {}}')[1] == []
     stream = ToolStream(fmt)
-    events = [e for i in range(0, len(bare), 5) for e in stream.feed(bare[i:i + 5])] + stream.finish()
+    events = [e for i in range(0, len(bare), 5) for e in stream.feed(bare[i : i + 5])] + stream.finish()
     assert [e.call.name for e in events if e.call] == ["get_weather"] and not any(e.content for e in events)

@@ -1,5 +1,6 @@
 """API keys: entries from --api-key, the key file and RADIXSERVE_API_KEYS; roles and limits; errors at start-up; reload
 (with SIGHUP in a real process); only digests in memory."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,13 @@ import pytest
 
 from radixserve.cli import main
 from radixserve.server.tenants import (
-    OPEN, ApiKeyError, KeyRing, KeySources, Limits, parse_file, tenant_of,
+    OPEN,
+    ApiKeyError,
+    KeyRing,
+    KeySources,
+    Limits,
+    parse_file,
+    tenant_of,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,20 +54,23 @@ def test_command_line_and_environment_keys_are_admin_unless_they_say_so(tmp_path
     assert [p.role for p in ring.principals] == ["admin", "admin"]
 
 
-@pytest.mark.parametrize("sources, message", [
-    (KeySources(cli=("",)), "empty API key"),
-    (KeySources(cli=("a,,b",)), "empty API key"),
-    (KeySources(cli=("name=x",)), "empty API key"),
-    (KeySources(env=""), "empty API key"),
-    (KeySources(env="a\n\nb"), "empty API key"),
-    (KeySources(cli=("a role=root",)), "role must be admin or user"),
-    (KeySources(cli=("a max_concurrent=0",)), "max_concurrent must be an integer >= 1"),
-    (KeySources(cli=("a colour=red",)), "unknown option 'colour'"),
-    (KeySources(cli=("a name",)), "is not name=value"),
-    (KeySources(cli=("a", "a")), "given twice"),
-    (KeySources(cli=("a name=x", "b name=x")), "two keys are named 'x'"),
-    (KeySources(file=Path("/nonexistent/keys")), "No such file"),
-])
+@pytest.mark.parametrize(
+    "sources, message",
+    [
+        (KeySources(cli=("",)), "empty API key"),
+        (KeySources(cli=("a,,b",)), "empty API key"),
+        (KeySources(cli=("name=x",)), "empty API key"),
+        (KeySources(env=""), "empty API key"),
+        (KeySources(env="a\n\nb"), "empty API key"),
+        (KeySources(cli=("a role=root",)), "role must be admin or user"),
+        (KeySources(cli=("a max_concurrent=0",)), "max_concurrent must be an integer >= 1"),
+        (KeySources(cli=("a colour=red",)), "unknown option 'colour'"),
+        (KeySources(cli=("a name",)), "is not name=value"),
+        (KeySources(cli=("a", "a")), "given twice"),
+        (KeySources(cli=("a name=x", "b name=x")), "two keys are named 'x'"),
+        (KeySources(file=Path("/nonexistent/keys")), "No such file"),
+    ],
+)
 def test_bad_keys_are_start_up_errors(sources: KeySources, message: str) -> None:
     with pytest.raises(ApiKeyError, match=message):
         KeyRing(sources)
@@ -113,10 +123,21 @@ def test_cli_keys_from_flags_file_and_environment(tiny_model_dir: Path, tmp_path
     path = tmp_path / "keys"
     path.write_text(KEY_FILE)
     monkeypatch.setenv("RADIXSERVE_API_KEYS", "sk-env")
-    argv = ["serve", "--model", str(tiny_model_dir), "--api-key", "sk-1,sk-2", "--api-key", "sk-3",
-            "--api-key-file", str(path), "--shutdown-grace-seconds", "7"]
+    argv = [
+        "serve",
+        "--model",
+        str(tiny_model_dir),
+        "--api-key",
+        "sk-1,sk-2",
+        "--api-key",
+        "sk-3",
+        "--api-key-file",
+        str(path),
+        "--shutdown-grace-seconds",
+        "7",
+    ]
     assert main(argv) == 0
-    (args, kwargs), = calls
+    ((args, kwargs),) = calls
     keys = args[3]
     assert keys.cli == ("sk-1,sk-2", "sk-3") and keys.env == "sk-env" and keys.file == path
     assert len(keys.load()) == 8 and kwargs["grace_period_s"] == 7.0
@@ -136,9 +157,28 @@ def test_sighup_reloads_the_key_file_of_a_running_server(tiny_model_dir: Path, t
     env.pop("RADIXSERVE_API_KEYS", None)
     port = 31000 + os.getpid() % 2000
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radixserve.cli", "serve", "--model", str(tiny_model_dir), "--dtype", "float32",
-         "--port", str(port), "--api-key-file", str(path), "--max-total-tokens", "2048"],
-        cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "radixserve.cli",
+            "serve",
+            "--model",
+            str(tiny_model_dir),
+            "--dtype",
+            "float32",
+            "--port",
+            str(port),
+            "--api-key-file",
+            str(path),
+            "--max-total-tokens",
+            "2048",
+        ],
+        cwd=str(REPO),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120

@@ -1,6 +1,7 @@
 """Tenants over HTTP: every endpoint x no key / user / admin; per-namespace flush; a rid reused by another tenant
 (with a real disconnect) aborts nothing of the first; per-key quotas (429 + Retry-After, OpenAI-style body, counters
 per key name in /metrics); request timeouts and priorities as request fields."""
+
 from __future__ import annotations
 
 import threading
@@ -27,15 +28,15 @@ KEYS = {
     "tpm": "sk-tpm-0006 name=tpm role=user tokens_per_minute=40",
 }
 TEXT = "Hello, world! How are you today? I'm fine, thanks. And the fox?"
-LONG = {"text": "The quick brown fox", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True,
-                                                          "temperature": 0}}
+LONG = {"text": "The quick brown fox", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Iterator[Engine]:
     # Speculation off: LONG must hold its slot for a while, and accepted drafts would finish it in a few steps.
-    with engine_left_at_rest(tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=4096,
-                             max_running_requests=4, speculative="off") as eng:
+    with engine_left_at_rest(
+        tiny_model_dir, dtype="float32", page_size=4, max_total_tokens=4096, max_running_requests=4, speculative="off"
+    ) as eng:
         yield eng
 
 
@@ -83,8 +84,9 @@ def check_view(path: str, who: str, r: httpx.Response) -> None:
 
 
 def test_every_endpoint_by_role(server: BackgroundServer, engine: Engine) -> None:
-    routes = {(m, r.path) for r in server.server.config.app.routes for m in getattr(r, "methods", None) or ()
-              if m != "HEAD"}
+    routes = {
+        (m, r.path) for r in server.server.config.app.routes for m in getattr(r, "methods", None) or () if m != "HEAD"
+    }
     # The cache explorer's routes (/dashboard, /cache/tree, ...) show each key only its own namespaces: their
     # key x namespace table is tests/test_dashboard.py's.
     explorer = {(m, p) for m, p in routes if p == "/dashboard" or p.startswith("/cache/") and "pin" not in p}
@@ -133,8 +135,7 @@ def test_user_flush_drops_only_its_own_namespace(server: BackgroundServer, engin
     assert cached(server, "bob") == 0
 
 
-def test_a_rid_reused_by_another_tenant_aborts_nothing_of_the_first(server: BackgroundServer,
-                                                                   engine: Engine) -> None:
+def test_a_rid_reused_by_another_tenant_aborts_nothing_of_the_first(server: BackgroundServer, engine: Engine) -> None:
     wait_idle(engine)
     body = {**LONG, "rid": "shared-id", "stream": True}
     with client(server, "alice") as alice:
@@ -148,7 +149,7 @@ def test_a_rid_reused_by_another_tenant_aborts_nothing_of_the_first(server: Back
             events = [line for line in lines if line.startswith("data: {")]
     import json
 
-    last = json.loads(events[-1][len("data: "):])
+    last = json.loads(events[-1][len("data: ") :])
     assert last["meta_info"]["finish_reason"]["type"] == "length", last["meta_info"]
     assert last["meta_info"]["completion_tokens"] == 400
     wait_idle(engine)
@@ -241,13 +242,18 @@ def test_a_waiting_client_that_leaves_gives_up_its_place(server: BackgroundServe
 
 def test_timeout_and_priority_fields(server: BackgroundServer, engine: Engine) -> None:
     with client(server, "alice") as c:
-        r = c.post("/generate", json={**LONG, "sampling_params": {**LONG["sampling_params"], "max_new_tokens": 900},
-                                      "timeout": 0.2})
+        r = c.post(
+            "/generate",
+            json={**LONG, "sampling_params": {**LONG["sampling_params"], "max_new_tokens": 900}, "timeout": 0.2},
+        )
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout", r.text
         r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "priority": 5, "timeout": 30})
         assert r.status_code == 200
-        for body, param in (({"priority": "high"}, "priority"), ({"timeout": -1}, "timeout"),
-                            ({"timeout": "soon"}, "timeout")):
+        for body, param in (
+            ({"priority": "high"}, "priority"),
+            ({"timeout": -1}, "timeout"),
+            ({"timeout": "soon"}, "timeout"),
+        ):
             r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], **body})
             assert r.status_code == 400 and param in (r.json()["error"]["param"] or ""), r.text
     wait_idle(engine)

@@ -1,4 +1,5 @@
 """Tokenizer: round trips, and parity with transformers' PreTrainedTokenizerFast on the same folder."""
+
 from __future__ import annotations
 
 import json
@@ -88,22 +89,34 @@ def _parts_to_text(messages: list[dict]) -> list[dict]:
 
 CHATS = [
     [{"role": "user", "content": "Hi!"}],
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "2+2?"},
-     {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3? 你好 😀"}],
-    [{"role": "user", "content": [{"type": "text", "text": "Part one."}, {"type": "text", "text": "Part two."}]},
-     {"role": "assistant", "content": [{"type": "text", "text": "Both read."}]},
-     {"role": "user", "content": "ok"}],
-    [{"role": "user", "content": "weather?"},
-     {"role": "assistant", "content": "", "tool_calls": [
-         {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-     {"role": "tool", "content": "{\"temp\": 21}"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+3? 你好 😀"},
+    ],
+    [
+        {"role": "user", "content": [{"type": "text", "text": "Part one."}, {"type": "text", "text": "Part two."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Both read."}]},
+        {"role": "user", "content": "ok"},
+    ],
+    [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+        },
+        {"role": "tool", "content": '{"temp": 21}'},
+    ],
 ]
 
 
 @pytest.mark.parametrize("chat", CHATS)
 @pytest.mark.parametrize("gen_prompt", [True, False])
-def test_chat_template_matches_transformers(tok: Tokenizer, hf: PreTrainedTokenizerFast, chat: list[dict],
-                                            gen_prompt: bool) -> None:
+def test_chat_template_matches_transformers(
+    tok: Tokenizer, hf: PreTrainedTokenizerFast, chat: list[dict], gen_prompt: bool
+) -> None:
     ours = tok.apply_chat_template(chat, add_generation_prompt=gen_prompt)
     theirs = hf.apply_chat_template(_parts_to_text(chat), tokenize=False, add_generation_prompt=gen_prompt)
     assert ours == theirs
@@ -112,9 +125,16 @@ def test_chat_template_matches_transformers(tok: Tokenizer, hf: PreTrainedTokeni
 
 
 def test_chat_template_with_tools_matches_transformers(tok: Tokenizer, hf: PreTrainedTokenizerFast) -> None:
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Météo d'une ville",
-                                               "parameters": {"type": "object",
-                                                              "properties": {"city": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Météo d'une ville",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
     chat = [{"role": "user", "content": "weather in Paris?"}]
     ours = tok.apply_chat_template(chat, tools=tools)
     assert ours == hf.apply_chat_template(chat, tools=tools, tokenize=False, add_generation_prompt=True)
@@ -150,12 +170,17 @@ def test_bos_added_only_when_config_says_so(tok_dir: Path, tmp_path: Path) -> No
 
 
 def test_eos_ids_from_generation_config_and_template_variants(tok_dir: Path, tmp_path: Path) -> None:
-    template = ("{{ bos_token is defined }}|{{ eos_token }}|"
-                "{% generation %}{{ messages[0]['content'] }}{% endgeneration %}")
-    d = _copy_with(tok_dir, tmp_path / "c", chat_template=[
-        {"name": "default", "template": template},
-        {"name": "tool_use", "template": "tools:{{ tools | length }} {{ strftime_now('%Y') | length }}"},
-    ])
+    template = (
+        "{{ bos_token is defined }}|{{ eos_token }}|{% generation %}{{ messages[0]['content'] }}{% endgeneration %}"
+    )
+    d = _copy_with(
+        tok_dir,
+        tmp_path / "c",
+        chat_template=[
+            {"name": "default", "template": template},
+            {"name": "tool_use", "template": "tools:{{ tools | length }} {{ strftime_now('%Y') | length }}"},
+        ],
+    )
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [511, 509]}))
     (d / "config.json").write_text(json.dumps({"eos_token_id": 510}))
     t = Tokenizer.from_dir(d)
@@ -166,10 +191,13 @@ def test_eos_ids_from_generation_config_and_template_variants(tok_dir: Path, tmp
     assert Tokenizer.from_dir(d).apply_chat_template([{"role": "user", "content": "x"}]) == "jinja file wins: 1"
 
 
-def test_reasoning_fields_and_documents_like_transformers(tok_dir: Path, tmp_path: Path,
-                                                          hf: PreTrainedTokenizerFast) -> None:
-    template = ("{% for m in messages %}{{ m.role }}:{{ m.reasoning_content }}/{{ m.thinking }}/{{ m.content }};"
-                "{% endfor %}{{ documents is none }}")
+def test_reasoning_fields_and_documents_like_transformers(
+    tok_dir: Path, tmp_path: Path, hf: PreTrainedTokenizerFast
+) -> None:
+    template = (
+        "{% for m in messages %}{{ m.role }}:{{ m.reasoning_content }}/{{ m.thinking }}/{{ m.content }};"
+        "{% endfor %}{{ documents is none }}"
+    )
     t = Tokenizer.from_dir(_copy_with(tok_dir, tmp_path / "r", chat_template=template))
     chat = [{"role": "assistant", "content": "a", "reasoning": "why"}, {"role": "user", "content": "u"}]
     ours = t.apply_chat_template(chat)

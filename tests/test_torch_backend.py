@@ -1,4 +1,5 @@
 """TorchAttentionBackend alone against a naive per-request, per-token attention in float64."""
+
 from __future__ import annotations
 
 import random
@@ -56,7 +57,9 @@ def run_case(specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: to
     # The prefix K/V sit in the pool already, as an earlier step (or the radix cache) left them.
     for layer in range(NUM_LAYERS):
         for (prefix, _), table, k, v in zip(specs, tables, full_k, full_v):
-            slots = torch.tensor([table[t // page_size] * page_size + t % page_size for t in range(prefix)], dtype=torch.int64)
+            slots = torch.tensor(
+                [table[t // page_size] * page_size + t % page_size for t in range(prefix)], dtype=torch.int64
+            )
             pool.store(layer, slots, k[layer][:prefix], v[layer][:prefix])
     backend.plan(batch)
     for layer in range(NUM_LAYERS):
@@ -85,4 +88,3 @@ def run_case(specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: to
 )
 def test_matches_naive_attention(specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: torch.dtype) -> None:
     run_case(specs, page_size, ratio, dtype)
-

@@ -1,5 +1,6 @@
 """Tensor parallelism over gloo on CPU, 2 ranks: the same greedy tokens (and logits) as one rank on every tiny
 architecture, KV heads split, replicated (tp a multiple of them) or refused with the head counts named."""
+
 from __future__ import annotations
 
 import json
@@ -24,25 +25,43 @@ from radixserve.tp_worker import worker_settings
 
 # (arch, overrides): every tiny architecture (4 query heads over 2 KV heads: split 1 + 1), MQA (1 KV head:
 # replicated on both ranks), and a vocabulary 2 does not divide (the last vocab shard padded), tied and untied.
-MODELS = [("llama", {}), ("llama3", {}), ("qwen2", {}), ("qwen3", {}), ("mistral", {}),
-          ("llama", {"num_key_value_heads": 1}), ("qwen2", {"vocab_size": 509}), ("qwen3", {"vocab_size": 509})]
+MODELS = [
+    ("llama", {}),
+    ("llama3", {}),
+    ("qwen2", {}),
+    ("qwen3", {}),
+    ("mistral", {}),
+    ("llama", {"num_key_value_heads": 1}),
+    ("qwen2", {"vocab_size": 509}),
+    ("qwen3", {"vocab_size": 509}),
+]
 PROMPTS = [[5, 17, 99, 3, 250, 41, 7], [300, 12, 12, 88, 101, 6, 9, 44, 201, 2, 77]]
 STEPS = 6
 PAGE_SIZE = 4
 
 
 def _config(heads: int, kv: int, inter: int = 128, vocab: int = 512) -> ModelConfig:
-    return ModelConfig.from_hf({"architectures": ["LlamaForCausalLM"], "vocab_size": vocab, "hidden_size": 64,
-                                "intermediate_size": inter, "num_hidden_layers": 1, "num_attention_heads": heads,
-                                "num_key_value_heads": kv, "head_dim": 16})
+    return ModelConfig.from_hf(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": vocab,
+            "hidden_size": 64,
+            "intermediate_size": inter,
+            "num_hidden_layers": 1,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "head_dim": 16,
+        }
+    )
 
 
 def test_split_rules_name_the_head_counts() -> None:
     s = plan_shard(_config(8, 4), 2, 1)
     assert (s.num_heads, s.num_kv_heads, s.kv_start, s.intermediate) == (4, 2, 2, 64)
     # tp a multiple of the KV heads: rank r holds the KV head its 2 query heads use (replicated over 2 ranks)
-    assert [(plan_shard(_config(8, 2), 4, r).kv_start, plan_shard(_config(8, 2), 4, r).num_kv_heads)
-            for r in range(4)] == [(0, 1), (0, 1), (1, 1), (1, 1)]
+    assert [
+        (plan_shard(_config(8, 2), 4, r).kv_start, plan_shard(_config(8, 2), 4, r).num_kv_heads) for r in range(4)
+    ] == [(0, 1), (0, 1), (1, 1), (1, 1)]
     padded = plan_shard(_config(4, 2, vocab=509), 2, 1)
     assert (padded.vocab_rows, padded.vocab_start) == (255, 255)
     with pytest.raises(ValueError, match="num_attention_heads=4"):
@@ -98,8 +117,14 @@ def test_tp2_matches_tp1_on_every_tiny_architecture(tiny_model_factory: Callable
     and logits equal TP=1's."""
     paths = [tiny_model_factory(arch, **over) for arch, over in MODELS]
     settings = [worker_settings(str(p), "float32", "cpu", PAGE_SIZE, 256, "torch", 4, None, "none") for p in paths]
-    args = dict(dtype=torch.float32, device=torch.device("cpu"), page_size=PAGE_SIZE, max_total_tokens=256,
-                attention_backend="torch", max_running_requests=4)
+    args = dict(
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        page_size=PAGE_SIZE,
+        max_total_tokens=256,
+        attention_backend="torch",
+        max_running_requests=4,
+    )
     tp = distributed.start(2, torch.device("cpu"), [json.dumps(s) for s in settings])
     assert tp is not None and tp.rank == 0
     results = []
@@ -162,10 +187,32 @@ def test_torchrun_starts_the_ranks_itself(tiny_model_dir: Path, make_engine: Cal
     want = make_engine(tiny_model_dir).generate(prompt, {"max_new_tokens": 6, "temperature": 0})["text"]
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "radixserve.cli",
-                           "generate", "--model", str(tiny_model_dir), "--dtype", "float32", "--tp", "2",
-                           "--max-new-tokens", "6", prompt], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "radixserve.cli",
+            "generate",
+            "--model",
+            str(tiny_model_dir),
+            "--dtype",
+            "float32",
+            "--tp",
+            "2",
+            "--max-new-tokens",
+            "6",
+            prompt,
+        ],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == want + "\n"
 

@@ -2,6 +2,7 @@
 
 Without a GPU the kernels run in the Triton interpreter (slow but exact in float32), so the engine runs stay tiny.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,13 @@ def seed() -> int:
     return random.SystemRandom().randrange(2**31)
 
 
-def twin_pools(num_pages: int, page_size: int, head_dim: int, dtype: torch.dtype, gen: torch.Generator,
-               ) -> tuple[KVPool, KVPool]:
+def twin_pools(
+    num_pages: int,
+    page_size: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+) -> tuple[KVPool, KVPool]:
     """Two pools with the same random contents in every page (stale values a wrong read would pick up)."""
     pools = [KVPool(NUM_LAYERS, num_pages, page_size, NUM_KV_HEADS, head_dim, dtype, DEVICE) for _ in range(2)]
     for layer in range(NUM_LAYERS):
@@ -70,10 +76,12 @@ BATCHES = {
 
 
 @pytest.mark.parametrize("batch_kind", list(BATCHES))
-@pytest.mark.parametrize("dtype,page_size,group,head_dim", CASES,
-                         ids=[f"{str(d).split('.')[-1]}-ps{p}-gqa{g}-d{h}" for d, p, g, h in CASES])
-def test_layer_steps_match_torch_backend(dtype: torch.dtype, page_size: int, group: int, head_dim: int,
-                                         batch_kind: str, seed: int) -> None:
+@pytest.mark.parametrize(
+    "dtype,page_size,group,head_dim", CASES, ids=[f"{str(d).split('.')[-1]}-ps{p}-gqa{g}-d{h}" for d, p, g, h in CASES]
+)
+def test_layer_steps_match_torch_backend(
+    dtype: torch.dtype, page_size: int, group: int, head_dim: int, batch_kind: str, seed: int
+) -> None:
     gen = torch.Generator().manual_seed(seed)
     lens = BATCHES[batch_kind]
     num_pages = 3 + sum(math.ceil((p + e) / page_size) for p, e in lens)
@@ -128,8 +136,14 @@ def test_engine_greedy_matches_torch_backend(page_size: int, tiny_model_factory,
     prompts += [shared + [5, 6, 7], shared + [9]]  # the second run of these hits the cache mid-sequence
     results = {}
     for backend in ("torch", "triton"):
-        eng = make_engine(model_dir, attention_backend=backend, page_size=page_size, chunked_prefill_size=32,
-                          max_total_tokens=1024, device=DEVICE)
+        eng = make_engine(
+            model_dir,
+            attention_backend=backend,
+            page_size=page_size,
+            chunked_prefill_size=32,
+            max_total_tokens=1024,
+            device=DEVICE,
+        )
         runs = [eng.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True) for _ in range(2)]
         assert eng.cache_stats()["hit_tokens"] >= 2 * 32, "the second run must be served from the cache"
         assert all(o["meta_info"]["cached_tokens"] > 0 for o in runs[1][3:])

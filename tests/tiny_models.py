@@ -1,4 +1,5 @@
 """Tiny random Llama-family checkpoints built with `transformers`, saved as real Hugging Face folders."""
+
 from __future__ import annotations
 
 from pathlib import Path

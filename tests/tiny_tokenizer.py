@@ -1,4 +1,5 @@
 """A tiny Qwen2-like byte-level BPE tokenizer, trained deterministically at test time so no test needs the hub."""
+
 from __future__ import annotations
 
 import json
@@ -66,7 +67,7 @@ SAMPLE_TEXT = [
     "Hello, world! How are you today? I'm fine, thanks. We'll see what they've done with it.",
     "A radix tree stores prefixes of token sequences so that shared prompts reuse cached keys and values.",
     "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
-    "for i in range(10):\n    print(f\"value {i} = {i * i}\")\n",
+    'for i in range(10):\n    print(f"value {i} = {i * i}")\n',
     "import torch\nx = torch.zeros(3, 4)\ny = x.sum(dim=-1)\n",
     "class Node:\n    def __init__(self, key):\n        self.key = key\n        self.children = {}\n",
     "你好，世界！今天天气很好。我们一起去公园散步吧。机器学习和自然语言处理很有意思。",
@@ -89,10 +90,12 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 512) -> Path:
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
@@ -108,7 +111,12 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 512) -> Path:
 
     added = {
         str(tok.token_to_id(t)): {
-            "content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True,
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
         }
         for t in SPECIAL_TOKENS
     }

@@ -6,6 +6,7 @@
 Engines that cannot run here (llama.cpp not installed by scripts/install_peers.sh, no GGUF) are skipped with the
 reason. Writes results.json, results_raw.json (every request), results.md and PNG plots; prints the markdown.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,10 +33,22 @@ WORKLOADS = ("multiturn", "rag", "fork", "nosharing", "micro")
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or platform.machine())
-    mem = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                if line.startswith("MemTotal")), 0)
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or platform.machine(),
+    )
+    mem = next(
+        (
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        ),
+        0,
+    )
     return f"{cpu}, {os.cpu_count()} cpus, {mem / 2**20:.0f} GiB, {platform.system()} {platform.release()}"
 
 
@@ -71,19 +84,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workload", default="all", help=f"one of {', '.join(WORKLOADS)}, all, or a comma list")
     ap.add_argument("--engines", default=",".join(eng.ENGINES), help="comma list of " + ", ".join(eng.ENGINES))
     ap.add_argument("--size", default="full", choices=sorted(workloads.SIZES))
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override one workload size field, e.g. --set conversation_concurrency=1 (repeatable)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override one workload size field, e.g. --set conversation_concurrency=1 (repeatable)",
+    )
     ap.add_argument("--gguf", default=None, help="the GGUF (default: the default model's); 'none' for no GGUF")
     ap.add_argument("--hf-dir", default=None, help="the same model as a HF folder (default: the converted default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-tokens", type=int, default=16384, help="KV cache size of every engine, in tokens")
-    ap.add_argument("--radix-args", default="", help="extra `radixserve serve` flags for radix and radix-nocache, "
-                    "e.g. '--page-size 1'")
+    ap.add_argument(
+        "--radix-args",
+        default="",
+        help="extra `radixserve serve` flags for radix and radix-nocache, e.g. '--page-size 1'",
+    )
     ap.add_argument("--out", default=None, help="output folder (default: benchmarks/out/compare-<time>)")
     ap.add_argument("--plots", default=None, help="plot folder (default: the output folder)")
     ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--client", default="replay", choices=["replay", "guidellm", "both"],
-                    help="replay: ours (every workload); guidellm: multiturn, rag, nosharing through guidellm")
+    ap.add_argument(
+        "--client",
+        default="replay",
+        choices=["replay", "guidellm", "both"],
+        help="replay: ours (every workload); guidellm: multiturn, rag, nosharing through guidellm",
+    )
     args = ap.parse_args(argv)
     args.workloads = list(WORKLOADS) if args.workload == "all" else args.workload.split(",")
     bad = [w for w in args.workloads if w not in WORKLOADS]
@@ -99,13 +124,25 @@ def run_one(server: eng.Server, sessions: list[Session], concurrency: int, tok: 
     wall = asyncio.run(replay.run(sessions))
     row = summarize(replay.results, wall)
     best, total = best_hit_tokens(tok, replay.results)
-    row |= {"best_hit_rate": best / max(total, 1), "rss_mb": server.rss_mb(), "peak_rss_mb": server.peak_rss_mb(),
-            "load_start": load_start, "load_end": load1()}
+    row |= {
+        "best_hit_rate": best / max(total, 1),
+        "rss_mb": server.rss_mb(),
+        "peak_rss_mb": server.peak_rss_mb(),
+        "load_start": load_start,
+        "load_end": load1(),
+    }
     return row, [dataclasses.asdict(r) for r in replay.results]
 
 
-def served(engine: str, models: eng.Models, out: Path, what: str, rows: dict[str, Any],
-           work: Callable[[eng.Server], None], parallel: int = 4) -> None:
+def served(
+    engine: str,
+    models: eng.Models,
+    out: Path,
+    what: str,
+    rows: dict[str, Any],
+    work: Callable[[eng.Server], None],
+    parallel: int = 4,
+) -> None:
     """Run work(server) on a fresh server, always stopped after; a failure (of the start too) becomes
     rows[engine]["error"], so one engine failing does not lose the others' figures."""
     print(f"[{time.strftime('%H:%M:%S')}] {what} ...", file=sys.stderr, flush=True)
@@ -124,6 +161,7 @@ def served(engine: str, models: eng.Models, out: Path, what: str, rows: dict[str
 @dataclasses.dataclass
 class Run:
     """One invocation: the engines, models and sizes, and the document the figures go into."""
+
     engines: list[str]
     models: eng.Models
     size: workloads.Size
@@ -158,14 +196,24 @@ class Run:
         """Workload w through guidellm on every engine, a fresh server each."""
         rows = self.doc["guidellm"].setdefault(w, {})
         for e in self.engines:
-            served(e, self.models, self.out, f"{w} on {e} under guidellm", rows,
-                   lambda server, e=e: rows.__setitem__(e, self.guidellm_one(w, server)))
+            served(
+                e,
+                self.models,
+                self.out,
+                f"{w} on {e} under guidellm",
+                rows,
+                lambda server, e=e: rows.__setitem__(e, self.guidellm_one(w, server)),
+            )
 
     def guidellm_one(self, w: str, server: eng.Server) -> dict[str, Any]:
         load_start = load1()
         row = guidellm_run.run(w, self.size, server.url, self.models.hf_dir, self.out / "guidellm")
-        return row | {"rss_mb": server.rss_mb(), "peak_rss_mb": server.peak_rss_mb(), "load_start": load_start,
-                      "load_end": load1()}
+        return row | {
+            "rss_mb": server.rss_mb(),
+            "peak_rss_mb": server.peak_rss_mb(),
+            "load_start": load_start,
+            "load_end": load1(),
+        }
 
     def micro(self) -> None:
         """The micro-benchmark on every engine, beside the memory bandwidth measured now."""
@@ -173,9 +221,15 @@ class Run:
         res = self.doc["micro"] = {"bandwidth_gb_s": before, "threads": self.models.threads, "engines": {}}
         for e in self.engines:
             if e != "radix-nocache":  # distinct prompts: the cache changes nothing here
-                served(e, self.models, self.out, f"micro on {e}", res["engines"],
-                       lambda server, e=e: res["engines"].__setitem__(e, self.micro_one(e, server)),
-                       parallel=max(self.size.micro_batches))
+                served(
+                    e,
+                    self.models,
+                    self.out,
+                    f"micro on {e}",
+                    res["engines"],
+                    lambda server, e=e: res["engines"].__setitem__(e, self.micro_one(e, server)),
+                    parallel=max(self.size.micro_batches),
+                )
         # the ceilings use the better of the two measurements (before and after), the stricter yardstick
         res["bandwidth_samples_gb_s"] = [before, measure_bandwidth(self.models.threads)]
         res["bandwidth_gb_s"] = max(res["bandwidth_samples_gb_s"])
@@ -197,8 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     gguf, hf_dir = default_models()
     gguf = None if args.gguf == "none" else Path(args.gguf) if args.gguf else gguf
     hf_dir = Path(args.hf_dir) if args.hf_dir else hf_dir
-    models = eng.Models(gguf if gguf and gguf.exists() else None, hf_dir, args.threads, args.kv_tokens,
-                        tuple(shlex.split(args.radix_args)))
+    models = eng.Models(
+        gguf if gguf and gguf.exists() else None,
+        hf_dir,
+        args.threads,
+        args.kv_tokens,
+        tuple(shlex.split(args.radix_args)),
+    )
     size = workloads.resize(workloads.SIZES[args.size], args.set)
     out = Path(args.out) if args.out else eng.REPO / "benchmarks" / "out" / time.strftime("compare-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -210,12 +269,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipping {e}: {why}", file=sys.stderr)
         else:
             engines.append(e)
-    doc: dict[str, Any] = {"meta": {
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "cpu_flags": cpu_flags(), "commit": commit(),
-        "command": "python -m benchmarks.compare " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "load_start": load1(), "size": args.size, "engines": engines, "client": args.client,
-        "size_detail": ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(size).items()),
-        "models": {"gguf": str(models.gguf), "hf_dir": str(hf_dir)}}, "workloads": {}, "dsl": {}, "guidellm": {}}
+    doc: dict[str, Any] = {
+        "meta": {
+            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "machine": machine(),
+            "cpu_flags": cpu_flags(),
+            "commit": commit(),
+            "command": "python -m benchmarks.compare " + shlex.join(sys.argv[1:] if argv is None else argv),
+            "load_start": load1(),
+            "size": args.size,
+            "engines": engines,
+            "client": args.client,
+            "size_detail": ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(size).items()),
+            "models": {"gguf": str(models.gguf), "hf_dir": str(hf_dir)},
+        },
+        "workloads": {},
+        "dsl": {},
+        "guidellm": {},
+    }
     run = Run(engines, models, size, Tokenizer.from_dir(hf_dir), out, doc)
     use_guidellm = args.client in ("guidellm", "both")
     if use_guidellm and not guidellm_run.available():

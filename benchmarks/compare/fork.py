@@ -5,6 +5,7 @@ The program runs once per task through the DSL's HTTP backend wrapped in a recor
 branches); a call that starts after another ended depended on it. That gives the stages the replay client sends,
 so llama.cpp and transformers get the very prompts radixserve got, in the same order and parallelism.
 """
+
 from __future__ import annotations
 
 import sys
@@ -23,7 +24,7 @@ import frontend_dsl as sgl  # noqa: E402
 from frontend_dsl.backends.base import Backend  # noqa: E402
 
 EXTRA_TASKS = [
-    '''Review this Python function.
+    """Review this Python function.
 
 def dedupe(items):
     seen = []
@@ -33,8 +34,8 @@ def dedupe(items):
             seen.append(x)
             out.append(x)
     return out
-''',
-    '''Review this Python function.
+""",
+    """Review this Python function.
 
 def read_config(path):
     f = open(path)
@@ -43,14 +44,14 @@ def read_config(path):
         key, value = line.split("=")
         data[key] = value
     return data
-''',
-    '''Review this Python function.
+""",
+    """Review this Python function.
 
 def percentile(values, p):
     values.sort()
     k = int(len(values) * p / 100)
     return values[k]
-''',
+""",
 ]
 
 
@@ -77,8 +78,14 @@ class RecordingBackend(Backend):
             for p in prompts:
                 self.calls.append(Call(p, int((params or {}).get("max_new_tokens", 16)), start, end))
 
-    def generate(self, *, text: str | None = None, input_ids: list[list[int]] | None = None,
-                 sampling_params: dict[str, Any] | None = None, **kw: Any) -> Any:
+    def generate(
+        self,
+        *,
+        text: str | None = None,
+        input_ids: list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> Any:
         start = time.perf_counter()
         out = self.inner.generate(text=text, input_ids=input_ids, sampling_params=sampling_params, **kw)
         self.record([text] if text is not None else list(input_ids or []), sampling_params, start)
@@ -140,8 +147,14 @@ def sessions(programs: list[list[Call]]) -> list[Session]:
     out = []
     for calls in programs:
         groups = stages(calls)
-        out.append(Session([[Step(c.max_new_tokens, prompt=c.prompt, tag=_tag(c, k, len(groups), len(g)))
-                             for c in g] for k, g in enumerate(groups)]))
+        out.append(
+            Session(
+                [
+                    [Step(c.max_new_tokens, prompt=c.prompt, tag=_tag(c, k, len(groups), len(g))) for c in g]
+                    for k, g in enumerate(groups)
+                ]
+            )
+        )
     return out
 
 

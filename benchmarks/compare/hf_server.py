@@ -8,6 +8,7 @@ are left-padded into one generate() call), greedy decoding, ignore_eos, no promp
 /v1/models, /v1/completions, /v1/chat/completions (stream or not; streams end with a usage chunk). max_tokens=0 (prefill only)
 has no generate() equivalent: it generates one token and returns none.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,6 +36,7 @@ DONE = -1
 @dataclass
 class Job:
     """One request for the worker; tokens go to `out` (thread-safe), DONE ends it."""
+
     prompt_ids: list[int]
     max_new_tokens: int
     ignore_eos: bool
@@ -50,6 +52,7 @@ class Job:
 @dataclass
 class BatchState:
     """Per-row progress of one generate() call, shared by its streamer and its stopping criterion."""
+
     jobs: list[Job]
     eos_ids: set[int]
     prompt_seen: bool = False
@@ -124,12 +127,19 @@ class Worker:
         ids = torch.full((len(state.jobs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, job in enumerate(state.jobs):  # left padding: every row's next token is at the same position
-            ids[row, width - len(job.prompt_ids):] = torch.tensor(job.prompt_ids)
-            mask[row, width - len(job.prompt_ids):] = 1
+            ids[row, width - len(job.prompt_ids) :] = torch.tensor(job.prompt_ids)
+            mask[row, width - len(job.prompt_ids) :] = 1
         steps = max(max(j.max_new_tokens for j in state.jobs), 1)
-        self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
-                            eos_token_id=None, pad_token_id=self.pad_id, streamer=state,
-                            stopping_criteria=StoppingCriteriaList([RowsDone(state)]))
+        self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=steps,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=self.pad_id,
+            streamer=state,
+            stopping_criteria=StoppingCriteriaList([RowsDone(state)]),
+        )
 
 
 def _as_list(x: Any) -> list[int]:
@@ -191,8 +201,15 @@ class Handler:
         text = self.tok.decode(tokens, skip_special_tokens=True)
         choice = {"index": 0, "finish_reason": "length"}
         choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-        return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                             "model": self.model_name, "choices": [choice], "usage": self.usage(ids, tokens)})
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "model": self.model_name,
+                "choices": [choice],
+                "usage": self.usage(ids, tokens),
+            }
+        )
 
     async def stream(self, job: Job, rid: str, chat: bool) -> Any:
         tokens: list[int] = []
@@ -204,25 +221,43 @@ class Handler:
             text = self.tok.decode(tokens, skip_special_tokens=True)
             if text.endswith("\ufffd"):  # a partial UTF-8 character: wait for the rest
                 continue
-            yield self.sse(rid, chat, text[len(sent):], None)
+            yield self.sse(rid, chat, text[len(sent) :], None)
             sent = text
         text = self.tok.decode(tokens, skip_special_tokens=True)
-        yield self.sse(rid, chat, text[len(sent):], "length")
-        yield "data: " + json.dumps({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                                     "choices": [], "usage": self.usage(job.prompt_ids, tokens)}) + "\n\n"
+        yield self.sse(rid, chat, text[len(sent) :], "length")
+        yield (
+            "data: "
+            + json.dumps(
+                {
+                    "id": rid,
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "choices": [],
+                    "usage": self.usage(job.prompt_ids, tokens),
+                }
+            )
+            + "\n\n"
+        )
         yield "data: [DONE]\n\n"
 
     def sse(self, rid: str, chat: bool, text: str, finish: str | None) -> str:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         choice |= {"delta": {"content": text}} if chat else {"text": text}
-        obj = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "model": self.model_name,
-               "choices": [choice]}
+        obj = {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "model": self.model_name,
+            "choices": [choice],
+        }
         return "data: " + json.dumps(obj) + "\n\n"
 
     @staticmethod
     def usage(prompt_ids: list[int], tokens: list[int]) -> dict[str, Any]:
-        return {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
-                "total_tokens": len(prompt_ids) + len(tokens), "prompt_tokens_details": {"cached_tokens": 0}}
+        return {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(tokens),
+            "total_tokens": len(prompt_ids) + len(tokens),
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
 
 
 def build_app(model_dir: str, threads: int, max_batch: int, dtype: str) -> Starlette:
@@ -232,9 +267,12 @@ def build_app(model_dir: str, threads: int, max_batch: int, dtype: str) -> Starl
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     model.eval()
     handler = Handler(Worker(model, tokenizer, max_batch), model_dir)
-    routes = [Route("/health", handler.health), Route("/v1/models", handler.models),
-              Route("/v1/completions", handler.completions, methods=["POST"]),
-              Route("/v1/chat/completions", handler.chat, methods=["POST"])]
+    routes = [
+        Route("/health", handler.health),
+        Route("/v1/models", handler.models),
+        Route("/v1/completions", handler.completions, methods=["POST"]),
+        Route("/v1/chat/completions", handler.chat, methods=["POST"]),
+    ]
     return Starlette(routes=routes)
 
 

@@ -1,4 +1,5 @@
 """Figures of one engine on one workload, from the replay client's results; and the workload's best possible hit rate."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -67,10 +68,17 @@ def summarize(results: list[Result], wall: float) -> dict[str, Any]:
         xs = [1e3 * r.ttft for r in gen if r.tag == tag]
         by_tag[tag] = {"ttft_p50_ms": pct(xs, 50), "ttft_p95_ms": pct(xs, 95), "requests": len(xs)}
     return {
-        "requests": len(results), "wall_s": wall, "req_s": len(results) / wall,
+        "requests": len(results),
+        "wall_s": wall,
+        "req_s": len(results) / wall,
         "output_tokens": sum(r.completion_tokens for r in results),
         "output_tok_s": sum(r.completion_tokens for r in results) / wall,
-        "ttft_p50_ms": pct(ttft, 50), "ttft_p95_ms": pct(ttft, 95), "itl_p50_ms": pct(itl, 50),
-        "prompt_tokens": prompt, "cached_tokens": cached, "computed_tokens": None if cached is None else prompt - cached,
-        "hit_rate": None if cached is None else cached / max(prompt, 1), "by_tag": by_tag,
+        "ttft_p50_ms": pct(ttft, 50),
+        "ttft_p95_ms": pct(ttft, 95),
+        "itl_p50_ms": pct(itl, 50),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "computed_tokens": None if cached is None else prompt - cached,
+        "hit_rate": None if cached is None else cached / max(prompt, 1),
+        "by_tag": by_tag,
     }

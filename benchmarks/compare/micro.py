@@ -6,6 +6,7 @@ prompts of the same length generating 1 token; decode tokens/s = B * (N - 1) / (
 out prefill and HTTP set-up, and needs no per-token timestamps (servers stream several tokens per chunk at times).
 Prefill: distinct long prompts, one token each, one at a time: prompt tokens / request time (median over repeats).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -81,8 +82,12 @@ def micro(url: str, tok: Any, size: Size) -> dict[str, Any]:
         _, (r,) = _batch_wall(url, [p], 1)
         rates.append(r.prompt_tokens / r.e2e)
         prompt_tokens = r.prompt_tokens
-    out: dict[str, Any] = {"prefill_tok_s": statistics.median(rates), "prefill_prompt_tokens": prompt_tokens,
-                           "decode_tokens": size.micro_decode_tokens, "decode_tok_s": {}}
+    out: dict[str, Any] = {
+        "prefill_tok_s": statistics.median(rates),
+        "prefill_prompt_tokens": prompt_tokens,
+        "decode_tokens": size.micro_decode_tokens,
+        "decode_tok_s": {},
+    }
     n = size.micro_decode_tokens
     for b in size.micro_batches:
         wall_1, _ = _batch_wall(url, distinct_prompts(tok, b, 32, seed=100 + b), 1)

@@ -1,4 +1,5 @@
 """Small PNG plots of a run (matplotlib, Agg): TTFT per turn, throughput against concurrency, per-workload summary."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -56,8 +57,9 @@ def throughput_vs_concurrency(micro: dict[str, Any], path: Path) -> Path:
         if r.get("ceiling_tok_s"):
             ceilings.setdefault(round(r["ceiling_tok_s"], 1), []).append(e)
     for value, names in ceilings.items():
-        ax.axhline(value, color=COLORS.get(names[0]), ls=":", lw=1,
-                   label=f"{'/'.join(names)}: bandwidth ceiling @ batch 1")
+        ax.axhline(
+            value, color=COLORS.get(names[0]), ls=":", lw=1, label=f"{'/'.join(names)}: bandwidth ceiling @ batch 1"
+        )
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(batches), [str(b) for b in sorted(batches)])
     ax.set_xlabel("concurrent requests (decode batch)")
@@ -76,8 +78,11 @@ def summary(workloads: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path
     plt = _plt()
     names = list(workloads)
     engines = list(dict.fromkeys(e for rows in workloads.values() for e in rows))
-    metrics = [("ttft_p50_ms", "TTFT p50 ms", True), ("ttft_p95_ms", "TTFT p95 ms", True),
-               ("output_tok_s", "output tok/s", False)]
+    metrics = [
+        ("ttft_p50_ms", "TTFT p50 ms", True),
+        ("ttft_p95_ms", "TTFT p95 ms", True),
+        ("output_tok_s", "output tok/s", False),
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4), dpi=90)
     width = 0.8 / max(len(engines), 1)
     for ax, (key, label, log) in zip(axes, metrics):

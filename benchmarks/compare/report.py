@@ -1,4 +1,5 @@
 """Results as markdown tables (one per workload, the micro-benchmark, the goals) from the run's JSON document."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,8 +23,9 @@ def _mem(r: dict[str, Any]) -> str:
     return f"{_f(r.get('rss_mb'), 0)} / {_f(r.get('peak_rss_mb'), 0)}"
 
 
-def _engine_table(title: str, head: str, rows: dict[str, dict[str, Any]],
-                  cells: Callable[[dict[str, Any]], str]) -> str:
+def _engine_table(
+    title: str, head: str, rows: dict[str, dict[str, Any]], cells: Callable[[dict[str, Any]], str]
+) -> str:
     """`title`, then table `head` with one line per engine: its latency and throughput, `cells(row)` (what the
     workload and guidellm tables differ in), its load; or its error."""
     lines = [title, "", head, "|" + "---|" * (head.count("|") - 1)]
@@ -31,16 +33,20 @@ def _engine_table(title: str, head: str, rows: dict[str, dict[str, Any]],
         if "error" in r:
             lines.append(f"| {engine} | failed: {_oneline(r['error'])} |" + " |" * (head.count("|") - 3))
             continue
-        lines.append(f"| {engine} | {_f(r['ttft_p50_ms'], 0)} | {_f(r['ttft_p95_ms'], 0)} | {_f(r['itl_p50_ms'], 0)} "
-                     f"| {_f(r['req_s'], 2)} | {_f(r['output_tok_s'])} | {cells(r)} "
-                     f"| {_f(r['load_start'], 1)}-{_f(r['load_end'], 1)} |")
+        lines.append(
+            f"| {engine} | {_f(r['ttft_p50_ms'], 0)} | {_f(r['ttft_p95_ms'], 0)} | {_f(r['itl_p50_ms'], 0)} "
+            f"| {_f(r['req_s'], 2)} | {_f(r['output_tok_s'])} | {cells(r)} "
+            f"| {_f(r['load_start'], 1)}-{_f(r['load_end'], 1)} |"
+        )
     return "\n".join(lines)
 
 
 def workload_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
     """One line per engine: latency, throughput, prompt tokens computed/cached, hit rate vs best, peak RSS."""
-    head = ("| engine | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | req/s | out tok/s | prompt tok computed / from cache "
-            "| hit rate (best possible) | RSS after / peak MiB | wall s | load 1m |")
+    head = (
+        "| engine | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | req/s | out tok/s | prompt tok computed / from cache "
+        "| hit rate (best possible) | RSS after / peak MiB | wall s | load 1m |"
+    )
 
     def cells(r: dict[str, Any]) -> str:
         computed = "n/a" if r["computed_tokens"] is None else f"{r['computed_tokens']:,} / {r['cached_tokens']:,}"
@@ -61,29 +67,43 @@ def tag_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
     engines, tags = step_tags(rows)
     if len(tags) < 2:
         return ""
-    lines = [f"TTFT p50 ms per {name} step", "", "| engine | " + " | ".join(tags) + " |", "|---" * (len(tags) + 1) + "|"]
+    lines = [
+        f"TTFT p50 ms per {name} step",
+        "",
+        "| engine | " + " | ".join(tags) + " |",
+        "|---" * (len(tags) + 1) + "|",
+    ]
     for e in engines:
-        lines.append(f"| {e} | " + " | ".join(_f(rows[e]["by_tag"].get(t, {}).get("ttft_p50_ms"), 0) for t in tags) + " |")
+        lines.append(
+            f"| {e} | " + " | ".join(_f(rows[e]["by_tag"].get(t, {}).get("ttft_p50_ms"), 0) for t in tags) + " |"
+        )
     return "\n".join(lines)
 
 
 def guidellm_table(name: str, rows: dict[str, dict[str, Any]]) -> str:
     """guidellm's own figures per engine (its synthetic version of the workload; compare only within this table)."""
-    head = ("| engine | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | req/s | out tok/s | requests ok / failed "
-            "| RSS after / peak MiB | load 1m |")
-    return _engine_table(f"**{name}, under guidellm**", head, rows,
-                         lambda r: f"{r['successful']} / {r['errored']} | {_mem(r)}")
+    head = (
+        "| engine | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | req/s | out tok/s | requests ok / failed "
+        "| RSS after / peak MiB | load 1m |"
+    )
+    return _engine_table(
+        f"**{name}, under guidellm**", head, rows, lambda r: f"{r['successful']} / {r['errored']} | {_mem(r)}"
+    )
 
 
 def micro_table(micro: dict[str, Any]) -> str:
     """Prefill and decode tokens/s per engine, beside the bandwidth ceiling of its weight format."""
     rows = micro["engines"]
     batches = list(dict.fromkeys(b for r in rows.values() if "decode_tok_s" in r for b in r["decode_tok_s"]))
-    lines = [f"Memory read bandwidth ({micro['threads']} threads, best sum over 1 GiB): {micro['bandwidth_gb_s']:.1f} GB/s; "
-             "ceiling = bandwidth / weight bytes one decode step reads", "",
-             "| engine | prefill tok/s | " + " | ".join(f"decode tok/s @ batch {b}" for b in batches)
-             + " | weights read per decode step MB | bandwidth ceiling @ batch 1 tok/s | batch 1 / ceiling |",
-             "|---" * (len(batches) + 5) + "|"]
+    lines = [
+        f"Memory read bandwidth ({micro['threads']} threads, best sum over 1 GiB): {micro['bandwidth_gb_s']:.1f} GB/s; "
+        "ceiling = bandwidth / weight bytes one decode step reads",
+        "",
+        "| engine | prefill tok/s | "
+        + " | ".join(f"decode tok/s @ batch {b}" for b in batches)
+        + " | weights read per decode step MB | bandwidth ceiling @ batch 1 tok/s | batch 1 / ceiling |",
+        "|---" * (len(batches) + 5) + "|",
+    ]
     for engine, r in rows.items():
         if "error" in r:
             lines.append(f"| {engine} | failed: {_oneline(r['error'])} |")
@@ -91,8 +111,11 @@ def micro_table(micro: dict[str, Any]) -> str:
         d = r["decode_tok_s"]
         ceiling = r.get("ceiling_tok_s")
         share = "n/a" if not ceiling or "1" not in d else f"{d['1'] / ceiling:.0%}"
-        lines.append(f"| {engine} | {_f(r['prefill_tok_s'])} | " + " | ".join(_f(d.get(b)) for b in batches)
-                     + f" | {_f(r.get('decode_bytes', 0) / 1e6, 0)} | {_f(ceiling)} | {share} |")
+        lines.append(
+            f"| {engine} | {_f(r['prefill_tok_s'])} | "
+            + " | ".join(_f(d.get(b)) for b in batches)
+            + f" | {_f(r.get('decode_bytes', 0) / 1e6, 0)} | {_f(ceiling)} | {share} |"
+        )
     return "\n".join(lines)
 
 
@@ -110,24 +133,39 @@ def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
         if "ttft_p50_ms" in rx and "ttft_p50_ms" in ll:
             for p in ("p50", "p95"):
                 r = _ratio(rx[f"ttft_{p}_ms"], ll[f"ttft_{p}_ms"])
-                out.append((f"{name}: radix TTFT {p} <= 1/3 of llama.cpp's", f"{r:.2f}x",
-                            "met" if r is not None and r <= 1 / 3 else "gap"))
+                out.append(
+                    (
+                        f"{name}: radix TTFT {p} <= 1/3 of llama.cpp's",
+                        f"{r:.2f}x",
+                        "met" if r is not None and r <= 1 / 3 else "gap",
+                    )
+                )
             r = _ratio(rx["output_tok_s"], ll["output_tok_s"])
             out.append((f"{name}: radix output tok/s >= llama.cpp's", f"{r:.2f}x", "met" if r and r >= 1 else "gap"))
     for name, rows in w.items():
         rx = rows.get("radix", {})
         if rx.get("hit_rate") is not None and rx.get("best_hit_rate", 0) >= 0.01:  # else nothing to reuse
             r = rx["hit_rate"] / rx["best_hit_rate"]
-            out.append((f"{name}: radix hit rate >= 95% of best possible",
-                        f"{rx['hit_rate']:.1%} of {rx['best_hit_rate']:.1%} = {r:.0%}", "met" if r >= 0.95 else "gap"))
+            out.append(
+                (
+                    f"{name}: radix hit rate >= 95% of best possible",
+                    f"{rx['hit_rate']:.1%} of {rx['best_hit_rate']:.1%} = {r:.0%}",
+                    "met" if r >= 0.95 else "gap",
+                )
+            )
     rows = w.get("nosharing", {})
     on, off = rows.get("radix", {}), rows.get("radix-nocache", {})
     if "output_tok_s" in on and "output_tok_s" in off:
         r = _ratio(on["output_tok_s"], off["output_tok_s"])
         t = _ratio(on["ttft_p50_ms"], off["ttft_p50_ms"])
         ok = r is not None and r >= 0.95 and t is not None and t <= 1.05
-        out.append(("nosharing: cache on within 5% of off (out tok/s, TTFT p50)", f"{r:.3f}x tok/s, {t:.3f}x TTFT",
-                    "met" if ok else "gap"))
+        out.append(
+            (
+                "nosharing: cache on within 5% of off (out tok/s, TTFT p50)",
+                f"{r:.3f}x tok/s, {t:.3f}x TTFT",
+                "met" if ok else "gap",
+            )
+        )
     m = doc.get("micro", {}).get("engines", {})
     rx, ll = m.get("radix", {}).get("decode_tok_s", {}), m.get("llama", {}).get("decode_tok_s", {})
     if "1" in rx and "1" in ll:
@@ -143,11 +181,14 @@ def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
 def markdown(doc: dict[str, Any]) -> str:
     """The whole run as markdown: provenance, one table per workload, the micro-benchmark, the goals."""
     meta = doc["meta"]
-    parts = [f"- Date: {meta['date']}. Machine: {meta['machine']}. CPU flags: {meta.get('cpu_flags', 'n/a')}. "
-             f"Commit: {meta['commit']}.",
-             f"- Command: `{meta['command']}`",
-             f"- Load average (1 min) at start {meta['load_start']:.1f}, at end {meta['load_end']:.1f}.",
-             f"- Sizes ({meta['size']}): {meta['size_detail']}", ""]
+    parts = [
+        f"- Date: {meta['date']}. Machine: {meta['machine']}. CPU flags: {meta.get('cpu_flags', 'n/a')}. "
+        f"Commit: {meta['commit']}.",
+        f"- Command: `{meta['command']}`",
+        f"- Load average (1 min) at start {meta['load_start']:.1f}, at end {meta['load_end']:.1f}.",
+        f"- Sizes ({meta['size']}): {meta['size_detail']}",
+        "",
+    ]
     for name, rows in doc["workloads"].items():
         parts += [workload_table(name, rows), ""]
         extra = tag_table(name, rows)
@@ -155,8 +196,11 @@ def markdown(doc: dict[str, Any]) -> str:
             parts += [extra, ""]
         dsl = doc.get("dsl", {})
         if name == "fork" and dsl:
-            parts += ["DSL program run natively on radixserve (the run the replay was recorded from): "
-                      + "; ".join(f"{e}: {d['wall_s']:.1f} s, hit rate {d['hit_rate']:.1%}" for e, d in dsl.items()), ""]
+            parts += [
+                "DSL program run natively on radixserve (the run the replay was recorded from): "
+                + "; ".join(f"{e}: {d['wall_s']:.1f} s, hit rate {d['hit_rate']:.1%}" for e, d in dsl.items()),
+                "",
+            ]
     for name, rows in doc.get("guidellm", {}).items():
         parts += [guidellm_table(name, rows), ""]
     if doc.get("micro"):

@@ -7,6 +7,7 @@ byte-identical prompts and every run the same ones.
   nosharing: distinct random completion prompts (no chat template: even its default system text would be shared).
   fork: the branch-solve-merge program of examples/, recorded on radixserve and replayed (see fork.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,19 +16,22 @@ from dataclasses import dataclass
 
 from benchmarks.compare.client import Session, Step
 
-WORDS = ("cache page token prefix tree node request batch decode prefill kernel thread queue budget memory latency "
-         "throughput scheduler policy eviction lock parent child hash key value layer head model weight tensor shape "
-         "stride buffer index offset chunk stream socket client server route header body status error retry timeout "
-         "deadline signal process worker pool lease slot order shard replica leader follower commit log snapshot "
-         "checkpoint restore compile build test assert verify measure profile trace sample window bucket counter "
-         "gauge metric alert owner review branch merge rebase patch diff release version schema field record column "
-         "table query plan join filter sort limit cursor page_size region zone disk file folder path mount volume "
-         "careful simple honest quick slow stable fresh stale small large exact rough").split()
+WORDS = (
+    "cache page token prefix tree node request batch decode prefill kernel thread queue budget memory latency "
+    "throughput scheduler policy eviction lock parent child hash key value layer head model weight tensor shape "
+    "stride buffer index offset chunk stream socket client server route header body status error retry timeout "
+    "deadline signal process worker pool lease slot order shard replica leader follower commit log snapshot "
+    "checkpoint restore compile build test assert verify measure profile trace sample window bucket counter "
+    "gauge metric alert owner review branch merge rebase patch diff release version schema field record column "
+    "table query plan join filter sort limit cursor page_size region zone disk file folder path mount volume "
+    "careful simple honest quick slow stable fresh stale small large exact rough"
+).split()
 
 
 @dataclass(frozen=True)
 class Size:
     """How big each workload is; the full size makes each engine's run take minutes on the 2-core machine."""
+
     conversations: int = 8
     conversation_concurrency: int = 4
     turns: int = 4
@@ -54,13 +58,41 @@ class Size:
 
 SIZES = {
     "full": Size(),
-    "quick": Size(conversations=4, turns=3, system_tokens=1000, documents=2, questions_per_document=4,
-                  nosharing_prompts=8, fork_tasks=2, micro_prefill_repeats=1, micro_decode_tokens=32),
-    "smoke": Size(conversations=2, conversation_concurrency=2, turns=2, system_tokens=96, user_tokens=16,
-                  answer_tokens=(8, 6), documents=2, questions_per_document=2, document_tokens=128, question_tokens=12,
-                  rag_answer_tokens=6, rag_concurrency=2, nosharing_prompts=3, nosharing_tokens=48,
-                  nosharing_answer_tokens=6, nosharing_concurrency=2, fork_tasks=1, fork_concurrency=1,
-                  micro_prefill_tokens=64, micro_prefill_repeats=1, micro_decode_tokens=8, micro_batches=(1, 4)),
+    "quick": Size(
+        conversations=4,
+        turns=3,
+        system_tokens=1000,
+        documents=2,
+        questions_per_document=4,
+        nosharing_prompts=8,
+        fork_tasks=2,
+        micro_prefill_repeats=1,
+        micro_decode_tokens=32,
+    ),
+    "smoke": Size(
+        conversations=2,
+        conversation_concurrency=2,
+        turns=2,
+        system_tokens=96,
+        user_tokens=16,
+        answer_tokens=(8, 6),
+        documents=2,
+        questions_per_document=2,
+        document_tokens=128,
+        question_tokens=12,
+        rag_answer_tokens=6,
+        rag_concurrency=2,
+        nosharing_prompts=3,
+        nosharing_tokens=48,
+        nosharing_answer_tokens=6,
+        nosharing_concurrency=2,
+        fork_tasks=1,
+        fork_concurrency=1,
+        micro_prefill_tokens=64,
+        micro_prefill_repeats=1,
+        micro_decode_tokens=8,
+        micro_batches=(1, 4),
+    ),
 }
 
 
@@ -71,7 +103,9 @@ def resize(size: Size, overrides: list[str]) -> Size:
         name, _, value = item.partition("=")
         current = getattr(size, name, None)
         if current is None or not value:
-            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(Size.__annotations__)}")
+            raise ValueError(
+                f"--set {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(Size.__annotations__)}"
+            )
         changes[name] = tuple(int(v) for v in value.split(",")) if isinstance(current, tuple) else int(value)
     return dataclasses.replace(size, **changes)
 
@@ -101,9 +135,16 @@ def multiturn(tok: object, size: Size) -> tuple[list[Session], int]:
     system = mk.text(size.system_tokens, "You are the on-call assistant of a storage team. House rules follow.")
     sessions = []
     for c in range(size.conversations):
-        stages = [[Step(size.answer_tokens[t % len(size.answer_tokens)],
-                        user=mk.text(size.user_tokens, f"Question {t + 1} of user {c + 1}:"), tag=f"turn {t + 1}")]
-                  for t in range(size.turns)]
+        stages = [
+            [
+                Step(
+                    size.answer_tokens[t % len(size.answer_tokens)],
+                    user=mk.text(size.user_tokens, f"Question {t + 1} of user {c + 1}:"),
+                    tag=f"turn {t + 1}",
+                )
+            ]
+            for t in range(size.turns)
+        ]
         sessions.append(Session(stages, system=system))
     return sessions, size.conversation_concurrency
 
@@ -124,8 +165,20 @@ def rag(tok: object, size: Size) -> tuple[list[Session], int]:
 def nosharing(tok: object, size: Size) -> tuple[list[Session], int]:
     """Distinct random completion prompts: any two share at most a few leading tokens (less than one KV page)."""
     mk = TextMaker(tok, seed=3)
-    sessions = [Session([[Step(size.nosharing_answer_tokens, prompt=mk.text(size.nosharing_tokens, f"{7919 * (i + 3)}."),
-                               tag="prompt")]]) for i in range(size.nosharing_prompts)]
+    sessions = [
+        Session(
+            [
+                [
+                    Step(
+                        size.nosharing_answer_tokens,
+                        prompt=mk.text(size.nosharing_tokens, f"{7919 * (i + 3)}."),
+                        tag="prompt",
+                    )
+                ]
+            ]
+        )
+        for i in range(size.nosharing_prompts)
+    ]
     return sessions, size.nosharing_concurrency
 
 

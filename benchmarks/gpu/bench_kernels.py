@@ -4,6 +4,7 @@ Each row times one layer's attention (the backend's `forward`: KV store + attent
 it beside the floor of reading that layer's KV once from device memory (decode is memory-bound). The Triton
 kernels' register and spill counts come from the compiled kernels (spills move accumulators to local memory).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,17 +36,38 @@ def kernel_resources(fn: Any) -> list[dict[str, Any]]:
     for cache in getattr(fn, "device_caches", {}).values():
         for compiled in cache[0].values():
             compiled._init_handles()
-            rows.append({"kernel": fn.__name__, "num_warps": compiled.metadata.num_warps, "regs": compiled.n_regs,
-                         "spills": compiled.n_spills})
+            rows.append(
+                {
+                    "kernel": fn.__name__,
+                    "num_warps": compiled.metadata.num_warps,
+                    "regs": compiled.n_regs,
+                    "spills": compiled.n_spills,
+                }
+            )
     return rows
 
 
-def attention_kernels(device: torch.device, ceilings: dict[str, float], heads: int = 32, kv_heads: int = 8,
-                      head_dim: int = 128, page_size: int = 16, dtype: torch.dtype = torch.bfloat16,
-                      ) -> list[dict[str, Any]]:
-    shape = ModelConfig.from_hf({"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": heads * head_dim,
-                                 "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": heads,
-                                 "num_key_value_heads": kv_heads, "head_dim": head_dim})
+def attention_kernels(
+    device: torch.device,
+    ceilings: dict[str, float],
+    heads: int = 32,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    page_size: int = 16,
+    dtype: torch.dtype = torch.bfloat16,
+) -> list[dict[str, Any]]:
+    shape = ModelConfig.from_hf(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": 256,
+            "hidden_size": heads * head_dim,
+            "intermediate_size": 256,
+            "num_hidden_layers": 1,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": head_dim,
+        }
+    )
     bw = ceilings["copy_bytes_per_s"]
     rows: list[dict[str, Any]] = []
     gen = torch.Generator(device=device).manual_seed(1)
@@ -68,9 +90,17 @@ def attention_kernels(device: torch.device, ceilings: dict[str, float], heads: i
             attn.plan(batch)
             times[backend] = median(time_ms(lambda a=attn: a.forward(0, q, k, v), device, warmup=5, iters=50))
             del attn
-        rows.append({"shape": name, "flashinfer_ms": times["flashinfer"], "triton_ms": times["triton"],
-                     "triton/flashinfer": times["triton"] / times["flashinfer"], "kv_floor_ms": floor_ms,
-                     "flashinfer floor/ms": floor_ms / times["flashinfer"], "triton floor/ms": floor_ms / times["triton"]})
+        rows.append(
+            {
+                "shape": name,
+                "flashinfer_ms": times["flashinfer"],
+                "triton_ms": times["triton"],
+                "triton/flashinfer": times["triton"] / times["flashinfer"],
+                "kv_floor_ms": floor_ms,
+                "flashinfer floor/ms": floor_ms / times["flashinfer"],
+                "triton floor/ms": floor_ms / times["triton"],
+            }
+        )
         del pool
     from kernels.decode_attention import _decode_merge_kernel, _decode_split_kernel
     from kernels.extend_attention import _extend_kernel

@@ -4,6 +4,7 @@ The model (Llama-3-8B-shaped, random bf16) and a KV pool filled with random valu
 each backend runs over the same pool. A decode step is what the engine runs per step: plan, the model, the LM
 head for every request (and with CUDA graphs: pad, plan, replay).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,14 @@ from radixserve.model.llama import LlamaForCausalLM
 from radixserve.model.runner import make_backend
 
 
-def decode_batch(batch_size: int, context: int, page_size: int, pages: list[int], vocab: int, device: torch.device,
-                 ) -> ForwardBatch:
+def decode_batch(
+    batch_size: int,
+    context: int,
+    page_size: int,
+    pages: list[int],
+    vocab: int,
+    device: torch.device,
+) -> ForwardBatch:
     """`batch_size` requests with `context` cached tokens each and one new token, on disjoint pages from `pages`."""
     per = math.ceil((context + 1) / page_size)
     tables = [pages[i * per : (i + 1) * per] for i in range(batch_size)]
@@ -64,16 +71,40 @@ def kernel_profile(step: Callable[[], object], bench: str, backend: str, top: in
         by_name.setdefault(e.name, []).append(e.device_time)
     ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
     total_us = sum(e.device_time for e in kernels)
-    rows: list[dict[str, Any]] = [{"bench": f"profile {bench}", "backend": backend, "mode": "eager",
-                                   "kernels": len(kernels), "kernel_ms": total_us / 1e3}]
-    rows += [{"bench": f"profile {bench}", "backend": backend, "kernel": name[:60], "calls": len(ts),
-              "kernel_ms": sum(ts) / 1e3, "mean_us": sum(ts) / len(ts)} for name, ts in ranked]
+    rows: list[dict[str, Any]] = [
+        {
+            "bench": f"profile {bench}",
+            "backend": backend,
+            "mode": "eager",
+            "kernels": len(kernels),
+            "kernel_ms": total_us / 1e3,
+        }
+    ]
+    rows += [
+        {
+            "bench": f"profile {bench}",
+            "backend": backend,
+            "kernel": name[:60],
+            "calls": len(ts),
+            "kernel_ms": sum(ts) / 1e3,
+            "mean_us": sum(ts) / len(ts),
+        }
+        for name, ts in ranked
+    ]
     return rows
 
 
-def model_benchmarks(device: torch.device, cfg: dict[str, Any], ceilings: dict[str, float], backends: list[str],
-                     batch_sizes: tuple[int, ...], context: int, prefill_tokens: int, use_graphs: bool,
-                     page_size: int = 16) -> list[dict[str, Any]]:
+def model_benchmarks(
+    device: torch.device,
+    cfg: dict[str, Any],
+    ceilings: dict[str, float],
+    backends: list[str],
+    batch_sizes: tuple[int, ...],
+    context: int,
+    prefill_tokens: int,
+    use_graphs: bool,
+    page_size: int = 16,
+) -> list[dict[str, Any]]:
     """Decode at each batch size (eager per backend, plus CUDA graphs for flashinfer) and one prefill per backend."""
     dtype = torch.bfloat16
     config, model = build_random_model(cfg, dtype, device)
@@ -96,8 +127,14 @@ def model_benchmarks(device: torch.device, cfg: dict[str, Any], ceilings: dict[s
 
                 t0 = time.perf_counter()
                 runner = CudaGraphRunner(model, attn, max(batch_sizes), context + page_size)
-                rows.append({"bench": "cuda graph capture", "backend": name, "mode": f"{len(runner.sizes)} graphs",
-                             "ms": (time.perf_counter() - t0) * 1e3})
+                rows.append(
+                    {
+                        "bench": "cuda graph capture",
+                        "backend": name,
+                        "mode": f"{len(runner.sizes)} graphs",
+                        "ms": (time.perf_counter() - t0) * 1e3,
+                    }
+                )
                 modes.append(("graph", runner))
             for bs in batch_sizes:
                 batch = decode_batch(bs, context, page_size, pages, config.vocab_size, device)
@@ -110,15 +147,32 @@ def model_benchmarks(device: torch.device, cfg: dict[str, Any], ceilings: dict[s
                 for mode, runner in modes:
                     step = eager_step(model, attn, batch) if runner is None else (lambda r=runner: r.forward(batch))
                     gpu = median(time_ms(step, device, warmup=3, iters=30))
-                    rows.append({"bench": f"decode bs {bs} ctx {context}", "backend": name, "mode": mode,
-                                 "ms": gpu, "wall_ms": wall_ms(step, device), "floor_ms": floor_ms,
-                                 "floor/ms": floor_ms / gpu})
+                    rows.append(
+                        {
+                            "bench": f"decode bs {bs} ctx {context}",
+                            "backend": name,
+                            "mode": mode,
+                            "ms": gpu,
+                            "wall_ms": wall_ms(step, device),
+                            "floor_ms": floor_ms,
+                            "floor/ms": floor_ms / gpu,
+                        }
+                    )
             tables = [pages[: math.ceil(prefill_tokens / page_size)]]
             ids = [[(11 * t) % (config.vocab_size - 3) + 3 for t in range(prefill_tokens)]]
             batch = ForwardBatch.build(ids, [0], tables, page_size, [prefill_tokens - 1], device)
             ms = median(time_ms(eager_step(model, attn, batch), device, warmup=2, iters=5))
             flops = prefill_flops(config, prefill_tokens)
-            rows.append({"bench": f"prefill {prefill_tokens}", "backend": name, "mode": "eager", "ms": ms,
-                         "floor_ms": flops / mm * 1e3, "TFLOP/s": flops / ms / 1e9, "MFU": flops / (ms / 1e3) / mm})
+            rows.append(
+                {
+                    "bench": f"prefill {prefill_tokens}",
+                    "backend": name,
+                    "mode": "eager",
+                    "ms": ms,
+                    "floor_ms": flops / mm * 1e3,
+                    "TFLOP/s": flops / ms / 1e9,
+                    "MFU": flops / (ms / 1e3) / mm,
+                }
+            )
             del attn
     return rows

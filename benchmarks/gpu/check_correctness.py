@@ -3,6 +3,7 @@ and greedy tokens through the whole Engine across backends with the radix cache 
 
 Each check returns rows (dicts) with an `ok` field; run_all prints them and writes them to the results.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,14 @@ CASES = [
 ]
 
 
-def random_batch(lens: list[tuple[int, int]], shared_tokens: int, page_size: int, num_pages: int,
-                 rng: random.Random, device: torch.device) -> ForwardBatch:
+def random_batch(
+    lens: list[tuple[int, int]],
+    shared_tokens: int,
+    page_size: int,
+    num_pages: int,
+    rng: random.Random,
+    device: torch.device,
+) -> ForwardBatch:
     """Requests over shuffled distinct pages, the pages of the first `shared_tokens` tokens common to all."""
     free = list(range(1, num_pages))
     rng.shuffle(free)
@@ -56,15 +63,17 @@ def attention_parity(device: torch.device, backends: list[str]) -> list[dict[str
     rows = []
     for dtype, page_size, heads, kv_heads, head_dim in CASES:
         # the head shape make_backend reads off a ModelConfig
-        shape = ModelConfig.from_hf({**SMALL, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-                                     "head_dim": head_dim})
+        shape = ModelConfig.from_hf(
+            {**SMALL, "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim}
+        )
         for kind, (lens, shared) in BATCHES.items():
             seed = random.SystemRandom().randrange(1 << 30)  # fresh inputs every run; the row names the seed
             rng = random.Random(seed)
             gen = torch.Generator(device=device).manual_seed(seed)
             num_pages = 8 + sum(math.ceil((p + e) / page_size) for p, e in lens)
-            pools = {b: KVPool(2, num_pages, page_size, kv_heads, head_dim, dtype, device)
-                     for b in ["torch", *backends]}
+            pools = {
+                b: KVPool(2, num_pages, page_size, kv_heads, head_dim, dtype, device) for b in ["torch", *backends]
+            }
             for layer in range(2):  # stale random values everywhere: a wrong read picks them up
                 for bufs in ("k_buffers", "v_buffers"):
                     values = torch.randn(pools["torch"].k_buffers[0].shape, generator=gen, device=device).to(dtype)
@@ -88,8 +97,10 @@ def attention_parity(device: torch.device, backends: list[str]) -> list[dict[str
                     ok &= torch.equal(pools[b].v_buffers[layer], pools["torch"].v_buffers[layer])
                     worst[b] = (max(worst[b][0], float(err.max())), worst[b][1] and ok)
             case = f"{str(dtype).split('.')[-1]} ps{page_size} h{heads}/{kv_heads} d{head_dim} {kind}"
-            rows += [{"check": "attention vs torch", "case": case, "backend": b, "max_abs_err": e, "seed": seed,
-                      "ok": ok} for b, (e, ok) in worst.items()]
+            rows += [
+                {"check": "attention vs torch", "case": case, "backend": b, "max_abs_err": e, "seed": seed, "ok": ok}
+                for b, (e, ok) in worst.items()
+            ]
     return rows
 
 
@@ -97,8 +108,10 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def graph_parity(device: torch.device, batch_sizes: tuple[int, ...] = (1, 3, 8, 13, 40, 64, 5, 1),
-                 ) -> list[dict[str, Any]]:
+def graph_parity(
+    device: torch.device,
+    batch_sizes: tuple[int, ...] = (1, 3, 8, 13, 40, 64, 5, 1),
+) -> list[dict[str, Any]]:
     """Decode logits from CUDA-graph replay vs eager flashinfer vs the torch backend, at ladder and padded sizes."""
     from radixserve.attention.flashinfer_backend import FlashInferAttentionBackend
     from radixserve.model.cuda_graph import CudaGraphRunner, padded_batch_size
@@ -126,9 +139,16 @@ def graph_parity(device: torch.device, batch_sizes: tuple[int, ...] = (1, 3, 8, 
             for name in ("graph", "eager"):
                 err = relative_error(logits[name], logits["torch"])
                 agree = float((logits[name].argmax(-1) == logits["torch"].argmax(-1)).float().mean())
-                rows.append({"check": "decode logits vs torch", "case": f"bs {bs} (graph of "
-                             f"{padded_batch_size(bs, graphs.sizes)})", "backend": name, "rel_err": err,
-                             "argmax_agree": agree, "ok": err < 2e-2})
+                rows.append(
+                    {
+                        "check": "decode logits vs torch",
+                        "case": f"bs {bs} (graph of {padded_batch_size(bs, graphs.sizes)})",
+                        "backend": name,
+                        "rel_err": err,
+                        "argmax_agree": agree,
+                        "ok": err < 2e-2,
+                    }
+                )
     return rows
 
 
@@ -143,8 +163,12 @@ def first_divergence(got: list[int], want: list[int]) -> int | None:
     return next((j for j in range(len(want)) if j >= len(got) or got[j] != want[j]), None)
 
 
-def greedy_parity(device: torch.device, workdir: Path, backends: list[str], smoke: bool = False,
-                  ) -> list[dict[str, Any]]:
+def greedy_parity(
+    device: torch.device,
+    workdir: Path,
+    backends: list[str],
+    smoke: bool = False,
+) -> list[dict[str, Any]]:
     """Greedy tokens through the Engine against a float32 torch-backend reference: every backend and dtype, cache
     on and off, overlap on and off, and a second pass served from the cache. A run passes when its tokens equal the
     reference's, or its first divergence is a near-tie of the reference (see NOISE_CAP; the row lists every margin).
@@ -152,24 +176,39 @@ def greedy_parity(device: torch.device, workdir: Path, backends: list[str], smok
     """
     from radixserve import Engine
 
-    model_dir = write_random_checkpoint(workdir / ("tiny" if smoke else "small"), TINY if smoke else SMALL, device,
-                                        std=0.05)
+    model_dir = write_random_checkpoint(
+        workdir / ("tiny" if smoke else "small"), TINY if smoke else SMALL, device, std=0.05
+    )
     rng = random.Random(11)
     shared = [rng.randrange(3, 500) for _ in range(100)]
     prompts = [shared + [rng.randrange(3, 500) for _ in range(n)] for n in (1, 5, 40, 17)]
     prompts += [[rng.randrange(3, 500) for _ in range(n)] for n in (1, 37, 600)]  # 600 > chunk: chunked prefill
 
     def run(dtype: str, backend: str | None, cache: bool, overlap: bool) -> list[list[dict[str, Any]]]:
-        with Engine(model=model_dir, dtype=dtype, device=str(device), attention_backend=backend,
-                    enable_radix_cache=cache, overlap_schedule=overlap, chunked_prefill_size=256,
-                    max_total_tokens=16384) as eng:
-            return [eng.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True, top_logprobs_num=2)
-                    for _ in range(2)]
+        with Engine(
+            model=model_dir,
+            dtype=dtype,
+            device=str(device),
+            attention_backend=backend,
+            enable_radix_cache=cache,
+            overlap_schedule=overlap,
+            chunked_prefill_size=256,
+            max_total_tokens=16384,
+        ) as eng:
+            return [
+                eng.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True, top_logprobs_num=2)
+                for _ in range(2)
+            ]
 
     reference = run("float32", "torch", True, False)[0]
     configs = [("float32", None, True, True)]
-    configs += [(dtype, backend, cache, overlap) for dtype in ("float16", "bfloat16") for backend in ["torch", *backends]
-                for cache in (True, False) for overlap in (False, True)]
+    configs += [
+        (dtype, backend, cache, overlap)
+        for dtype in ("float16", "bfloat16")
+        for backend in ["torch", *backends]
+        for cache in (True, False)
+        for overlap in (False, True)
+    ]
     rows = []
     for dtype, backend, cache, overlap in configs:
         for pass_no, results in enumerate(run(dtype, backend, cache, overlap), 1):
@@ -181,11 +220,15 @@ def greedy_parity(device: torch.device, workdir: Path, backends: list[str], smok
                 if at is not None:
                     top = want["meta_info"]["output_top_logprobs"][at]
                     diverged.append((i, at, top[0][0] - top[1][0]))
-            rows.append({"check": f"greedy {dtype} vs float32", "backend": backend or "default",
-                         "case": f"cache {'on' if cache else 'off'}, overlap {'on' if overlap else 'off'}, "
-                                 f"pass {pass_no}",
-                         "identical": f"{len(prompts) - len(diverged)}/{len(prompts)}", "noise": noise,
-                         "diverged (prompt, token, ref margin)": ", ".join(f"({i}, {t}, {m:.4f})"
-                                                                          for i, t, m in diverged),
-                         "ok": noise < NOISE_CAP[dtype] and all(m <= 2 * noise for _, _, m in diverged)})
+            rows.append(
+                {
+                    "check": f"greedy {dtype} vs float32",
+                    "backend": backend or "default",
+                    "case": f"cache {'on' if cache else 'off'}, overlap {'on' if overlap else 'off'}, pass {pass_no}",
+                    "identical": f"{len(prompts) - len(diverged)}/{len(prompts)}",
+                    "noise": noise,
+                    "diverged (prompt, token, ref margin)": ", ".join(f"({i}, {t}, {m:.4f})" for i, t, m in diverged),
+                    "ok": noise < NOISE_CAP[dtype] and all(m <= 2 * noise for _, _, m in diverged),
+                }
+            )
     return rows

@@ -5,6 +5,7 @@ divided by the measured copy bandwidth that is the memory floor. Prefill FLOPs c
 multiply-add) and causal attention (QK^T and PV over the lower triangle), the LM head only for the rows whose logits
 are computed; divided by the measured bf16 matmul rate that gives MFU.
 """
+
 from __future__ import annotations
 
 from radixserve.cache.kv_pool import kv_bytes_per_token
@@ -35,7 +36,9 @@ def decode_step_bytes(cfg: ModelConfig, batch_size: int, context_len: int, dtype
     if cfg.tie_word_embeddings:
         weights += embed * dtype_bytes
     rows = batch_size * cfg.hidden_size * dtype_bytes
-    kv = batch_size * (context_len + 1) * kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes)
+    kv = (
+        batch_size * (context_len + 1) * kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes)
+    )
     return weights + rows + kv
 
 

@@ -6,6 +6,7 @@ flashinfer, CUDA-graph and profiler parts are reported as skipped) to catch mist
 
     python -m benchmarks.gpu.run_all --out DIR [--sections env,ceilings,attention,graphs,greedy,model,idle,prefix]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,20 @@ if not torch.cuda.is_available():  # the triton backend runs interpreted without
 
 from benchmarks.gpu import bench_engine, bench_kernels, bench_model, check_correctness  # noqa: E402
 from benchmarks.gpu.common import (  # noqa: E402
-    LLAMA3_8B, TINY, markdown_table, measure_ceilings, write_random_checkpoint)
+    LLAMA3_8B,
+    TINY,
+    markdown_table,
+    measure_ceilings,
+    write_random_checkpoint,
+)
 
 SECTIONS = ["env", "ceilings", "attention", "kernels", "graphs", "greedy", "model", "idle", "prefix"]
-NEEDS_CUDA = {"attention": "flashinfer/triton kernels", "kernels": "flashinfer/triton kernels", "graphs": "CUDA graphs", "idle": "a CUDA profiler trace"}
+NEEDS_CUDA = {
+    "attention": "flashinfer/triton kernels",
+    "kernels": "flashinfer/triton kernels",
+    "graphs": "CUDA graphs",
+    "idle": "a CUDA profiler trace",
+}
 
 
 class Report:
@@ -60,20 +71,35 @@ class Report:
 
 
 def environment(device: torch.device) -> list[dict[str, Any]]:
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                            "torch_cuda": torch.version.cuda, "device": str(device)}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "device": str(device),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info |= {"gpu": props.name, "sms": props.multi_processor_count, "memory_gib": props.total_memory / 2**30,
-                 "capability": f"{props.major}.{props.minor}"}
+        info |= {
+            "gpu": props.name,
+            "sms": props.multi_processor_count,
+            "memory_gib": props.total_memory / 2**30,
+            "capability": f"{props.major}.{props.minor}",
+        }
     for pkg in ("flashinfer", "triton"):
         try:
             info[pkg] = __import__(pkg).__version__
         except Exception as e:  # noqa: BLE001 - report, do not fail
             info[pkg] = f"unavailable: {e!r}"[:120]
     if shutil.which("nvidia-smi"):
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
-                              "--format=csv,noheader"], capture_output=True, text=True)
+        smi = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+        )
         info["nvidia-smi"] = smi.stdout.strip()
     return [info]
 
@@ -108,8 +134,9 @@ def main() -> None:
 
     def ensure_ceilings() -> dict[str, float]:
         if not ceilings:
-            ceilings.update(measure_ceilings(device, copy_bytes=(64 << 20) if smoke else (2 << 30),
-                                             matmul_n=512 if smoke else 8192))
+            ceilings.update(
+                measure_ceilings(device, copy_bytes=(64 << 20) if smoke else (2 << 30), matmul_n=512 if smoke else 8192)
+            )
         return ceilings
 
     runs: dict[str, Callable[[], list[dict[str, Any]]]] = {
@@ -120,18 +147,44 @@ def main() -> None:
         "graphs": lambda: check_correctness.graph_parity(device),
         "greedy": lambda: check_correctness.greedy_parity(device, args.workdir, backends, smoke),
         "model": lambda: bench_model.model_benchmarks(
-            device, model_cfg, ensure_ceilings(), ["torch"] if smoke else backends,
-            batch_sizes=(1, 4) if smoke else (1, 32, 128), context=64 if smoke else 2048,
-            prefill_tokens=256 if smoke else 8192, use_graphs=not smoke),
-        "idle": lambda: [bench_engine.decode_idle(device, engine_model(), overlap, num_requests=64, prompt_len=256,
-                                                  new_tokens=1024, profile_s=2.0, backend="flashinfer",
-                                                  profile_out=args.out / f"idle_host_profile_overlap_{int(overlap)}.txt")
-                         for overlap in (False, True)],
-        "prefix": lambda: [bench_engine.shared_prefix(
-            device, engine_model(), cache, groups=2 if smoke else args.groups, per_group=4 if smoke else args.per_group,
-            system_len=64 if smoke else 2048, question_len=8 if smoke else 128,
-            answer_len=8 if smoke else args.answer_len, backend="torch" if smoke else "flashinfer",
-            max_running=8 if smoke else 128) for cache in (False, True)],
+            device,
+            model_cfg,
+            ensure_ceilings(),
+            ["torch"] if smoke else backends,
+            batch_sizes=(1, 4) if smoke else (1, 32, 128),
+            context=64 if smoke else 2048,
+            prefill_tokens=256 if smoke else 8192,
+            use_graphs=not smoke,
+        ),
+        "idle": lambda: [
+            bench_engine.decode_idle(
+                device,
+                engine_model(),
+                overlap,
+                num_requests=64,
+                prompt_len=256,
+                new_tokens=1024,
+                profile_s=2.0,
+                backend="flashinfer",
+                profile_out=args.out / f"idle_host_profile_overlap_{int(overlap)}.txt",
+            )
+            for overlap in (False, True)
+        ],
+        "prefix": lambda: [
+            bench_engine.shared_prefix(
+                device,
+                engine_model(),
+                cache,
+                groups=2 if smoke else args.groups,
+                per_group=4 if smoke else args.per_group,
+                system_len=64 if smoke else 2048,
+                question_len=8 if smoke else 128,
+                answer_len=8 if smoke else args.answer_len,
+                backend="torch" if smoke else "flashinfer",
+                max_running=8 if smoke else 128,
+            )
+            for cache in (False, True)
+        ],
     }
     for name in args.sections.split(","):
         if name not in runs:

@@ -3,6 +3,7 @@
 The cache-aware operations (prefill a shared prefix, score select choices in one batched call) are written once here
 on top of those primitives, so the in-process and HTTP backends send the same requests.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,16 +31,29 @@ class Backend(ABC):
         self._roles_lock = threading.Lock()
 
     @abstractmethod
-    def generate(self, *, text: str | None = None, input_ids: list[list[int]] | None = None,
-                 sampling_params: dict[str, Any] | None = None, return_logprob: bool = False,
-                 logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                 return_text_in_logprobs: bool = False) -> dict[str, Any] | list[dict[str, Any]]:
+    def generate(
+        self,
+        *,
+        text: str | None = None,
+        input_ids: list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
         """Engine-shaped output: a dict for `text`, a list of dicts for a batch of `input_ids`."""
 
     @abstractmethod
-    def generate_stream(self, text: str, sampling_params: dict[str, Any], return_logprob: bool = False,
-                        logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                        return_text_in_logprobs: bool = False) -> Iterator[dict[str, Any]]:
+    def generate_stream(
+        self,
+        text: str,
+        sampling_params: dict[str, Any],
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+    ) -> Iterator[dict[str, Any]]:
         """Chunks whose "text" holds only what is new; the last one has meta_info["finish_reason"] set."""
 
     @abstractmethod
@@ -97,27 +111,39 @@ class Backend(ABC):
         if prefix and len(choices) > 1:
             self.prefill(prefix)
         entries = self._prompt_logprobs(seqs, min(starts), starts)
-        scores = {"normalized_prompt_logprobs": [mean_logprob(e) for e in entries],
-                  "input_token_logprobs": entries, "output_token_logprobs": [[] for _ in choices]}
+        scores = {
+            "normalized_prompt_logprobs": [mean_logprob(e) for e in entries],
+            "input_token_logprobs": entries,
+            "output_token_logprobs": [[] for _ in choices],
+        }
         if unconditional:
             scores["unconditional_token_logprobs"] = self._prompt_logprobs(
-                [ids[start:] for ids, start in zip(seqs, starts)], 0, [0] * len(seqs))
+                [ids[start:] for ids, start in zip(seqs, starts)], 0, [0] * len(seqs)
+            )
         return scores
 
     def _prompt_logprobs(self, seqs: list[list[int]], first: int, starts: list[int]) -> list[list[tuple]]:
         """Prompt logprob entries of seqs[i][starts[i]:] from one batched call asking them from position `first`."""
-        outs = self.generate(input_ids=seqs, sampling_params={"max_new_tokens": 0}, return_logprob=True,
-                             logprob_start_len=first, return_text_in_logprobs=True)
+        outs = self.generate(
+            input_ids=seqs,
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=first,
+            return_text_in_logprobs=True,
+        )
         if not isinstance(outs, list) or len(outs) != len(seqs):
-            raise BackendError(f"scoring {len(seqs)} choices returned {type(outs).__name__} "
-                               f"of {len(outs) if isinstance(outs, list) else 1} results")
+            raise BackendError(
+                f"scoring {len(seqs)} choices returned {type(outs).__name__} "
+                f"of {len(outs) if isinstance(outs, list) else 1} results"
+            )
         result = []
         for ids, start, out in zip(seqs, starts, outs):
             entries = out["meta_info"].get("input_token_logprobs") or []
             if len(entries) != len(ids) - first:
-                raise BackendError(f"asked prompt logprobs from position {first} of {len(ids)} tokens, "
-                                   f"got {len(entries)} entries")
-            picked = [tuple(e) for e in entries[start - first:]]
+                raise BackendError(
+                    f"asked prompt logprobs from position {first} of {len(ids)} tokens, got {len(entries)} entries"
+                )
+            picked = [tuple(e) for e in entries[start - first :]]
             if [int(e[1]) for e in picked] != ids[start:]:
                 raise BackendError("prompt logprobs came back for other tokens than the ones sent")
             result.append(picked)

@@ -4,6 +4,7 @@ Routes used: POST /generate (text or input_ids, SSE when streaming), POST /token
 GET /get_model_info (the chat template and special tokens, for roles), GET /metrics, POST /flush_cache.
 Every request has a timeout, and any failure (unreachable, timeout, HTTP error status) raises BackendError.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -28,22 +29,45 @@ class RuntimeEndpoint(Backend):
 
     # ---- Backend ------------------------------------------------------------------------------------------------
 
-    def generate(self, *, text: str | None = None, input_ids: list[list[int]] | None = None,
-                 sampling_params: dict[str, Any] | None = None, return_logprob: bool = False,
-                 logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                 return_text_in_logprobs: bool = False) -> dict[str, Any] | list[dict[str, Any]]:
-        body: dict[str, Any] = {"sampling_params": sampling_params or {}, "return_logprob": return_logprob,
-                                "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num,
-                                "return_text_in_logprobs": return_text_in_logprobs}
+    def generate(
+        self,
+        *,
+        text: str | None = None,
+        input_ids: list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        body: dict[str, Any] = {
+            "sampling_params": sampling_params or {},
+            "return_logprob": return_logprob,
+            "logprob_start_len": logprob_start_len,
+            "top_logprobs_num": top_logprobs_num,
+            "return_text_in_logprobs": return_text_in_logprobs,
+        }
         body |= {"text": text} if text is not None else {"input_ids": input_ids}
         return self.http.json("POST", "/generate", body)
 
-    def generate_stream(self, text: str, sampling_params: dict[str, Any], return_logprob: bool = False,
-                        logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                        return_text_in_logprobs: bool = False) -> Iterator[dict[str, Any]]:
-        body = {"text": text, "sampling_params": sampling_params, "stream": True, "return_logprob": return_logprob,
-                "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num,
-                "return_text_in_logprobs": return_text_in_logprobs}
+    def generate_stream(
+        self,
+        text: str,
+        sampling_params: dict[str, Any],
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+    ) -> Iterator[dict[str, Any]]:
+        body = {
+            "text": text,
+            "sampling_params": sampling_params,
+            "stream": True,
+            "return_logprob": return_logprob,
+            "logprob_start_len": logprob_start_len,
+            "top_logprobs_num": top_logprobs_num,
+            "return_text_in_logprobs": return_text_in_logprobs,
+        }
         for chunk in self.http.events("POST", "/generate", body):
             yield chunk
             if chunk["meta_info"].get("finish_reason") is not None:
@@ -68,8 +92,10 @@ class RuntimeEndpoint(Backend):
 
         template = self.model_info.get("chat_template")
         if not template:
-            raise BackendError(f"{self.base_url}/get_model_info has no chat_template: roles (system/user/assistant) "
-                               "need the model's chat template")
+            raise BackendError(
+                f"{self.base_url}/get_model_info has no chat_template: roles (system/user/assistant) "
+                "need the model's chat template"
+            )
         specials = self.model_info.get("special_tokens") or {}
         config = {"chat_template": template, **{k: specials.get(k) for k in _SPECIAL_TOKENS}}
         return Tokenizer(HFTokenizer(models.BPE()), config)

@@ -1,5 +1,6 @@
 """A small JSON-over-HTTP client for the HTTP backends: every request has a timeout, and every failure (unreachable,
 timeout, HTTP error status, a broken event stream) raises BackendError naming the request."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,9 @@ class HttpClient:
         try:
             return urllib.request.urlopen(req, timeout=self.timeout_s)
         except urllib.error.HTTPError as e:
-            raise BackendError(f"{method} {url} failed with HTTP {e.code}: {_error_message(e.read())}",
-                               status=e.code) from None
+            raise BackendError(
+                f"{method} {url} failed with HTTP {e.code}: {_error_message(e.read())}", status=e.code
+            ) from None
         except urllib.error.URLError as e:
             if isinstance(e.reason, (TimeoutError, socket.timeout)):
                 raise BackendError(f"{method} {url}: no answer within {self.timeout_s} s") from None
@@ -59,8 +61,9 @@ class HttpClient:
             try:
                 return resp.read()
             except (TimeoutError, socket.timeout):
-                raise BackendError(f"{method} {self.base_url + path}: answer not complete within "
-                                   f"{self.timeout_s} s") from None
+                raise BackendError(
+                    f"{method} {self.base_url + path}: answer not complete within {self.timeout_s} s"
+                ) from None
 
     def json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         raw = self.read(method, path, body)
@@ -84,7 +87,7 @@ class HttpClient:
                 line = line.strip()
                 if not line.startswith(b"data:"):
                     continue
-                payload = line[len(b"data:"):].strip()
+                payload = line[len(b"data:") :].strip()
                 if payload == b"[DONE]":
                     return
                 chunk = json.loads(payload)

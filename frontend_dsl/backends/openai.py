@@ -7,6 +7,7 @@ logprobs, and select on chat models. select on a completion model scores each ch
 one `echo` request (SGLang's OpenAI backend instead forces tokens with logit_bias, which needs the model's tokenizer).
 Role text in `state.text()` follows a plain "ROLE: content" layout; a chat model receives the messages themselves.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,14 @@ from frontend_dsl.backends.base import Backend, common_prefix_len, mean_logprob
 from frontend_dsl.backends.http import HttpClient
 from frontend_dsl.errors import BackendError, NotSupportedError
 
-_STANDARD = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "stop": "stop",
-             "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty"}
+_STANDARD = {
+    "max_new_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "stop": "stop",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+}
 # Extras that open servers accept under these names; sent only when set, so a server without them says so itself.
 _EXTRAS = {"top_k": -1, "min_p": 0.0, "ignore_eos": False, "stop_token_ids": []}
 
@@ -59,20 +66,31 @@ class TokenUsage:
 
 
 class OpenAI(Backend):
-    def __init__(self, model_name: str, is_chat_model: bool | None = None, chat_template: Any = None,
-                 is_azure: bool = False, *, base_url: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        is_chat_model: bool | None = None,
+        chat_template: Any = None,
+        is_azure: bool = False,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+    ) -> None:
         """model_name as the server knows it; base_url up to /v1 (default: $OPENAI_BASE_URL or OpenAI's);
         api_key (default: $OPENAI_API_KEY). is_chat_model (default True, as SGLang assumes for model names it does
         not list as instruct models): send messages to /v1/chat/completions instead of text to /v1/completions.
         The positional order is SGLang's; base_url and api_key are what SGLang passes on to the openai client."""
         super().__init__()
         if is_azure:
-            raise NotSupportedError("OpenAI(is_azure=True) is not supported: pass the Azure deployment's "
-                                    "OpenAI-compatible base_url instead")
+            raise NotSupportedError(
+                "OpenAI(is_azure=True) is not supported: pass the Azure deployment's OpenAI-compatible base_url instead"
+            )
         if chat_template is not None:
-            raise NotSupportedError("OpenAI(chat_template=...) is not supported: a chat model gets the messages "
-                                    "themselves, and a completion model's role text is a plain ROLE: layout")
+            raise NotSupportedError(
+                "OpenAI(chat_template=...) is not supported: a chat model gets the messages "
+                "themselves, and a completion model's role text is a plain ROLE: layout"
+            )
         self.model_name = model_name
         self.chat_only = True if is_chat_model is None else is_chat_model
         base = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
@@ -94,13 +112,22 @@ class OpenAI(Backend):
     @staticmethod
     def _refuse_logprobs(return_logprob: bool, return_text_in_logprobs: bool) -> None:
         if return_logprob or return_text_in_logprobs:
-            raise NotSupportedError("return_logprob on the OpenAI backend is not supported: OpenAI logprobs carry "
-                                    "token strings, not the token ids SGLang's logprob entries hold")
+            raise NotSupportedError(
+                "return_logprob on the OpenAI backend is not supported: OpenAI logprobs carry "
+                "token strings, not the token ids SGLang's logprob entries hold"
+            )
 
-    def generate(self, *, text: str | list[dict[str, str]] | None = None, input_ids: list[list[int]] | None = None,
-                 sampling_params: dict[str, Any] | None = None, return_logprob: bool = False,
-                 logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                 return_text_in_logprobs: bool = False) -> dict[str, Any]:
+    def generate(
+        self,
+        *,
+        text: str | list[dict[str, str]] | None = None,
+        input_ids: list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+    ) -> dict[str, Any]:
         if input_ids is not None:
             raise NotSupportedError("the OpenAI backend takes text prompts, not token ids")
         self._refuse_logprobs(return_logprob, return_text_in_logprobs)
@@ -111,9 +138,15 @@ class OpenAI(Backend):
         content = choice["message"]["content"] if self.chat_only else choice["text"]
         return {"text": content or "", "meta_info": _finish(choice.get("finish_reason"), out.get("usage"))}
 
-    def generate_stream(self, text: str | list[dict[str, str]], sampling_params: dict[str, Any],
-                        return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                        return_text_in_logprobs: bool = False) -> Iterator[dict[str, Any]]:
+    def generate_stream(
+        self,
+        text: str | list[dict[str, str]],
+        sampling_params: dict[str, Any],
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+    ) -> Iterator[dict[str, Any]]:
         self._refuse_logprobs(return_logprob, return_text_in_logprobs)
         path, body = self._request(text, sampling_params)
         body |= {"stream": True, "stream_options": {"include_usage": True}}
@@ -137,13 +170,22 @@ class OpenAI(Backend):
         """Prompt logprobs of each choice after prefix, from one /v1/completions request with echo and max_tokens 0:
         prompts [prefix, prefix + choice...]; a choice's tokens are those after its common prefix with prefix's."""
         if self.chat_only:
-            raise NotSupportedError("select on an OpenAI chat model is not supported: chat APIs return no prompt "
-                                    "logprobs; use a completion model (OpenAI(..., is_chat_model=False))")
+            raise NotSupportedError(
+                "select on an OpenAI chat model is not supported: chat APIs return no prompt "
+                "logprobs; use a completion model (OpenAI(..., is_chat_model=False))"
+            )
         if unconditional:
-            raise NotSupportedError("unconditional_likelihood_normalized on the OpenAI backend is not supported: "
-                                    "it needs each choice scored on the same token ids with and without the prompt")
-        body = {"model": self.model_name, "prompt": [prefix, *(prefix + c for c in choices)], "echo": True,
-                "max_tokens": 0, "logprobs": 0}
+            raise NotSupportedError(
+                "unconditional_likelihood_normalized on the OpenAI backend is not supported: "
+                "it needs each choice scored on the same token ids with and without the prompt"
+            )
+        body = {
+            "model": self.model_name,
+            "prompt": [prefix, *(prefix + c for c in choices)],
+            "echo": True,
+            "max_tokens": 0,
+            "logprobs": 0,
+        }
         resp = self.http.json("POST", "/completions", body)
         self._count(resp.get("usage"))
         out = sorted(resp["choices"], key=lambda c: c["index"])
@@ -155,8 +197,11 @@ class OpenAI(Backend):
             tokens, lps = c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"]
             start = common_prefix_len(base, tokens)
             entries.append([(lp, None, tok) for lp, tok in zip(lps[start:], tokens[start:])])
-        return {"normalized_prompt_logprobs": [mean_logprob(es) for es in entries], "input_token_logprobs": entries,
-                "output_token_logprobs": [[] for _ in choices]}
+        return {
+            "normalized_prompt_logprobs": [mean_logprob(es) for es in entries],
+            "input_token_logprobs": entries,
+            "output_token_logprobs": [[] for _ in choices],
+        }
 
     def tokenize(self, text: str) -> list[int]:
         raise NotSupportedError("the OpenAI API has no tokenizer endpoint")

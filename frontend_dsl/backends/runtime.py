@@ -1,4 +1,5 @@
 """Runtime: an in-process radixserve Engine as a DSL backend (SGLang's Runtime starts a server; this one is a library)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -48,14 +49,26 @@ class Runtime(Backend):
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
 
-    def generate(self, *, text: str | None = None, input_ids: list[list[int]] | None = None,
-                 sampling_params: dict[str, Any] | None = None, return_logprob: bool = False,
-                 logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                 return_text_in_logprobs: bool = False) -> dict[str, Any] | list[dict[str, Any]]:
+    def generate(
+        self,
+        *,
+        text: str | None = None,
+        input_ids: list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
         try:
-            out = self.engine.generate(prompt=text, input_ids=input_ids, sampling_params=sampling_params,
-                                       return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                                       top_logprobs_num=top_logprobs_num)
+            out = self.engine.generate(
+                prompt=text,
+                input_ids=input_ids,
+                sampling_params=sampling_params,
+                return_logprob=return_logprob,
+                logprob_start_len=logprob_start_len,
+                top_logprobs_num=top_logprobs_num,
+            )
         except (ValueError, RuntimeError) as e:
             raise BackendError(f"engine refused the request: {type(e).__name__}: {e}") from e
         if not return_text_in_logprobs:
@@ -64,18 +77,28 @@ class Runtime(Backend):
             return [with_token_text(self.engine.tokenizer, o) for o in out]
         return with_token_text(self.engine.tokenizer, out)
 
-    def generate_stream(self, text: str, sampling_params: dict[str, Any], return_logprob: bool = False,
-                        logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                        return_text_in_logprobs: bool = False) -> Iterator[dict[str, Any]]:
+    def generate_stream(
+        self,
+        text: str,
+        sampling_params: dict[str, Any],
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+    ) -> Iterator[dict[str, Any]]:
         # The engine streams through an async generator; drive it from this (worker) thread on a private event loop,
         # handing each chunk on as soon as it arrives. Closing early aborts the request in the engine.
         loop = asyncio.new_event_loop()
         try:
             try:
-                chunks = self.engine.async_generate(prompt=text, sampling_params=sampling_params, stream=True,
-                                                    return_logprob=return_logprob,
-                                                    logprob_start_len=logprob_start_len,
-                                                    top_logprobs_num=top_logprobs_num)
+                chunks = self.engine.async_generate(
+                    prompt=text,
+                    sampling_params=sampling_params,
+                    stream=True,
+                    return_logprob=return_logprob,
+                    logprob_start_len=logprob_start_len,
+                    top_logprobs_num=top_logprobs_num,
+                )
             except (ValueError, RuntimeError) as e:
                 raise BackendError(f"engine refused the request: {type(e).__name__}: {e}") from e
             try:

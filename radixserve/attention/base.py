@@ -1,4 +1,5 @@
 """The attention backend interface: `plan` once per step, then `forward` per layer."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -9,6 +9,7 @@ writes the step's new K/V into their pages first, so the kernels see prefix and 
 For CUDA graphs (radixserve/model/cuda_graph.py): `init_cuda_graph` makes one graph-mode decode wrapper per batch
 size over fixed index buffers, and `plan_cuda_graph` re-plans one of them before each replay.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -49,30 +50,73 @@ def prefill_wrapper_kwargs(backend: str = DEFAULT_PREFILL_BACKEND) -> dict[str, 
     return dict(kv_layout="NHD", backend=backend)
 
 
-def decode_plan_kwargs(meta: PagedKVMetadata, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                       q_dtype: torch.dtype, kv_dtype: torch.dtype) -> dict[str, Any]:
+def decode_plan_kwargs(
+    meta: PagedKVMetadata,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+) -> dict[str, Any]:
     """Keyword arguments of `BatchDecodeWithPagedKVCacheWrapper.plan` for a pure-decode batch (RoPE already applied)."""
-    return dict(indptr=meta.kv_indptr, indices=meta.kv_indices, last_page_len=meta.kv_last_page_len,
-                num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=meta.page_size,
-                pos_encoding_mode="NONE", sm_scale=scale, q_data_type=q_dtype, kv_data_type=kv_dtype)
+    return dict(
+        indptr=meta.kv_indptr,
+        indices=meta.kv_indices,
+        last_page_len=meta.kv_last_page_len,
+        num_qo_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=meta.page_size,
+        pos_encoding_mode="NONE",
+        sm_scale=scale,
+        q_data_type=q_dtype,
+        kv_data_type=kv_dtype,
+    )
 
 
-def prefill_plan_kwargs(meta: PagedKVMetadata, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                        q_dtype: torch.dtype, kv_dtype: torch.dtype) -> dict[str, Any]:
+def prefill_plan_kwargs(
+    meta: PagedKVMetadata,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+) -> dict[str, Any]:
     """Keyword arguments of `BatchPrefillWithPagedKVCacheWrapper.plan`: causal over each request's prefix + new
     tokens."""
-    return dict(qo_indptr=meta.qo_indptr, paged_kv_indptr=meta.kv_indptr, paged_kv_indices=meta.kv_indices,
-                paged_kv_last_page_len=meta.kv_last_page_len, num_qo_heads=num_heads, num_kv_heads=num_kv_heads,
-                head_dim_qk=head_dim, page_size=meta.page_size, causal=True, pos_encoding_mode="NONE",
-                sm_scale=scale, q_data_type=q_dtype, kv_data_type=kv_dtype)
+    return dict(
+        qo_indptr=meta.qo_indptr,
+        paged_kv_indptr=meta.kv_indptr,
+        paged_kv_indices=meta.kv_indices,
+        paged_kv_last_page_len=meta.kv_last_page_len,
+        num_qo_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim_qk=head_dim,
+        page_size=meta.page_size,
+        causal=True,
+        pos_encoding_mode="NONE",
+        sm_scale=scale,
+        q_data_type=q_dtype,
+        kv_data_type=kv_dtype,
+    )
 
 
 class FlashInferAttentionBackend(AttentionBackend):
     """Paged attention through FlashInfer; `q_dtype` defaults to the pool's dtype (the model's)."""
 
-    def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None,
-                 q_dtype: torch.dtype | None = None, decode_tensor_cores: bool | None = None,
-                 max_batch_size: int = 256, prefill_backend: str = DEFAULT_PREFILL_BACKEND) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        num_heads: int,
+        head_dim: int,
+        scale: float | None = None,
+        q_dtype: torch.dtype | None = None,
+        decode_tensor_cores: bool | None = None,
+        max_batch_size: int = 256,
+        prefill_backend: str = DEFAULT_PREFILL_BACKEND,
+    ) -> None:
         super().__init__(pool, num_heads, head_dim, scale)
         # Checked before importing flashinfer: its wrappers allocate CUDA and pinned memory on construction.
         if pool.device.type != "cuda" or not torch.cuda.is_available():
@@ -87,18 +131,24 @@ class FlashInferAttentionBackend(AttentionBackend):
         try:
             import flashinfer
         except ImportError as e:
-            raise RuntimeError("attention_backend 'flashinfer' needs the flashinfer-python package "
-                               "(pip install flashinfer-python; it compiles its kernels with nvcc on first use)") from e
+            raise RuntimeError(
+                "attention_backend 'flashinfer' needs the flashinfer-python package "
+                "(pip install flashinfer-python; it compiles its kernels with nvcc on first use)"
+            ) from e
         self._flashinfer = flashinfer
-        self.tensor_cores = (use_tensor_core_decode(num_heads, self.num_kv_heads)
-                             if decode_tensor_cores is None else decode_tensor_cores)
+        self.tensor_cores = (
+            use_tensor_core_decode(num_heads, self.num_kv_heads) if decode_tensor_cores is None else decode_tensor_cores
+        )
         self.max_batch_size = max_batch_size
-        self.workspace = torch.zeros(workspace_bytes(max_batch_size, num_heads, head_dim), dtype=torch.uint8,
-                                     device=pool.device)
+        self.workspace = torch.zeros(
+            workspace_bytes(max_batch_size, num_heads, head_dim), dtype=torch.uint8, device=pool.device
+        )
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, kv_layout="NHD", use_tensor_cores=self.tensor_cores)
+            self.workspace, kv_layout="NHD", use_tensor_cores=self.tensor_cores
+        )
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, **prefill_wrapper_kwargs(prefill_backend))
+            self.workspace, **prefill_wrapper_kwargs(prefill_backend)
+        )
         self.graph_wrappers: dict[int, Any] = {}
         self._active: Any = None
         # `plan` fills a pinned host buffer and copies it to the device without waiting; the next plan must not
@@ -109,8 +159,14 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     # ---- planning ---------------------------------------------------------------------------------------------
     def _shape(self) -> dict[str, Any]:
-        return dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-                    scale=self.scale, q_dtype=self.q_dtype, kv_dtype=self.pool.dtype)
+        return dict(
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            scale=self.scale,
+            q_dtype=self.q_dtype,
+            kv_dtype=self.pool.dtype,
+        )
 
     def plan(self, batch: ForwardBatch) -> None:
         """Plan the decode or the prefill wrapper for this step; every layer's `forward` reuses the plan."""
@@ -142,10 +198,14 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._graph_last_page_len = torch.zeros(max_bs, dtype=torch.int32, device=device)
         self.graph_wrappers = {
             bs: self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, kv_layout="NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
+                self.workspace,
+                kv_layout="NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=self.tensor_cores,
                 paged_kv_indptr_buffer=self._graph_indptr[: bs + 1],
                 paged_kv_indices_buffer=self._graph_indices,
-                paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs])
+                paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs],
+            )
             for bs in batch_sizes
         }
 

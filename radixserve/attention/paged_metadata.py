@@ -6,6 +6,7 @@ every page is full except the last, which holds `kv_last_page_len[i]` tokens (1.
 aligned to the end of the keys). Pure PyTorch, no CUDA needed: the indptrs stay on the CPU (FlashInfer plans on
 the host) and `kv_indices` is gathered on the page table's device.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ Requests are split into a decode group (one new token each: the hot path) and an
 padded to the longest), so a long prefill chunk does not pad every decode token to its length. Index and mask
 tensors are built once in `plan` and reused by every layer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,7 +44,9 @@ class TorchAttentionBackend(AttentionBackend):
         self.groups: list[_Group] = []
         if decode.numel():
             all_rows = decode.numel() == batch.batch_size
-            self.groups.append(self._group(batch, decode, 1, None if all_rows else batch.qo_indptr[decode].long(), None))
+            self.groups.append(
+                self._group(batch, decode, 1, None if all_rows else batch.qo_indptr[decode].long(), None)
+            )
         if extend.numel():
             lens = ext[extend]
             q_len = int(lens.max())
@@ -53,8 +56,14 @@ class TorchAttentionBackend(AttentionBackend):
             pad_index = torch.repeat_interleave(torch.arange(extend.numel()) * q_len, lens) + within
             self.groups.append(self._group(batch, extend, q_len, rows, pad_index))
 
-    def _group(self, batch: ForwardBatch, reqs: torch.Tensor, q_len: int, rows: torch.Tensor | None,
-               pad_index: torch.Tensor | None) -> _Group:
+    def _group(
+        self,
+        batch: ForwardBatch,
+        reqs: torch.Tensor,
+        q_len: int,
+        rows: torch.Tensor | None,
+        pad_index: torch.Tensor | None,
+    ) -> _Group:
         ps = batch.page_size
         device = batch.page_table.device
         num_pages = (int(batch.seq_lens[reqs].max()) + ps - 1) // ps
@@ -64,9 +73,17 @@ class TorchAttentionBackend(AttentionBackend):
         causal = q_len > 1 and not bool(prefix.any())
         bias = None
         if not causal:
-            mask = torch.arange(num_pages * ps)[None, None, :] <= prefix[:, None, None] + torch.arange(q_len)[None, :, None]
+            mask = (
+                torch.arange(num_pages * ps)[None, None, :]
+                <= prefix[:, None, None] + torch.arange(q_len)[None, :, None]
+            )
             # Additive, in the pool's dtype: SDPA would otherwise convert a boolean mask in every layer.
-            bias = torch.zeros(mask.shape, dtype=self.pool.dtype).masked_fill_(~mask, float("-inf")).unsqueeze(1).to(device)
+            bias = (
+                torch.zeros(mask.shape, dtype=self.pool.dtype)
+                .masked_fill_(~mask, float("-inf"))
+                .unsqueeze(1)
+                .to(device)
+            )
         return _Group(
             rows=None if rows is None else rows.to(device),
             pad_index=None if pad_index is None else pad_index.to(device),
@@ -100,13 +117,17 @@ class TorchAttentionBackend(AttentionBackend):
         if g.pad_index is None:
             # Decode: the query heads sharing a KV head become that head's queries (q_len = gqa ratio), which is
             # ~10x faster on CPU than SDPA's enable_gqa with one query per head.
-            o = F.scaled_dot_product_attention(q.reshape(n, kv, heads // kv, dim), keys, values, attn_mask=bias, scale=self.scale)
+            o = F.scaled_dot_product_attention(
+                q.reshape(n, kv, heads // kv, dim), keys, values, attn_mask=bias, scale=self.scale
+            )
             return o.reshape(n, heads, dim)
         padded = q.new_zeros(g.num_reqs * g.q_len, heads, dim).index_copy_(0, g.pad_index, q)
         padded = padded.view(g.num_reqs, g.q_len, heads, dim).transpose(1, 2)
         if g.causal:  # keys past q_len are padding here; dropping them keeps the causal mask square
             keys, values = keys[:, :, : g.q_len], values[:, :, : g.q_len]
-        o = F.scaled_dot_product_attention(padded, keys, values, attn_mask=bias, is_causal=g.causal, scale=self.scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            padded, keys, values, attn_mask=bias, is_causal=g.causal, scale=self.scale, enable_gqa=True
+        )
         return o.transpose(1, 2).reshape(g.num_reqs * g.q_len, heads, dim).index_select(0, g.pad_index)
 
     @staticmethod

@@ -3,6 +3,7 @@
 On a CPU the kernels run only under the Triton interpreter (TRITON_INTERPRET=1 set before `kernels` is
 imported), which is for tests: it is correct but slow.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,13 +26,15 @@ class TritonAttentionBackend(AttentionBackend):
         if pool.device.type != "cuda" and not is_interpreted(_decode_split_kernel):
             raise RuntimeError(
                 f"the triton attention backend needs a CUDA device; on {pool.device.type} set TRITON_INTERPRET=1 "
-                "before anything imports `kernels` (interpreter mode is for tests)")
+                "before anything imports `kernels` (interpreter mode is for tests)"
+            )
         self.num_kv_heads = pool.k_buffers[0].shape[2]
         if num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of the KV heads ({self.num_kv_heads})")
         # Split-KV targets about two waves of programs; the interpreter gains nothing from more programs.
-        self.num_sms = (torch.cuda.get_device_properties(pool.device).multi_processor_count
-                        if pool.device.type == "cuda" else 1)
+        self.num_sms = (
+            torch.cuda.get_device_properties(pool.device).multi_processor_count if pool.device.type == "cuda" else 1
+        )
 
     def plan(self, batch: ForwardBatch) -> None:
         """Move this step's index tensors to the device as int32 once; every layer reuses them."""
@@ -42,16 +45,18 @@ class TritonAttentionBackend(AttentionBackend):
         self.is_decode = bool(batch.batch_size) and bool((batch.extend_lens == 1).all())
         if self.is_decode:
             self.seq_lens = to_device(batch.seq_lens.to(torch.int32), device)
-            self.num_splits = decode_num_splits(batch.batch_size, self.num_kv_heads, int(batch.seq_lens.max()),
-                                                self.num_sms)
+            self.num_splits = decode_num_splits(
+                batch.batch_size, self.num_kv_heads, int(batch.seq_lens.max()), self.num_sms
+            )
             self.workspace = decode_workspace(batch.batch_size, self.num_heads, self.head_dim, self.num_splits, device)
         else:
             self.qo_indptr = to_device(batch.qo_indptr.to(torch.int32), device)
             self.prefix_lens = to_device(batch.prefix_lens.to(torch.int32), device)
             self.max_extend_len = int(batch.extend_lens.max()) if batch.batch_size else 0
 
-    def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Store k/v at the planned slots, then attend; q `[T, H, D]` -> `[T, H, D]` in q's dtype (into `out` if given)."""
         k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
@@ -61,7 +66,19 @@ class TritonAttentionBackend(AttentionBackend):
         if q.shape[0] == 0:
             return out
         if self.is_decode:
-            return decode_attention(q, k_buf, v_buf, self.page_table, self.seq_lens, out, self.scale,
-                                    self.num_splits, self.workspace)
-        return extend_attention(q, k, v, out, k_buf, v_buf, self.page_table, self.qo_indptr, self.prefix_lens,
-                                self.max_extend_len, self.scale)
+            return decode_attention(
+                q, k_buf, v_buf, self.page_table, self.seq_lens, out, self.scale, self.num_splits, self.workspace
+            )
+        return extend_attention(
+            q,
+            k,
+            v,
+            out,
+            k_buf,
+            v_buf,
+            self.page_table,
+            self.qo_indptr,
+            self.prefix_lens,
+            self.max_extend_len,
+            self.scale,
+        )

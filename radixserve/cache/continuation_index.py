@@ -6,6 +6,7 @@ there (a node split keeps them; hashed keys could collide), so it follows the tr
 insert creates pages, `remove` when eviction frees them, `clear` on reset. Every page registers the n-grams that end just before each of its tokens (the first
 ones reach back into the parent page), namespaced like the tree, so drafts never cross cache namespaces.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

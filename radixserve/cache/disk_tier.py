@@ -7,6 +7,7 @@ there (a file the index lacks is admitted if its header checks out, anything els
 (disk full, read-only) turns spilling off with one warning; reads go on. A file that fails any check on read is a
 miss and is deleted.
 """
+
 from __future__ import annotations
 
 import errno
@@ -54,8 +55,10 @@ def _lock(path: Path) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise TierLockedError(f"--kv-cache-dir {path.parent} is in use by another radixserve process (pid {holder}); "
-                              "give each server its own directory") from None
+        raise TierLockedError(
+            f"--kv-cache-dir {path.parent} is in use by another radixserve process (pid {holder}); "
+            "give each server its own directory"
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
@@ -112,8 +115,12 @@ class DiskTier:
                 head = fh.read(page_file.MAX_HEADER + 64)
             header, off = page_file.decode_header(head)
             size = f.stat().st_size
-            if header.digest != self.digest or f.name != f"{header.key:016x}{SUFFIX}" or \
-                    header.payload_bytes != self.payload_bytes or size != off + header.payload_bytes:
+            if (
+                header.digest != self.digest
+                or f.name != f"{header.key:016x}{SUFFIX}"
+                or header.payload_bytes != self.payload_bytes
+                or size != off + header.payload_bytes
+            ):
                 raise PageFileError("foreign or truncated file")
         except (OSError, PageFileError) as exc:
             self._drop_bad(f, str(exc))
@@ -186,8 +193,11 @@ class DiskTier:
     def _write_failed(self, exc: OSError) -> None:
         self.stats.write_errors += 1
         self.writable = False
-        why = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (
-            "read-only" if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else "write failed")
+        why = (
+            "disk full"
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            else ("read-only" if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else "write failed")
+        )
         log.warning("kv cache dir %s: %s (%s); pages evicted from now on are dropped, not spilled", self.dir, why, exc)
 
     def _make_room(self, nbytes: int) -> None:
@@ -234,8 +244,10 @@ class DiskTier:
 
     def save_index(self) -> None:
         """Write index.json beside the pages (atomically); a failure is logged, never raised."""
-        doc = {"digest": self.digest, "pages": [[f"{k:016x}", f"{e.prefix:032x}", e.nbytes]
-                                                for k, e in self.index.items()]}
+        doc = {
+            "digest": self.digest,
+            "pages": [[f"{k:016x}", f"{e.prefix:032x}", e.nbytes] for k, e in self.index.items()],
+        }
         tmp = self.dir / (INDEX + ".tmp")
         try:
             tmp.write_text(json.dumps(doc))

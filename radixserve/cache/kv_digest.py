@@ -6,6 +6,7 @@ config plus samples of its weight files (name, size, header and 16 spread slices
 of hashing gigabytes, yet two checkpoints with the same config and different weights (fine-tunes, random test
 models) differ in the samples.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,11 @@ def _file_sample(path: Path) -> bytes:
 def model_identity(model_path: str | Path) -> bytes:
     """Bytes that change whenever the model's weights or config do (see the module docstring)."""
     p = Path(model_path)
-    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.suffix in _WEIGHT_SUFFIXES or
-                                           f.name == "config.json")
+    files = (
+        [p]
+        if p.is_file()
+        else sorted(f for f in p.iterdir() if f.suffix in _WEIGHT_SUFFIXES or f.name == "config.json")
+    )
     return b"".join(_file_sample(f) for f in files)
 
 

@@ -1,4 +1,5 @@
 """KV pool: preallocated K and V pages for every layer, and the free list of page ids."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -6,6 +6,7 @@ prefix, so a hit is exact (a 64-bit key collision is a miss) and namespaces neve
 loaded back keeps its file, so evicting it again writes nothing. RadixCache calls `spill` from evict(); the
 scheduler calls `load_prefix` before it matches a request it is about to admit.
 """
+
 from __future__ import annotations
 
 import logging
@@ -203,12 +204,21 @@ class KVTier:
         }
 
 
-def open_tier(directory: str | Path, disk_gb: float, model_path: str | Path, quantization: str,
-              pool: KVPool, num_layers: int, num_kv_heads: int, head_dim: int) -> KVTier | None:
+def open_tier(
+    directory: str | Path,
+    disk_gb: float,
+    model_path: str | Path,
+    quantization: str,
+    pool: KVPool,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> KVTier | None:
     """The disk tier for this engine, or None (with a warning) if the directory cannot be used; TierLockedError
     when another process holds it."""
-    layout = KVLayout(num_layers, pool.page_size, num_kv_heads, head_dim, str(pool.dtype).removeprefix("torch."),
-                      pool.dtype.itemsize)
+    layout = KVLayout(
+        num_layers, pool.page_size, num_kv_heads, head_dim, str(pool.dtype).removeprefix("torch."), pool.dtype.itemsize
+    )
     digest = kv_digest(model_path, quantization, layout)
     try:
         store = DiskTier(directory, int(disk_gb * (1 << 30)), digest, layout.page_bytes)

@@ -1,5 +1,6 @@
 """The prefix cache when caching is off (`enable_radix_cache=False`): the same interface as RadixCache, holding
 nothing, so the scheduler has one code path and every page a request computes stays private to it."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

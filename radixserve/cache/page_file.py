@@ -6,6 +6,7 @@ The header names the KV digest (model and settings), the page's chained key, the
 (namespace and every token up to the page's end) and the payload's length and xxh3_64. A reader checks all of them:
 a torn, truncated, bit-flipped or foreign file fails one check and is a miss, never wrong KV.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,15 @@ class PageHeader:
     payload_checksum: int
 
     def to_json(self) -> bytes:
-        return json.dumps({"digest": self.digest, "key": self.key, "prefix": f"{self.prefix:032x}",
-                           "payload_bytes": self.payload_bytes, "payload_checksum": self.payload_checksum}).encode()
+        return json.dumps(
+            {
+                "digest": self.digest,
+                "key": self.key,
+                "prefix": f"{self.prefix:032x}",
+                "payload_bytes": self.payload_bytes,
+                "payload_checksum": self.payload_checksum,
+            }
+        ).encode()
 
 
 def encode(digest: str, key: int, prefix: int, payload: bytes | memoryview) -> bytes:
@@ -56,8 +64,9 @@ def decode_header(data: bytes) -> tuple[PageHeader, int]:
         raise PageFileError("header checksum mismatch")
     try:
         h = json.loads(raw)
-        header = PageHeader(str(h["digest"]), int(h["key"]), int(h["prefix"], 16), int(h["payload_bytes"]),
-                            int(h["payload_checksum"]))
+        header = PageHeader(
+            str(h["digest"]), int(h["key"]), int(h["prefix"], 16), int(h["payload_bytes"]), int(h["payload_checksum"])
+        )
     except (ValueError, KeyError, TypeError) as exc:
         raise PageFileError(f"bad header: {exc}") from exc
     return header, _PREAMBLE.size + n

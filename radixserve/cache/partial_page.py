@@ -16,6 +16,7 @@ A tail lives in one of two states (docs/DESIGN.md, "Partial pages"):
 A tail is valid while the tree node it follows still ends at the same page key: eviction may drop or shorten that
 node, and a tail found stale is dropped (its page freed if kept).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -67,8 +68,16 @@ class PartialPages:
         return len(self._kept)
 
     # ---- live tails (the owner's private page) -----------------------------------------------------------------
-    def note(self, tail: PartialTail | None, key: int, node: TreeNode, namespace: str, token_bytes: bytes, page: int,
-             owner: Any) -> PartialTail | None:
+    def note(
+        self,
+        tail: PartialTail | None,
+        key: int,
+        node: TreeNode,
+        namespace: str,
+        token_bytes: bytes,
+        page: int,
+        owner: Any,
+    ) -> PartialTail | None:
         """Record (or update) the live tail of `owner`: `token_bytes` of KV computed in `page` after the page keyed
         `key`. Returns the owner's record now (None when there is no tail to record)."""
         if tail is not None and (tail.key != key or tail.page != page or tail.node is not node):

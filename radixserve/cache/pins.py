@@ -1,5 +1,6 @@
 """Pinned prefixes: a pin is one extra lock on the tree node ending a prompt's full pages, so eviction never takes
 them, up to a share of the pool. Pins live in memory (a restart forgets them; the disk tier keeps their pages)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -45,8 +46,10 @@ class PinTable:
         limit = int(self.max_share * cache.pool.capacity)
         total = len(self.pinned_pages(cache) | set(m.pages))
         if total > limit:
-            raise PinError(f"pinning {n_pages} pages would hold {total} pinned pages, over the limit of {limit} "
-                           f"(max_pinned_share {self.max_share} of {cache.pool.capacity})")
+            raise PinError(
+                f"pinning {n_pages} pages would hold {total} pinned pages, over the limit of {limit} "
+                f"(max_pinned_share {self.max_share} of {cache.pool.capacity})"
+            )
         cache.lock(m.node)
         self.pins[key] = Pin(m.node, n_pages)
         self.num_pinned = total

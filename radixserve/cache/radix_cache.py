@@ -4,6 +4,7 @@ Page key h = hash(parent_h (8 bytes LE) || page tokens (int32 LE)), the chain st
 request's cache namespace. A node owns a run of consecutive pages; a parent finds a child by the key of the child's
 first page. Every key hit is confirmed by comparing tokens, so a hash collision is a miss, never another prompt's KV.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -81,8 +82,13 @@ class RadixCache:
 
     enabled = True
 
-    def __init__(self, pool: KVPool, page_size: int, hash_fn: Callable[[bytes, int], int] | None = None,
-                 index: ContinuationIndex | None = None) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        page_size: int,
+        hash_fn: Callable[[bytes, int], int] | None = None,
+        index: ContinuationIndex | None = None,
+    ) -> None:
         if page_size != pool.page_size:
             raise ValueError(f"page_size {page_size} differs from the pool's {pool.page_size}")
         self.pool = pool
@@ -249,8 +255,12 @@ class RadixCache:
                 )
                 node.children[first_key] = leaf
                 if self.index is not None:
-                    self.index.add_run(namespace, None if node is self.root else node.pages[-1], leaf.pages,
-                                       np.frombuffer(rest, dtype="<i4").tolist())
+                    self.index.add_run(
+                        namespace,
+                        None if node is self.root else node.pages[-1],
+                        leaf.pages,
+                        np.frombuffer(rest, dtype="<i4").tolist(),
+                    )
                 self._num_nodes += 1
                 self._evictable += len(leaf.pages)
                 out.extend(leaf.pages)

@@ -1,5 +1,6 @@
 """The radix tree's invariants, checked by a full walk (tests and `Engine.check_invariants`; never on the serving
 path): structure, chained page keys, namespaces, lock counts, LRU heap membership, page ownership and counters."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

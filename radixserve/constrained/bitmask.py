@@ -1,6 +1,7 @@
 """One step's token bitmasks: filled for every constrained row of the batch, then applied to the logits before
 sampling. Filling runs on a side thread started before the forward (llguidance drops the GIL while it computes),
 so the mask is usually ready when the logits are; applying it waits for it."""
+
 from __future__ import annotations
 
 import threading
@@ -39,8 +40,7 @@ class StepMasks:
         if len(self.matchers) == 1:
             llt.fill_next_token_bitmask(self.matchers[0].ll, self.bitmask, 0)
         else:
-            llt.fill_next_token_bitmask_par(_EXECUTOR, [(m.ll, i) for i, m in enumerate(self.matchers)],
-                                            self.bitmask)
+            llt.fill_next_token_bitmask_par(_EXECUTOR, [(m.ll, i) for i, m in enumerate(self.matchers)], self.bitmask)
 
     def apply(self, logits: torch.Tensor, at: list[int] | None = None) -> None:
         """Set every id the grammar refuses to -inf in the constrained rows of logits [R, V] (in place): rows

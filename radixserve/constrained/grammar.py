@@ -11,6 +11,7 @@ OpenAI's `json_object`) or `ebnf` (GBNF, as llama.cpp and xgrammar write it, or 
 validated once and cached by its text (`GrammarCompiler.compile`), so a schema sent with every request costs one
 dict lookup; an invalid one raises `ParamError` naming the field.
 """
+
 from __future__ import annotations
 
 import json
@@ -105,8 +106,9 @@ class GrammarCompiler:
         self._tokenizer: Future[llguidance.LLTokenizer] = Future()
         source = tokenizer.backend_json()
         eos = sorted(eos_ids)
-        threading.Thread(target=self._build_tokenizer, args=(source, eos), name="radixserve-grammar-init",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._build_tokenizer, args=(source, eos), name="radixserve-grammar-init", daemon=True
+        ).start()
 
     def _build_tokenizer(self, source: str, eos: list[int]) -> None:
         try:

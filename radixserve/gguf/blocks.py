@@ -13,6 +13,7 @@ first (radixserve/model/quant.py): the integer codes are reused and only the per
 All functions take the tensor's raw block bytes (`ReaderTensor.data`, shape `[N, K / block * type_size]`) and its
 PyTorch shape `[N, K]`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -114,8 +115,10 @@ def q8_0_to_int8(data: np.ndarray, shape: tuple[int, int]) -> Int8Mapping:
 
 def _unpermuted(m: Int4Mapping | Int8Mapping, heads: int) -> Int4Mapping | Int8Mapping:
     """Undo llama.cpp's Q/K row order on every per-row array of a mapping (rows are independent in both formats)."""
+
     def rows(t: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(unpermute_rows(t.numpy(), heads)))
+
     if isinstance(m, Int4Mapping):
         return Int4Mapping(rows(m.q), rows(m.scale), rows(m.zero))
     return Int8Mapping(rows(m.q), rows(m.scale), m.exact)
@@ -127,7 +130,9 @@ MAPPERS = {
 }
 
 
-def mapped_tensors(gguf_path: str | Path, fmt: str, num_heads: int, num_kv_heads: int) -> dict[str, Int4Mapping | Int8Mapping]:
+def mapped_tensors(
+    gguf_path: str | Path, fmt: str, num_heads: int, num_kv_heads: int
+) -> dict[str, Int4Mapping | Int8Mapping]:
     """Hugging Face weight name -> mapping, for every 2-D tensor of the GGUF whose block type maps onto `fmt`
     ("int4" or "int8"); tensors of other types are not in the result (the loader quantizes those from floats)."""
     f = GGUFFile.open(gguf_path)

@@ -1,5 +1,6 @@
 """Convert a GGUF file into a Hugging Face-style folder the engine loads like any other checkpoint:
 config.json, generation_config.json, float32 safetensors shards with their index, tokenizer.json, tokenizer_config.json."""
+
 from __future__ import annotations
 
 import json
@@ -77,12 +78,17 @@ def convert_gguf(
             if gguf_name in last_of_shard:  # write the shard out and free its memory
                 save_file(pending, str(out / shard_of[gguf_name]), metadata={"format": "pt"})
                 pending = {}
-    _write_json(out / "model.safetensors.index.json", {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map})
+    _write_json(
+        out / "model.safetensors.index.json",
+        {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map},
+    )
     _write_json(out / PROVENANCE_FILE, {"converter_version": CONVERTER_VERSION, **(provenance or {})})
     return out
 
 
-def convert_gguf_atomic(gguf_path: str | Path, out_dir: str | Path, progress: bool = True, provenance: dict[str, Any] | None = None) -> Path:
+def convert_gguf_atomic(
+    gguf_path: str | Path, out_dir: str | Path, progress: bool = True, provenance: dict[str, Any] | None = None
+) -> Path:
     """Like `convert_gguf`, but builds in a temporary sibling folder and renames it into place, so `out_dir` either
     does not exist or is complete. The caller holds the lock for `out_dir` (see radixserve.model.resolve)."""
     out = Path(out_dir)

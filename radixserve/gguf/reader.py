@@ -1,5 +1,6 @@
 """Read a GGUF file: its metadata as plain Python values, a Hugging Face `config.json` dict, and its tensors
 dequantized to float32 under Hugging Face names."""
+
 from __future__ import annotations
 
 import re
@@ -72,7 +73,9 @@ class GGUFFile:
             raise ValueError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
         try:
             reader = gguf.GGUFReader(path, "r")
-        except Exception as e:  # gguf raises assorted errors (ValueError, IndexError, struct errors) on a truncated file
+        except (
+            Exception
+        ) as e:  # gguf raises assorted errors (ValueError, IndexError, struct errors) on a truncated file
             raise ValueError(f"{path} is a damaged GGUF file: {e}") from e
         metadata = {name: _field_value(f) for name, f in reader.fields.items() if not name.startswith("GGUF.")}
         return cls(path=path, reader=reader, metadata=metadata)

@@ -4,6 +4,7 @@ GGUF stores a byte-level BPE vocabulary as `tokenizer.ggml.tokens` (already spel
 `tokenizer.ggml.merges` ("left right" strings, best first), `tokenizer.ggml.token_type` (1 normal, 3 control,
 4 user-defined, 5 unused) and names the pre-tokenizer split in `tokenizer.ggml.pre`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -58,10 +59,14 @@ def build_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
     """The byte-level BPE tokenizer the metadata describes; ValueError for other tokenizer kinds or unknown splits."""
     kind = metadata.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise ValueError(f"GGUF tokenizer {kind!r} is not supported; radixserve reads byte-level BPE ('gpt2') vocabularies")
+        raise ValueError(
+            f"GGUF tokenizer {kind!r} is not supported; radixserve reads byte-level BPE ('gpt2') vocabularies"
+        )
     pre = metadata.get("tokenizer.ggml.pre")
     if pre is None:  # llama.cpp then guesses a split that is wrong for most models; refuse rather than mis-tokenize
-        raise ValueError("GGUF file has no tokenizer.ggml.pre (how to split text); re-convert it with a recent llama.cpp")
+        raise ValueError(
+            "GGUF file has no tokenizer.ggml.pre (how to split text); re-convert it with a recent llama.cpp"
+        )
     if pre not in PRE_TOKENIZERS:
         raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported; known: {', '.join(sorted(PRE_TOKENIZERS))}")
     split, ignore_merges = PRE_TOKENIZERS[pre]
@@ -76,7 +81,9 @@ def build_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
 
     vocab = {spelled(token): i for i, token in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=ignore_merges))
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=ignore_merges)
+    )
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
@@ -93,7 +100,9 @@ def build_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
             if ty == CONTROL and set(t) <= letters
         ]
     )
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED])
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+    )
     tok.post_processor = _post_processor(metadata)
     return tok
 
@@ -104,6 +113,7 @@ def _post_processor(metadata: dict[str, Any]) -> Any:
     eos = _token_id_name(metadata, "eos") if metadata.get("tokenizer.ggml.add_eos_token", False) else None
     if bos is None and eos is None:
         return processors.ByteLevel(trim_offsets=False)
+
     def around(seq: str, type_id: int) -> list[str]:
         return [*([f"{bos}:{type_id}"] if bos else []), f"${seq}:{type_id}", *([f"{eos}:{type_id}"] if eos else [])]
 

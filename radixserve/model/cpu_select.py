@@ -16,6 +16,7 @@ it stays an explicit choice. AVX512_BF16 gets AMX's choice by the same mechanism
 AVX2/AVX512 keep float32 and no quantization: the int8 op needs bf16 activations, emulated there, and no
 engine-level run on such a CPU has measured int8 yet (the issue's figures are per layer).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,15 +28,29 @@ CPU_KINDS = ("AMX", "AVX512_BF16", "AVX512", "AVX2", "DEFAULT")
 
 # kind -> (dtype, quantization, keep a bf16 copy of the int8 codes, why): the table `choose` reads for "auto".
 CHOICES: dict[str, tuple[str, str, bool, str]] = {
-    "AMX": ("bfloat16", "int8", True, "bf16 on AMX tiles; int8 weights for 1-row decode steps (half the bytes of "
-                                      "bf16: 1.07-1.35x faster measured), the same codes packed in bf16 for batched "
-                                      "decode and prefill (bf16 speed, 1.4x bf16's weight memory); int4 misses the "
-                                      "2% perplexity bar"),
-    "AVX512_BF16": ("bfloat16", "int8", True, "native bf16; int8 weights for 1-row decode steps, the same codes "
-                                              "packed in bf16 for batched decode and prefill"),
+    "AMX": (
+        "bfloat16",
+        "int8",
+        True,
+        "bf16 on AMX tiles; int8 weights for 1-row decode steps (half the bytes of "
+        "bf16: 1.07-1.35x faster measured), the same codes packed in bf16 for batched "
+        "decode and prefill (bf16 speed, 1.4x bf16's weight memory); int4 misses the "
+        "2% perplexity bar",
+    ),
+    "AVX512_BF16": (
+        "bfloat16",
+        "int8",
+        True,
+        "native bf16; int8 weights for 1-row decode steps, the same codes "
+        "packed in bf16 for batched decode and prefill",
+    ),
     "AVX512": ("float32", "none", False, "no bf16 hardware: float32 activations (bf16 would be emulated)"),
-    "AVX2": ("float32", "none", False, "no bf16 hardware: float32 activations (bf16 would be emulated, 5x slower "
-                                       "prefill)"),
+    "AVX2": (
+        "float32",
+        "none",
+        False,
+        "no bf16 hardware: float32 activations (bf16 would be emulated, 5x slower prefill)",
+    ),
     "DEFAULT": ("float32", "none", False, "no SIMD path torch knows: float32"),
 }
 
@@ -83,8 +98,12 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
     if device_type != "cpu":
         if quantization in ("int8", "int4"):
-            raise ValueError(f"quantization={quantization!r} is a CPU path (torch's packed CPU ops); use 'none' on GPUs")
-        return CpuChoice("bfloat16" if dtype == "auto" else dtype, "none", f"{device_type}: bf16, no weight quantization")
+            raise ValueError(
+                f"quantization={quantization!r} is a CPU path (torch's packed CPU ops); use 'none' on GPUs"
+            )
+        return CpuChoice(
+            "bfloat16" if dtype == "auto" else dtype, "none", f"{device_type}: bf16, no weight quantization"
+        )
     kind = cpu_kind()
     auto_dtype, auto_quant, dense_copy, why = CHOICES[kind]
     parts = [f"cpu={kind}"]
@@ -95,7 +114,13 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice
         auto_quant = "none"
         parts.append(f"explicit dtype={dtype}, so no weight quantization unless asked")
     elif dtype != "auto" or quantization != "auto":
-        parts.append("explicit " + ", ".join(f"{k}={v}" for k, v in (("dtype", dtype), ("quantization", quantization))
-                                              if v != "auto"))
-    return CpuChoice(auto_dtype if dtype == "auto" else dtype, auto_quant if quantization == "auto" else quantization,
-                     "; ".join(parts), dense_copy=dense_copy and dtype == "auto" and quantization == "auto")
+        parts.append(
+            "explicit "
+            + ", ".join(f"{k}={v}" for k, v in (("dtype", dtype), ("quantization", quantization)) if v != "auto")
+        )
+    return CpuChoice(
+        auto_dtype if dtype == "auto" else dtype,
+        auto_quant if quantization == "auto" else quantization,
+        "; ".join(parts),
+        dense_copy=dense_copy and dtype == "auto" and quantization == "auto",
+    )

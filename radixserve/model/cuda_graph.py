@@ -10,6 +10,7 @@ The attention backend must provide `init_cuda_graph(batch_sizes, max_pages_per_r
 `plan_cuda_graph(batch)` (the flashinfer backend does): graph replays read fixed index buffers that
 `plan_cuda_graph` refills before each replay.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -75,14 +76,17 @@ class CudaGraphRunner:
     `max_context_len` bounds the tokens of any request in a replayed batch (it sizes the fixed page-index buffer).
     """
 
-    def __init__(self, model: LlamaForCausalLM, attn: AttentionBackend, max_batch_size: int,
-                 max_context_len: int) -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, attn: AttentionBackend, max_batch_size: int, max_context_len: int
+    ) -> None:
         device = attn.pool.device
         if device.type != "cuda" or not torch.cuda.is_available():
             raise ValueError(f"CUDA graphs need a CUDA device; the KV pool is on {device}")
         if not (hasattr(attn, "init_cuda_graph") and hasattr(attn, "plan_cuda_graph")):
-            raise ValueError(f"attention backend {type(attn).__name__} cannot run in CUDA graphs "
-                             "(it has no init_cuda_graph/plan_cuda_graph)")
+            raise ValueError(
+                f"attention backend {type(attn).__name__} cannot run in CUDA graphs "
+                "(it has no init_cuda_graph/plan_cuda_graph)"
+            )
         self.model, self.attn, self.device = model, attn, device
         self.page_size = attn.pool.page_size
         self.sizes = graph_batch_sizes(max_batch_size)
@@ -102,10 +106,15 @@ class CudaGraphRunner:
         """The batch the captured graph reads: the fixed input buffers. Only input_ids and positions are read by
         the model; the backend writes K/V at the slots of its own fixed buffer (filled by plan_cuda_graph)."""
         return ForwardBatch(
-            input_ids=self.input_ids[:size], positions=self.positions[:size], out_cache_loc=self.positions[:size],
-            prefix_lens=torch.zeros(size, dtype=torch.int32), extend_lens=torch.ones(size, dtype=torch.int32),
-            seq_lens=torch.ones(size, dtype=torch.int32), qo_indptr=torch.arange(size + 1, dtype=torch.int32),
-            page_table=torch.zeros((size, 1), dtype=torch.int32, device=self.device), page_size=self.page_size,
+            input_ids=self.input_ids[:size],
+            positions=self.positions[:size],
+            out_cache_loc=self.positions[:size],
+            prefix_lens=torch.zeros(size, dtype=torch.int32),
+            extend_lens=torch.ones(size, dtype=torch.int32),
+            seq_lens=torch.ones(size, dtype=torch.int32),
+            qo_indptr=torch.arange(size + 1, dtype=torch.int32),
+            page_table=torch.zeros((size, 1), dtype=torch.int32, device=self.device),
+            page_size=self.page_size,
             logits_indices=torch.arange(size, device=self.device),
         )
 
@@ -131,8 +140,11 @@ class CudaGraphRunner:
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """True for a pure-decode batch no larger than the largest graph, every request within max_context_len."""
-        return (batch.is_decode and 0 < batch.batch_size <= self.sizes[-1]
-                and int(batch.seq_lens.max()) <= self.max_context_len)
+        return (
+            batch.is_decode
+            and 0 < batch.batch_size <= self.sizes[-1]
+            and int(batch.seq_lens.max()) <= self.max_context_len
+        )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

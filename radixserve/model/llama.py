@@ -6,6 +6,7 @@ On CPU in bfloat16 the loader then calls `pack_for_cpu()`, which swaps every Lin
 oneDNN-blocked copy: decode steps are matrix-vector products bound by memory bandwidth, and oneDNN streams a
 prepacked weight 2-3x faster than `F.linear` does a plain one, with the same float32 accumulation.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -125,13 +126,20 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         # An explicit weight skips nn.Embedding's random init (a pass over vocab x hidden for nothing).
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
-                                         _weight=torch.empty(config.vocab_size, config.hidden_size, dtype=dtype))
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size,
+            config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size, dtype=dtype),
+        )
         self.layers = nn.ModuleList(DecoderLayer(config, i, dtype) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, False, dtype)
+        self.lm_head = (
+            None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, False, dtype)
+        )
         self.tied_head: Linear | None = None  # pack_for_cpu's packed copy of a tied embedding
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states `[T, hidden]` after the final norm for every packed token; writes each layer's K/V via `attn`."""
@@ -156,7 +164,9 @@ class LlamaForCausalLM(nn.Module):
         Qwen2.5-0.5B in bf16), since the embedding lookup needs the plain rows.
         """
         if self.lm_head is None and self.tied_head is None:
-            self.tied_head = Linear(self.config.hidden_size, self.config.vocab_size, False, dtype=self.embed_tokens.weight.dtype)
+            self.tied_head = Linear(
+                self.config.hidden_size, self.config.vocab_size, False, dtype=self.embed_tokens.weight.dtype
+            )
             self.tied_head.weight.copy_(self.embed_tokens.weight)
         for module in self.modules():
             if isinstance(module, Linear) and not module.weight.is_mkldnn:
@@ -178,12 +188,16 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"weight {name!r} appears twice in the checkpoint")
             param, offset, rows = targets[name]
             if tuple(tensor.shape) != (rows, *param.shape[1:]):
-                raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {(rows, *param.shape[1:])}")
+                raise ValueError(
+                    f"weight {name!r} has shape {tuple(tensor.shape)}, expected {(rows, *param.shape[1:])}"
+                )
             param[offset : offset + rows].copy_(tensor)
             seen.add(name)
         missing = sorted(set(targets) - seen)
         if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} weight(s): {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+            raise ValueError(
+                f"checkpoint is missing {len(missing)} weight(s): {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
+            )
 
     def hf_parts(self) -> dict[str, list[str]]:
         """Our parameter name -> the Hugging Face tensor names stacked into it, in row order (q, k, v; gate, up)."""
@@ -199,7 +213,11 @@ class LlamaForCausalLM(nn.Module):
         q_size, kv_size, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
         # Our fused module -> its Hugging Face parts as (module name, rows), stacked in this order.
         parts = {
-            "self_attn.qkv_proj": [("self_attn.q_proj", q_size), ("self_attn.k_proj", kv_size), ("self_attn.v_proj", kv_size)],
+            "self_attn.qkv_proj": [
+                ("self_attn.q_proj", q_size),
+                ("self_attn.k_proj", kv_size),
+                ("self_attn.v_proj", kv_size),
+            ],
             "mlp.gate_up_proj": [("mlp.gate_proj", inter), ("mlp.up_proj", inter)],
         }
         targets: dict[str, tuple[nn.Parameter, int, int]] = {}

@@ -1,4 +1,5 @@
 """Load a Llama-family model from a Hugging Face folder: `config.json` plus memory-mapped `*.safetensors` shards."""
+
 from __future__ import annotations
 
 import json
@@ -75,8 +76,13 @@ def _gguf_blocks(path: Path, fmt: str, config: ModelConfig) -> dict:
     return mapped_tensors(source, fmt, config.num_heads, config.num_kv_heads)
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu",
-               quantization: str = "none", tp: TPGroup | None = None) -> tuple[ModelConfig, LlamaForCausalLM]:
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype,
+    device: str | torch.device = "cpu",
+    quantization: str = "none",
+    tp: TPGroup | None = None,
+) -> tuple[ModelConfig, LlamaForCausalLM]:
     """Build the model in `dtype` on `device` and fill it from the folder's weights; ValueError for a bad folder.
 
     quantization: none, int8, int4, or int8+bf16 (int8 codes plus a packed bf16 copy of them, CpuChoice.weights).

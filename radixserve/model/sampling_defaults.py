@@ -1,6 +1,7 @@
 """The model publisher's recommended sampling settings, applied to requests that leave them unset (as vLLM applies
 `generation_config.json` and Ollama its Modelfile): read from the model folder's generation_config.json, or, for a
 GGUF (whose metadata carries none), from a small table of the models we ship or know."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,13 @@ from typing import Any
 from radixserve.sampling_params import SamplingParams
 
 # generation_config.json keys that are sampling settings, under our names.
-KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-        "repetition_penalty": "repetition_penalty"}
+KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+}
 # Converted GGUF folders by name (radixserve/model/resolve.py names them after the file): the publisher's
 # generation_config.json of the original checkpoint (Qwen2.5 instruct family; 1.1 repetition penalty at 0.5B).
 PUBLISHER_DEFAULTS: dict[str, dict[str, Any]] = {

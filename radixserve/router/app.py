@@ -1,4 +1,5 @@
 """The router's starlette app: the workers' API in front of them, plus /workers to add, remove and list workers."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,13 +37,15 @@ async def any_worker(request: Request) -> Response:
     headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
     for w in router.pool.healthy():
         try:
-            r = await router.client.request(request.method, w.url + request.url.path, content=body or None,
-                                            headers=headers)
+            r = await router.client.request(
+                request.method, w.url + request.url.path, content=body or None, headers=headers
+            )
         except httpx.TransportError as exc:
             router.request_failed(w, type(exc).__name__)
             continue
-        return Response(r.content, r.status_code, media_type=r.headers.get("content-type"),
-                        headers={WORKER_HEADER: w.url})
+        return Response(
+            r.content, r.status_code, media_type=r.headers.get("content-type"), headers={WORKER_HEADER: w.url}
+        )
     return error(503, "no healthy worker", "service_unavailable", "no_worker")
 
 
@@ -121,9 +124,14 @@ async def workers_endpoint(request: Request) -> Response:
     return JSONResponse({"removed": removed.info()})
 
 
-def build_router_app(worker_urls: list[str], policy: str = "cache_aware", cache: CacheAwareConfig | None = None,
-                     config: RouterConfig | None = None, admin_key: str | None = None,
-                     start_upkeep: bool = True) -> Starlette:
+def build_router_app(
+    worker_urls: list[str],
+    policy: str = "cache_aware",
+    cache: CacheAwareConfig | None = None,
+    config: RouterConfig | None = None,
+    admin_key: str | None = None,
+    start_upkeep: bool = True,
+) -> Starlette:
     """The router over worker_urls; app.state.router is its state, app.state.upkeep its health/eviction thread
     (started unless start_upkeep is False: tests drive checks themselves). Call app.state.close() when done."""
     pool = WorkerPool()

@@ -3,6 +3,7 @@
 A thread, not a task of the serving loop: it runs the same under any ASGI server (and under servers started without
 a lifespan, as the tests' BackgroundServer is), and a slow worker's check never delays routing.
 """
+
 from __future__ import annotations
 
 import threading
@@ -48,8 +49,10 @@ class Upkeep:
         policy = self.router.policy
         while not self.stop_event.is_set():
             self.check_all()
-            if isinstance(policy, CacheAware) and \
-                    time.monotonic() - self.last_eviction >= policy.config.eviction_interval_s:
+            if (
+                isinstance(policy, CacheAware)
+                and time.monotonic() - self.last_eviction >= policy.config.eviction_interval_s
+            ):
                 policy.evict()
                 self.last_eviction = time.monotonic()
             self.stop_event.wait(self.router.config.health_interval_s)

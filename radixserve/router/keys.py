@@ -6,6 +6,7 @@ request is keyed by its messages in order (role and content, with separators no 
 the next turn's key just as the chat template's rendering is. The key starts with the cache namespace (a digest of the
 API key, and cache_salt): workers never share KV across namespaces, so the router must not match across them either.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,9 @@ def prompt_text(path: str, body: dict[str, Any]) -> str:
         messages = body.get("messages")
         if not isinstance(messages, list):
             return ""
-        return "".join(f"{m.get('role', '')}{ROLE}{_content(m.get('content'))}{SEP}"
-                       for m in messages if isinstance(m, dict))
+        return "".join(
+            f"{m.get('role', '')}{ROLE}{_content(m.get('content'))}{SEP}" for m in messages if isinstance(m, dict)
+        )
     if path == "/v1/completions":
         return _prompt(body.get("prompt"))
     if path == "/generate":

@@ -4,6 +4,7 @@ router's counters (decisions by reason, retries, failures, health, load, tree si
 Counters, gauges of amounts (pages, running requests) and histogram buckets/sums/counts add up across workers.
 A ratio does not: radixserve_hit_rate is recomputed from the summed cached and prompt token counters.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -70,20 +71,29 @@ def merge(texts: dict[str, str]) -> list[str]:
 
 def router_lines(router: Router) -> list[str]:
     p = "radixserve_router_"
-    lines = [f"# HELP {p}requests_total requests routed, by worker and decision reason",
-             f"# TYPE {p}requests_total counter"]
+    lines = [
+        f"# HELP {p}requests_total requests routed, by worker and decision reason",
+        f"# TYPE {p}requests_total counter",
+    ]
     lines += [f"{p}requests_total{_labels({'worker': u, 'reason': r})} {n}" for (u, r), n in router.decisions.items()]
-    lines += [f"# HELP {p}retries_total requests sent to another worker after one failed",
-              f"# TYPE {p}retries_total counter", f"{p}retries_total {router.retries}",
-              f"# HELP {p}worker_failures_total requests a worker failed (refused, dropped, 502-504)",
-              f"# TYPE {p}worker_failures_total counter"]
+    lines += [
+        f"# HELP {p}retries_total requests sent to another worker after one failed",
+        f"# TYPE {p}retries_total counter",
+        f"{p}retries_total {router.retries}",
+        f"# HELP {p}worker_failures_total requests a worker failed (refused, dropped, 502-504)",
+        f"# TYPE {p}worker_failures_total counter",
+    ]
     lines += [f"{p}worker_failures_total{_labels({'worker': u})} {n}" for u, n in router.worker_failures.items()]
     tree = router.policy.tree if isinstance(router.policy, CacheAware) else None
     for name, doc, get in (
-            ("worker_healthy", "1 while the worker takes traffic", lambda w: int(w.healthy)),
-            ("worker_load", "requests in flight on the worker", lambda w: w.load),
-            ("tree_chars", "characters of prompt text the approximate tree holds for the worker",
-             lambda w: tree.size(w.url) if tree else 0)):
+        ("worker_healthy", "1 while the worker takes traffic", lambda w: int(w.healthy)),
+        ("worker_load", "requests in flight on the worker", lambda w: w.load),
+        (
+            "tree_chars",
+            "characters of prompt text the approximate tree holds for the worker",
+            lambda w: tree.size(w.url) if tree else 0,
+        ),
+    ):
         lines += [f"# HELP {p}{name} {doc}", f"# TYPE {p}{name} gauge"]
         lines += [f"{p}{name}{_labels({'worker': w.url})} {get(w)}" for w in router.pool.all()]
     return lines

@@ -11,6 +11,7 @@ cache_aware follows SGLang's model gateway (sgl-model-gateway, formerly sgl-rout
   prompt, so it lands where its KV is); else the worker with the smallest tree (the most room for a new prefix);
 - the text is then inserted into the chosen worker's branch of the tree.
 """
+
 from __future__ import annotations
 
 import itertools

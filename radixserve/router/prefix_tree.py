@@ -5,6 +5,7 @@ assumes the worker still holds their KV. One tree holds every worker: each node 
 text, with the time they last were. The invariant "a worker on a node is on all its ancestors" holds because insert
 marks whole paths and eviction only ever removes a worker from a node none of whose children it is on.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -136,7 +137,11 @@ class PrefixTree:
                 parent = node.parent
                 if not node.workers:
                     self._unlink(node)
-                if parent is not None and parent is not self.root and w in parent.workers and \
-                        not any(w in c.workers for c in parent.children.values()):
+                if (
+                    parent is not None
+                    and parent is not self.root
+                    and w in parent.workers
+                    and not any(w in c.workers for c in parent.children.values())
+                ):
                     heapq.heappush(heap, (parent.workers[w], id(parent), parent))
         return dropped

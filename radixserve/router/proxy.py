@@ -5,6 +5,7 @@ retried on another. A streamed answer is retried only if the worker fails before
 a worker's death ends the stream with an in-band error event and [DONE] (the client's status line is already sent).
 Events are passed on whole (split at blank lines), so a client never receives half an event before that error.
 """
+
 from __future__ import annotations
 
 import json
@@ -109,14 +110,20 @@ class Relay:
                 pending += chunk
                 end = pending.rfind(b"\n\n")
                 if end >= 0:
-                    yield pending[:end + 2]
-                    pending = pending[end + 2:]
+                    yield pending[: end + 2]
+                    pending = pending[end + 2 :]
             if pending:
                 yield pending
         except httpx.TransportError as exc:
             self.router.request_failed(self.worker, f"stream broke: {type(exc).__name__}")
-            err = {"error": {"message": f"worker {self.worker.url} failed mid-stream; the answer is incomplete",
-                             "type": "service_unavailable", "param": None, "code": "worker_failed"}}
+            err = {
+                "error": {
+                    "message": f"worker {self.worker.url} failed mid-stream; the answer is incomplete",
+                    "type": "service_unavailable",
+                    "param": None,
+                    "code": "worker_failed",
+                }
+            }
             yield b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
         finally:
             await self.release()

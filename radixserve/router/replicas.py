@@ -6,6 +6,7 @@ The CPU's cores are split between the replicas (OMP_NUM_THREADS, unless set); wi
 GPUs visible, replica i gets GPU i (CUDA_VISIBLE_DEVICES). The parent resolves the model once (so N children never
 race to assemble or convert it), waits for every replica's /health, then runs the router in this process; when the
 router stops, the replicas get SIGTERM (they drain their streams) and are waited for."""
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,9 @@ def replica_env(i: int, dp: int, device: str, tp: int = 1) -> dict[str, str]:
     return env
 
 
-def start_replicas(argv: Sequence[str], model: Path, dp: int, port: int, device: str,
-                   tp: int = 1) -> list[tuple[str, subprocess.Popen]]:
+def start_replicas(
+    argv: Sequence[str], model: Path, dp: int, port: int, device: str, tp: int = 1
+) -> list[tuple[str, subprocess.Popen]]:
     """Start dp `radixserve serve` processes on 127.0.0.1, ports port+1 .. port+dp; (url, process) each."""
     base = [sys.executable, "-m", "radixserve.cli", *replica_argv(argv), "--model", str(model), "--host", "127.0.0.1"]
     procs = []

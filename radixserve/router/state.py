@@ -1,4 +1,5 @@
 """The router's shared state: the worker pool, the policy, the upstream HTTP client, counters, health transitions."""
+
 from __future__ import annotations
 
 import logging
@@ -66,8 +67,9 @@ class Router:
         self.worker_failures[worker.url] += 1
         worker.failures = max(worker.failures, self.config.failure_threshold)
         if worker.healthy:
-            log.warning("worker %s failed a request (%s): out of rotation until it passes a health check",
-                        worker.url, why)
+            log.warning(
+                "worker %s failed a request (%s): out of rotation until it passes a health check", worker.url, why
+            )
         worker.healthy = False
 
     def health_result(self, worker: Worker, ok: bool) -> None:

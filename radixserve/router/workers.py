@@ -1,4 +1,5 @@
 """The router's workers: their URLs, health and in-flight load, added and removed at run time."""
+
 from __future__ import annotations
 
 import threading

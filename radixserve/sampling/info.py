@@ -1,4 +1,5 @@
 """What the sampler needs of one request: its settings, its RNG, and the tokens its penalties look at."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,4 +1,5 @@
 """Logit penalties over tokens already seen: OpenAI frequency/presence penalties and HF repetition penalty."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -9,9 +10,9 @@ from radixserve.sampling.info import SamplingInfo
 from radixserve.transfer import device_tensor
 
 
-
-def _padded_ids(id_lists: Sequence[Sequence[int]], vocab: int,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _padded_ids(
+    id_lists: Sequence[Sequence[int]], vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[R, L] ids, [R, L] bool (a real entry), [R, 1] bool (the row has one); every list must be non-empty.
 
     Padding and ids >= vocab (a tokenizer larger than the model's head: they cannot be sampled) are not real entries;
@@ -35,10 +36,16 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torc
     frequency/presence (OpenAI): logit -= count_in_output * frequency_penalty + (count_in_output > 0) * presence.
     Work is O(tokens seen), not O(vocab): gathers and scatters at the seen ids only.
     """
-    rep_rows = [i for i, info in enumerate(infos)
-                if info.params.repetition_penalty != 1.0 and (info.prompt_ids or info.output_ids)]
-    fp_rows = [i for i, info in enumerate(infos) if info.output_ids
-               and (info.params.frequency_penalty != 0.0 or info.params.presence_penalty != 0.0)]
+    rep_rows = [
+        i
+        for i, info in enumerate(infos)
+        if info.params.repetition_penalty != 1.0 and (info.prompt_ids or info.output_ids)
+    ]
+    fp_rows = [
+        i
+        for i, info in enumerate(infos)
+        if info.output_ids and (info.params.frequency_penalty != 0.0 or info.params.presence_penalty != 0.0)
+    ]
     if not rep_rows and not fp_rows:
         return logits
     logits = logits.clone()

@@ -1,4 +1,5 @@
 """Batched sampler: penalties, greedy/temperature/top-k/top-p/min-p, per-request seeded RNG, and logprobs."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -54,8 +55,9 @@ def _top_k_filter(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def _nucleus_cut(sorted_logits: torch.Tensor, sorted_probs: torch.Tensor,
-                 top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _nucleus_cut(
+    sorted_logits: torch.Tensor, sorted_probs: torch.Tensor, top_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Given each row's best ids in order: ([R, 1] lowest logit top-p keeps, [R, 1] mass of all the ids given).
 
     An id is kept while the mass ranked above it is below top_p.
@@ -141,8 +143,11 @@ def sample_ids(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> tuple[tor
     return next_ids, raw_logprobs
 
 
-def chosen_logprobs(next_ids: torch.Tensor, raw_logprobs: torch.Tensor, infos: Sequence[SamplingInfo],
-                    ) -> tuple[list[float], list[list[tuple[float, int]]]]:
+def chosen_logprobs(
+    next_ids: torch.Tensor,
+    raw_logprobs: torch.Tensor,
+    infos: Sequence[SamplingInfo],
+) -> tuple[list[float], list[list[tuple[float, int]]]]:
     """Each row's logprob of its chosen id and its top_logprobs_num best (logprob, id) pairs (waits for the device)."""
     chosen = raw_logprobs.gather(1, next_ids[:, None]).squeeze(1).tolist()
     return chosen, best_logprobs(raw_logprobs, [info.top_logprobs_num for info in infos])
@@ -167,8 +172,9 @@ def best_logprobs(logprobs: torch.Tensor, nums: Sequence[int]) -> list[list[tupl
     return [list(zip(vals[i][:n], ids[i][:n])) for i, n in enumerate(nums)]
 
 
-def token_logprobs(logits: torch.Tensor, target_ids: torch.Tensor,
-                   top_k: int) -> tuple[list[float], list[list[tuple[float, int]]]]:
+def token_logprobs(
+    logits: torch.Tensor, target_ids: torch.Tensor, top_k: int
+) -> tuple[list[float], list[list[tuple[float, int]]]]:
     """Prompt logprobs: logprob of target_ids[i] under row i of logits [N, V], and each row's top_k (logprob, id)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     chosen = logprobs.gather(1, target_ids.to(logprobs.device, torch.long)[:, None]).squeeze(1).tolist()

@@ -7,6 +7,7 @@ n-gram draft has no distribution of its own): accept d with probability p_i(d), 
 and renormalised; after k acceptances sample row k. Every emitted token thus has the plain sampler's distribution
 given the tokens before it. Penalties see the accepted drafts as already generated (each row gets its own history).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -3,6 +3,7 @@ the queue policy), with how many pages (their cached prefix matched and locked, 
 reserved for their decode), and who gives way (priority and fair-share retraction, requests too big beside pins).
 
 A mixin of `Scheduler` (it works on the scheduler's queues, cache, pool and page bookkeeping)."""
+
 from __future__ import annotations
 
 from radixserve.cache.partial_page import PartialHit
@@ -85,8 +86,10 @@ class Admission:
             req.pages = list(matched_pages)
             req.kv_len = start + copied
             reserve = self._reserve(req) - need
-            while self._available() < need + reserve + reserved and (freed := self._preempt(req, chunks,
-                                                                                             can_retract)) is not None:
+            while (
+                self._available() < need + reserve + reserved
+                and (freed := self._preempt(req, chunks, can_retract)) is not None
+            ):
                 budget += freed  # priority or fair share may take another's pages
                 reserved = sum(self._reserve(r) for r in self.running)
             if self._available() < need + reserve + reserved:
@@ -116,8 +119,15 @@ class Admission:
         if need <= room:
             return False
         self.waiting.remove(req)
-        self._finish(req, FinishReason("abort", None, f"needs {need} KV pages, more than the {room} the pool has "
-                                       "beside pinned prefixes (unpin some: /cache/unpin)"))
+        self._finish(
+            req,
+            FinishReason(
+                "abort",
+                None,
+                f"needs {need} KV pages, more than the {room} the pool has "
+                "beside pinned prefixes (unpin some: /cache/unpin)",
+            ),
+        )
         return True
 
     def _take_in(self, req: Req, m: MatchResult, hit: PartialHit | None, need: int) -> None:

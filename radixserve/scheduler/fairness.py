@@ -10,6 +10,7 @@ Priority sits above both: a waiting request of higher priority is admitted first
 it may retract a running request of lower priority; with fair share on, a tenant holding far fewer running requests
 than another may retract one of the other's (`preemptible`).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict, deque
@@ -27,8 +28,9 @@ class FairShare:
     def charge(self, tenant: str, tokens: int) -> None:
         self.served[tenant] = self.served.get(tenant, 0) + tokens
 
-    def order(self, candidates: list[Req], within: Callable[[list[Req]], list[Req]],
-              running: Iterable[Req] = ()) -> list[Req]:
+    def order(
+        self, candidates: list[Req], within: Callable[[list[Req]], list[Req]], running: Iterable[Req] = ()
+    ) -> list[Req]:
         """Candidates by priority (higher first), each priority level interleaved across tenants by tokens served
         (among equals, the tenant with fewer running requests, then the one whose head came first); `within`
         orders one tenant's requests (the queue policy)."""

@@ -2,6 +2,7 @@
 stop checks), finished requests emitted, and failures kept to the request that had them.
 
 A mixin of `Scheduler` (it works on the scheduler's queues, stats and page bookkeeping)."""
+
 from __future__ import annotations
 
 import logging
@@ -45,8 +46,9 @@ class OutputProcessor:
         prompt = iter(out.prompt_logprobs)
         k = 0
         drafts = batch.drafts or [None] * len(batch.reqs)
-        for i, (req, n, pr, srow, draft) in enumerate(zip(batch.reqs, batch.chunks, batch.prompt_rows, batch.sample_rows,
-                                                          drafts)):
+        for i, (req, n, pr, srow, draft) in enumerate(
+            zip(batch.reqs, batch.chunks, batch.prompt_rows, batch.sample_rows, drafts)
+        ):
             req.steps_in_flight -= 1
             req.kv_inflight -= n + batch.copied_rows(i)
             lps = next(prompt) if pr is not None else None
@@ -68,8 +70,17 @@ class OutputProcessor:
             except Exception as exc:  # noqa: BLE001
                 self.fail(req, exc)
 
-    def _take(self, req: Req, n: int, pr: tuple[int, int, int] | None, lps: Any, k: int | None, out: StepOutput,
-              now: float, draft: Draft | None = None) -> None:
+    def _take(
+        self,
+        req: Req,
+        n: int,
+        pr: tuple[int, int, int] | None,
+        lps: Any,
+        k: int | None,
+        out: StepOutput,
+        now: float,
+        draft: Draft | None = None,
+    ) -> None:
         """One request's share of a step: prompt logprobs, its cache insert, its sampled tokens and stop checks."""
         if pr is not None:
             pos = pr[2]
@@ -82,8 +93,11 @@ class OutputProcessor:
             return
         run = out.runs.get(k) if draft is not None else None
         if run is None:
-            run = DraftRun([out.next_ids[k]], None if out.logprobs is None else [out.logprobs[k]],
-                           None if out.top_logprobs is None else [out.top_logprobs[k]])
+            run = DraftRun(
+                [out.next_ids[k]],
+                None if out.logprobs is None else [out.logprobs[k]],
+                None if out.top_logprobs is None else [out.top_logprobs[k]],
+            )
         if draft is not None:
             self._drop_rejected(req, draft, run.accepted)
         if req.first_token_time is None:

@@ -2,6 +2,7 @@
 end), find the rows a new request may copy, and plan a step's copies. The registry itself is cache/partial_page.py.
 
 A mixin of `Scheduler` (it works on the scheduler's requests, cache and copy plan)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -77,4 +78,3 @@ class PartialReuse:
         batch.copy_src = torch.tensor(src, dtype=torch.int64)
         batch.copy_dst = torch.tensor(dst, dtype=torch.int64)
         self._copies = {}
-

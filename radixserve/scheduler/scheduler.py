@@ -1,4 +1,5 @@
 """Cache-aware continuous batching: admit, chunk, decode, retract; then sample and finish what the model produced."""
+
 from __future__ import annotations
 
 import time
@@ -94,8 +95,16 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
         self.cache: RadixCache | NullCache = NullCache()
         if cfg.enable_radix_cache:
             self.cache = RadixCache(pool, cfg.page_size, index=ContinuationIndex() if spec else None)
-        self.drafter = (Drafter(cfg.speculative_max_tokens, cfg.vocab_size, getattr(self.cache, "index", None),
-                                cfg.speculative_max_batch) if spec else None)
+        self.drafter = (
+            Drafter(
+                cfg.speculative_max_tokens,
+                cfg.vocab_size,
+                getattr(self.cache, "index", None),
+                cfg.speculative_max_batch,
+            )
+            if spec
+            else None
+        )
         self._drafts: dict[int, Draft] = {}  # id(req) -> its draft, while a step is being scheduled
         reuse = cfg.enable_radix_cache and cfg.enable_partial_page_reuse and cfg.page_size > 1
         self.partial = PartialPages(pool, cfg.page_size) if reuse else None
@@ -384,8 +393,16 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
         # ForwardBatch.to), so scheduling step N+1 never waits behind step N's kernels.
         fb = ForwardBatch.build(token_chunks, prefix_lens, tables, self.cfg.page_size, logit_rows)
         batch = ScheduledBatch(
-            reqs, [chunks[id(r)] for r in reqs], fb, sample_rows, prompt_rows, infos, slots, targets,
-            has_placeholders=placeholders, needs_sync=needs_sync,
+            reqs,
+            [chunks[id(r)] for r in reqs],
+            fb,
+            sample_rows,
+            prompt_rows,
+            infos,
+            slots,
+            targets,
+            has_placeholders=placeholders,
+            needs_sync=needs_sync,
             drafts=[self._drafts.get(id(r)) for r in reqs] if self._drafts else [],
             grammar=StepMasks(grammar_rows, matchers) if matchers else None,
         )
@@ -420,8 +437,11 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
             f"page leak: free {self.pool.num_free_pages} + tree {self.cache.total_pages} + kept partial {kept} "
             f"+ private {len(private)} != capacity {self.pool.capacity}"
         )
-        for queue, status in ((self.waiting, ReqStatus.WAITING), (self.running, ReqStatus.RUNNING),
-                              (self.finishing, ReqStatus.FINISHING)):
+        for queue, status in (
+            (self.waiting, ReqStatus.WAITING),
+            (self.running, ReqStatus.RUNNING),
+            (self.finishing, ReqStatus.FINISHING),
+        ):
             assert all(r.status is status for r in queue), f"every request in {status.value} has that status"
         for r in self.waiting:
             assert not r.pages and r.node is None and r.tail is None, f"waiting request {r.rid} holds pages"

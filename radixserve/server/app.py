@@ -1,4 +1,5 @@
 """The starlette app: routes, middleware (request counting, API keys) and error handlers around one Engine."""
+
 from __future__ import annotations
 
 import time
@@ -38,10 +39,16 @@ async def _openapi(request: Request) -> Response:
     return JSONResponse(doc)
 
 
-def build_app(engine: Any, api_key: str | list[str] | KeyRing | None = None, max_queued_requests: int | None = None,
-              served_model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, otlp_endpoint: str | None = None,
-              tracer_provider: Any = None) -> Starlette:
+def build_app(
+    engine: Any,
+    api_key: str | list[str] | KeyRing | None = None,
+    max_queued_requests: int | None = None,
+    served_model_name: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    otlp_endpoint: str | None = None,
+    tracer_provider: Any = None,
+) -> Starlette:
     """The HTTP app over `engine`. api_key: a KeyRing, or `--api-key`-style entries (a str may hold several,
     separated by commas; admin unless an entry says `role=user`; one cache namespace each); None: no keys (an empty
     key is an error). max_queued_requests bounds the waiting queue (429 past it); the app's ServerState is at
@@ -86,16 +93,25 @@ def build_app(engine: Any, api_key: str | list[str] | KeyRing | None = None, max
         Route("/openapi.json", _openapi, methods=["GET"]),
         *dashboard_routes(),
     ]
-    middleware = [Middleware(BodyTimeoutMiddleware, seconds=body_timeout_s), Middleware(RequestCounter, metrics=metrics),
-                  Middleware(ApiKeyAuth, keys=keys), Middleware(QuotaGate, book=quotas)]
+    middleware = [
+        Middleware(BodyTimeoutMiddleware, seconds=body_timeout_s),
+        Middleware(RequestCounter, metrics=metrics),
+        Middleware(ApiKeyAuth, keys=keys),
+        Middleware(QuotaGate, book=quotas),
+    ]
     tracer = None
     if otlp_endpoint or tracer_provider is not None:
         from radixserve.server.tracing import RequestTracer, TraceparentMiddleware, otlp_provider
 
         tracer = RequestTracer(engine.tracker, tracer_provider or otlp_provider(otlp_endpoint or ""))
         middleware.append(Middleware(TraceparentMiddleware))
-    handlers = {ApiError: api_error_handler, HTTPException: http_exception_handler, ClientGone: _client_gone,
-                BodyTimeout: body_timeout_handler, Exception: internal_error_handler}
+    handlers = {
+        ApiError: api_error_handler,
+        HTTPException: http_exception_handler,
+        ClientGone: _client_gone,
+        BodyTimeout: body_timeout_handler,
+        Exception: internal_error_handler,
+    }
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.server = state
     app.state.explorer = Explorer(engine, auth_required=keys is not None)

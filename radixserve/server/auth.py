@@ -3,6 +3,7 @@
 The middleware puts the request's Principal (radixserve/server/tenants.py: name, role, namespace, limits) in
 scope["state"]["principal"]; handlers read it with `principal_of(request)`. Without keys every request is OPEN
 (the operator, one shared namespace)."""
+
 from __future__ import annotations
 
 from starlette.requests import Request
@@ -52,8 +53,13 @@ class ApiKeyAuth:
             return
         principal = self._principal(scope)
         if principal is None:
-            err = ApiError(401, "missing or invalid API key: send `Authorization: Bearer <key>`",
-                           type="authentication_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            err = ApiError(
+                401,
+                "missing or invalid API key: send `Authorization: Bearer <key>`",
+                type="authentication_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
             await error_response(err)(scope, receive, send)
             return
         state["principal"] = principal

@@ -1,4 +1,5 @@
 """Serve an app from a background thread of this process (tests, benchmarks, notebooks)."""
+
 from __future__ import annotations
 
 import socket
@@ -14,8 +15,9 @@ class BackgroundServer:
 
     Use as a context manager: entering returns once the server accepts connections, leaving stops it."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                 **config: Any) -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", **config: Any
+    ) -> None:
         """`config`: more uvicorn.Config settings (e.g. the `http` protocol class, `limit_concurrency`)."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -23,8 +25,9 @@ class BackgroundServer:
         self.port: int = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off", **config))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
-                                       name="radixserve-http")
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True, name="radixserve-http"
+        )
 
     def __enter__(self) -> "BackgroundServer":
         self.thread.start()

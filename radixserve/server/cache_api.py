@@ -1,6 +1,7 @@
 """Pinning endpoints: `POST /cache/pin` keeps a prompt's cached prefix out of eviction (up to the engine's
 max_pinned_share of the pool), `POST /cache/unpin` releases it. A pin is per cache namespace (API key and
 cache_salt), as every cached page is."""
+
 from __future__ import annotations
 
 import asyncio

@@ -6,6 +6,7 @@ a list is atomic and an int field is read whole, so a reader may see the tree be
 torn object. The work is bounded by the number of nodes shown (`max_nodes`), not by the tree's size, except that a
 node with more than SCAN_CAP children is sampled.
 """
+
 from __future__ import annotations
 
 import random
@@ -44,11 +45,22 @@ class NodeView:
     children: list[NodeView] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "key": self.key, "namespace": self.namespace, "pages": self.pages,
-                "tokens": self.tokens, "text": self.text, "hits": self.hits, "last_access": self.last_access,
-                "age_s": self.age_s, "locked": self.lock_ref > 0, "lock_ref": self.lock_ref,
-                "num_children": self.num_children, "hidden_children": self.hidden_children,
-                "children": [c.to_dict() for c in self.children]}
+        return {
+            "id": self.id,
+            "key": self.key,
+            "namespace": self.namespace,
+            "pages": self.pages,
+            "tokens": self.tokens,
+            "text": self.text,
+            "hits": self.hits,
+            "last_access": self.last_access,
+            "age_s": self.age_s,
+            "locked": self.lock_ref > 0,
+            "lock_ref": self.lock_ref,
+            "num_children": self.num_children,
+            "hidden_children": self.hidden_children,
+            "children": [c.to_dict() for c in self.children],
+        }
 
 
 @dataclass
@@ -62,16 +74,23 @@ class TreeSnapshot:
     snapshot_ms: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"root": self.root.to_dict(), "shown_nodes": self.shown_nodes, "total_nodes": self.total_nodes,
-                "total_pages": self.total_pages, "page_size": self.page_size, "truncated": self.truncated,
-                "snapshot_ms": round(self.snapshot_ms, 3)}
+        return {
+            "root": self.root.to_dict(),
+            "shown_nodes": self.shown_nodes,
+            "total_nodes": self.total_nodes,
+            "total_pages": self.total_pages,
+            "page_size": self.page_size,
+            "truncated": self.truncated,
+            "snapshot_ms": round(self.snapshot_ms, 3),
+        }
 
 
 class TreeReader:
     """Reads one engine's radix tree; `decode` turns token ids into text, `clock_age` a logical clock into seconds."""
 
-    def __init__(self, cache: Any, page_size: int, decode: Callable[[list[int]], str],
-                 clock_age: Callable[[int], float | None]) -> None:
+    def __init__(
+        self, cache: Any, page_size: int, decode: Callable[[list[int]], str], clock_age: Callable[[int], float | None]
+    ) -> None:
         self.cache, self.page_size, self.decode, self.clock_age = cache, page_size, decode, clock_age
         self._previews: dict[tuple[int, int, int], str] = {}
 
@@ -93,9 +112,18 @@ class TreeReader:
         tb = node.token_bytes
         text = self._preview(node)
         keys = node.keys
-        return NodeView(id=node.id, key=format(keys[0], "016x") if keys else "", namespace=node.namespace,
-                        pages=len(node.pages), tokens=len(tb) // 4, text=text, hits=node.hits,
-                        last_access=node.last_access, age_s=self.clock_age(node.last_access), lock_ref=node.lock_ref)
+        return NodeView(
+            id=node.id,
+            key=format(keys[0], "016x") if keys else "",
+            namespace=node.namespace,
+            pages=len(node.pages),
+            tokens=len(tb) // 4,
+            text=text,
+            hits=node.hits,
+            last_access=node.last_access,
+            age_s=self.clock_age(node.last_access),
+            lock_ref=node.lock_ref,
+        )
 
     def _children(self, node: Any, scope: NamespaceScope, namespace: str | None) -> list[Any]:
         kids = list(node.children.values())
@@ -113,15 +141,35 @@ class TreeReader:
             node = child
         return node
 
-    def snapshot(self, scope: NamespaceScope, namespace: str | None = None, depth: int = DEFAULT_DEPTH,
-                 max_nodes: int = DEFAULT_NODES, path: list[str] | None = None) -> TreeSnapshot:
+    def snapshot(
+        self,
+        scope: NamespaceScope,
+        namespace: str | None = None,
+        depth: int = DEFAULT_DEPTH,
+        max_nodes: int = DEFAULT_NODES,
+        path: list[str] | None = None,
+    ) -> TreeSnapshot:
         """The tree breadth-first from the root (or the node `path` names), hottest children first, at most
         `max_nodes` nodes and `depth` levels; what is left out is counted in each node's hidden_children."""
         t0 = time.perf_counter()
         cache = self.cache
         start = self.find(path or [], scope)
-        top = NodeView(id=start.id, key="", namespace=start.namespace, pages=0, tokens=0, text="", hits=0,
-                       last_access=0, age_s=None, lock_ref=0) if start is cache.root else self._view(start)
+        top = (
+            NodeView(
+                id=start.id,
+                key="",
+                namespace=start.namespace,
+                pages=0,
+                tokens=0,
+                text="",
+                hits=0,
+                last_access=0,
+                age_s=None,
+                lock_ref=0,
+            )
+            if start is cache.root
+            else self._view(start)
+        )
         budget, shown, truncated = max_nodes, 0, False
         queue: deque[tuple[NodeView, Any, int]] = deque([(top, start, 0)])
         while queue:
@@ -145,8 +193,15 @@ class TreeReader:
                 view.children.append(child)
                 queue.append((child, k, d + 1))
                 shown += 1
-        return TreeSnapshot(top, shown, getattr(cache, "_num_nodes", 0), cache.total_pages, self.page_size,
-                            truncated, (time.perf_counter() - t0) * 1e3)
+        return TreeSnapshot(
+            top,
+            shown,
+            getattr(cache, "_num_nodes", 0),
+            cache.total_pages,
+            self.page_size,
+            truncated,
+            (time.perf_counter() - t0) * 1e3,
+        )
 
     def why_miss(self, ids: list[int], namespace: str) -> dict[str, Any]:
         """Where the path of a prompt's tokens leaves the tree, and why the rest would be computed."""
@@ -155,10 +210,16 @@ class TreeReader:
         path = self.cache.peek(ids, namespace) if hasattr(self.cache, "peek") else []
         matched = sum(n for _, n in path) * ps
         out: dict[str, Any] = {
-            "namespace": namespace, "prompt_tokens": len(ids), "page_size": ps, "matched_tokens": matched,
-            "cached_tokens": min(matched, limit), "computed_tokens": len(ids) - min(matched, limit),
-            "path": [{"id": node.id, "key": format(node.keys[0], "016x"), "pages": len(node.pages),
-                      "pages_matched": n} for node, n in path],
+            "namespace": namespace,
+            "prompt_tokens": len(ids),
+            "page_size": ps,
+            "matched_tokens": matched,
+            "cached_tokens": min(matched, limit),
+            "computed_tokens": len(ids) - min(matched, limit),
+            "path": [
+                {"id": node.id, "key": format(node.keys[0], "016x"), "pages": len(node.pages), "pages_matched": n}
+                for node, n in path
+            ],
             "matched_text": self.decode(ids[:matched][-PREVIEW_TOKENS:]),
         }
         out.update(self._leave_reason(ids, path, matched, limit))
@@ -173,25 +234,47 @@ class TreeReader:
             info["explanation"] = (
                 f"every full page the cache may serve is cached ({min(matched, limit)} tokens); the last "
                 f"{len(ids) - limit} tokens are computed: only full pages of {ps} are cached, and the last token is "
-                f"always computed to have logits to sample from")
+                f"always computed to have logits to sample from"
+            )
             return info
         node, n = path[-1] if path else (self.cache.root, 0)
         if path and n < len(node.pages):
             held = np.frombuffer(node.token_bytes, dtype="<i4")[n * ps : (n + 1) * ps].tolist()
             mine = ids[matched : matched + ps]
             diff = next((i for i, (a, b) in enumerate(zip(held, mine)) if a != b), 0)
-            info.update(reason="diverged", node=node.id, at_token=matched + diff,
-                        tree_text=self.decode(held[diff:]), prompt_token=mine[diff], tree_token=held[diff])
-            info["explanation"] = (f"the prompt leaves the tree inside node {node.id} at token {matched + diff}: "
-                                   f"the tree holds other tokens there")
+            info.update(
+                reason="diverged",
+                node=node.id,
+                at_token=matched + diff,
+                tree_text=self.decode(held[diff:]),
+                prompt_token=mine[diff],
+                tree_token=held[diff],
+            )
+            info["explanation"] = (
+                f"the prompt leaves the tree inside node {node.id} at token {matched + diff}: "
+                f"the tree holds other tokens there"
+            )
             return info
         if not path:
-            info.update(reason="cold", node=None, at_token=0, explanation=(
-                "nothing of this prompt is cached in its namespace (not seen yet, evicted, or another namespace)"))
+            info.update(
+                reason="cold",
+                node=None,
+                at_token=0,
+                explanation=(
+                    "nothing of this prompt is cached in its namespace (not seen yet, evicted, or another namespace)"
+                ),
+            )
             return info
-        info.update(reason="no_child", node=node.id, at_token=matched, num_children=len(node.children),
-                    explanation=(f"the prompt leaves the tree after token {matched}: node {node.id} has "
-                                 f"{len(node.children)} children and none continues with the prompt's next page"))
+        info.update(
+            reason="no_child",
+            node=node.id,
+            at_token=matched,
+            num_children=len(node.children),
+            explanation=(
+                f"the prompt leaves the tree after token {matched}: node {node.id} has "
+                f"{len(node.children)} children and none continues with the prompt's next page"
+            ),
+        )
         return info
 
 
@@ -199,8 +282,14 @@ def pool_view(engine: Any) -> dict[str, int]:
     """Pages of the KV pool by state: free, cached and evictable, cached and locked, held privately by requests."""
     pool, cache = engine.runner.pool, engine.scheduler.cache
     free, evictable, locked = pool.num_free_pages, cache.evictable_pages, cache.protected_pages
-    return {"total": pool.capacity, "free": free, "cached_evictable": evictable, "locked": locked,
-            "in_flight": max(pool.capacity - free - evictable - locked, 0), "page_size": pool.page_size}
+    return {
+        "total": pool.capacity,
+        "free": free,
+        "cached_evictable": evictable,
+        "locked": locked,
+        "in_flight": max(pool.capacity - free - evictable - locked, 0),
+        "page_size": pool.page_size,
+    }
 
 
 def request_rows(engine: Any, scope: NamespaceScope) -> dict[str, list[dict[str, Any]]]:
@@ -213,7 +302,15 @@ def request_rows(engine: Any, scope: NamespaceScope) -> dict[str, list[dict[str,
             if not scope.allows(r.namespace):
                 continue
             computed = max(min(r.kv_len, len(r.input_ids)) - r.cached_tokens, 0) if state == "running" else 0
-            rows[state].append({"rid": r.rid, "namespace": r.namespace, "prompt_tokens": len(r.input_ids),
-                                "cached_tokens": r.cached_tokens, "computed_tokens": computed,
-                                "output_tokens": len(r.output_ids), "age_s": round(now - r.created, 3)})
+            rows[state].append(
+                {
+                    "rid": r.rid,
+                    "namespace": r.namespace,
+                    "prompt_tokens": len(r.input_ids),
+                    "cached_tokens": r.cached_tokens,
+                    "computed_tokens": computed,
+                    "output_tokens": len(r.output_ids),
+                    "age_s": round(now - r.created, 3),
+                }
+            )
     return rows

@@ -1,6 +1,7 @@
 """/v1/chat/completions: chat messages (tool calls and tool results included) through the chat template,
 `response_format` (json_object, json_schema) and `tools` + `tool_choice` as grammars, and tool calls parsed from the
 model's own format (radixserve/server/tool_calls.py), whole or streamed as OpenAI streams them."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,17 +20,51 @@ from radixserve.io import FinishReason, GenerateOutput, GenerateRequest, OutputM
 from radixserve.server.cache_api import pin_first
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.openai_api import (
-    MAX_TOP_LOGPROBS, Job, accumulate, check_model, error_event, finish_reason, folded, max_tokens,
-    observe_and_remember, sampling_dict, start_streams, usage,
+    MAX_TOP_LOGPROBS,
+    Job,
+    accumulate,
+    check_model,
+    error_event,
+    finish_reason,
+    folded,
+    max_tokens,
+    observe_and_remember,
+    sampling_dict,
+    start_streams,
+    usage,
 )
 from radixserve.server.protocol import (
-    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
-    ChatLogprobs, ChatMessage, ChatResponseMessage, DeltaToolCall, ResponseFunction, ResponseToolCall, TokenLogprob,
-    TopLogprob, Usage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatLogprobs,
+    ChatMessage,
+    ChatResponseMessage,
+    DeltaToolCall,
+    ResponseFunction,
+    ResponseToolCall,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
 )
 from radixserve.server.serving import (
-    SSE_DONE, EventStream, ServerState, Stream, admit, cache_salt, close_streams, engine_errors, generate, merged,
-    read_json, scheduling, server_state, sse,
+    SSE_DONE,
+    EventStream,
+    ServerState,
+    Stream,
+    admit,
+    cache_salt,
+    close_streams,
+    engine_errors,
+    generate,
+    merged,
+    read_json,
+    scheduling,
+    server_state,
+    sse,
 )
 from radixserve.server.tool_calls import HermesToolFormat, ToolCall, ToolStream, tool_format
 from radixserve.tokenizer import Tokenizer
@@ -62,13 +97,16 @@ def chat_logprobs(tok: Tokenizer, meta: OutputMeta) -> ChatLogprobs:
 
 # ---------------------------------------------------------------- messages, tools, response_format
 
+
 def _content(m: ChatMessage, i: int) -> str | None:
     content = m.content
     if isinstance(content, list):
         for j, part in enumerate(content):
             if part.type != "text" or part.text is None:
-                raise bad_request(f"unsupported content part type {part.type!r}; only text parts are supported",
-                                  param=f"messages[{i}].content[{j}].type")
+                raise bad_request(
+                    f"unsupported content part type {part.type!r}; only text parts are supported",
+                    param=f"messages[{i}].content[{j}].type",
+                )
         content = "\n".join(part.text for part in content)  # type: ignore[misc]
     return content
 
@@ -80,8 +118,9 @@ def _calls(m: ChatMessage, i: int) -> list[dict[str, Any]]:
         try:
             args = json.loads(c.function.arguments) if c.function.arguments.strip() else {}
         except json.JSONDecodeError:
-            raise bad_request("arguments must be JSON text",
-                              param=f"messages[{i}].tool_calls[{j}].function.arguments") from None
+            raise bad_request(
+                "arguments must be JSON text", param=f"messages[{i}].tool_calls[{j}].function.arguments"
+            ) from None
         calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
     return calls
 
@@ -94,8 +133,9 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         role = ROLES.get(m.role)
         if role is None:
-            raise bad_request(f"unsupported role {m.role!r}; use system, user, assistant or tool",
-                              param=f"messages[{i}].role")
+            raise bad_request(
+                f"unsupported role {m.role!r}; use system, user, assistant or tool", param=f"messages[{i}].role"
+            )
         content = _content(m, i)
         if role == "tool" and m.tool_call_id is None:
             raise bad_request("a tool message needs the tool_call_id it answers", param=f"messages[{i}].tool_call_id")
@@ -124,8 +164,10 @@ def _response_format(req: ChatCompletionRequest) -> dict[str, Any]:
         if rf.json_schema is None or rf.json_schema.schema is None:
             raise bad_request("response_format json_schema needs a schema", param="response_format.json_schema")
         return {"json_schema": rf.json_schema.schema}
-    raise bad_request(f"unsupported response_format type {rf.type!r}; use text, json_object or json_schema",
-                      param="response_format.type")
+    raise bad_request(
+        f"unsupported response_format type {rf.type!r}; use text, json_object or json_schema",
+        param="response_format.type",
+    )
 
 
 def _tool_choice(req: ChatCompletionRequest) -> str | None:
@@ -135,15 +177,17 @@ def _tool_choice(req: ChatCompletionRequest) -> str | None:
         return "auto" if req.tools else "none"
     if isinstance(choice, str):
         if choice not in ("auto", "none", "required"):
-            raise bad_request(f"tool_choice must be auto, none, required or a named function, got {choice!r}",
-                              param="tool_choice")
+            raise bad_request(
+                f"tool_choice must be auto, none, required or a named function, got {choice!r}", param="tool_choice"
+            )
         if choice == "required" and not req.tools:
             raise bad_request("tool_choice 'required' needs tools", param="tool_choice")
         return choice
     names = {t.function.name for t in req.tools or []}
     if choice.function.name not in names:
-        raise bad_request(f"tool_choice names {choice.function.name!r}, which is not among the tools",
-                          param="tool_choice")
+        raise bad_request(
+            f"tool_choice names {choice.function.name!r}, which is not among the tools", param="tool_choice"
+        )
     return choice.function.name
 
 
@@ -153,9 +197,21 @@ def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
         if t.type != "function":
             raise bad_request(f"unsupported tool type {t.type!r}; use function", param=f"tools[{i}].type")
     choice = _tool_choice(req)
-    tools = [{"type": "function", "function": {k: v for k, v in (("name", t.function.name),
-             ("description", t.function.description), ("parameters", t.function.parameters)) if v is not None}}
-             for t in req.tools or []] or None
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                k: v
+                for k, v in (
+                    ("name", t.function.name),
+                    ("description", t.function.description),
+                    ("parameters", t.function.parameters),
+                )
+                if v is not None
+            },
+        }
+        for t in req.tools or []
+    ] or None
     fmt = tool_format(tok, frozenset(t.function.name for t in req.tools or [])) if tools else None
     if tools and fmt is None:
         raise bad_request("this model's chat template has no tool-call format", param="tools")
@@ -189,6 +245,7 @@ def _reason(fin: FinishReason | None, called: bool) -> str | None:
 
 # ---------------------------------------------------------------- the endpoint
 
+
 async def chat_completions(request: Request) -> Response:
     state = server_state(request)
     req = await read_json(request, ChatCompletionRequest)
@@ -196,8 +253,9 @@ async def chat_completions(request: Request) -> Response:
     messages = chat_messages(req.messages)
     if req.top_logprobs is not None:
         if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise bad_request(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {req.top_logprobs}",
-                              param="top_logprobs")
+            raise bad_request(
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {req.top_logprobs}", param="top_logprobs"
+            )
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
     shape = structure(req, state.engine.tokenizer)
@@ -210,9 +268,15 @@ async def chat_completions(request: Request) -> Response:
     params.update(shape.grammar)
     await admit(state, req.n)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    call = GenerateRequest(input_ids=ids, sampling_params=params, return_logprob=req.logprobs,
-                           top_logprobs_num=req.top_logprobs or 0, cache_salt=salt, rid=rid,
-                           **scheduling(request, req.priority, req.timeout))
+    call = GenerateRequest(
+        input_ids=ids,
+        sampling_params=params,
+        return_logprob=req.logprobs,
+        top_logprobs_num=req.top_logprobs or 0,
+        cache_salt=salt,
+        rid=rid,
+        **scheduling(request, req.priority, req.timeout),
+    )
     if req.pin:
         await pin_first(state, [{"input_ids": ids}], salt, "messages")
     job = Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, GRAMMAR_RENAMES)
@@ -227,8 +291,14 @@ async def chat_completions(request: Request) -> Response:
     choices = []
     for i, o in enumerate(outs):
         message, called = response_message(o.text, shape.parser)
-        choices.append(ChatChoice(i, message, _reason(o.finish_reason, called),
-                                  chat_logprobs(state.engine.tokenizer, o.meta_info) if req.logprobs else None))
+        choices.append(
+            ChatChoice(
+                i,
+                message,
+                _reason(o.finish_reason, called),
+                chat_logprobs(state.engine.tokenizer, o.meta_info) if req.logprobs else None,
+            )
+        )
     observe_and_remember(state, job, outs, chat=True)
     body = ChatCompletionResponse(rid, created, state.model_name, choices, usage(outs, job.n))
     return Response(state.json.encode(body), media_type="application/json")
@@ -237,12 +307,21 @@ async def chat_completions(request: Request) -> Response:
 def _call_deltas(i: int, call: ToolCall, index: int) -> list[ChatChunkChoice]:
     """A tool call as OpenAI streams it: its id, type and name with empty arguments, then the arguments."""
     head = DeltaToolCall(index, ResponseFunction(call.name, ""), call.id, "function")
-    return [ChatChunkChoice(i, ChatDelta(tool_calls=[head])),
-            ChatChunkChoice(i, ChatDelta(tool_calls=[DeltaToolCall(index, ResponseFunction(arguments=call.arguments))]))]
+    return [
+        ChatChunkChoice(i, ChatDelta(tool_calls=[head])),
+        ChatChunkChoice(i, ChatDelta(tool_calls=[DeltaToolCall(index, ResponseFunction(arguments=call.arguments))])),
+    ]
 
 
-async def chat_events(state: ServerState, job: Job, streams: list[Stream], created: int, logprobs: bool,
-                      include_usage: bool, parser: HermesToolFormat | None) -> AsyncIterator[bytes]:
+async def chat_events(
+    state: ServerState,
+    job: Job,
+    streams: list[Stream],
+    created: int,
+    logprobs: bool,
+    include_usage: bool,
+    parser: HermesToolFormat | None,
+) -> AsyncIterator[bytes]:
     """SSE of chat.completion.chunk objects: a role delta per choice, content and tool-call deltas, a finish chunk,
     [DONE]."""
     tok = state.engine.tokenizer
@@ -275,8 +354,9 @@ async def chat_events(state: ServerState, job: Job, streams: list[Stream], creat
                             yield chunk([ChatChunkChoice(i, ChatDelta(content=ev.content))])
                 if reason is not None:
                     called = split is not None and split.count > 0
-                    yield chunk([ChatChunkChoice(i, ChatDelta(), "tool_calls" if called and reason == "stop"
-                                                 else reason)])
+                    yield chunk(
+                        [ChatChunkChoice(i, ChatDelta(), "tool_calls" if called and reason == "stop" else reason)]
+                    )
         if include_usage:
             yield chunk([], usage(folded(acc), job.n))
         observe_and_remember(state, job, folded(acc), chat=True)

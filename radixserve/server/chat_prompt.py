@@ -11,6 +11,7 @@ remembered answer; the split is used only if putting the answers back into the s
 render (the template copied the content verbatim), otherwise the plain encoding is used. A conversation without
 remembered answers encodes exactly as Engine.apply_chat_template does.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,14 +38,24 @@ class ChatPromptBuilder:
         self._answers: OrderedDict[tuple[str, str], array] = OrderedDict()
         self._lock = threading.Lock()  # build() runs in worker threads, remember() on the event loop
 
-    def remember(self, namespace: str, text: str, output_ids: Sequence[int], finish_reason: FinishReason | None,
-                 skip_special_tokens: bool = True) -> None:
+    def remember(
+        self,
+        namespace: str,
+        text: str,
+        output_ids: Sequence[int],
+        finish_reason: FinishReason | None,
+        skip_special_tokens: bool = True,
+    ) -> None:
         """Record that `output_ids` produced the answer `text` (as the engine decoded it) in this cache namespace."""
         if not text or not finish_reason or finish_reason.type == "abort":
             return
         ids = list(output_ids)
-        if finish_reason.type == "stop" and isinstance(finish_reason.matched, int) and ids \
-                and ids[-1] == finish_reason.matched:
+        if (
+            finish_reason.type == "stop"
+            and isinstance(finish_reason.matched, int)
+            and ids
+            and ids[-1] == finish_reason.matched
+        ):
             ids.pop()  # the EOS/stop token: the template writes its own end-of-turn after the content
         trimmed = 0
         while self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) != text:
@@ -59,8 +70,12 @@ class ChatPromptBuilder:
             while len(self._answers) > self.capacity:
                 self._answers.popitem(last=False)
 
-    def build(self, messages: list[dict[str, Any]], namespace: str, tools: list[dict[str, Any]] | None = None,
-              ) -> list[int]:
+    def build(
+        self,
+        messages: list[dict[str, Any]],
+        namespace: str,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """Prompt ids for `messages` (string contents) and `tools` plus the generation prompt; ValueError from the
         template."""
         tok = self.tokenizer

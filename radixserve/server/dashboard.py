@@ -8,6 +8,7 @@
 Every read runs off the engine loop (see cache_view); the tree snapshot runs in a worker thread, so the event loop
 keeps serving while it walks. What a caller may see is decided by scope.view_scope alone.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,7 +24,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from radixserve.server.cache_view import (
-    DEFAULT_DEPTH, DEFAULT_NODES, MAX_DEPTH, MAX_NODES, TreeReader, pool_view, request_rows,
+    DEFAULT_DEPTH,
+    DEFAULT_NODES,
+    MAX_DEPTH,
+    MAX_NODES,
+    TreeReader,
+    pool_view,
+    request_rows,
 )
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.scope import NamespaceScope, view_scope
@@ -84,14 +91,19 @@ class Explorer:
             t = tracker.clock_time(clock)
             return None if t is None else round(time.perf_counter() - t, 3)
 
-        self.tree = TreeReader(engine.scheduler.cache, engine.runner.pool.page_size,
-                               lambda ids: tok.decode(ids, skip_special_tokens=False), clock_age)
+        self.tree = TreeReader(
+            engine.scheduler.cache,
+            engine.runner.pool.page_size,
+            lambda ids: tok.decode(ids, skip_special_tokens=False),
+            clock_age,
+        )
         self.hit_rate = HitRateHistory(engine)
         tracker.step_listeners.append(self.hit_rate.on_step)
         self._trees: dict[tuple[Any, ...], tuple[float, bytes]] = {}
 
-    def tree_json(self, scope: NamespaceScope, namespace: str | None, depth: int, max_nodes: int,
-                  path: list[str]) -> bytes:
+    def tree_json(
+        self, scope: NamespaceScope, namespace: str | None, depth: int, max_nodes: int, path: list[str]
+    ) -> bytes:
         """A snapshot as JSON, reused for TREE_TTL_S: the walk holds the GIL, so many pollers must not each walk
         (measured: a client fetching back to back slowed serving 2.6x before this; benchmarks/RESULTS.md)."""
         key = (scope.tenant, namespace, depth, max_nodes, tuple(path))
@@ -109,17 +121,25 @@ class Explorer:
         eng = self.engine
         s = eng.scheduler.stats
         self.hit_rate.sample()
-        live = [r.timeline for r in list(eng.scheduler.running) + list(eng.scheduler.waiting)
-                if r.timeline is not None and scope.allows(r.namespace)]
+        live = [
+            r.timeline
+            for r in list(eng.scheduler.running) + list(eng.scheduler.waiting)
+            if r.timeline is not None and scope.allows(r.namespace)
+        ]
         recent = [t for t in list(self.tracker.recent) if scope.allows(t.namespace)][-RECENT_TIMELINES:]
         return {
             "time": time.time(),
             "pool": pool_view(eng),
             "requests": request_rows(eng, scope),
-            "hit_rate": {"total": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
-                         "points": [[round(t, 3), r, c] for t, r, c in list(self.hit_rate.points)]},
-            "tree": {"nodes": getattr(eng.scheduler.cache, "_num_nodes", 0),
-                     "pages": eng.scheduler.cache.total_pages, "clock": getattr(eng.scheduler.cache, "_clock", 0)},
+            "hit_rate": {
+                "total": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
+                "points": [[round(t, 3), r, c] for t, r, c in list(self.hit_rate.points)],
+            },
+            "tree": {
+                "nodes": getattr(eng.scheduler.cache, "_num_nodes", 0),
+                "pages": eng.scheduler.cache.total_pages,
+                "clock": getattr(eng.scheduler.cache, "_clock", 0),
+            },
             "timelines": [timeline_dict(t, self.tracker.wall) for t in live + recent],
             "admin": scope.is_admin,
         }
@@ -130,15 +150,31 @@ def timeline_dict(tl: RequestTimeline, wall: Any) -> dict[str, Any]:
     kept = list(tl.spans)
     omitted = max(len(kept) - PAGE_SPANS, 0)
     if omitted:
-        kept = kept[: PAGE_SPANS // 4] + kept[-(PAGE_SPANS - PAGE_SPANS // 4):]
-    spans = [[s.kind, round((s.start - tl.created) * 1e3, 3), None if s.end is None else
-              round((s.end - tl.created) * 1e3, 3), s.tokens, s.prefix] for s in kept]
-    return {"rid": tl.rid, "namespace": tl.namespace, "start": round(wall(tl.created), 3),
-            "prompt_tokens": tl.prompt_tokens, "cached_tokens": tl.cached_tokens,
-            "completion_tokens": tl.completion_tokens, "decode_steps": tl.decode_steps,
-            "retractions": tl.retractions, "finish_reason": tl.finish_reason,
-            "duration_ms": None if tl.finished is None else round((tl.finished - tl.created) * 1e3, 3),
-            "spans": spans, "dropped_events": tl.dropped_events + omitted}
+        kept = kept[: PAGE_SPANS // 4] + kept[-(PAGE_SPANS - PAGE_SPANS // 4) :]
+    spans = [
+        [
+            s.kind,
+            round((s.start - tl.created) * 1e3, 3),
+            None if s.end is None else round((s.end - tl.created) * 1e3, 3),
+            s.tokens,
+            s.prefix,
+        ]
+        for s in kept
+    ]
+    return {
+        "rid": tl.rid,
+        "namespace": tl.namespace,
+        "start": round(wall(tl.created), 3),
+        "prompt_tokens": tl.prompt_tokens,
+        "cached_tokens": tl.cached_tokens,
+        "completion_tokens": tl.completion_tokens,
+        "decode_steps": tl.decode_steps,
+        "retractions": tl.retractions,
+        "finish_reason": tl.finish_reason,
+        "duration_ms": None if tl.finished is None else round((tl.finished - tl.created) * 1e3, 3),
+        "spans": spans,
+        "dropped_events": tl.dropped_events + omitted,
+    }
 
 
 def explorer(request: Request) -> Explorer:
@@ -160,8 +196,7 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
 
 def _namespace_param(scope: NamespaceScope, namespace: str | None) -> str | None:
     if namespace is not None and not scope.allows(namespace):
-        raise ApiError(403, "this key may not view that namespace", type="permission_error",
-                       code="namespace_forbidden")
+        raise ApiError(403, "this key may not view that namespace", type="permission_error", code="namespace_forbidden")
     return namespace
 
 
@@ -228,8 +263,9 @@ async def cache_events(request: Request) -> Response:
             yield b"event: stats\ndata: " + enc.encode(exp.stats(scope)) + b"\n\n"
             await asyncio.sleep(interval)
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 async def dashboard_page(request: Request) -> Response:

@@ -1,4 +1,5 @@
 """HTTP errors with OpenAI-style bodies: {"error": {"message", "type", "param", "code"}}."""
+
 from __future__ import annotations
 
 import logging
@@ -11,6 +12,7 @@ from starlette.responses import Response
 
 
 log = logging.getLogger(__name__)
+
 
 class ErrorDetail(msgspec.Struct):
     message: str
@@ -26,8 +28,15 @@ class ErrorBody(msgspec.Struct):
 class ApiError(Exception):
     """An error the client should see: an HTTP status and an OpenAI-style body naming the bad parameter."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -45,8 +54,9 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def error_response(err: ApiError) -> Response:
     """The JSON response for an ApiError."""
     body = ErrorBody(ErrorDetail(err.message, err.type, err.param, err.code))
-    return Response(msgspec.json.encode(body), status_code=err.status, headers=err.headers,
-                    media_type="application/json")
+    return Response(
+        msgspec.json.encode(body), status_code=err.status, headers=err.headers, media_type="application/json"
+    )
 
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:

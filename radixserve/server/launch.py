@@ -1,4 +1,5 @@
 """`radixserve serve`: build the Engine and the app, run uvicorn, drain gracefully on SIGTERM."""
+
 from __future__ import annotations
 
 import logging
@@ -45,12 +46,20 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int = 30000,
-               api_key: str | list[str] | KeySources | None = None,
-               max_queued_requests: int | None = None, served_model_name: str | None = None,
-               grace_period_s: float = 30.0, max_connections: int = 1024, header_timeout_s: float = 10.0,
-               body_timeout_s: float = 30.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               otlp_endpoint: str | None = None) -> None:
+def run_server(
+    engine_kwargs: dict[str, Any],
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    api_key: str | list[str] | KeySources | None = None,
+    max_queued_requests: int | None = None,
+    served_model_name: str | None = None,
+    grace_period_s: float = 30.0,
+    max_connections: int = 1024,
+    header_timeout_s: float = 10.0,
+    body_timeout_s: float = 30.0,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    otlp_endpoint: str | None = None,
+) -> None:
     """Serve Engine(**engine_kwargs) over HTTP until SIGTERM/SIGINT; returns after a graceful drain. If the engine
     stops (a fault that repeats every step), the server drains and the process exits 1 for a supervisor to restart."""
     from radixserve import Engine
@@ -61,9 +70,15 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
         kwargs["max_queued_requests"] = max_queued_requests  # the engine enforces it without a round trip
     engine = Engine(**kwargs)
     try:
-        app = build_app(engine, api_key=keys, max_queued_requests=max_queued_requests,
-                        served_model_name=served_model_name, max_body_bytes=max_body_bytes,
-                        body_timeout_s=body_timeout_s, otlp_endpoint=otlp_endpoint)
+        app = build_app(
+            engine,
+            api_key=keys,
+            max_queued_requests=max_queued_requests,
+            served_model_name=served_model_name,
+            max_body_bytes=max_body_bytes,
+            body_timeout_s=body_timeout_s,
+            otlp_endpoint=otlp_endpoint,
+        )
         state = app.state.server
 
         def drain() -> None:
@@ -72,11 +87,22 @@ def run_server(engine_kwargs: dict[str, Any], host: str = "127.0.0.1", port: int
             state.draining = True
 
         # limit_concurrency: connections and tasks past it get a 503 at once instead of piling up.
-        config = uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="off",
-                                timeout_graceful_shutdown=grace_period_s, timeout_keep_alive=5,
-                                limit_concurrency=max_connections, http=header_timeout_protocol(header_timeout_s))
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="info",
+            lifespan="off",
+            timeout_graceful_shutdown=grace_period_s,
+            timeout_keep_alive=5,
+            limit_concurrency=max_connections,
+            http=header_timeout_protocol(header_timeout_s),
+        )
         url = f"http://{host}:{port}"
-        print(f"radixserve {__version__}\n{startup_summary(engine, url, api_key=keys.describe() if keys else None)}", flush=True)
+        print(
+            f"radixserve {__version__}\n{startup_summary(engine, url, api_key=keys.describe() if keys else None)}",
+            flush=True,
+        )
         if keys is not None and keys.file is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGHUP, lambda sig, frame: keys.reload_in_background())  # uvicorn leaves SIGHUP alone
         server = DrainingServer(config, drain, ready_line=f"ready: serving on {url}")

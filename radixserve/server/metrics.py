@@ -1,4 +1,5 @@
 """Prometheus metrics: engine gauges and counters read at scrape time, request latency histograms, HTTP counts."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -46,9 +47,25 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CHUNK_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate", "/tokenize", "/detokenize",
-          "/flush_cache", "/get_model_info", "/health", "/metrics", "/cache/pin", "/cache/unpin", "/dashboard",
-          "/cache/tree", "/cache/why_miss", "/cache/stats", "/cache/events"}
+ROUTES = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/generate",
+    "/tokenize",
+    "/detokenize",
+    "/flush_cache",
+    "/get_model_info",
+    "/health",
+    "/metrics",
+    "/cache/pin",
+    "/cache/unpin",
+    "/dashboard",
+    "/cache/tree",
+    "/cache/why_miss",
+    "/cache/stats",
+    "/cache/events",
+}
 
 
 class EngineCollector(Collector):
@@ -69,8 +86,10 @@ class EngineCollector(Collector):
 
 def _speculative_metrics(m: dict[str, Any]) -> Iterator[Metric]:
     """Draft tokens proposed and accepted per source; tokens accepted per verify step, as a histogram."""
-    for key, doc in (("spec_draft_tokens", "speculative draft tokens proposed, by source (prompt, tree)"),
-                     ("spec_accepted_tokens", "speculative draft tokens accepted, by source (prompt, tree)")):
+    for key, doc in (
+        ("spec_draft_tokens", "speculative draft tokens proposed, by source (prompt, tree)"),
+        ("spec_accepted_tokens", "speculative draft tokens accepted, by source (prompt, tree)"),
+    ):
         family = CounterMetricFamily(PREFIX + key, doc, labels=["source"])
         for source, value in m[key].items():
             family.add_metric([source], value)
@@ -81,9 +100,12 @@ def _speculative_metrics(m: dict[str, Any]) -> Iterator[Metric]:
         cumulative += count
         buckets.append((str(length), cumulative))
     buckets.append(("+Inf", cumulative))
-    yield HistogramMetricFamily(PREFIX + "spec_accepted_drafts_per_step",
-                                "draft tokens a request accepted in one verify step",
-                                buckets=buckets, sum_value=sum(i * c for i, c in enumerate(hist)))
+    yield HistogramMetricFamily(
+        PREFIX + "spec_accepted_drafts_per_step",
+        "draft tokens a request accepted in one verify step",
+        buckets=buckets,
+        sum_value=sum(i * c for i, c in enumerate(hist)),
+    )
 
 
 class ServerMetrics:
@@ -96,23 +118,50 @@ class ServerMetrics:
         if quotas is not None:
             self.registry.register(KeyCollector(quotas))
         tracker = getattr(engine, "tracker", None)
-        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "time from submission to the first output token",
-                              buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
-                             "time between consecutive output tokens of a request (one sample per token after the first)",
-                             buckets=ITL_BUCKETS, registry=self.registry)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "time from submission to the last output token",
-                             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "time from submission to the first output token",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            PREFIX + "inter_token_latency_seconds",
+            "time between consecutive output tokens of a request (one sample per token after the first)",
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "time from submission to the last output token",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         # From the engine's request timelines (radixserve/timeline.py), observed on its loop thread after each step
         # or request: a histogram observe is a lock and a few adds.
-        self.queue_time = Histogram(PREFIX + "queue_time_seconds", "time from submission to the first step run",
-                                    buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.prefill_chunk = Histogram(PREFIX + "prefill_chunk_tokens", "tokens in one request's prefill chunk",
-                                       buckets=CHUNK_BUCKETS, registry=self.registry)
-        self.step_time = Histogram(PREFIX + "step_time_seconds", "time from scheduling a step to processing its result",
-                                   buckets=STEP_BUCKETS, registry=self.registry)
-        self.http_requests = Counter(PREFIX + "http_requests", "HTTP requests answered, by route and status",
-                                     ["route", "status"], registry=self.registry)
+        self.queue_time = Histogram(
+            PREFIX + "queue_time_seconds",
+            "time from submission to the first step run",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.prefill_chunk = Histogram(
+            PREFIX + "prefill_chunk_tokens",
+            "tokens in one request's prefill chunk",
+            buckets=CHUNK_BUCKETS,
+            registry=self.registry,
+        )
+        self.step_time = Histogram(
+            PREFIX + "step_time_seconds",
+            "time from scheduling a step to processing its result",
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.http_requests = Counter(
+            PREFIX + "http_requests",
+            "HTTP requests answered, by route and status",
+            ["route", "status"],
+            registry=self.registry,
+        )
         if tracker is not None:
             tracker.step_listeners.append(self.on_step)
             tracker.finish_listeners.append(self.on_finish)

@@ -4,6 +4,7 @@
 or n > 1). Streamed, each event is one engine chunk: text, output_ids and output logprobs hold only what is new,
 meta_info counts are cumulative, and the last event has the finish_reason; then `data: [DONE]`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,22 @@ from radixserve.server.cache_api import pin_first
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.protocol import DetokenizeRequest, GenerateBody, TokenizeRequest
 from radixserve.server.serving import (
-    SSE_DONE, EventStream, ServerState, Stream, aborted, admit, cache_salt, close_streams, engine_errors, generate, merged,
-    open_streams, read_json, scheduling, server_state, sse,
+    SSE_DONE,
+    EventStream,
+    ServerState,
+    Stream,
+    aborted,
+    admit,
+    cache_salt,
+    close_streams,
+    engine_errors,
+    generate,
+    merged,
+    open_streams,
+    read_json,
+    scheduling,
+    server_state,
+    sse,
 )
 from radixserve.tokenizer import Tokenizer
 
@@ -82,9 +97,16 @@ def generate_call(req: GenerateBody, salt: str) -> tuple[GenerateRequest, int]:
     n = max((v for v in ns if isinstance(v, int)), default=1)  # bad values: the engine names them
     if req.stream and (batch or n != 1):
         raise bad_request("stream takes a single prompt with n == 1", param="stream")
-    call = GenerateRequest(prompt=req.text, input_ids=req.input_ids, sampling_params=params,
-                           return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
-                           top_logprobs_num=req.top_logprobs_num, cache_salt=salt, rid=rid)
+    call = GenerateRequest(
+        prompt=req.text,
+        input_ids=req.input_ids,
+        sampling_params=params,
+        return_logprob=req.return_logprob,
+        logprob_start_len=req.logprob_start_len,
+        top_logprobs_num=req.top_logprobs_num,
+        cache_salt=salt,
+        rid=rid,
+    )
     return call, count * max(n, 1)
 
 
@@ -99,8 +121,9 @@ def labeler(internal: str | list[str] | None, given: str | list[str] | None) -> 
         own = out.meta_info.id
         for i, g in names.items():  # n > 1 makes ids "<rid>-<sample>"
             if own == i or own.startswith(i + "-"):
-                return msgspec.structs.replace(out, meta_info=msgspec.structs.replace(out.meta_info,
-                                                                                      id=g + own[len(i):]))
+                return msgspec.structs.replace(
+                    out, meta_info=msgspec.structs.replace(out.meta_info, id=g + own[len(i) :])
+                )
         return out
 
     return label
@@ -142,8 +165,9 @@ def call_prompts(call: GenerateRequest) -> list[dict[str, Any]]:
     return [{"input_ids": i} for i in (ids if ids and isinstance(ids[0], list) else [ids])]
 
 
-async def generate_events(state: ServerState, stream: Stream, text_in_logprobs: bool,
-                          label: Callable[[StreamChunk], StreamChunk]) -> AsyncIterator[bytes]:
+async def generate_events(
+    state: ServerState, stream: Stream, text_in_logprobs: bool, label: Callable[[StreamChunk], StreamChunk]
+) -> AsyncIterator[bytes]:
     """SSE of the engine's chunks as they come (text, output_ids and output logprobs hold only what is new), [DONE]."""
     tok = state.engine.tokenizer
     try:
@@ -193,8 +217,9 @@ async def flush_cache(request: Request) -> Response:
             if target is None:
                 raise ApiError(404, f"no key is named {name!r}", param="key", type="not_found_error")
         pages = await asyncio.to_thread(state.engine.flush_cache, target.owns)
-        return JSONResponse({"success": True, "message": f"cache of key {target.name!r} flushed",
-                             "flushed_pages": pages})
+        return JSONResponse(
+            {"success": True, "message": f"cache of key {target.name!r} flushed", "flushed_pages": pages}
+        )
     if not await asyncio.to_thread(state.engine.flush_cache):
         raise ApiError(409, "cache not flushed: requests are running", type="conflict_error", code="requests_running")
     return JSONResponse({"success": True, "message": "cache flushed"})
@@ -207,8 +232,15 @@ async def get_model_info(request: Request) -> Response:
     info = state.engine.model_info()
     if not principal_of(request).is_admin:
         info.pop("model_path")  # where the server keeps its files is the operator's business
-    return JSONResponse({**info, "served_model_name": state.model_name, "is_generation": True,
-                         "chat_template": tok.select_chat_template(), "special_tokens": tok.special_tokens})
+    return JSONResponse(
+        {
+            **info,
+            "served_model_name": state.model_name,
+            "is_generation": True,
+            "chat_template": tok.select_chat_template(),
+            "special_tokens": tok.special_tokens,
+        }
+    )
 
 
 async def health(request: Request) -> Response:

@@ -1,4 +1,5 @@
 """OpenAI-compatible endpoints: /v1/completions, /v1/models, and what /v1/chat/completions (chat_api.py) shares."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,12 +18,33 @@ from radixserve.sampling_params import SamplingParams
 from radixserve.server.cache_api import pin_first
 from radixserve.server.errors import ApiError, ErrorBody, ErrorDetail, bad_request
 from radixserve.server.protocol import (
-    CompletionChoice, CompletionLogprobs, CompletionRequest,
-    CompletionResponse, ModelCard, ModelList, PromptTokensDetails, SamplingFields, Usage,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    SamplingFields,
+    Usage,
 )
 from radixserve.server.serving import (
-    SSE_DONE, EventStream, ServerState, Stream, aborted, admit, cache_salt, close_streams, engine_errors, generate, merged,
-    open_streams, read_json, scheduling, server_state, sse,
+    SSE_DONE,
+    EventStream,
+    ServerState,
+    Stream,
+    aborted,
+    admit,
+    cache_salt,
+    close_streams,
+    engine_errors,
+    generate,
+    merged,
+    open_streams,
+    read_json,
+    scheduling,
+    server_state,
+    sse,
 )
 from radixserve.tokenizer import Tokenizer
 
@@ -34,6 +56,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy endpoint
 @dataclass
 class Job:
     """One validated generation request, ready for the engine: one engine call per prompt (each with n samples)."""
+
     rid: str
     calls: list[GenerateRequest]
     n: int
@@ -51,8 +74,13 @@ DEFAULT_MODEL_ALIAS = "default"
 
 def check_model(state: ServerState, model: str | None) -> None:
     if model and model not in (state.model_name, state.model_path, DEFAULT_MODEL_ALIAS):
-        raise ApiError(404, f"model {model!r} does not exist; this server serves {state.model_name!r}",
-                       param="model", code="model_not_found", type="not_found_error")
+        raise ApiError(
+            404,
+            f"model {model!r} does not exist; this server serves {state.model_name!r}",
+            param="model",
+            code="model_not_found",
+            type="not_found_error",
+        )
 
 
 def sampling_dict(req: SamplingFields, max_new_tokens: int, max_param: str) -> dict[str, Any]:
@@ -61,18 +89,31 @@ def sampling_dict(req: SamplingFields, max_new_tokens: int, max_param: str) -> d
         raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}", param="n")
     if req.seed is not None and not 0 <= req.seed < 2**63:
         raise bad_request(f"seed must be in [0, 2**63), got {req.seed}", param="seed")
-    d = {"max_new_tokens": max_new_tokens, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
-         "min_p": req.min_p, "frequency_penalty": req.frequency_penalty, "presence_penalty": req.presence_penalty,
-         "repetition_penalty": req.repetition_penalty, "stop": req.stop, "stop_token_ids": req.stop_token_ids,
-         "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens, "seed": req.seed, "n": req.n}
+    d = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "frequency_penalty": req.frequency_penalty,
+        "presence_penalty": req.presence_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "stop": req.stop,
+        "stop_token_ids": req.stop_token_ids,
+        "ignore_eos": req.ignore_eos,
+        "skip_special_tokens": req.skip_special_tokens,
+        "seed": req.seed,
+        "n": req.n,
+    }
     d = {k: v for k, v in d.items() if v is not None}
     with engine_errors(None, {"max_new_tokens": max_param}):
         SamplingParams.from_dict(d)
     return d
 
 
-def max_tokens(value: int | None, param: str, prompt_len: int, state: ServerState, default: int | None,
-               prompt_param: str) -> int:
+def max_tokens(
+    value: int | None, param: str, prompt_len: int, state: ServerState, default: int | None, prompt_param: str
+) -> int:
     """The token limit: the client's, else `default`, else all the room the context and the pool leave."""
     if value is not None:
         if value < 0:
@@ -80,9 +121,12 @@ def max_tokens(value: int | None, param: str, prompt_len: int, state: ServerStat
         return value
     room = min(state.context_length, state.pool_tokens) - prompt_len
     if room <= 0:
-        raise bad_request(f"prompt of {prompt_len} tokens leaves no room to generate in the context of "
-                          f"{min(state.context_length, state.pool_tokens)} tokens", param=prompt_param,
-                          code="context_length_exceeded")
+        raise bad_request(
+            f"prompt of {prompt_len} tokens leaves no room to generate in the context of "
+            f"{min(state.context_length, state.pool_tokens)} tokens",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
     return room if default is None else min(default, room)
 
 
@@ -103,8 +147,16 @@ async def start_streams(request: Request, state: ServerState, job: Job, default_
     """Open the job's streams; with n > 1 each prompt is prefilled once first, so its samples share the cached pages."""
     with engine_errors(default_param, {"max_new_tokens": job.max_param, **job.renames}):
         if job.n > 1:
-            prefill = [replace(c, sampling_params=dict(c.sampling_params, max_new_tokens=0, n=1), return_logprob=False,
-                               logprob_start_len=-1, rid=f"{c.rid}-prefill") for c in job.calls]
+            prefill = [
+                replace(
+                    c,
+                    sampling_params=dict(c.sampling_params, max_new_tokens=0, n=1),
+                    return_logprob=False,
+                    logprob_start_len=-1,
+                    rid=f"{c.rid}-prefill",
+                )
+                for c in job.calls
+            ]
             await generate(request, state, prefill)
         return await open_streams(request, state, fan_out(job))
 
@@ -152,6 +204,7 @@ def folded(acc: list[GenerateOutput | None]) -> list[GenerateOutput]:
 
 # ---------------------------------------------------------------- logprobs
 
+
 def completion_logprobs(tok: Tokenizer, meta: OutputMeta, with_prompt: bool, offset: int) -> CompletionLogprobs:
     """Legacy logprobs: token strings, their logprobs, top alternatives as {token: logprob}, character offsets."""
     pairs: list[tuple[tuple[float | None, int], list | None]] = []
@@ -173,6 +226,7 @@ def completion_logprobs(tok: Tokenizer, meta: OutputMeta, with_prompt: bool, off
 
 # ---------------------------------------------------------------- /v1/completions
 
+
 def completion_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
     """A string, a list of strings, a list of token ids, or a list of lists of token ids -> one entry per prompt."""
     if isinstance(prompt, str):
@@ -183,11 +237,13 @@ def completion_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
         return list(prompt)
     if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return [list(prompt)]
-    if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-           for p in prompt):
+    if all(
+        isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt
+    ):
         return [list(p) for p in prompt]
-    raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of such lists",
-                      param="prompt")
+    raise bad_request(
+        "prompt must be a string, a list of strings, a list of token ids or a list of such lists", param="prompt"
+    )
 
 
 async def completions(request: Request) -> Response:
@@ -208,10 +264,19 @@ async def completions(request: Request) -> Response:
     salt = cache_salt(request, req.cache_salt)
     want_lp = req.logprobs is not None
     echo_lp = req.echo and want_lp
-    calls = [GenerateRequest(input_ids=ids, sampling_params=params, return_logprob=want_lp,
-                             logprob_start_len=0 if echo_lp else -1, top_logprobs_num=req.logprobs or 0,
-                             cache_salt=salt, rid=f"{rid}-{p}", **scheduling(request, req.priority, req.timeout))
-             for p, ids in enumerate(ids_list)]
+    calls = [
+        GenerateRequest(
+            input_ids=ids,
+            sampling_params=params,
+            return_logprob=want_lp,
+            logprob_start_len=0 if echo_lp else -1,
+            top_logprobs_num=req.logprobs or 0,
+            cache_salt=salt,
+            rid=f"{rid}-{p}",
+            **scheduling(request, req.priority, req.timeout),
+        )
+        for p, ids in enumerate(ids_list)
+    ]
     if req.pin:
         await pin_first(state, [{"input_ids": ids} for ids in ids_list], salt, "prompt")
     job = Job(rid, calls, req.n, salt, req.skip_special_tokens, "max_tokens")
@@ -236,9 +301,16 @@ async def completions(request: Request) -> Response:
     return Response(state.json.encode(body), media_type="application/json")
 
 
-async def completion_events(state: ServerState, job: Job, streams: list[Stream], created: int,
-                            texts: list[str | None], echo: bool, logprobs: bool,
-                            include_usage: bool) -> AsyncIterator[bytes]:
+async def completion_events(
+    state: ServerState,
+    job: Job,
+    streams: list[Stream],
+    created: int,
+    texts: list[str | None],
+    echo: bool,
+    logprobs: bool,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
     """SSE of text_completion chunks (choice index = prompt * n + sample), then usage if asked, then [DONE]."""
     tok = state.engine.tokenizer
     acc: list[GenerateOutput | None] = [None] * len(streams)
@@ -277,9 +349,15 @@ async def completion_events(state: ServerState, job: Job, streams: list[Stream],
 
 # ---------------------------------------------------------------- /v1/models
 
+
 async def models(request: Request) -> Response:
     state = server_state(request)
     defaults = state.engine.sampling_defaults
-    body = ModelList([ModelCard(state.model_name, state.created, max_model_len=state.context_length,
-                                sampling_defaults=defaults or None)])
+    body = ModelList(
+        [
+            ModelCard(
+                state.model_name, state.created, max_model_len=state.context_length, sampling_defaults=defaults or None
+            )
+        ]
+    )
     return Response(state.json.encode(body), media_type="application/json")

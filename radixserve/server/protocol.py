@@ -4,6 +4,7 @@ Requests forbid unknown fields: a field we do not know may change what the clien
 logit_bias, ...), so it gets a 400 naming it rather than being silently ignored. Fields that never change the output
 (user, metadata, store, ...) are declared and ignored.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,6 +19,7 @@ class Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 # ---------------------------------------------------------------- requests
+
 
 class ContentPart(Strict):
     type: str
@@ -83,6 +85,7 @@ class StreamOptions(Strict):
 
 class SamplingFields(Strict):
     """The sampling fields shared by chat and completions (OpenAI names plus the usual extras of open servers)."""
+
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -133,6 +136,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
 
 class GenerateBody(Strict):
     """SGLang-native /generate: exactly one of text / input_ids, single or batch."""
+
     text: str | list[str] | None = None
     input_ids: list[Any] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
@@ -150,6 +154,7 @@ class GenerateBody(Strict):
 
 class PinRequest(Strict):
     """/cache/pin and /cache/unpin: one prompt, as text or token ids, in a cache namespace."""
+
     text: str | None = None
     input_ids: list[int] | None = None
     cache_salt: str | None = None
@@ -176,11 +181,13 @@ def decode_body(body: bytes, type_: type) -> Any:
     except RecursionError:
         raise bad_request("malformed JSON body: nested too deeply", code="invalid_json") from None
     except UnicodeDecodeError as exc:
-        raise bad_request(f"malformed JSON body: not UTF-8 ({exc.reason} at byte {exc.start})",
-                          code="invalid_json") from None
+        raise bad_request(
+            f"malformed JSON body: not UTF-8 ({exc.reason} at byte {exc.start})", code="invalid_json"
+        ) from None
 
 
 # ---------------------------------------------------------------- responses
+
 
 class PromptTokensDetails(msgspec.Struct):
     cached_tokens: int

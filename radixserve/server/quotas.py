@@ -10,6 +10,7 @@ Tokens are charged as the engine reports them (each chunk's cumulative counts), 
 sets for the request: the handlers and the stream generators run inside the gate's call, so they reach it without
 the request being passed down to every helper.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,6 +48,7 @@ def charge(tokens: int) -> None:
 @dataclass
 class KeyUsage:
     """One key name's live counts and totals (kept across key reloads: they are by name)."""
+
     active: int = 0
     queued: int = 0
     window: deque[tuple[float, int]] = field(default_factory=deque)  # (time, tokens) of the last WINDOW_S
@@ -96,8 +98,11 @@ class QuotaBook:
         now = self.clock()
         if limit is not None and u.used(now) >= limit:
             self.reject(u, "tokens_per_minute")
-            raise over_quota(f"key {who.name!r} used {u.used(now)} of its {limit} tokens per minute; retry later",
-                             "tokens_per_minute_exceeded", u.seconds_until_below(limit, now))
+            raise over_quota(
+                f"key {who.name!r} used {u.used(now)} of its {limit} tokens per minute; retry later",
+                "tokens_per_minute_exceeded",
+                u.seconds_until_below(limit, now),
+            )
 
     def reject(self, u: KeyUsage, reason: str) -> None:
         u.rejected[reason] = u.rejected.get(reason, 0) + 1
@@ -116,19 +121,30 @@ class KeyCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         items = [(n, u) for n, u in sorted(self.book.usage.items()) if self.only is None or n == self.only]
-        specs = [("requests", "generation requests admitted, by key name", CounterMetricFamily, lambda u: u.requests),
-                 ("tokens", "prompt + completion tokens charged, by key name", CounterMetricFamily, lambda u: u.tokens),
-                 ("active_requests", "requests holding a concurrent slot, by key name", GaugeMetricFamily,
-                  lambda u: u.active),
-                 ("queued_requests", "requests waiting for a concurrent slot, by key name", GaugeMetricFamily,
-                  lambda u: u.queued)]
+        specs = [
+            ("requests", "generation requests admitted, by key name", CounterMetricFamily, lambda u: u.requests),
+            ("tokens", "prompt + completion tokens charged, by key name", CounterMetricFamily, lambda u: u.tokens),
+            (
+                "active_requests",
+                "requests holding a concurrent slot, by key name",
+                GaugeMetricFamily,
+                lambda u: u.active,
+            ),
+            (
+                "queued_requests",
+                "requests waiting for a concurrent slot, by key name",
+                GaugeMetricFamily,
+                lambda u: u.queued,
+            ),
+        ]
         for name, doc, family, value in specs:
             fam = family(PREFIX + name, doc, labels=["key"])
             for key, u in items:
                 fam.add_metric([key], value(u))
             yield fam
-        rejected = CounterMetricFamily(PREFIX + "rejected", "requests refused with 429 by a quota, by key name and "
-                                       "quota", labels=["key", "quota"])
+        rejected = CounterMetricFamily(
+            PREFIX + "rejected", "requests refused with 429 by a quota, by key name and quota", labels=["key", "quota"]
+        )
         for key, u in items:
             for reason, n in sorted(u.rejected.items()):
                 rejected.add_metric([key, reason], n)
@@ -176,9 +192,12 @@ class QuotaGate:
             return receive
         if queue_limit is not None and u.queued >= queue_limit:
             self.book.reject(u, "max_queued")
-            raise over_quota(f"key {who.name!r} has {u.active} requests running and {u.queued} waiting "
-                             f"(max_concurrent {limit}, max_queued {queue_limit}); retry later",
-                             "too_many_concurrent_requests", 1)
+            raise over_quota(
+                f"key {who.name!r} has {u.active} requests running and {u.queued} waiting "
+                f"(max_concurrent {limit}, max_queued {queue_limit}); retry later",
+                "too_many_concurrent_requests",
+                1,
+            )
         buffered: list[Message] = []
         u.queued += 1
         try:

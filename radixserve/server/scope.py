@@ -4,6 +4,7 @@ A request's cache namespace is its API key's tenant, optionally followed by `|ca
 admin sees every namespace; any other key only its own tenant's: no token text of one tenant reaches another. Without
 roles, a server without API keys treats every caller as the admin and every key as a tenant.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,6 +3,7 @@
 Engine calls run as tasks raced against the client's disconnect: a client that goes away while its request waits in the
 queue or decodes gets the request aborted (its pages freed), whether it streams or not.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,6 +37,7 @@ SSE_DONE = b"data: [DONE]\n\n"
 @dataclass
 class ServerState:
     """What the handlers share, kept on app.state.server (one per app, nothing global)."""
+
     engine: Engine
     model_name: str
     model_path: str
@@ -65,8 +67,9 @@ async def read_json(request: Request, type_: type[T]) -> T:
     limit = server_state(request).max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
-                       code="request_too_large")
+        raise ApiError(
+            413, f"request body of {declared} bytes exceeds the limit of {limit} bytes", code="request_too_large"
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -94,8 +97,12 @@ def scheduling(request: Request, priority: int, timeout: float | None) -> dict[s
 def aborted(fin: FinishReason) -> ApiError:
     """The error for a request the engine aborted: 504 if its own timeout ran out, else 503."""
     if fin.message == "timeout":
-        return ApiError(504, "request timed out (its `timeout` ran out); it was stopped and its pages freed",
-                        type="timeout_error", code="timeout")
+        return ApiError(
+            504,
+            "request timed out (its `timeout` ran out); it was stopped and its pages freed",
+            type="timeout_error",
+            code="timeout",
+        )
     return ApiError(503, f"request aborted: {fin.message or 'aborted'}", type="service_unavailable")
 
 
@@ -109,8 +116,11 @@ async def admit(state: ServerState, count: int = 1) -> None:
     limit = state.max_queued_requests
     own = state.engine.max_queued_requests
     if limit is not None and count > limit:  # a 429 would invite a retry that can never succeed
-        raise bad_request(f"{count} requests at once can never fit the queue of {limit} (--max-queued-requests)",
-                          param="n", code="too_many_requests_in_one_call")
+        raise bad_request(
+            f"{count} requests at once can never fit the queue of {limit} (--max-queued-requests)",
+            param="n",
+            code="too_many_requests_in_one_call",
+        )
     if limit is None or (own is not None and own <= limit):
         return
     waiting = (await asyncio.to_thread(state.engine.metrics))["num_waiting"]
@@ -119,8 +129,13 @@ async def admit(state: ServerState, count: int = 1) -> None:
 
 
 def queue_full(why: str) -> ApiError:
-    return ApiError(429, f"server busy: {why}; retry later", type="rate_limit_error", code="queue_full",
-                    headers={"Retry-After": "1"})
+    return ApiError(
+        429,
+        f"server busy: {why}; retry later",
+        type="rate_limit_error",
+        code="queue_full",
+        headers={"Retry-After": "1"},
+    )
 
 
 @contextlib.contextmanager
@@ -138,8 +153,12 @@ def engine_errors(default_param: str | None, renames: dict[str, str] | None = No
     except ValueError as exc:
         raise bad_request(str(exc), param=default_param) from None
     except RequestFailedError as exc:
-        raise ApiError(500, f"internal error while serving request {exc.rid}; it was stopped, other requests go on",
-                       type="internal_error", code="request_failed") from None
+        raise ApiError(
+            500,
+            f"internal error while serving request {exc.rid}; it was stopped, other requests go on",
+            type="internal_error",
+            code="request_failed",
+        ) from None
     except RuntimeError as exc:
         raise ApiError(503, f"engine unavailable: {exc}", type="service_unavailable") from None
 
@@ -185,13 +204,15 @@ async def generate(request: Request, state: ServerState, calls: list[GenerateReq
         return outs
 
     rids = [c.rid for c in calls]
-    return await unless_disconnected(request, asyncio.gather(*(one(kw) for kw in calls)),
-                                     on_gone=lambda: abort_all(eng, rids))
+    return await unless_disconnected(
+        request, asyncio.gather(*(one(kw) for kw in calls)), on_gone=lambda: abort_all(eng, rids)
+    )
 
 
 @dataclass
 class Stream:
     """One engine stream whose first chunk has arrived (so its input was accepted)."""
+
     rid: str
     first: StreamChunk
     rest: AsyncIterator[StreamChunk]
@@ -220,8 +241,10 @@ async def tokenized(eng: Engine, call: GenerateRequest) -> GenerateRequest:
 
 
 def _names_grammar(params: Any) -> bool:
-    return any(isinstance(p, dict) and any(p.get(f) is not None for f in ("regex", "json_schema", "ebnf"))
-               for p in (params if isinstance(params, list) else [params]))
+    return any(
+        isinstance(p, dict) and any(p.get(f) is not None for f in ("regex", "json_schema", "ebnf"))
+        for p in (params if isinstance(params, list) else [params])
+    )
 
 
 async def _open(eng: Engine, call: GenerateRequest) -> Stream:
@@ -309,8 +332,9 @@ class EventStream(StreamingResponse):
     """Server-sent events whose generator is always closed (so its engine requests are aborted), even on disconnect."""
 
     def __init__(self, events: AsyncIterator[bytes]) -> None:
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self._events = events
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -9,6 +9,7 @@ the file are tenants': `user` unless they say otherwise.
 Only a SHA-256 digest of each key is kept in memory; a request's key is hashed and compared against every digest in
 constant time, so neither the keys nor the time taken say which one matched.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,6 +32,7 @@ _COMMENT = re.compile(r"(^|\s)#.*$")  # a '#' starting a line or after a blank: 
 @dataclass(frozen=True)
 class Limits:
     """Per-key quotas; None: no limit."""
+
     max_concurrent: int | None = None  # requests of this key generating at once; more wait (see max_queued)
     max_queued: int | None = None  # requests of this key waiting for a concurrent slot; more get 429
     tokens_per_minute: int | None = None  # prompt + completion tokens in any 60 s; past it 429
@@ -39,6 +41,7 @@ class Limits:
 @dataclass(frozen=True)
 class Principal:
     """Who sent a request: the key's name (never the key), its role, its cache namespace and its limits."""
+
     name: str
     role: str
     namespace: str  # "" only for the open server (no keys): one shared namespace
@@ -132,6 +135,7 @@ def parse_file(text: str, where: str) -> list[KeyEntry]:
 class KeySources:
     """Where the keys come from; `load()` reads them all again (SIGHUP reloads the file; the command line and the
     environment are as they were at start)."""
+
     cli: tuple[str, ...] = ()  # --api-key values, each possibly several comma-separated entries
     file: Path | None = None
     env: str | None = None  # the value of RADIXSERVE_API_KEYS at start
@@ -178,7 +182,9 @@ def _check_unique(entries: list[KeyEntry]) -> None:
         if e.digest in digests:
             raise ApiKeyError(f"the key named {e.principal.name!r} is given twice")
         if e.principal.name in names:
-            raise ApiKeyError(f"two keys are named {e.principal.name!r}: names label quotas and metrics, keep them unique")
+            raise ApiKeyError(
+                f"two keys are named {e.principal.name!r}: names label quotas and metrics, keep them unique"
+            )
         digests.add(e.digest)
         names.add(e.principal.name)
 

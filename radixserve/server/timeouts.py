@@ -1,5 +1,6 @@
 """Connection limits against slow clients: headers must arrive within a time limit (uvicorn has none), and a body
 must keep arriving (each chunk within a time limit), so that idle or trickling connections cannot pile up."""
+
 from __future__ import annotations
 
 import asyncio

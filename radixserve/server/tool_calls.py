@@ -4,6 +4,7 @@ makes a model call a tool when `tool_choice` asks for one.
 One parser per chat template family, chosen from the template's text. Qwen2.5 (and Hermes-style templates, the
 test models' among them) write each call as `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,12 +69,12 @@ class HermesToolFormat:
             if end < 0:
                 leftover.append(rest)
                 break
-            call = self.parse_block(rest[len(self.start):end])
+            call = self.parse_block(rest[len(self.start) : end])
             if call is None:
                 leftover.append(rest[: end + len(self.end)])
             else:
                 calls.append(call)
-            rest = rest[end + len(self.end):]
+            rest = rest[end + len(self.end) :]
         text_out = (content + "".join(s for s in leftover if s.strip())).strip()
         return (text_out or None), calls
 
@@ -98,8 +99,14 @@ class HermesToolFormat:
             if choice is not None and fn["name"] != choice:
                 continue
             params = fn.get("parameters") or {"type": "object", "properties": {}}
-            schemas.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
-                            "required": ["name", "arguments"], "additionalProperties": False})
+            schemas.append(
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": False,
+                }
+            )
         schema = dict(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}, **{"x-guidance": JSON_OPTIONS})
         call = f'{self._marker(self.start)} "\\n" body "\\n" {self._marker(self.end)}'
         repeat = ' ("\\n" call)*' if choice is None and parallel else ""
@@ -152,13 +159,13 @@ class ToolStream:
             if end < 0:
                 return events
             block = self.buf[: end + len(self.fmt.end)]
-            call = self.fmt.parse_block(block[len(self.fmt.start): -len(self.fmt.end)])
+            call = self.fmt.parse_block(block[len(self.fmt.start) : -len(self.fmt.end)])
             if call is None:
                 events.append(StreamEvent(content=block))
             else:
                 events.append(StreamEvent(call=call, index=self.count))
                 self.count += 1
-            self.buf = self.buf[end + len(self.fmt.end):]
+            self.buf = self.buf[end + len(self.fmt.end) :]
             self.in_call, self.after_call = False, call is not None
 
     def finish(self) -> list[StreamEvent]:

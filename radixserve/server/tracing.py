@@ -5,6 +5,7 @@ had one) with children `radixserve.queued`, `radixserve.prefill_chunk` (one per 
 run of decode steps, each step a `decode_step` event) and `radixserve.requeued` (after a retraction, which is also a
 `retraction` event). Spans are built on an exporter thread from the finished timeline, never on the engine loop.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,12 @@ from radixserve.timeline import RequestTimeline, Span, Tracker, traceparent
 
 log = logging.getLogger("radixserve.tracing")
 _PROPAGATOR = TraceContextTextMapPropagator()
-SPAN_NAMES = {"queued": "radixserve.queued", "prefill": "radixserve.prefill_chunk", "decode": "radixserve.decode",
-              "retracted": "radixserve.requeued"}
+SPAN_NAMES = {
+    "queued": "radixserve.queued",
+    "prefill": "radixserve.prefill_chunk",
+    "decode": "radixserve.decode",
+    "retracted": "radixserve.requeued",
+}
 
 
 def otlp_provider(endpoint: str) -> TracerProvider:
@@ -94,15 +99,20 @@ class RequestTracer:
 
     def export(self, tl: RequestTimeline) -> None:
         parent = _PROPAGATOR.extract({"traceparent": tl.traceparent}) if tl.traceparent else None
-        root = self.tracer.start_span("radixserve.request", context=parent, start_time=self._ns(tl.created),
-                                      attributes={
-                                          "radixserve.rid": tl.rid, "radixserve.prompt_tokens": tl.prompt_tokens,
-                                          "radixserve.cached_tokens": tl.cached_tokens,
-                                          "radixserve.completion_tokens": tl.completion_tokens,
-                                          "radixserve.decode_steps": tl.decode_steps,
-                                          "radixserve.retractions": tl.retractions,
-                                          "radixserve.finish_reason": tl.finish_reason or "",
-                                      })
+        root = self.tracer.start_span(
+            "radixserve.request",
+            context=parent,
+            start_time=self._ns(tl.created),
+            attributes={
+                "radixserve.rid": tl.rid,
+                "radixserve.prompt_tokens": tl.prompt_tokens,
+                "radixserve.cached_tokens": tl.cached_tokens,
+                "radixserve.completion_tokens": tl.completion_tokens,
+                "radixserve.decode_steps": tl.decode_steps,
+                "radixserve.retractions": tl.retractions,
+                "radixserve.finish_reason": tl.finish_reason or "",
+            },
+        )
         ctx = trace.set_span_in_context(root)
         decode: list[Span] = []
         for s in list(tl.spans) + [Span("end", tl.finished or tl.created)]:
@@ -116,16 +126,24 @@ class RequestTracer:
                 break
             if s.kind == "retracted":
                 root.add_event("retraction", timestamp=self._ns(s.start))
-            attrs = {"radixserve.chunk_tokens": s.tokens, "radixserve.prefix_tokens": s.prefix} if (
-                s.kind == "prefill") else {}
-            child = self.tracer.start_span(SPAN_NAMES[s.kind], context=ctx, start_time=self._ns(s.start),
-                                           attributes=attrs)
+            attrs = (
+                {"radixserve.chunk_tokens": s.tokens, "radixserve.prefix_tokens": s.prefix}
+                if (s.kind == "prefill")
+                else {}
+            )
+            child = self.tracer.start_span(
+                SPAN_NAMES[s.kind], context=ctx, start_time=self._ns(s.start), attributes=attrs
+            )
             child.end(end_time=self._ns(s.end if s.end is not None else s.start))
         root.end(end_time=self._ns(tl.finished or tl.created))
 
     def _decode_span(self, steps: list[Span], ctx: Any) -> None:
-        span = self.tracer.start_span("radixserve.decode", context=ctx, start_time=self._ns(steps[0].start),
-                                      attributes={"radixserve.decode_steps": len(steps)})
+        span = self.tracer.start_span(
+            "radixserve.decode",
+            context=ctx,
+            start_time=self._ns(steps[0].start),
+            attributes={"radixserve.decode_steps": len(steps)},
+        )
         for s in steps:
             span.add_event("decode_step", timestamp=self._ns(s.end if s.end is not None else s.start))
         last = steps[-1]

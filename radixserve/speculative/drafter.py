@@ -1,5 +1,6 @@
 """The drafter: per running request, up to k guessed next tokens from the better of two sources (its own tokens, the
 radix tree), with k adapted to the request's recent acceptance, and counts of what was proposed and accepted."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,8 +42,9 @@ class SpecStats:
 
 
 class Drafter:
-    def __init__(self, max_tokens: int, vocab_size: int, index: ContinuationIndex | None,
-                 max_batch: int | None = None) -> None:
+    def __init__(
+        self, max_tokens: int, vocab_size: int, index: ContinuationIndex | None, max_batch: int | None = None
+    ) -> None:
         self.max_tokens = max_tokens
         self.vocab_size = vocab_size
         self.index = index

@@ -1,4 +1,5 @@
 """Which speculation an engine runs: `--speculative {auto,off,ngram}` resolved for its device and overlap setting."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,12 +30,19 @@ def choose_speculative(mode: str, device_type: str, overlap: bool | None) -> Spe
         return SpecChoice(False, None, default_overlap, "off")
     if mode == "ngram":
         if overlap:
-            raise ParamError("speculative", "speculative 'ngram' needs overlap_schedule off (a draft is built from "
-                             "the token the previous step sampled)")
+            raise ParamError(
+                "speculative",
+                "speculative 'ngram' needs overlap_schedule off (a draft is built from "
+                "the token the previous step sampled)",
+            )
         return SpecChoice(True, None, False, "ngram: on (overlap scheduling off)")
     if device_type == "cuda":
-        return SpecChoice(False, None, default_overlap, "auto: off on CUDA (verify steps would give up overlap "
-                          "scheduling and CUDA graphs; not measured there)")
+        return SpecChoice(
+            False,
+            None,
+            default_overlap,
+            "auto: off on CUDA (verify steps would give up overlap scheduling and CUDA graphs; not measured there)",
+        )
     if overlap:
         return SpecChoice(False, None, True, "auto: off (overlap_schedule was asked for)")
     return SpecChoice(True, AUTO_MAX_BATCH, False, f"auto: on, in steps of at most {AUTO_MAX_BATCH} decodes (CPU)")

@@ -1,5 +1,6 @@
 """Prompt lookup: the longest recent n-gram at the end of a request's tokens found earlier in them (its prompt or
 its output), and the tokens that followed it there."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
