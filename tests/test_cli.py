@@ -186,7 +186,7 @@ def test_every_option_has_help_and_version_prints(capsys) -> None:
     import argparse
 
     from radixserve import __version__
-    from radixserve.cli import build_parser
+    from radixserve.cli_args import build_parser
 
     missing = []
 
@@ -209,7 +209,7 @@ def test_engine_flags_cover_every_engine_config_field(tiny_model_dir: Path) -> N
     """The CLI and EngineConfig cannot drift: every field has a flag (serve adds the queue limit), every flag a field."""
     from dataclasses import fields
 
-    from radixserve.cli import build_parser, engine_kwargs
+    from radixserve.cli_args import build_parser, engine_kwargs
     from radixserve.engine_config import EngineConfig
 
     args = build_parser().parse_args(["serve", "--model", str(tiny_model_dir)])

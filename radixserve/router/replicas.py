@@ -104,7 +104,7 @@ def stop_replicas(replicas: list[tuple[str, subprocess.Popen]], grace_s: float =
 
 def run_replicas(args: argparse.Namespace, argv: Sequence[str], model: Path) -> int:
     """Serve with args.dp replicas behind the router on args.host:args.port; returns the exit code."""
-    from radixserve.cli import build_parser
+    from radixserve.cli_args import build_parser
     from radixserve.router.launch import run_router
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
