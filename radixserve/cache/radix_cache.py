@@ -10,13 +10,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
 
 from radixserve.cache.continuation_index import ContinuationIndex
+from radixserve.cache.tree_node import InsertResult, MatchResult, TreeNode, as_bytes, first_diff_page
 from radixserve.cache.tree_check import check_tree
 from radixserve.cache.kv_pool import KVPool
 
@@ -26,51 +26,6 @@ if TYPE_CHECKING:
 _MASK64 = (1 << 64) - 1
 _SEED = 0
 _NS_PREFIX = b"radixserve-namespace:"
-
-
-@dataclass(eq=False, slots=True)
-class TreeNode:
-    """A run of full pages: `keys[i]`, `pages[i]` and tokens `token_bytes[i*page_bytes:(i+1)*page_bytes]` per page."""
-
-    id: int
-    parent: TreeNode | None
-    namespace: str
-    token_bytes: bytes  # int32 little-endian, len(pages) * page_size tokens
-    pages: list[int]
-    keys: list[int]
-    lock_ref: int = 0
-    last_access: int = 0
-    hits: int = 0  # requests admitted onto a path through this node (counted by radixserve/timeline.py)
-    children: dict[int, TreeNode] = field(default_factory=dict)
-
-    @property
-    def tokens(self) -> list[int]:
-        """The node's tokens as Python ints (for debugging and tests; the hot path works on bytes)."""
-        return np.frombuffer(self.token_bytes, dtype="<i4").tolist()
-
-
-@dataclass
-class MatchResult:
-    node: TreeNode  # deepest node matched (root if nothing); pass to lock()/unlock()
-    pages: list[int]  # pool page ids of the matched full pages, in order
-    num_tokens: int  # len(pages) * page_size
-
-
-@dataclass
-class InsertResult:
-    node: TreeNode  # deepest node now holding the inserted run (lock it)
-    pages: list[int]  # the tree's page ids for the first len(pages) pages of the run; shorter only on a hash collision
-
-
-def _as_bytes(tokens: Sequence[int]) -> bytes:
-    return np.asarray(tokens, dtype="<i4").tobytes()
-
-
-def _first_diff_page(a: bytes, b: bytes, page_size: int) -> int:
-    """Index of the first page where two equal-length token byte strings differ (they must differ somewhere)."""
-    x = np.frombuffer(a, dtype="<i4")
-    y = np.frombuffer(b, dtype="<i4")
-    return int(np.flatnonzero(x != y)[0]) // page_size
 
 
 class RadixCache:
@@ -194,7 +149,7 @@ class RadixCache:
         n_pages = max(0, (len(tokens) - 1) // ps)
         if n_pages == 0:
             return MatchResult(self.root, [], 0)
-        tb = _as_bytes(tokens[: n_pages * ps])
+        tb = as_bytes(tokens[: n_pages * ps])
         self._clock += 1
         now = self._clock
         node, key, pos = self.root, self.root_key(namespace), 0
@@ -206,7 +161,7 @@ class RadixCache:
             m = min(len(child.pages), n_pages - pos)
             query = tb[pos * pb : (pos + m) * pb]
             # Equal tokens under an equal first key imply equal keys for the whole run: no need to hash the rest.
-            n = m if query == child.token_bytes[: m * pb] else _first_diff_page(query, child.token_bytes[: m * pb], ps)
+            n = m if query == child.token_bytes[: m * pb] else first_diff_page(query, child.token_bytes[: m * pb], ps)
             if n == 0:  # hash collision: another prompt's page under our key
                 break
             if n < len(child.pages):
@@ -232,7 +187,7 @@ class RadixCache:
         n_pages = len(pages)
         if n_pages == 0:
             return InsertResult(self.root, [])
-        tb = _as_bytes(tokens)
+        tb = as_bytes(tokens)
         self._clock += 1
         now = self._clock
         node, key, pos = self.root, self.root_key(namespace), 0
@@ -270,7 +225,7 @@ class RadixCache:
                 break
             m = min(len(child.pages), n_pages - pos)
             query = tb[pos * pb : (pos + m) * pb]
-            n = m if query == child.token_bytes[: m * pb] else _first_diff_page(query, child.token_bytes[: m * pb], ps)
+            n = m if query == child.token_bytes[: m * pb] else first_diff_page(query, child.token_bytes[: m * pb], ps)
             if n == 0:  # hash collision: stop, the caller keeps the rest
                 break
             if n < len(child.pages):
@@ -363,7 +318,7 @@ class RadixCache:
         concurrent change can make the answer stale, never wrong for the tree it saw."""
         ps, pb = self.page_size, self._page_bytes
         n_pages = len(tokens) // ps
-        tb = _as_bytes(tokens[: n_pages * ps])
+        tb = as_bytes(tokens[: n_pages * ps])
         node, key, pos = self.root, self.root_key(namespace), 0
         path: list[tuple[TreeNode, int]] = []
         while pos < n_pages:
@@ -373,7 +328,7 @@ class RadixCache:
             held = child.token_bytes
             m = min(len(held) // pb, n_pages - pos)
             query = tb[pos * pb : (pos + m) * pb]
-            n = m if query == held[: m * pb] else _first_diff_page(query, held[: m * pb], ps)
+            n = m if query == held[: m * pb] else first_diff_page(query, held[: m * pb], ps)
             if n == 0:
                 break
             path.append((child, n))
