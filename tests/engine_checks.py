@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,3 +38,23 @@ def engine_left_at_rest(model: Path, **kwargs: Any) -> Iterator[Any]:
         assert_at_rest(eng)
     finally:
         eng.shutdown()
+
+
+async def leave_stream_after(engine: Any, ids: list[int], stop_after: int) -> None:
+    """Stream a request and leave after `stop_after` chunks: leaving the stream early aborts the request."""
+    it = engine.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "ignore_eos": True}, stream=True)
+    n = 0
+    async for _ in it:
+        n += 1
+        if n >= stop_after:
+            break
+    await it.aclose()
+
+
+async def abort_after(engine: Any, ids: list[int], delay: float, rid: str) -> dict[str, Any]:
+    """Start a request, abort it by rid after `delay` seconds (queued, mid-prefill or mid-decode by then), return
+    what it answered."""
+    task = asyncio.ensure_future(engine.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 30}, rid=rid))
+    await asyncio.sleep(delay)
+    engine.abort(rid)
+    return await task

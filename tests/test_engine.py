@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_checks import wait_idle
+from engine_checks import abort_after, leave_stream_after, wait_idle
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 
@@ -91,27 +91,15 @@ async def test_abort_at_random_moments_leaks_nothing(tiny_model_dir: Path, make_
     )
     rng = random.Random(4)
 
-    async def consume(ids: list[int], stop_after: int) -> None:
-        it = eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "ignore_eos": True}, stream=True)
-        n = 0
-        async for _ in it:
-            n += 1
-            if n >= stop_after:
-                break  # leaving the stream early aborts the request
-        await it.aclose()
-
     async def abort_by_rid(ids: list[int], delay: float, rid: str) -> None:
-        task = asyncio.ensure_future(eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 30}, rid=rid))
-        await asyncio.sleep(delay)
-        eng.abort(rid)
-        out = await task
+        out = await abort_after(eng, ids, delay, rid)
         assert out["meta_info"]["finish_reason"]["type"] in ("abort", "length", "stop")
 
     jobs = []
     for i in range(12):
         ids = rand_ids(rng, rng.choice([5, 40, 120]))
         if i % 2:
-            jobs.append(consume(ids, rng.randrange(1, 6)))
+            jobs.append(leave_stream_after(eng, ids, rng.randrange(1, 6)))
         else:  # queued (max_running_requests=3), mid-prefill (chunks of 16) or mid-decode, depending on timing
             jobs.append(abort_by_rid(ids, rng.random() * 0.05, f"r{i}"))
     await asyncio.gather(*jobs)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_checks import wait_idle
+from engine_checks import abort_after, leave_stream_after, wait_idle
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.partial_page import MAX_TAILS_PER_KEY, PartialPages, PartialTail
 from radixserve.cache.radix_cache import RadixCache
@@ -164,25 +164,14 @@ async def test_aborts_of_owners_and_readers_leak_nothing(tiny_model_dir: Path, m
     rng = random.Random(15)
     shared = prefix_ids(rng, 2 * PS + 5)
 
-    async def consume(ids: list[int], stop_after: int) -> None:
-        it = eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "ignore_eos": True}, stream=True)
-        n = 0
-        async for _ in it:
-            n += 1
-            if n >= stop_after:
-                break  # leaving the stream early aborts the request
-        await it.aclose()
-
-    async def abort_by_rid(ids: list[int], delay: float, rid: str) -> None:
-        task = asyncio.ensure_future(eng.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 30}, rid=rid))
-        await asyncio.sleep(delay)
-        eng.abort(rid)
-        await task
-
     jobs = []
     for i in range(12):
         ids = shared[: rng.randrange(PS, len(shared) + 1)] + suffix_ids(rng, rng.choice([1, 9, 40]))
-        jobs.append(consume(ids, rng.randrange(1, 6)) if i % 2 else abort_by_rid(ids, rng.random() * 0.05, f"r{i}"))
+        jobs.append(
+            leave_stream_after(eng, ids, rng.randrange(1, 6))
+            if i % 2
+            else abort_after(eng, ids, rng.random() * 0.05, f"r{i}")
+        )
     await asyncio.gather(*jobs)
     await asyncio.to_thread(wait_idle, eng)
     eng.check_invariants()
