@@ -8,12 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import openai
 
+from server_process import wait_healthy
 from radixserve.router.proxy import WORKER_HEADER
 from radixserve.router.replicas import replica_argv
 
@@ -86,16 +86,7 @@ def test_serve_dp_two_replicas_behind_the_router(tiny_model_dir: Path) -> None:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "router not healthy in time"
-            time.sleep(0.5)
+        wait_healthy(proc, url, timeout=240, poll_s=0.5)
         workers = httpx.get(url + "/workers").json()
         assert len(workers["workers"]) == 2
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from server_process import wait_healthy
 from radixserve.cli import main
 from radixserve.server.tenants import (
     OPEN,
@@ -181,16 +182,7 @@ def test_sighup_reloads_the_key_file_of_a_running_server(tiny_model_dir: Path, t
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_healthy(proc, url, timeout=120, poll_s=0.2)
 
         def status(key: str) -> int:
             return httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code
