@@ -3,6 +3,7 @@ tiers, restore saved pins, checkpoint, persist at shutdown). A mixin of Engine, 
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -13,6 +14,8 @@ from radixserve.cache.radix_cache import RadixCache
 from radixserve.engine_config import EngineConfig
 from radixserve.errors import ParamError
 from radixserve.scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_S = 30.0  # an idle engine writes pages the disk tier lacks and its index at most this often
 TIER_KEYS = (
@@ -52,6 +55,11 @@ def attach_tier(
     and pin again what the last run on the directory had pinned (before the loop starts: nothing else runs)."""
     cache = scheduler.cache
     if not isinstance(cache, RadixCache):
+        return None
+    if config.tp > 1:
+        # The tiers copy rank 0's pool only; each worker holds its own shard of every page, which they would miss.
+        if config.kv_cache_dir is not None or config.kv_cache_host_gb:
+            log.warning("--kv-cache-dir and --kv-cache-host-gb are not supported with --tp > 1 yet: tiers off")
         return None
     tier = open_tier(
         config.kv_cache_dir,
