@@ -60,6 +60,12 @@ def test_pin_endpoints_and_pin_on_generate(make_engine: Callable, tiny_model_dir
             "radixserve_loaded_pages_total",
             "radixserve_disk_hit_tokens_total",
             "radixserve_load_seconds_total",
+            "radixserve_host_pages",
+            "radixserve_host_bytes",
+            "radixserve_host_hit_tokens_total",
+            "radixserve_host_spilled_pages_total",
+            "radixserve_host_loaded_pages_total",
+            "radixserve_host_load_seconds_total",
         ):
             assert name in m, name
         assert http.post("/flush_cache").status_code == 200
