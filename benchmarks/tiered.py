@@ -1,5 +1,5 @@
-"""The disk tier (--kv-cache-dir) on the default model: a RAG workload 4x larger than the KV pool, tier on vs off,
-and the first request after a restart vs a cold start. Everything side by side in one run (requests interleaved
+"""The disk tier (--kv-cache-dir) on the default model: a RAG workload 4x larger than the KV pool, tier on vs off
+(and, with --host-gb, the host-RAM tier alone), and the first request after a restart vs a cold start. Everything side by side in one run (requests interleaved
 between the two engines), since the machine is shared and noisy.
 
 RAG: `--docs` documents of `--doc-tokens` tokens each (4x the pool of `--pool-tokens`), each request one document
@@ -9,7 +9,7 @@ plus a distinct question, asked in `--rounds` shuffled rounds. Hit rate is compa
 Restart: a `--system-tokens` system prompt; a cold engine (no tier) vs an engine started on a directory that an
 earlier engine wrote at shutdown; both answer the same question greedily and must agree.
 
-    .venv/bin/python -m benchmarks.tiered [--pool-tokens 1024 --docs 8 --doc-tokens 512 --rounds 2]
+    .venv/bin/python -m benchmarks.tiered [--pool-tokens 1024 --docs 8 --doc-tokens 512 --rounds 2 --host-gb 0.1]
 """
 
 from __future__ import annotations
@@ -75,43 +75,52 @@ def optimum_hits(prompts: list[list[int]], page: int) -> int:
 
 def rag(args: argparse.Namespace, kv_dir: Path) -> dict[str, Any]:
     common = {"max_total_tokens": args.pool_tokens}
-    on = Engine(kv_cache_dir=kv_dir, **common)
-    off = Engine(**common)
+    engines = {"on": Engine(kv_cache_dir=kv_dir, **common), "off": Engine(**common)}
+    if args.host_gb:  # the host-RAM tier alone (forced on the CPU), no directory
+        engines["host"] = Engine(kv_cache_host_gb=args.host_gb, **common)
+    on = engines["on"]
     rng = random.Random(0)
     docs = [exact_tokens(on, rng, args.doc_tokens) for _ in range(args.docs)]
     order = [(r, d) for r in range(args.rounds) for d in rng.sample(range(args.docs), args.docs)]
     prompts = [docs[d] + on.encode(f"\nQuestion {r}: {QUESTIONS[(d + r) % len(QUESTIONS)]}") for r, d in order]
-    ttft: dict[str, list[float]] = {"on": [], "off": []}
+    ttft: dict[str, list[float]] = {k: [] for k in engines}
     same = True
     for i, p in enumerate(prompts):
-        a, b = ask(on, p, args.new_tokens), ask(off, p, args.new_tokens)
-        same &= a["ids"] == b["ids"]
+        outs = {k: ask(eng, p, args.new_tokens) for k, eng in engines.items()}
+        same &= all(o["ids"] == outs["off"]["ids"] for o in outs.values())
         if i >= args.docs:  # after the first round: every document was seen once
-            ttft["on"].append(a["ttft"])
-            ttft["off"].append(b["ttft"])
-    s_on, s_off = on.cache_stats(), off.cache_stats()
-    on.shutdown()
-    off.shutdown()
-    best = optimum_hits(prompts, s_on["page_size"])
+            for k, o in outs.items():
+                ttft[k].append(o["ttft"])
+    stats = {k: eng.cache_stats() for k, eng in engines.items()}
+    for eng in engines.values():
+        eng.shutdown()
+    best = optimum_hits(prompts, stats["on"]["page_size"])
     p50 = {k: statistics.median(v) for k, v in ttft.items()}
-    return {
+    s_on = stats["on"]
+    out = {
         "requests": len(prompts),
         "pool_tokens": args.pool_tokens,
         "doc_tokens": args.docs * args.doc_tokens,
         "optimum_hit_tokens": best,
-        "hit_tokens_on": s_on["hit_tokens"],
-        "hit_tokens_off": s_off["hit_tokens"],
-        "hit_vs_optimum_on": s_on["hit_tokens"] / best,
-        "hit_vs_optimum_off": s_off["hit_tokens"] / best,
-        "ttft_p50_on": p50["on"],
-        "ttft_p50_off": p50["off"],
-        "ttft_ratio": p50["on"] / p50["off"],
+        **{f"hit_tokens_{k}": s["hit_tokens"] for k, s in stats.items()},
+        **{f"hit_vs_optimum_{k}": s["hit_tokens"] / best for k, s in stats.items()},
+        **{f"ttft_p50_{k}": v for k, v in p50.items()},
+        **{f"ttft_ratio_{k}": p50[k] / p50["off"] for k in p50 if k != "off"},
         "load_ms_per_page": 1e3 * s_on["load_seconds_per_page"],
         "spilled_pages": s_on["spilled_pages"],
         "loaded_pages": s_on["loaded_pages"],
         "disk_mb": s_on["disk_bytes"] / 1e6,
         "outputs_identical": same,
     }
+    if "host" in stats:
+        s = stats["host"]
+        out.update(
+            host_load_ms_per_page=1e3 * s["host_load_seconds_per_page"],
+            host_spilled_pages=s["host_spilled_pages"],
+            host_loaded_pages=s["host_loaded_pages"],
+            host_mb=s["host_bytes"] / 1e6,
+        )
+    return out
 
 
 def restart(args: argparse.Namespace, kv_dir: Path) -> dict[str, Any]:
@@ -156,6 +165,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=4)
     ap.add_argument("--system-tokens", type=int, default=2000)
     ap.add_argument("--restarts", type=int, default=2)
+    ap.add_argument("--host-gb", type=float, default=0.0, help="also run the host-RAM tier alone, this size")
     ap.add_argument("--skip", choices=["rag", "restart"], default=None)
     args = ap.parse_args()
     print(

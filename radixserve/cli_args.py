@@ -146,6 +146,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         help="size limit of --kv-cache-dir in GB; least recently used pages go past it (default: %(default)s)",
     )
     p.add_argument(
+        "--kv-cache-host-gb",
+        type=float,
+        default=None,
+        help="size of the host-RAM tier between the KV pool and --kv-cache-dir in GB; 0: off (default: on a GPU, "
+        "twice the pool but at most a quarter of the available RAM; off on CPU)",
+    )
+    p.add_argument(
         "--max-pinned-share",
         type=float,
         default=0.5,
@@ -295,6 +302,7 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "speculative_max_tokens": args.speculative_max_tokens,
         "kv_cache_dir": args.kv_cache_dir,
         "kv_cache_disk_gb": args.kv_cache_disk_gb,
+        "kv_cache_host_gb": args.kv_cache_host_gb,
         "max_pinned_share": args.max_pinned_share,
         "tp": args.tp,
     }

@@ -1,8 +1,9 @@
-"""The engine's prefix-cache surface: statistics per tier, pinning, and the disk tier's life (open, checkpoint,
-persist at shutdown). A mixin of Engine, which provides `scheduler`, `runner`, `inputs`, `loop` and `generate`."""
+"""The engine's prefix-cache surface: statistics per tier, pinning, and the tiers' life (open the host and disk
+tiers, restore saved pins, checkpoint, persist at shutdown). A mixin of Engine, which provides `scheduler`, `runner`, `inputs`, `loop` and `generate`."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -13,6 +14,8 @@ from radixserve.cache.radix_cache import RadixCache
 from radixserve.engine_config import EngineConfig
 from radixserve.errors import ParamError
 from radixserve.scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_S = 30.0  # an idle engine writes pages the disk tier lacks and its index at most this often
 TIER_KEYS = (
@@ -27,6 +30,15 @@ TIER_KEYS = (
     "disk_bad_files",
     "disk_lru_evicted_pages",
     "disk_write_errors",
+    "host_pages",
+    "host_bytes",
+    "host_limit_bytes",
+    "host_lru_evicted_pages",
+    "host_hit_tokens",
+    "host_spilled_pages",
+    "host_loaded_pages",
+    "host_load_seconds",
+    "host_load_seconds_per_page",
 )
 
 
@@ -39,12 +51,20 @@ def attach_tier(
     num_kv_heads: int,
     head_dim: int,
 ) -> KVTier | None:
-    """Open --kv-cache-dir under the scheduler's radix cache (None when off or unusable)."""
-    if config.kv_cache_dir is None or not isinstance(scheduler.cache, RadixCache):
+    """Open the host tier and --kv-cache-dir under the scheduler's radix cache (None when both are off or unusable)
+    and pin again what the last run on the directory had pinned (before the loop starts: nothing else runs)."""
+    cache = scheduler.cache
+    if not isinstance(cache, RadixCache):
+        return None
+    if config.tp > 1:
+        # The tiers copy rank 0's pool only; each worker holds its own shard of every page, which they would miss.
+        if config.kv_cache_dir is not None or config.kv_cache_host_gb:
+            log.warning("--kv-cache-dir and --kv-cache-host-gb are not supported with --tp > 1 yet: tiers off")
         return None
     tier = open_tier(
         config.kv_cache_dir,
         config.kv_cache_disk_gb,
+        config.kv_cache_host_gb,
         model_path,
         quantization,
         scheduler.pool,
@@ -52,7 +72,12 @@ def attach_tier(
         num_kv_heads,
         head_dim,
     )
-    scheduler.cache.tier = tier
+    cache.tier = tier
+    store = tier.store if tier is not None else None
+    if store is not None:
+        scheduler.pins.restore(cache, store.load_pins(), tier.load_prefix)  # type: ignore[union-attr]
+        scheduler.pins.on_change = store.save_pins
+        store.save_pins(scheduler.pins.entries())
     return tier
 
 
@@ -85,7 +110,8 @@ class CacheSurface:
     loop: Any
 
     def tier_stats(self) -> dict[str, Any]:
-        """Per-tier pages, bytes and hits (device = the KV pool; disk = --kv-cache-dir); zeros for a tier that is off."""
+        """Per-tier pages, bytes and hits (device = the KV pool; host = the host-RAM tier; disk = --kv-cache-dir);
+        zeros for a tier that is off."""
         s, cache, pool = self.scheduler.stats, self.scheduler.cache, self.runner.pool
         cfg = self.runner.config
         page_bytes = (
@@ -96,9 +122,10 @@ class CacheSurface:
         return {
             "device_pages": cache.total_pages,
             "device_bytes": cache.total_pages * page_bytes,
-            "device_hit_tokens": max(s.hit_tokens - tier["disk_hit_tokens"], 0),
+            "device_hit_tokens": max(s.hit_tokens - tier["disk_hit_tokens"] - tier["host_hit_tokens"], 0),
             "pinned_pages": pinned,
-            "kv_cache_dir_enabled": cache.tier is not None,
+            "kv_cache_dir_enabled": cache.tier is not None and cache.tier.store is not None,
+            "host_tier_enabled": cache.tier is not None and cache.tier.host is not None,
             **tier,
         }
 

@@ -43,6 +43,9 @@ class EngineConfig:
     speculative_max_tokens: int = 8  # most drafted tokens verified per request and step
     kv_cache_dir: str | Path | None = None  # disk tier for evicted and persisted KV pages; None: off
     kv_cache_disk_gb: float = 10.0  # the disk tier's size limit (LRU past it)
+    # the pinned host-RAM tier between the pool and the disk (radixserve/cache/host_tier.py), in GB; None: automatic
+    # (on for CUDA, at most twice the pool and a quarter of the available RAM; off on CPU); 0: off
+    kv_cache_host_gb: float | None = None
     max_pinned_share: float = 0.5  # pinned prefixes (/cache/pin) hold at most this share of the KV pool
     enable_jump_forward: bool = True  # constrained decoding appends the tokens a grammar forces without sampling
     tp: int = 1  # tensor parallel ranks: tp - 1 workers share each layer (radixserve/distributed.py)
@@ -121,6 +124,16 @@ class EngineConfig:
                 and not isinstance(self.kv_cache_disk_gb, bool)
                 and self.kv_cache_disk_gb > 0,
                 "must be > 0",
+            ),
+            (
+                "kv_cache_host_gb",
+                self.kv_cache_host_gb is None
+                or (
+                    isinstance(self.kv_cache_host_gb, (int, float))
+                    and not isinstance(self.kv_cache_host_gb, bool)
+                    and self.kv_cache_host_gb >= 0
+                ),
+                "must be >= 0 or None",
             ),
             (
                 "max_pinned_share",

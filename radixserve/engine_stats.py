@@ -10,7 +10,17 @@ from typing import Any
 
 from radixserve.speculative.drafter import spec_stats
 
-_TIER_COUNTERS = ("device_hit_tokens", "disk_hit_tokens", "spilled_pages", "loaded_pages", "load_seconds")
+_TIER_COUNTERS = (
+    "device_hit_tokens",
+    "disk_hit_tokens",
+    "spilled_pages",
+    "loaded_pages",
+    "load_seconds",
+    "host_hit_tokens",
+    "host_spilled_pages",
+    "host_loaded_pages",
+    "host_load_seconds",
+)
 
 
 class EngineStats:
@@ -66,10 +76,17 @@ class EngineStats:
 
     def flush_cache(self, namespace: Callable[[str], bool] | None = None) -> bool | int:
         """namespace None: drop every cached page (False while requests run, nothing dropped then). With a predicate
-        on namespaces: drop the unlocked cached pages of the namespaces it accepts, whatever runs; returns how many."""
+        on namespaces: drop the unlocked pool pages and every host and disk page of the namespaces it accepts,
+        whatever runs; returns how many (a page held in two tiers counts twice)."""
         if namespace is None:
             return self.loop.call(self.scheduler.flush_cache)
-        return self.loop.call(lambda: self.scheduler.cache.flush_namespaces(namespace))
+
+        def flush() -> int:
+            cache = self.scheduler.cache
+            dropped = cache.flush_namespaces(namespace)
+            return dropped + (cache.tier.drop_namespaces(namespace) if cache.tier is not None else 0)
+
+        return self.loop.call(flush)
 
     def check_invariants(self) -> None:
         self.loop.call(self.scheduler.check_invariants)

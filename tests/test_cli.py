@@ -77,6 +77,8 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "5",
         "--kv-cache-disk-gb",
         "0.5",
+        "--kv-cache-host-gb",
+        "0",
         "--max-pinned-share",
         "0.25",
         "--otlp-endpoint",
@@ -119,6 +121,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "speculative_max_tokens": 5,
         "kv_cache_dir": None,
         "kv_cache_disk_gb": 0.5,
+        "kv_cache_host_gb": 0.0,
         "max_pinned_share": 0.25,
         "tp": 1,
     }

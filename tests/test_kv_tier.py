@@ -116,7 +116,7 @@ def test_damaged_files_are_misses_and_deleted(tmp_path: Path, damage: str) -> No
         victim.write_bytes(files(cache)[0].read_bytes() if files(cache)[0] != victim else files(cache)[1].read_bytes())
     else:  # the same page computed by another model or setting
         other = DiskTier(tmp_path / "elsewhere", 1 << 30, "b" * 32, LAYOUT.page_bytes)
-        other.put(key, tier.store.index[key].prefix, b"\0" * LAYOUT.page_bytes)
+        other.put(key, tier.store.index[key].prefix, b"\0" * LAYOUT.page_bytes, "")
         victim.write_bytes(other.path(key).read_bytes())
         other.close()
     assert tier.load_prefix(cache, tokens + [1], "") == 3  # pages 0-2 load, page 3 is a miss
@@ -209,5 +209,5 @@ def test_unusable_directory_means_no_tier(tmp_path: Path, monkeypatch, caplog) -
     pool = KVPool(2, 8, PS, 2, 8, torch.bfloat16)
     model = tmp_path / "config.json"
     model.write_text("{}")
-    assert open_tier(tmp_path / "kv", 1.0, model, "none", pool, 2, 2, 8) is None
+    assert open_tier(tmp_path / "kv", 1.0, None, model, "none", pool, 2, 2, 8) is None
     assert "unusable" in caplog.text

@@ -1,7 +1,8 @@
 """The disk tier in a running engine (tiny model, a pool of 24 pages of 4 tokens): greedy outputs identical with the
 tier on and off under heavy eviction; a restart hits with identical output; damaged files, another model or dtype,
 and another namespace never hit; a second server on the directory is refused; disk errors degrade; flush clears
-both tiers; pins survive eviction pressure within their share. Every engine ends at rest (DESIGN.md rule 2)."""
+both tiers; pins survive eviction pressure within their share, and restarts within the share then; a namespace's
+flush drops its pages in every tier and no other's. Every engine ends at rest (DESIGN.md rule 2)."""
 
 from __future__ import annotations
 
@@ -187,3 +188,60 @@ def test_an_idle_engine_checkpoints_its_tree_to_disk(make_engine, tiny_model_dir
         assert time.monotonic() < deadline, eng.cache_stats()
         time.sleep(0.05)
     assert list(tmp_path.glob("*/index.json"))
+
+
+def test_pins_survive_a_restart_within_the_share(make_engine, tiny_model_dir, tmp_path: Path, caplog) -> None:
+    other = list(range(400, 408))  # 2 pages, in another namespace
+    first = make_engine(tiny_model_dir, kv_cache_dir=tmp_path, max_pinned_share=0.5, **POOL)  # 12 of 24 pages
+    first.pin(input_ids=list(range(200, 208)))
+    assert first.unpin(input_ids=list(range(200, 208)))  # unpinned before the restart: not restored
+    first.pin(input_ids=SYSTEM)  # 10 pages
+    first.pin(input_ids=other, cache_salt="tenant-b")
+    run(first, [list(range(i * 40 + 1, i * 40 + 37)) for i in range(4)])  # churn: the pins stay, the rest spills
+    stop(first)
+    second = make_engine(tiny_model_dir, kv_cache_dir=tmp_path, max_pinned_share=0.5, **POOL)
+    s = second.cache_stats()
+    assert s["pinned_pages"] == 12 and s["loaded_pages"] == 12  # loaded from disk and pinned again at start
+    run(second, [list(range(i * 40 + 1, i * 40 + 37)) for i in range(4)])
+    before = second.cache_stats()["hit_tokens"]
+    run(second, [SYSTEM + [9, 10, 11]])
+    assert second.cache_stats()["hit_tokens"] - before == 40  # the pin held through the churn
+    assert not second.unpin(input_ids=list(range(200, 208)))
+    stop(second)
+    # A smaller share at the next start: a pin that no longer fits is dropped with a warning, not an error.
+    third = make_engine(tiny_model_dir, kv_cache_dir=tmp_path, max_pinned_share=0.25, **POOL)  # 6 pages
+    assert third.cache_stats()["pinned_pages"] == 2 and "not restored" in caplog.text
+    stop(third)
+    fourth = make_engine(tiny_model_dir, kv_cache_dir=tmp_path, max_pinned_share=0.5, **POOL)
+    assert fourth.cache_stats()["pinned_pages"] == 2  # the pin the third could not restore is gone from pins.json
+    assert fourth.unpin(input_ids=other, cache_salt="tenant-b")
+
+
+# With the host tier (30 pages, forced on the CPU) and n-gram speculation on, the tree's continuation index must
+# forget the flushed pages too.
+@pytest.mark.parametrize("host_gb,speculative", [(0, "off"), (30 * 3072 / (1 << 30), "ngram")])
+def test_a_namespace_flush_drops_its_pages_in_every_tier(
+    make_engine, tiny_model_dir, tmp_path: Path, host_gb: float, speculative: str
+) -> None:
+    ids = prompts(3)
+    eng = make_engine(tiny_model_dir, kv_cache_dir=tmp_path, kv_cache_host_gb=host_gb, speculative=speculative, **POOL)
+    for salt in ("tenant-b", "tenant-a|x", "tenant-a"):  # tenant-a last: its pages are in the pool too
+        run(eng, ids, salt=salt)
+    assert eng.cache_stats()["cached_pages"] > 0
+    tier = eng.tier
+    held = [e.namespace for e in tier.store.index.values()]
+    if tier.host is not None:
+        held += [e.namespace for _, e in tier.host.items()]
+    assert {"tenant-a", "tenant-a|x", "tenant-b"} <= set(held)
+    assert eng.flush_cache(lambda ns: ns == "tenant-a" or ns.startswith("tenant-a|")) >= held.count("tenant-a")
+    eng.check_invariants()
+    left = {e.namespace for e in tier.store.index.values()}
+    if tier.host is not None:
+        left |= {e.namespace for _, e in tier.host.items()}
+    assert left == {"tenant-b"}
+    assert len(list(tmp_path.glob("*/*.kv"))) == tier.store.num_pages
+    stop(eng)
+    again = make_engine(tiny_model_dir, kv_cache_dir=tmp_path, **POOL)
+    assert run(again, ids[:1], salt="tenant-a") == run(again, ids[:1], salt="tenant-b")  # no cache_salt effect
+    s = again.cache_stats()
+    assert s["disk_hit_tokens"] == 60 and s["hit_tokens"] == 60, s  # tenant-b's pages came back, tenant-a's did not

@@ -5,7 +5,7 @@ the holder). The index (key -> prefix digest, file size, in LRU order) lives in 
 index.json beside the pages on checkpoints and at shutdown; on start it is read back and reconciled with the files
 there (a file the index lacks is admitted if its header checks out, anything else is deleted). A write that fails
 (disk full, read-only) turns spilling off with one warning; reads go on. A file that fails any check on read is a
-miss and is deleted.
+miss and is deleted. Pins (/cache/pin) are saved beside the index in pins.json, so a restart restores them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from radixserve.cache.page_file import PageFileError
 log = logging.getLogger(__name__)
 
 INDEX = "index.json"
+PINS = "pins.json"
 SUFFIX = ".kv"
 
 
@@ -37,6 +38,7 @@ class TierLockedError(RuntimeError):
 class DiskEntry:
     prefix: int  # xxh3_128 of the page's namespace and full prefix: confirms a key hit without opening the file
     nbytes: int  # file size
+    namespace: str  # for per-namespace flush
 
 
 @dataclass
@@ -93,16 +95,16 @@ class DiskTier:
         for f in self.dir.iterdir():
             if f.suffix == SUFFIX:
                 files[f.name] = f
-            elif f.name != INDEX:
+            elif f.name not in (INDEX, PINS):
                 self._unlink(f)  # a write torn by a crash (*.tmp) or a stranger
         for row in saved:
             try:
-                key, prefix, nbytes = int(row[0], 16), int(row[1], 16), int(row[2])
+                key, prefix, nbytes, ns = int(row[0], 16), int(row[1], 16), int(row[2]), str(row[3])
             except (ValueError, TypeError, IndexError):
                 continue
             f = files.pop(f"{key:016x}{SUFFIX}", None)
             if f is not None and f.stat().st_size == nbytes:
-                self._add(key, DiskEntry(prefix, nbytes))
+                self._add(key, DiskEntry(prefix, nbytes, ns))
             elif f is not None:
                 self._drop_bad(f, "size differs from the index")
         for f in files.values():  # written after the last saved index
@@ -125,7 +127,7 @@ class DiskTier:
         except (OSError, PageFileError) as exc:
             self._drop_bad(f, str(exc))
             return
-        self.index[header.key] = DiskEntry(header.prefix, size)
+        self.index[header.key] = DiskEntry(header.prefix, size, header.namespace)
         self.index.move_to_end(header.key, last=False)  # unknown age: evict it first
         self.bytes += size
         self.dirty = True
@@ -163,14 +165,14 @@ class DiskTier:
         return payload
 
     # ---- writes ----------------------------------------------------------------------------------------------
-    def put(self, key: int, prefix: int, payload: bytes | memoryview) -> bool:
+    def put(self, key: int, prefix: int, payload: bytes | memoryview, namespace: str) -> bool:
         """Store one page (a no-op if held); False if it cannot be written (then spilling is off from here on)."""
         if self.lookup(key, prefix):
             self.index.move_to_end(key)
             return True
         if not self.writable:
             return False
-        data = page_file.encode(self.digest, key, prefix, payload)
+        data = page_file.encode(self.digest, key, prefix, payload, namespace)
         if len(data) > self.limit_bytes:
             return False
         if key in self.index:  # same key, another prefix (a 64-bit collision): the newer page wins
@@ -186,7 +188,7 @@ class DiskTier:
             self._unlink(tmp)
             self._write_failed(exc)
             return False
-        self._add(key, DiskEntry(prefix, len(data)))
+        self._add(key, DiskEntry(prefix, len(data), namespace))
         self.stats.written_pages += 1
         return True
 
@@ -242,20 +244,49 @@ class DiskTier:
             self._delete(key)
         self.save_index()
 
+    def drop_namespaces(self, accept: Callable[[str], bool]) -> int:
+        """Delete every page of the namespaces `accept` takes (per-namespace flush); returns how many."""
+        gone = [k for k, e in self.index.items() if accept(e.namespace)]
+        for key in gone:
+            self._delete(key)
+        if gone:
+            self.save_index()
+        return len(gone)
+
     def save_index(self) -> None:
         """Write index.json beside the pages (atomically); a failure is logged, never raised."""
         doc = {
             "digest": self.digest,
-            "pages": [[f"{k:016x}", f"{e.prefix:032x}", e.nbytes] for k, e in self.index.items()],
+            "pages": [[f"{k:016x}", f"{e.prefix:032x}", e.nbytes, e.namespace] for k, e in self.index.items()],
         }
-        tmp = self.dir / (INDEX + ".tmp")
+        if self._write_json(INDEX, doc):
+            self.dirty = False
+
+    def _write_json(self, name: str, doc: object) -> bool:
+        """Replace DIR/<digest>/name atomically; a failure is logged, never raised."""
+        tmp = self.dir / (name + ".tmp")
         try:
             tmp.write_text(json.dumps(doc))
-            os.replace(tmp, self.dir / INDEX)
-            self.dirty = False
+            os.replace(tmp, self.dir / name)
+            return True
         except OSError as exc:
             self._unlink(tmp)
-            log.warning("kv cache dir %s: cannot save the index (%s)", self.dir, exc)
+            log.warning("kv cache dir %s: cannot save %s (%s)", self.dir, name, exc)
+            return False
+
+    def save_pins(self, pins: list[tuple[str, list[int]]]) -> None:
+        """Write the pinned prompts (namespace, full-page tokens) for the next start."""
+        self._write_json(PINS, {"digest": self.digest, "pins": [[ns, tokens] for ns, tokens in pins]})
+
+    def load_pins(self) -> list[tuple[str, list[int]]]:
+        """The pins saved by the last run on this directory; a missing or broken file is no pins."""
+        try:
+            doc = json.loads((self.dir / PINS).read_text())
+            if doc.get("digest") != self.digest:
+                return []
+            return [(str(ns), [int(t) for t in tokens]) for ns, tokens in doc["pins"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
 
     def close(self) -> None:
         """Save the index and release the directory lock."""

@@ -18,7 +18,7 @@ import xxhash
 _SAMPLES = 16
 _SAMPLE_BYTES = 64 * 1024
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin")
-FORMAT_VERSION = 1  # bump when the page file layout or what a page holds changes
+FORMAT_VERSION = 2  # bump when the page file layout or what a page holds changes
 
 
 @dataclass(frozen=True)

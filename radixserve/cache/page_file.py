@@ -3,7 +3,8 @@
     magic "RSKVPAGE" | header length u32 | xxh3_64(header) u64 | header (JSON) | payload
 
 The header names the KV digest (model and settings), the page's chained key, the 128-bit digest of its whole prefix
-(namespace and every token up to the page's end) and the payload's length and xxh3_64. A reader checks all of them:
+(namespace and every token up to the page's end), the namespace itself (so a per-namespace flush finds its pages
+after a restart) and the payload's length and xxh3_64. A reader checks all of them:
 a torn, truncated, bit-flipped or foreign file fails one check and is a miss, never wrong KV.
 """
 
@@ -31,6 +32,7 @@ class PageHeader:
     prefix: int  # xxh3_128 of namespace and tokens up to the page's end
     payload_bytes: int
     payload_checksum: int
+    namespace: str
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -40,13 +42,14 @@ class PageHeader:
                 "prefix": f"{self.prefix:032x}",
                 "payload_bytes": self.payload_bytes,
                 "payload_checksum": self.payload_checksum,
+                "namespace": self.namespace,
             }
         ).encode()
 
 
-def encode(digest: str, key: int, prefix: int, payload: bytes | memoryview) -> bytes:
+def encode(digest: str, key: int, prefix: int, payload: bytes | memoryview, namespace: str) -> bytes:
     payload = memoryview(payload).cast("B")  # flat bytes: len() of a shaped view counts its first dimension only
-    header = PageHeader(digest, key, prefix, len(payload), xxhash.xxh3_64_intdigest(payload)).to_json()
+    header = PageHeader(digest, key, prefix, len(payload), xxhash.xxh3_64_intdigest(payload), namespace).to_json()
     return _PREAMBLE.pack(MAGIC, len(header), xxhash.xxh3_64_intdigest(header)) + header + bytes(payload)
 
 
@@ -65,7 +68,12 @@ def decode_header(data: bytes) -> tuple[PageHeader, int]:
     try:
         h = json.loads(raw)
         header = PageHeader(
-            str(h["digest"]), int(h["key"]), int(h["prefix"], 16), int(h["payload_bytes"]), int(h["payload_checksum"])
+            str(h["digest"]),
+            int(h["key"]),
+            int(h["prefix"], 16),
+            int(h["payload_bytes"]),
+            int(h["payload_checksum"]),
+            str(h["namespace"]),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise PageFileError(f"bad header: {exc}") from exc

@@ -1,14 +1,18 @@
 """Pinned prefixes: a pin is one extra lock on the tree node ending a prompt's full pages, so eviction never takes
-them, up to a share of the pool. Pins live in memory (a restart forgets them; the disk tier keeps their pages)."""
+them, up to a share of the pool. With a disk tier every change is saved beside its index (`on_change`), and the next
+start loads the pinned pages back and pins them again (`restore`), within the share of the pool it has then."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from radixserve.cache.radix_cache import RadixCache, TreeNode
+
+log = logging.getLogger(__name__)
 
 
 class PinError(ValueError):
@@ -26,6 +30,7 @@ class PinTable:
         self.max_share = max_share
         self.pins: dict[tuple[str, bytes], Pin] = {}
         self.num_pinned = 0  # len(pinned_pages()), kept current: a locked path neither splits away nor evicts
+        self.on_change: Callable[[list[tuple[str, list[int]]]], None] | None = None  # saves entries() (disk tier)
 
     @staticmethod
     def _full_pages(cache: RadixCache, tokens: Sequence[int], namespace: str) -> tuple[str, bytes]:
@@ -53,6 +58,7 @@ class PinTable:
         cache.lock(m.node)
         self.pins[key] = Pin(m.node, n_pages)
         self.num_pinned = total
+        self._changed()
         return n_pages
 
     def unpin(self, cache: RadixCache, tokens: Sequence[int], namespace: str) -> bool:
@@ -61,6 +67,7 @@ class PinTable:
             return False
         cache.unlock(pin.node)
         self.num_pinned = len(self.pinned_pages(cache))
+        self._changed()
         return True
 
     def clear(self, cache: RadixCache) -> None:
@@ -68,6 +75,29 @@ class PinTable:
             cache.unlock(pin.node)
         self.pins.clear()
         self.num_pinned = 0
+        self._changed()
+
+    def entries(self) -> list[tuple[str, list[int]]]:
+        """Every pin as (namespace, its full-page tokens), oldest first."""
+        return [(ns, np.frombuffer(tb, dtype="<i4").tolist()) for ns, tb in self.pins]
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self.entries())
+
+    def restore(self, cache: RadixCache, saved: list[tuple[str, list[int]]], load: Callable[..., int]) -> int:
+        """Pin the saved prompts again, loading their pages with `load(cache, tokens, namespace)` (the tiers'
+        load_prefix) first; one that cannot be pinned now (pages gone, over the share) is dropped with a warning.
+        Returns the pins made."""
+        made = 0
+        for namespace, tokens in saved:
+            load(cache, tokens + [0], namespace)  # +1 token: load_prefix, like match_prefix, leaves the last page
+            try:
+                self.pin(cache, tokens, namespace)
+                made += 1
+            except PinError as exc:
+                log.warning("a pin saved by the last run is not restored: %s", exc)
+        return made
 
     def pinned_pages(self, cache: RadixCache) -> set[int]:
         """Pool pages pinned (the union over every pin's path)."""

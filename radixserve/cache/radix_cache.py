@@ -384,7 +384,7 @@ class RadixCache:
                 sub.extend(n.children.values())
                 freed.extend(n.pages)
                 if self.index is not None:
-                    self.index.remove(n.keys)
+                    self.index.remove(n.pages)
                 n.parent, n.children = None, {}
                 self._num_nodes -= 1
         self._evictable -= len(freed)

@@ -27,6 +27,9 @@ ENGINE_GAUGES = {  # engine.metrics() key -> help
     "disk_pages": "KV pages in the disk tier (--kv-cache-dir)",
     "disk_bytes": "bytes of KV page files in the disk tier",
     "load_seconds_per_page": "mean time to load one page from the disk tier into the pool",
+    "host_pages": "KV pages in the host-RAM tier (--kv-cache-host-gb)",
+    "host_bytes": "bytes of KV pages in the host-RAM tier",
+    "host_load_seconds_per_page": "mean time to load one page from the host-RAM tier into the pool",
 }
 ENGINE_COUNTERS = {  # engine.metrics() key (ending in _total) -> help
     "num_retractions": "running requests retracted to the queue on memory shortage",
@@ -40,6 +43,10 @@ ENGINE_COUNTERS = {  # engine.metrics() key (ending in _total) -> help
     "spilled_pages_total": "pages written to the disk tier (evictions and checkpoints)",
     "loaded_pages_total": "pages loaded from the disk tier into the pool",
     "load_seconds_total": "time spent loading pages from the disk tier",
+    "host_hit_tokens_total": "prompt tokens served from pages loaded from the host-RAM tier",
+    "host_spilled_pages_total": "pages copied from the pool to the host-RAM tier on eviction",
+    "host_loaded_pages_total": "pages loaded from the host-RAM tier into the pool",
+    "host_load_seconds_total": "time spent loading pages from the host-RAM tier (on a GPU: enqueueing the copies)",
     "failed_requests_total": "requests ended by an internal error (each alone; the others went on)",
     "failed_steps_total": "model steps that failed (their newest request failed, the others ran again)",
 }
