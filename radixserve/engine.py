@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import uuid
 import weakref
@@ -26,6 +27,7 @@ from radixserve.inputs import RequestBuilder, RequestSpec
 from radixserve.io import GenerateOutput, GenerateRequest, StreamChunk
 from radixserve.model.sampling_defaults import load_sampling_defaults
 from radixserve.model.runner import ModelRunner, default_attention_backend
+from radixserve.output_stage import OutputStage
 from radixserve.request import Req
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixserve.speculative.mode import choose_speculative
@@ -65,8 +67,9 @@ def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any)
         pass  # that loop has closed: its caller left (its request was aborted), so nobody waits for this
 
 
-def _stop(loop: EngineLoop, scheduler: Scheduler, tp: TPGroup | None) -> None:
+def _stop(loop: EngineLoop, outputs: OutputStage, scheduler: Scheduler, tp: TPGroup | None) -> None:
     loop.stop()
+    outputs.stop()  # after the loop: the final outputs of what it aborted still go out
     close_tier(scheduler)
     if tp is not None:
         tp.close()
@@ -190,18 +193,23 @@ class Engine(CacheSurface, EngineStats):
         self._inflight = 0  # requests submitted and not finished (the queue limit counts those not yet running)
         self._inflight_lock = threading.Lock()
         self.tracker = Tracker()  # request timelines (radixserve/timeline.py), read by the dashboard and exporters
+        inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        # Detokenizing, stop strings and results on a thread of their own (radixserve/output_stage.py)
+        self.outputs = OutputStage(self.tokenizer, inbox)
         self.loop = EngineLoop(
             self.scheduler,
             self.runner,
             self.device,
             self.overlap_schedule,
+            inbox,
+            self.outputs.put,
             self.tracker,
             idle=Checkpointer(self.scheduler),
         )
         # An engine never shut down still stops its loop (and its tensor-parallel workers) at interpreter exit, before
         # torch's threads are torn down under it (that aborts the process), and persists its cache tree to the disk
         # tier.
-        self._finalizer = weakref.finalize(self, _stop, self.loop, self.scheduler, self.tp)
+        self._finalizer = weakref.finalize(self, _stop, self.loop, self.outputs, self.scheduler, self.tp)
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> "Engine":
@@ -256,10 +264,11 @@ class Engine(CacheSurface, EngineStats):
             if isinstance(item, BaseException) or item.finished:
                 with self._inflight_lock:
                     self._inflight -= 1
-                self.tracker.close(req)
+                self.tracker.close(req, item)
             emit(item)
 
-        req = self.inputs.make_req(spec, emit_and_count, stream)
+        req = self.inputs.make_req(spec, stream)
+        self.outputs.open(req, emit_and_count)
         req.timeline = self.tracker.open(req)
         self.loop.inbox.put(("add", req))
         return req
@@ -355,80 +364,31 @@ class Engine(CacheSurface, EngineStats):
         return list(results)
 
     # ---- dict API (the documented contract: {"text", "output_ids", "meta_info"}, built from the typed outputs) ----
-    def async_generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        cache_salt: str = "",
-        rid: str | list[str] | None = None,
-        stream: bool = False,
-        priority: int = 0,
-        timeout: float | None = None,
-        tenant: str | None = None,
-    ) -> Any:
+    def async_generate(self, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
         """stream=False: an awaitable of a dict (list for list input or n > 1); stream=True: an async iterator of chunks.
 
-        priority: higher is admitted first and may retract lower-priority running requests; timeout: seconds after
-        which the request is aborted (finish_reason abort, message "timeout") and its pages freed; tenant: the group
-        whose fair share of prefill it uses (default: cache_salt). Arguments are validated here, before anything is
-        queued, so bad input raises ValueError at the call."""
-        request = GenerateRequest(
-            prompt,
-            input_ids,
-            sampling_params,
-            return_logprob,
-            logprob_start_len,
-            top_logprobs_num,
-            cache_salt,
-            rid,
-            priority,
-            timeout,
-            tenant,
-        )
+        The other arguments are GenerateRequest's, in its order: prompt, sampling_params, input_ids, return_logprob,
+        logprob_start_len, top_logprobs_num, cache_salt, rid, priority (higher is admitted first and may retract
+        lower-priority running requests), timeout (seconds after which the request is aborted, finish_reason abort,
+        message "timeout", and its pages freed), tenant (the group whose fair share of prefill it uses; default:
+        cache_salt). They are validated here, before anything is queued, so bad input raises ValueError at the call."""
+        request = GenerateRequest(*args, **kwargs)
         if stream:
             return _dicts(self.stream(request))
         specs, single = self._specs(request)
         return _as_dicts(self._collect(specs), single)
 
-    def generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        cache_salt: str = "",
-        rid: str | list[str] | None = None,
-        priority: int = 0,
-        timeout: float | None = None,
-        tenant: str | None = None,
-    ) -> dict[str, Any] | list[dict[str, Any]]:
-        """Blocking generate: a dict for one prompt (n == 1), else a list (prompt-major, then sample)."""
+    def generate(self, *args: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:
+        """Blocking generate (async_generate's arguments, without stream): a dict for one prompt (n == 1), else a
+        list (prompt-major, then sample)."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             pass
         else:
             raise RuntimeError("Engine.generate blocks; inside an event loop use `await engine.async_generate(...)`")
-        coro = self.async_generate(
-            prompt,
-            sampling_params,
-            input_ids,
-            return_logprob,
-            logprob_start_len,
-            top_logprobs_num,
-            cache_salt,
-            rid,
-            priority=priority,
-            timeout=timeout,
-            tenant=tenant,
-        )
-        return asyncio.run(coro)
+        specs, single = self._specs(GenerateRequest(*args, **kwargs))
+        return asyncio.run(_as_dicts(self._collect(specs), single))
 
     def chat(self, messages: list[dict[str, Any]], sampling_params: dict[str, Any] | None = None, **kw: Any) -> Any:
         return self.generate(input_ids=self.apply_chat_template(messages), sampling_params=sampling_params, **kw)
