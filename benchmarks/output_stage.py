@@ -1,0 +1,140 @@
+"""The per-token path before and after the output stage (issue 13): two source trees, A and B, run in turn.
+
+Each round starts a fresh interpreter per tree (A, B, A, B, ...) with PYTHONPATH at that tree, which measures:
+- the default model (bf16, Engine defaults): decode tokens/s of 1 and of 8 streams (distinct 64-token prompts, 32
+  greedy tokens each, ignore_eos), as benchmarks/cpu_speed.py counts them (tokens after the first / time from the
+  last first token to the last finish, from meta_info), and the wall time of each call;
+- the tiny test model (qwen2, float32; tests/tiny_models.py): 32 requests x 64 greedy tokens at once, plain, with
+  stop strings that never match (so each token is checked), and as 32 streams: tokens/s of wall time.
+It also keeps every greedy output (ids and text, and the stop-string cuts of the tiny model's answers) and checks
+at the end that A and B gave the same ones. Prints medians per tree and B/A.
+
+    .venv/bin/python -m benchmarks.output_stage --a /tmp/base --b . [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+TESTS = HERE.parent.parent / "tests"
+
+
+def _decode_rate(outs: list[dict[str, Any]]) -> float:
+    tokens = sum(o["meta_info"]["completion_tokens"] - 1 for o in outs)
+    first = max(o["meta_info"]["ttft"] for o in outs)
+    last = max(o["meta_info"]["e2e_latency"] for o in outs)
+    return tokens / (last - first)
+
+
+def _timed(fn: Any) -> tuple[Any, float]:
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def child(tiny_dir: Path) -> dict[str, Any]:
+    """Run in a fresh interpreter whose `radixserve` is the tree under test."""
+    from radixserve import Engine
+
+    res: dict[str, Any] = {"figures": {}, "outputs": {}}
+    fig, outs = res["figures"], res["outputs"]
+    greedy = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+    with Engine(dtype="bfloat16") as eng:
+        base = eng.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 8)
+        prompts = [[(t + 17 * i) % 1000 + 10 for t in base[:64]] for i in range(8)]
+        eng.generate(input_ids=prompts[0][:8], sampling_params={"max_new_tokens": 2})  # warm-up
+        for n in (1, 8):
+            eng.flush_cache()
+            got, wall = _timed(lambda: eng.generate(input_ids=prompts[:n], sampling_params=greedy))
+            fig[f"default decode tok/s, {n} stream(s)"] = _decode_rate(got)
+            fig[f"default wall s, {n} stream(s)"] = wall
+            outs[f"default x{n}"] = [(o["output_ids"], o["text"]) for o in got]
+    with Engine(model=tiny_dir, dtype="float32") as eng:
+        prompts = [[(7 * i + 3 * k) % 500 + 3 for k in range(24 + i % 8)] for i in range(32)]
+        p64 = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
+        eng.generate(input_ids=prompts[0], sampling_params={"max_new_tokens": 2})  # warm-up
+        got, wall = _timed(lambda: eng.generate(input_ids=prompts, sampling_params=p64))
+        fig["tiny 32x64 tok/s"] = 32 * 64 / wall
+        outs["tiny"] = [(o["output_ids"], o["text"]) for o in got]
+        nomatch = {**p64, "stop": ["\u2603never\u2603", "zzqzzq"]}
+        eng.flush_cache()
+        got, wall = _timed(lambda: eng.generate(input_ids=prompts, sampling_params=nomatch))
+        fig["tiny 32x64 with stop strings tok/s"] = 32 * 64 / wall
+        outs["tiny nomatch"] = [(o["output_ids"], o["text"]) for o in got]
+
+        async def streams() -> list[list[int]]:
+            async def one(ids: list[int]) -> list[int]:
+                return [
+                    t
+                    async for c in eng.async_generate(input_ids=ids, sampling_params=p64, stream=True)
+                    for t in c["output_ids"]
+                ]
+
+            return await asyncio.gather(*(one(p) for p in prompts))
+
+        eng.flush_cache()
+        got_s, wall = _timed(lambda: asyncio.run(streams()))
+        fig["tiny 32x64 streams tok/s"] = 32 * 64 / wall
+        outs["tiny streams"] = got_s
+        # Stop strings that do match: a piece of each answer's text (cut where it was cut before)
+        stops = [{**p64, "stop": [t[len(t) // 2 : len(t) // 2 + 3]]} for _, t in outs["tiny"]]
+        got = eng.generate(input_ids=prompts, sampling_params=stops)
+        outs["tiny stop"] = [(o["output_ids"], o["text"], o["meta_info"]["finish_reason"]) for o in got]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--a", type=Path, required=True, help="source tree A (e.g. main's commit)")
+    ap.add_argument("--b", type=Path, required=True, help="source tree B")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child)))
+        return
+    sys.path.insert(0, str(TESTS))
+    from tiny_models import make_tiny_checkpoint
+    from tiny_tokenizer import build_tokenizer
+
+    tiny = Path(tempfile.mkdtemp(prefix="tiny-qwen2-"))
+    make_tiny_checkpoint(tiny, "qwen2")
+    build_tokenizer(tiny)
+    runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+    loads = [os.getloadavg()[0]]
+    for r in range(args.rounds):
+        for name, tree in (("A", args.a), ("B", args.b)):
+            env = {**os.environ, "PYTHONPATH": str(tree.resolve()), "OMP_WAIT_POLICY": "PASSIVE"}
+            cmd = [sys.executable, str(HERE), "--a", "-", "--b", "-", "--child", str(tiny)]
+            p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+            line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                raise RuntimeError(f"{name} failed:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+            runs[name].append(json.loads(line[7:]))
+            loads.append(os.getloadavg()[0])
+            print(f"round {r + 1} {name}: {runs[name][-1]['figures']}  (load {loads[-1]:.2f})", flush=True)
+    same = all(x["outputs"] == runs["A"][0]["outputs"] for x in runs["A"] + runs["B"])
+    print(f"\nload average (1 min) before/after each run: {', '.join(f'{x:.2f}' for x in loads)}")
+    print(f"greedy outputs identical across A and B and every round: {same}\n")
+    print("| measure | A (median) | B (median) | B / A |\n|---|---|---|---|")
+    for key in runs["A"][0]["figures"]:
+        a = statistics.median(x["figures"][key] for x in runs["A"])
+        b = statistics.median(x["figures"][key] for x in runs["B"])
+        print(f"| {key} | {a:.3f} | {b:.3f} | {b / a:.3f} |")
+    if not same:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
