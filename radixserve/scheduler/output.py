@@ -123,7 +123,7 @@ class StepProcessor:
                 break  # a stop inside an accepted run cuts it there
         if req.grammar is not None and not req.finished and self.cfg.enable_jump_forward and not req.return_logprob:
             self._jump_forward(req)
-        if not req.finished and (req.stream or req.params.stop):  # stop strings are checked as tokens come
+        if not req.finished:  # the stage decodes as tokens come (stop strings, streams; no burst at the end)
             self.updates.append(ReqUpdate(req, len(req.output_ids)))
 
     def _drop_rejected(self, req: Req, draft: Draft, accepted: int) -> None:
