@@ -7,8 +7,8 @@ Each round starts a fresh interpreter per tree (A, B, A, B, ...) with PYTHONPATH
 - the tiny test model (qwen2, float32; tests/tiny_models.py): 32 requests x 64 greedy tokens at once, plain, with
   stop strings that never match (so each token is checked), and as 32 streams: tokens/s of wall time.
 Each figure is the best of 2 tries in its interpreter (the machine is shared); the table gives medians over rounds.
-It also keeps every greedy output (ids and text, and the stop-string cuts of the tiny model's answers) and checks
-at the end that A and B gave the same ones. Prints medians per tree and B/A.
+It also keeps every greedy output (ids and text, and the stop-string cuts of the tiny model's answers, and of the
+other tiny architectures: llama, llama3, qwen3, mistral) and checks at the end that A and B gave the same ones. Prints medians per tree and B/A.
 
     .venv/bin/python -m benchmarks.output_stage --a /tmp/base --b . [--rounds 3]
 """
@@ -97,6 +97,15 @@ def child(tiny_dir: Path) -> dict[str, Any]:
         stops = [{**p64, "stop": [t[len(t) // 2 : len(t) // 2 + 3]]} for _, t in outs["tiny"]]
         got = eng.generate(input_ids=prompts, sampling_params=stops)
         outs["tiny stop"] = [(o["output_ids"], o["text"], o["meta_info"]["finish_reason"]) for o in got]
+    for arch_dir in sorted(tiny_dir.parent.glob(f"{tiny_dir.name}-*")):  # every other tiny architecture: outputs only
+        with Engine(model=arch_dir, dtype="float32") as eng:
+            got = eng.generate(input_ids=prompts[:8], sampling_params={**p64, "max_new_tokens": 24})
+            stops = [{**p64, "stop": [o["text"][10:13]]} for o in got]
+            cut = eng.generate(input_ids=prompts[:8], sampling_params=stops)
+            outs[arch_dir.name.rsplit("-", 1)[1]] = [
+                (o["output_ids"], o["text"], c["output_ids"], c["text"], c["meta_info"]["finish_reason"])
+                for o, c in zip(got, cut)
+            ]
     return res
 
 
@@ -114,9 +123,11 @@ def main() -> None:
     from tiny_models import make_tiny_checkpoint
     from tiny_tokenizer import build_tokenizer
 
-    tiny = Path(tempfile.mkdtemp(prefix="tiny-qwen2-"))
-    make_tiny_checkpoint(tiny, "qwen2")
-    build_tokenizer(tiny)
+    tiny = Path(tempfile.mkdtemp(prefix="radixserve-tiny-")) / "tiny"
+    for arch in ("qwen2", "llama", "llama3", "qwen3", "mistral"):
+        out = tiny if arch == "qwen2" else tiny.parent / f"tiny-{arch}"
+        make_tiny_checkpoint(out, arch)
+        build_tokenizer(out)
     runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     loads = [os.getloadavg()[0]]
     for r in range(args.rounds):
