@@ -4,8 +4,10 @@ Each round starts a fresh interpreter per tree (A, B, A, B, ...) with PYTHONPATH
 - the default model (bf16, Engine defaults): decode tokens/s of 1 and of 8 streams (distinct 64-token prompts cut
   from this file's tokens, 32 greedy tokens each, ignore_eos), as benchmarks/cpu_speed.py counts them (tokens after the first / time from the
   last first token to the last finish, from meta_info), and the wall time of each call;
-- the tiny test model (qwen2, float32; tests/tiny_models.py): 32 requests x 64 greedy tokens at once, plain, with
-  stop strings that never match (so each token is checked), and as 32 streams: tokens/s of wall time.
+- the tiny test model (qwen2, float32; tests/tiny_models.py): 32 requests x 192 greedy tokens at once, plain, with
+  stop strings that never match (so each token is checked), and as 32 streams: tokens/s of wall time;
+- for each, CPU time per token of the whole process (all threads: less sensitive to other jobs than wall time) and
+  of the engine loop's thread alone (time.thread_time, read on the loop through Engine.loop.call).
 Each figure is the best of 2 tries in its interpreter (the machine is shared); the table gives medians over rounds.
 It also keeps every greedy output (ids and text, and the stop-string cuts of the tiny model's answers, and of the
 other tiny architectures: llama, llama3, qwen3, mistral) and checks at the end that A and B gave the same ones. Prints medians per tree and B/A.
@@ -55,6 +57,18 @@ def child(tiny_dir: Path) -> dict[str, Any]:
         old = fig.get(key)
         fig[key] = value if old is None else (max if higher else min)(old, value)
 
+    def measure(eng: Any, key: str, tokens: int, fn: Any) -> Any:
+        """Run fn on a flushed cache: tokens/s of wall time, and CPU per token of all threads and of the loop's."""
+        eng.flush_cache()
+        loop0, cpu0, t0 = eng.loop.call(time.thread_time), time.process_time(), time.perf_counter()
+        out = fn()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        loop = eng.loop.call(time.thread_time) - loop0
+        best(f"{key}: tok/s", tokens / wall)
+        best(f"{key}: CPU us/token, all threads", cpu / tokens * 1e6, higher=False)
+        best(f"{key}: CPU us/token, loop thread", loop / tokens * 1e6, higher=False)
+        return out
+
     greedy = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
     with Engine(dtype="bfloat16") as eng:
         source = eng.encode(HERE.read_text())  # this file: the same prompts for both trees
@@ -62,14 +76,18 @@ def child(tiny_dir: Path) -> dict[str, Any]:
         eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 2})  # warm-up
         for _ in range(2):
             for n in (1, 8):
-                eng.flush_cache()
-                got, wall = _timed(lambda: eng.generate(input_ids=prompts[:n], sampling_params=greedy))
-                best(f"default decode tok/s, {n} stream(s)", _decode_rate(got))
-                best(f"default wall s, {n} stream(s)", wall, higher=False)
+                got = measure(
+                    eng,
+                    f"default, {n} stream(s)",
+                    32 * n,
+                    lambda: eng.generate(input_ids=prompts[:n], sampling_params=greedy),
+                )
+                best(f"default, {n} stream(s): decode tok/s (cpu_speed.py's count)", _decode_rate(got))
                 outs[f"default x{n}"] = [(o["output_ids"], o["text"]) for o in got]
     with Engine(model=tiny_dir, dtype="float32") as eng:
+        new = 192
         prompts = [[(7 * i + 3 * k) % 500 + 3 for k in range(24 + i % 8)] for i in range(32)]
-        p64 = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
+        p64 = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
         nomatch = {**p64, "stop": ["\u2603never\u2603", "zzqzzq"]}
         eng.generate(input_ids=prompts, sampling_params=p64)  # warm-up, at the batch's shapes
 
@@ -80,19 +98,18 @@ def child(tiny_dir: Path) -> dict[str, Any]:
 
             return await asyncio.gather(*(one(p) for p in prompts))
 
+        n = 32 * new
         for _ in range(2):
-            eng.flush_cache()
-            got, wall = _timed(lambda: eng.generate(input_ids=prompts, sampling_params=p64))
-            best("tiny 32x64 tok/s", 32 * 64 / wall)
+            got = measure(eng, "tiny 32 requests", n, lambda: eng.generate(input_ids=prompts, sampling_params=p64))
             outs["tiny"] = [(o["output_ids"], o["text"]) for o in got]
-            eng.flush_cache()
-            got, wall = _timed(lambda: eng.generate(input_ids=prompts, sampling_params=nomatch))
-            best("tiny 32x64 with stop strings tok/s", 32 * 64 / wall)
+            got = measure(
+                eng,
+                "tiny 32 requests, stop strings",
+                n,
+                lambda: eng.generate(input_ids=prompts, sampling_params=nomatch),
+            )
             outs["tiny nomatch"] = [(o["output_ids"], o["text"]) for o in got]
-            eng.flush_cache()
-            got_s, wall = _timed(lambda: asyncio.run(streams()))
-            best("tiny 32x64 streams tok/s", 32 * 64 / wall)
-            outs["tiny streams"] = got_s
+            outs["tiny streams"] = measure(eng, "tiny 32 streams", n, lambda: asyncio.run(streams()))
         # Stop strings that do match: a piece of each answer's text (cut where it was cut before)
         stops = [{**p64, "stop": [t[len(t) // 2 : len(t) // 2 + 3]]} for _, t in outs["tiny"]]
         got = eng.generate(input_ids=prompts, sampling_params=stops)
