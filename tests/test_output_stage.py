@@ -153,3 +153,37 @@ def test_the_stage_tells_the_loop_before_the_caller_and_reports_nothing_after(tm
     text = tok.decode(ids)
     assert "".join(c.text for c in chunks) == text[: text.index(stop)]
     assert chunks[-1].meta_info.completion_tokens == j + 1
+
+
+def test_a_fault_at_the_final_output_fails_that_request_alone(
+    tiny_model_dir: Path, make_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop had finished the request (length) when building its final output failed: its caller gets the error,
+    the failure is counted, the other request of the batch is untouched and nothing leaks."""
+    from radixserve.detokenizer import IncrementalDetokenizer
+    from radixserve.errors import RequestFailedError
+
+    eng = make_engine(tiny_model_dir, page_size=4, max_total_tokens=1024)
+    alone = eng.generate(input_ids=[5, 6, 7, 8, 9], sampling_params=FULL)["output_ids"]
+    real = IncrementalDetokenizer.flush
+
+    def faulty(self: IncrementalDetokenizer) -> str:
+        if "BOOM" in self.stop:
+            raise UnicodeError("injected fault at the finish")
+        return real(self)
+
+    monkeypatch.setattr(IncrementalDetokenizer, "flush", faulty)
+    failed = eng.metrics()["failed_requests_total"]
+
+    async def together() -> list[Any]:
+        calls = [
+            eng.async_generate(input_ids=[5, 6, 7, 8, 9], sampling_params=FULL),
+            eng.async_generate(input_ids=[5, 6, 7, 8, 9], sampling_params={**FULL, "stop": ["BOOM"]}),
+        ]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    good, bad = asyncio.run(together())
+    assert isinstance(bad, RequestFailedError) and good["output_ids"] == alone
+    assert eng.metrics()["failed_requests_total"] == failed + 1
+    wait_idle(eng)
+    eng.check_invariants()

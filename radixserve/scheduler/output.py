@@ -189,11 +189,12 @@ class StepProcessor:
     def end(self, req: Req, reason: FinishReason, exc: BaseException | None = None) -> None:
         """The output stage ended a request: a stop string matched (`reason`), or building its output failed (`exc`).
         It is finished here as any finish is (its pages go back); one finished meanwhile is left as it is."""
-        if req.finished:
-            return
-        if exc is not None:
+        if exc is not None and req.finished:  # its final output failed: the pages went back already, count it
+            log.error("request %s failed: %r", req.rid, exc, exc_info=exc)
+            self.stats.failed += 1
+        elif exc is not None:
             self.fail(req, exc)
-        else:
+        elif not req.finished:
             self._drop(lambda r: r is req, reason)
 
     def take_updates(self) -> list[ReqUpdate]:
