@@ -4,29 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
-import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixserve.errors import ParamError, QueueFullError
+from radixserve.errors import ParamError
 from radixserve.model.cpu_select import choose
 from radixserve.model.resolve import resolve_model
 from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.engine_cache import CacheSurface, Checkpointer, attach_tier, close_tier
 from radixserve.engine_config import EngineConfig
 from radixserve.engine_loop import EngineLoop
+from radixserve.engine_requests import RequestPath
 from radixserve.engine_stats import EngineStats
 from radixserve.inputs import RequestBuilder, RequestSpec
 from radixserve.io import GenerateOutput, GenerateRequest, StreamChunk
 from radixserve.model.sampling_defaults import load_sampling_defaults
 from radixserve.model.runner import ModelRunner, default_attention_backend
-from radixserve.request import Req
+from radixserve.output_stage import OutputStage
 from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixserve.speculative.mode import choose_speculative
 from radixserve.timeline import Tracker
@@ -57,22 +57,15 @@ async def _dicts(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[dict[str, 
         await chunks.aclose()  # type: ignore[attr-defined]  # an early exit aborts the request
 
 
-def _post(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None], item: Any) -> None:
-    """Hand a result to the caller's event loop from the engine thread."""
-    try:
-        loop.call_soon_threadsafe(fn, item)
-    except RuntimeError:
-        pass  # that loop has closed: its caller left (its request was aborted), so nobody waits for this
-
-
-def _stop(loop: EngineLoop, scheduler: Scheduler, tp: TPGroup | None) -> None:
+def _stop(loop: EngineLoop, outputs: OutputStage, scheduler: Scheduler, tp: TPGroup | None) -> None:
     loop.stop()
+    outputs.stop()  # after the loop: the final outputs of what it aborted still go out
     close_tier(scheduler)
     if tp is not None:
         tp.close()
 
 
-class Engine(CacheSurface, EngineStats):
+class Engine(CacheSurface, EngineStats, RequestPath):
     """In-process LLM engine with a radix prefix cache; thread-safe, usable from sync code and from event loops."""
 
     def __init__(self, config: EngineConfig | str | Path | None = None, **settings: Any) -> None:
@@ -190,18 +183,23 @@ class Engine(CacheSurface, EngineStats):
         self._inflight = 0  # requests submitted and not finished (the queue limit counts those not yet running)
         self._inflight_lock = threading.Lock()
         self.tracker = Tracker()  # request timelines (radixserve/timeline.py), read by the dashboard and exporters
+        inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        # Detokenizing, stop strings and results on a thread of their own (radixserve/output_stage.py)
+        self.outputs = OutputStage(self.tokenizer, inbox)
         self.loop = EngineLoop(
             self.scheduler,
             self.runner,
             self.device,
             self.overlap_schedule,
+            inbox,
+            self.outputs.put,
             self.tracker,
             idle=Checkpointer(self.scheduler),
         )
         # An engine never shut down still stops its loop (and its tensor-parallel workers) at interpreter exit, before
         # torch's threads are torn down under it (that aborts the process), and persists its cache tree to the disk
         # tier.
-        self._finalizer = weakref.finalize(self, _stop, self.loop, self.scheduler, self.tp)
+        self._finalizer = weakref.finalize(self, _stop, self.loop, self.outputs, self.scheduler, self.tp)
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> "Engine":
@@ -222,47 +220,6 @@ class Engine(CacheSurface, EngineStats):
     def error(self) -> BaseException | None:
         """What stopped the engine loop, if it stopped on an error."""
         return self.loop.error
-
-    def _reserve(self, count: int, field: str) -> None:
-        """Count `count` requests in flight, all or none: QueueFullError when the waiting queue cannot take them all
-        now, ParamError (naming `field`) when it never could."""
-        self.loop.check_alive()
-        limit = self.max_queued_requests
-        if limit is not None and count > limit:
-            raise ParamError(
-                field, f"{count} requests at once can never fit the queue of {limit} (max_queued_requests)"
-            )
-        with self._inflight_lock:
-            waiting = self._inflight - self.loop.running_snapshot
-            if limit is not None and waiting + count > limit:
-                raise QueueFullError(f"{waiting} requests are already waiting (max_queued_requests {limit})")
-            self._inflight += count
-
-    def _unreserve(self, count: int) -> None:
-        with self._inflight_lock:
-            self._inflight -= count
-
-    def _submit(self, spec: RequestSpec, emit: Callable[[Any], None], stream: bool) -> Req:
-        """Queue one request the caller has reserved a place for (`_reserve`); the place is given back when the
-        request finishes, or here if building it fails."""
-        try:
-            return self._build_and_queue(spec, emit, stream)
-        except BaseException:
-            self._unreserve(1)
-            raise
-
-    def _build_and_queue(self, spec: RequestSpec, emit: Callable[[Any], None], stream: bool) -> Req:
-        def emit_and_count(item: GenerateOutput | BaseException) -> None:
-            if isinstance(item, BaseException) or item.finished:
-                with self._inflight_lock:
-                    self._inflight -= 1
-                self.tracker.close(req)
-            emit(item)
-
-        req = self.inputs.make_req(spec, emit_and_count, stream)
-        req.timeline = self.tracker.open(req)
-        self.loop.inbox.put(("add", req))
-        return req
 
     # ---- typed API: GenerateRequest in, GenerateOutput / StreamChunk out -----------------------------------------
     async def run(self, request: GenerateRequest) -> list[GenerateOutput]:
@@ -293,142 +250,32 @@ class Engine(CacheSurface, EngineStats):
             r.tenant,
         )
 
-    async def _stream(self, spec: RequestSpec) -> AsyncIterator[StreamChunk]:
-        loop = asyncio.get_running_loop()
-        chunks: asyncio.Queue[Any] = asyncio.Queue()
-        self._reserve(1, "prompt")
-        req = self._submit(spec, lambda c: _post(loop, chunks.put_nowait, c), stream=True)
-        done = False
-        try:
-            while not done:
-                chunk = await chunks.get()
-                if isinstance(chunk, BaseException):
-                    raise chunk
-                done = chunk.finished
-                yield chunk
-        finally:
-            if not done:  # the caller left early (break, aclose, cancellation, disconnect)
-                self.abort(req.rid)
-
-    async def _run_one(self, spec: RequestSpec) -> GenerateOutput:
-        """Submit one request that reports only its final result, and wait for it (cancelling aborts it)."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-
-        def settle(item: Any) -> None:
-            if not fut.done():
-                fut.set_result(item)
-
-        req = self._submit(spec, lambda item: _post(loop, settle, item), stream=False)
-        try:
-            item = await fut
-        except asyncio.CancelledError:
-            self.abort(req.rid)
-            raise
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    async def _collect(self, specs: list[RequestSpec]) -> list[GenerateOutput]:
-        # n > 1: prefill each prompt once (a zero-token request), so the n samples all hit its pages in the tree.
-        multi = [
-            replace(s, rid=uuid.uuid4().hex, params=s.params.replace(max_new_tokens=0, n=1), return_logprob=False)
-            for s in specs
-            if s.params.n > 1
-        ]
-        expanded: list[RequestSpec] = []
-        for s in specs:
-            for i in range(s.params.n):
-                seed = s.params.seed + i if s.params.seed is not None else None
-                rid = s.rid if s.params.n == 1 else f"{s.rid}-{i}"
-                expanded.append(replace(s, rid=rid, params=s.params.replace(n=1, seed=seed)))
-        # The whole batch is admitted or refused: never some members running while the caller got a 429.
-        self._reserve(len(multi) + len(expanded), "n" if any(s.params.n > 1 for s in specs) else "prompt")
-        unsent = len(expanded)
-        try:
-            if multi:
-                await asyncio.gather(*(self._run_one(s) for s in multi))
-            unsent = 0
-            results = await asyncio.gather(*(self._run_one(s) for s in expanded))
-        finally:
-            self._unreserve(unsent)  # the samples never submitted (their prefill failed or was cancelled)
-        return list(results)
-
     # ---- dict API (the documented contract: {"text", "output_ids", "meta_info"}, built from the typed outputs) ----
-    def async_generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        cache_salt: str = "",
-        rid: str | list[str] | None = None,
-        stream: bool = False,
-        priority: int = 0,
-        timeout: float | None = None,
-        tenant: str | None = None,
-    ) -> Any:
+    def async_generate(self, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
         """stream=False: an awaitable of a dict (list for list input or n > 1); stream=True: an async iterator of chunks.
 
-        priority: higher is admitted first and may retract lower-priority running requests; timeout: seconds after
-        which the request is aborted (finish_reason abort, message "timeout") and its pages freed; tenant: the group
-        whose fair share of prefill it uses (default: cache_salt). Arguments are validated here, before anything is
-        queued, so bad input raises ValueError at the call."""
-        request = GenerateRequest(
-            prompt,
-            input_ids,
-            sampling_params,
-            return_logprob,
-            logprob_start_len,
-            top_logprobs_num,
-            cache_salt,
-            rid,
-            priority,
-            timeout,
-            tenant,
-        )
+        The other arguments are GenerateRequest's, in its order: prompt, sampling_params, input_ids, return_logprob,
+        logprob_start_len, top_logprobs_num, cache_salt, rid, priority (higher is admitted first and may retract
+        lower-priority running requests), timeout (seconds after which the request is aborted, finish_reason abort,
+        message "timeout", and its pages freed), tenant (the group whose fair share of prefill it uses; default:
+        cache_salt). They are validated here, before anything is queued, so bad input raises ValueError at the call."""
+        request = GenerateRequest(*args, **kwargs)
         if stream:
             return _dicts(self.stream(request))
         specs, single = self._specs(request)
         return _as_dicts(self._collect(specs), single)
 
-    def generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        cache_salt: str = "",
-        rid: str | list[str] | None = None,
-        priority: int = 0,
-        timeout: float | None = None,
-        tenant: str | None = None,
-    ) -> dict[str, Any] | list[dict[str, Any]]:
-        """Blocking generate: a dict for one prompt (n == 1), else a list (prompt-major, then sample)."""
+    def generate(self, *args: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:
+        """Blocking generate (async_generate's arguments, without stream): a dict for one prompt (n == 1), else a
+        list (prompt-major, then sample)."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             pass
         else:
             raise RuntimeError("Engine.generate blocks; inside an event loop use `await engine.async_generate(...)`")
-        coro = self.async_generate(
-            prompt,
-            sampling_params,
-            input_ids,
-            return_logprob,
-            logprob_start_len,
-            top_logprobs_num,
-            cache_salt,
-            rid,
-            priority=priority,
-            timeout=timeout,
-            tenant=tenant,
-        )
-        return asyncio.run(coro)
+        specs, single = self._specs(GenerateRequest(*args, **kwargs))
+        return asyncio.run(_as_dicts(self._collect(specs), single))
 
     def chat(self, messages: list[dict[str, Any]], sampling_params: dict[str, Any] | None = None, **kw: Any) -> Any:
         return self.generate(input_ids=self.apply_chat_template(messages), sampling_params=sampling_params, **kw)
@@ -442,6 +289,3 @@ class Engine(CacheSurface, EngineStats):
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
         return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def abort(self, rid: str) -> None:
-        self.loop.inbox.put(("abort", rid))

@@ -1,7 +1,8 @@
-"""The engine's loop: one thread that alone touches scheduler state. It takes requests, aborts and calls from an
-inbox, schedules a step, runs it (with overlap: launches it on a worker thread and processes the previous one
-meanwhile), and keeps a failure to the requests it belongs to (Scheduler.fail_batches); a fault that repeats in
-every step stops it, and every waiting caller is told."""
+"""The engine's loop: one thread that alone touches scheduler state. It takes requests, aborts, calls and ends (a
+stop string the output stage found) from an inbox, schedules a step, runs it (with overlap: launches it on a worker
+thread and processes the previous one meanwhile), hands what each step did to the output stage (`publish`: it
+detokenizes and answers callers on its own thread), and keeps a failure to the requests it belongs to
+(Scheduler.fail_batches); a fault that repeats in every step stops it, and every waiting caller is told."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from radixserve.errors import EngineDeadError
 from radixserve.model.runner import ModelRunner, PendingOutput, bind_device
+from radixserve.request import ReqUpdate
 from radixserve.scheduler.scheduler import Scheduler
 from radixserve.step import ScheduledBatch
 from radixserve.timeline import Tracker
@@ -38,10 +40,13 @@ class EngineLoop:
         runner: ModelRunner,
         device: torch.device,
         overlap: bool,
+        inbox: queue.Queue[tuple[Any, ...]],
+        publish: Callable[[list[ReqUpdate]], None],
         tracker: Tracker | None = None,
         idle: Callable[[], None] | None = None,
     ) -> None:
         self.scheduler, self.runner, self.device = scheduler, runner, device
+        self.publish = publish  # the output stage's intake (radixserve/output_stage.py)
         self.tracker = tracker or Tracker()
         self.idle = idle  # maintenance run between steps while there is no work (the disk tier's checkpoint)
         self.worker = (
@@ -49,7 +54,7 @@ class EngineLoop:
             if overlap
             else None
         )
-        self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.inbox = inbox
         self.live: list[tuple[ScheduledBatch, Future[PendingOutput] | None]] = []  # launched, not yet processed
         self.running_snapshot = 0  # requests running after the last step (read by other threads)
         self.error: BaseException | None = None
@@ -83,10 +88,16 @@ class EngineLoop:
                     log.error("engine step failed (%d in a row): %r", failures, exc, exc_info=exc)
                     if failures >= MAX_STEP_FAILURES:
                         raise
+                finally:
+                    self._publish()
                 self.running_snapshot = len(sched.running)
                 self.heartbeat = time.monotonic()
             while self.live:
                 self._process_oldest()
+            self.drain_inbox(block=False)
+            for req in list(sched.waiting) + list(sched.running):
+                sched.abort(req.rid)
+            self._publish()
         except BaseException as exc:  # noqa: BLE001 - the loop must report any death to every waiting caller
             self.error = exc
             self.fail_all(EngineDeadError(f"engine loop died: {exc!r}"))
@@ -94,14 +105,12 @@ class EngineLoop:
         finally:
             if self.worker is not None:
                 self.worker.shutdown(wait=True)
-        self.drain_inbox(block=False)
-        for req in list(sched.waiting) + list(sched.running):
-            sched.abort(req.rid)
 
     def _step(self) -> None:
         """Schedule one step and run it; with overlap, launch it and process the previous one meanwhile."""
         sched = self.scheduler
         self.drain_inbox(block=not self.live and not sched.has_work())
+        self._publish()  # aborts' final outputs
         if self.live and self.live[-1][0].grammar is not None:
             # A grammar's next mask, and the tokens it forces (jump-forward), follow from the token in flight.
             self._process_oldest()
@@ -139,7 +148,12 @@ class EngineLoop:
             raise
         self.live.pop(0)
         self.scheduler.process(batch, out)
+        self._publish()  # the output stage detokenizes while this thread goes on to the next step
         self.tracker.processed(batch)
+
+    def _publish(self) -> None:
+        if self.scheduler.updates:
+            self.publish(self.scheduler.take_updates())
 
     def _note_retracted(self, before: list[Any]) -> None:
         """Tell the tracker which of the requests running `before` are back in the queue."""
@@ -159,6 +173,8 @@ class EngineLoop:
                 self.scheduler.add(msg[1])
             elif kind == "abort":
                 self.scheduler.abort(msg[1])
+            elif kind == "end":  # from the output stage: a stop string matched, or the request's output failed
+                self.scheduler.end(msg[1], msg[2], msg[3])
             elif kind == "call":
                 fn, fut = msg[1], msg[2]
                 try:
@@ -171,6 +187,7 @@ class EngineLoop:
                 return
 
     def fail_all(self, exc: BaseException) -> None:
+        """The loop died: every request it holds or has not taken in yet ends with `exc` (after what it was sent)."""
         reqs = list(self.scheduler.waiting) + list(self.scheduler.running)
         while True:
             try:
@@ -181,8 +198,8 @@ class EngineLoop:
                 reqs.append(msg[1])
             elif msg[0] == "call":
                 msg[2].set_exception(exc)
-        for req in reqs:
-            req.emit(exc)
+        updates = self.scheduler.take_updates()
+        self.publish(updates + [ReqUpdate(req, len(req.output_ids), error=exc) for req in reqs])
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the loop thread between steps, so it sees consistent scheduler state."""

@@ -5,12 +5,10 @@ the prompt's size checked first, the model's sampling defaults under what the re
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from radixserve.constrained.grammar import CompiledGrammar, GrammarCompiler
-from radixserve.detokenizer import IncrementalDetokenizer
 from radixserve.errors import ParamError
 from radixserve.request import Req
 from radixserve.sampling.info import SamplingInfo
@@ -197,8 +195,8 @@ class RequestBuilder:
                     code="context_length_exceeded",
                 )
 
-    def make_req(self, spec: RequestSpec, emit: Callable[[Any], None], stream: bool) -> Req:
-        """The scheduler's request for a validated spec; `emit` receives its output chunks (or an exception)."""
+    def make_req(self, spec: RequestSpec, stream: bool) -> Req:
+        """The scheduler's request for a validated spec (the Engine gives it its output side: OutputStage.open)."""
         p = spec.params
         req = Req(
             rid=spec.rid,
@@ -212,8 +210,6 @@ class RequestBuilder:
                 top_logprobs_num=spec.top_logprobs_num,
                 return_logprob=spec.return_logprob,
             ),
-            detok=IncrementalDetokenizer(self.tokenizer, spec.input_ids, p.skip_special_tokens, p.stop),
-            emit=emit,
             namespace=spec.cache_salt,
             tenant=spec.cache_salt if spec.tenant is None else spec.tenant,
             priority=spec.priority,

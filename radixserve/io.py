@@ -98,11 +98,13 @@ class StreamChunk(GenerateOutput):
 class GenerateRequest:
     """One engine call: a prompt as text or token ids (a list of them for a batch), its sampling params as given
     (a dict, a list of dicts with one per prompt, or a SamplingParams; the engine validates them and fills what is
-    unset from the model's defaults), logprob options, the cache namespace, the request id(s) and scheduling."""
+    unset from the model's defaults), logprob options, the cache namespace, the request id(s) and scheduling.
+
+    The fields are in the order of `Engine.generate`'s arguments, which builds one from them as given."""
 
     prompt: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
     sampling_params: Any = None
+    input_ids: list[int] | list[list[int]] | None = None
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0

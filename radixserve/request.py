@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.constrained.grammar import GrammarMatcher
-from radixserve.detokenizer import IncrementalDetokenizer
-from radixserve.io import FinishReason, GenerateOutput
+from radixserve.io import FinishReason
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling_params import SamplingParams
 
@@ -29,15 +27,14 @@ class Req:
     """KV for `fill_ids[:kv_len]` lives in `pages`; the first `num_tree_pages` of them belong to the radix tree.
 
     `fill_ids` is the prompt plus what was generated, so a retracted request resumes by prefilling it again
-    (mostly from the cache). `emit` hands an output chunk back to the caller's thread or event loop.
+    (mostly from the cache). `output_ids` only grows (the output stage reads it from its own thread, up to the
+    length each ReqUpdate names); its text, stop strings and results are the output stage's (`output`).
     """
 
     rid: str
     input_ids: list[int]
     params: SamplingParams
     sampling: SamplingInfo
-    detok: IncrementalDetokenizer
-    emit: Callable[[GenerateOutput | BaseException], None]
     namespace: str = ""
     tenant: str = ""  # fair-share group (radixserve/scheduler/fairness.py)
     priority: int = 0  # higher is admitted first and may retract lower-priority running requests
@@ -64,6 +61,7 @@ class Req:
     finish_reason: FinishReason | None = None
     draft_state: Any = None  # speculative decoding's per-request state (radixserve/speculative/drafter.py)
     timeline: Any = None  # its radixserve.timeline.RequestTimeline (the Engine opens one per request)
+    output: Any = None  # its radixserve.output_stage.ReqOutput: text, stop strings, what was sent (never the loop's)
 
     # logprobs gathered so far
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
@@ -74,9 +72,6 @@ class Req:
 
     created: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
-    sent_ids: int = 0  # output ids already emitted to a streaming caller
-    sent_text: int = 0  # characters of detok.text already emitted
-    sent_logprobs: int = 0
 
     fill_ids: list[int] = field(default_factory=list)  # input_ids + output_ids, kept whole for cheap slicing
 
@@ -111,3 +106,15 @@ class Req:
         if self.next_prompt_logprob_pos >= 0:
             return self.fill_ids[: self.next_prompt_logprob_pos]
         return self.fill_ids
+
+
+@dataclass(slots=True)
+class ReqUpdate:
+    """What the loop thread hands the output stage about one request: its first `num_ids` output ids are final (the
+    list only grows, so the stage reads them from the request), and `finish`, if set, ended it there on a token-level
+    condition (stop token, length, abort, grammar). `error`: it failed (or the engine died); the caller gets that."""
+
+    req: Req
+    num_ids: int
+    finish: FinishReason | None = None
+    error: BaseException | None = None

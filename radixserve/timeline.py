@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from radixserve.io import GenerateOutput
     from radixserve.request import Req
     from radixserve.step import ScheduledBatch
 
@@ -80,8 +81,8 @@ class RequestTimeline:
 class Tracker:
     """Timelines of live requests (reached through each Req.timeline) and of the last RECENT_FINISHED finished ones.
 
-    `on_step(seconds, prefill_chunks)` and `on_finish(timeline)` listeners run on the loop thread: keep them cheap
-    (a histogram observe, a queue put)."""
+    `on_step(seconds, prefill_chunks)` listeners run on the loop thread, `on_finish(timeline)` ones on the output
+    stage's (radixserve/output_stage.py): keep them cheap (a histogram observe, a queue put)."""
 
     def __init__(self) -> None:
         self.recent: deque[RequestTimeline] = deque(maxlen=RECENT_FINISHED)
@@ -159,19 +160,22 @@ class Tracker:
             tl.retractions += 1
             tl.waiting = tl.add(Span("retracted", time.perf_counter()))
 
-    def close(self, req: Req) -> None:
-        """The request emitted its final result (or failed): finish its timeline and hand it to the listeners."""
+    def close(self, req: Req, final: GenerateOutput | BaseException) -> None:
+        """The request's final result (or its error) went out (from the output stage's thread): finish its timeline
+        and hand it to the listeners."""
         tl: RequestTimeline | None = req.timeline
         if tl is None or tl.finished is not None:
             return
         now = time.perf_counter()
-        fr: Any = req.finish_reason
-        reason = "error" if fr is None else fr["type"] if isinstance(fr, dict) else str(getattr(fr, "type", fr))
+        fr = None if isinstance(final, BaseException) else final.finish_reason
         for span in tl.spans:
             if span.end is None:
                 span.end = now
-        tl.finished, tl.finish_reason = now, reason
-        tl.completion_tokens = len(req.output_ids)
+        tl.finished, tl.finish_reason = now, "error" if fr is None else fr.type
+        # Ids past a stop string that the loop made before it heard of the stop are not the answer's.
+        tl.completion_tokens = (
+            len(req.output_ids) if isinstance(final, BaseException) else final.meta_info.completion_tokens
+        )
         tl.cached_tokens = req.cached_tokens
         self.recent.append(tl)
         for fn in self.finish_listeners:

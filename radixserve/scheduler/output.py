@@ -1,5 +1,7 @@
 """After the forward: a step's results taken in request by request (prompt logprobs, cache inserts, sampled tokens,
-stop checks), finished requests emitted, and failures kept to the request that had them.
+token-level stops), finished requests released, and failures kept to the request that had them. What the caller
+sees (text, stop strings, result objects) is built off this thread by the output stage (radixserve/output_stage.py)
+from the `ReqUpdate`s collected here; a stop string it finds comes back as `end`, finishing the request like any.
 
 A mixin of `Scheduler` (it works on the scheduler's queues, stats and page bookkeeping)."""
 
@@ -10,8 +12,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import RequestFailedError
-from radixserve.io import INTERNAL_ERROR, STOP_LENGTH, FinishReason, GenerateOutput, OutputMeta, StreamChunk
-from radixserve.request import Req, ReqStatus
+from radixserve.io import INTERNAL_ERROR, STOP_LENGTH, FinishReason
+from radixserve.request import Req, ReqStatus, ReqUpdate
 from radixserve.sampling.speculative import DraftRun
 from radixserve.step import Draft, ScheduledBatch, StepOutput
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("radixserve.scheduler")
 
 
-class OutputProcessor:
+class StepProcessor:
     cfg: SchedulerConfig
     stats: SchedulerStats
     eos_ids: frozenset[int]
@@ -34,14 +36,15 @@ class OutputProcessor:
     finishing: list[Req]
     pool: KVPool
     drafter: Drafter | None
-    # and Scheduler's page bookkeeping: _insert, _release, _retract
+    updates: list[ReqUpdate]  # for the output stage, taken by the engine loop after each step (take_updates)
+    # and Scheduler's page bookkeeping and queues: _insert, _release, _retract, _drop
 
     # ---- after the forward ------------------------------------------------------------------------------------
     def process(self, batch: ScheduledBatch, out: StepOutput) -> None:
-        """Take in one executed step: prompt logprobs, cache inserts, sampled tokens, stops; finish and emit.
+        """Take in one executed step: prompt logprobs, cache inserts, sampled tokens, token-level stops; finish.
 
-        A request whose handling raises (detokenizing, stop matching, building its output) or whose sampling failed
-        is finished alone with an error (`fail`); the others go on."""
+        A request whose handling raises (its grammar, its cache insert) or whose sampling failed is finished alone
+        with an error (`fail`); the others go on."""
         now = time.perf_counter()
         prompt = iter(out.prompt_logprobs)
         k = 0
@@ -81,7 +84,10 @@ class OutputProcessor:
         now: float,
         draft: Draft | None = None,
     ) -> None:
-        """One request's share of a step: prompt logprobs, its cache insert, its sampled tokens and stop checks."""
+        """One request's share of a step: prompt logprobs, its cache insert, its sampled tokens and stop checks.
+
+        Stop strings are the output stage's: tokens past one may still be appended here (a step or two, until its
+        `end` arrives); the stage reports none of them, and they cost no more than KV that is cached."""
         if pr is not None:
             pos = pr[2]
             for i, (lp, top) in enumerate(zip(*lps)):
@@ -117,6 +123,8 @@ class OutputProcessor:
                 break  # a stop inside an accepted run cuts it there
         if req.grammar is not None and not req.finished and self.cfg.enable_jump_forward and not req.return_logprob:
             self._jump_forward(req)
+        if not req.finished:  # the stage decodes as tokens come (stop strings, streams; no burst at the end)
+            self.updates.append(ReqUpdate(req, len(req.output_ids)))
 
     def _drop_rejected(self, req: Req, draft: Draft, accepted: int) -> None:
         """After a verify step: the rejected drafts' KV is not the request's; pages holding only their slots go back
@@ -146,7 +154,7 @@ class OutputProcessor:
                 return
 
     def _settle(self, req: Req) -> None:
-        """After a step: release a finished request's pages once no step of it is in flight; emit what is new."""
+        """After a step: release a finished request's pages once no step of it is in flight."""
         if req in self.finishing:
             if req.steps_in_flight == 0:
                 self.finishing.remove(req)
@@ -160,8 +168,6 @@ class OutputProcessor:
         if req.finished:
             self.running.remove(req)
             self._finish(req, req.finish_reason)
-        elif req.stream and len(req.output_ids) > req.sent_ids:
-            req.emit(self._output(req, final=False))
 
     def fail(self, req: Req, exc: BaseException) -> None:
         """Finish one request with an internal error: log it, free what it holds, tell its caller (never raises)."""
@@ -178,7 +184,22 @@ class OutputProcessor:
                 req.status = ReqStatus.FINISHING
             else:
                 self._release(req)
-        req.emit(RequestFailedError(req.rid))
+        self.updates.append(ReqUpdate(req, len(req.output_ids), error=RequestFailedError(req.rid)))
+
+    def end(self, req: Req, reason: FinishReason, exc: BaseException | None = None) -> None:
+        """The output stage ended a request: a stop string matched (`reason`), or building its output failed (`exc`).
+        It is finished here as any finish is (its pages go back); one finished meanwhile is left as it is."""
+        if exc is not None and req.finished:  # its final output failed: the pages went back already, count it
+            log.error("request %s failed: %r", req.rid, exc, exc_info=exc)
+            self.stats.failed += 1
+        elif exc is not None:
+            self.fail(req, exc)
+        elif not req.finished:
+            self._drop(lambda r: r is req, reason)
+
+    def take_updates(self) -> list[ReqUpdate]:
+        updates, self.updates = self.updates, []
+        return updates
 
     def fail_batches(self, batches: list[ScheduledBatch], exc: BaseException) -> None:
         """Steps failed with no request to blame: undo their effect on their requests, fail the newest request
@@ -206,18 +227,15 @@ class OutputProcessor:
                 self._retract(req)
 
     def _check_stop(self, req: Req, tok: int) -> None:
+        """Token-level ends only (a stop token, the length); stop strings are the output stage's."""
         p = req.params
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
             req.finish_reason = FinishReason("stop", tok)
-            return
-        _, matched = req.detok.step([tok])
-        if matched is not None:
-            req.finish_reason = FinishReason("stop", matched)
         elif len(req.output_ids) >= p.max_new_tokens or req.num_fill >= self.cfg.context_length:
             req.finish_reason = STOP_LENGTH
 
     def _finish(self, req: Req, reason: FinishReason | None) -> None:
-        """Emit the final result; the pages go back now, or when the request's last step in flight is processed."""
+        """Hand the final update over; the pages go back now, or when the request's last step in flight is done."""
         req.finish_reason = reason
         if req.steps_in_flight:
             self.finishing.append(req)
@@ -225,39 +243,5 @@ class OutputProcessor:
         else:
             self._release(req)
             req.status = ReqStatus.DONE
-        if not (reason and reason.stopped_on_string):
-            req.detok.flush()  # text held back for a possible stop string is the caller's after all
         self.stats.finished += 1
-        req.emit(self._output(req, final=True))
-
-    def _output(self, req: Req, final: bool) -> GenerateOutput:
-        """A result: the whole result, or for a stream a chunk of only what is new since the last chunk."""
-        now = time.perf_counter()
-        if req.stream:
-            ids = req.output_ids[req.sent_ids :]
-            text = req.detok.text[req.sent_text :]
-            req.sent_ids, req.sent_text = len(req.output_ids), len(req.detok.text)
-        else:
-            ids, text = list(req.output_ids), req.detok.text
-        meta = OutputMeta(
-            id=req.rid,
-            prompt_tokens=len(req.input_ids),
-            completion_tokens=len(req.output_ids),
-            cached_tokens=req.cached_tokens,
-            finish_reason=req.finish_reason if final else None,
-            ttft=(req.first_token_time - req.created) if req.first_token_time else None,
-            e2e_latency=now - req.created,
-        )
-        if req.return_logprob:
-            lo = req.sent_logprobs if req.stream else 0
-            top = bool(req.top_logprobs_num)
-            meta.output_token_logprobs = req.output_token_logprobs[lo:]
-            if top:
-                meta.output_top_logprobs = req.output_top_logprobs[lo:]
-            if req.logprob_start_len >= 0 and (not req.stream or lo == 0):
-                meta.input_token_logprobs = req.input_token_logprobs
-                if top:
-                    meta.input_top_logprobs = req.input_top_logprobs
-            if req.stream:
-                req.sent_logprobs = len(req.output_token_logprobs)
-        return (StreamChunk if req.stream else GenerateOutput)(text, ids, meta)
+        self.updates.append(ReqUpdate(req, len(req.output_ids), reason))

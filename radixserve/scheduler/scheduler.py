@@ -15,13 +15,14 @@ from radixserve.cache.partial_page import PartialPages
 from radixserve.cache.pins import PinTable
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.forward_batch import ForwardBatch
-from radixserve.io import FinishReason
-from radixserve.request import Req, ReqStatus
+from radixserve.io import ABORTED, FinishReason
+from radixserve.request import Req, ReqStatus, ReqUpdate
 from radixserve.speculative.drafter import Drafter
 from radixserve.step import Draft, ScheduledBatch
 from radixserve.scheduler.fairness import FairShare, preemptible, victim_key
 from radixserve.scheduler.admission import Admission
-from radixserve.scheduler.output import OutputProcessor
+from radixserve.scheduler.output import StepProcessor
+from radixserve.scheduler.pages import PageKeeping
 from radixserve.scheduler.partial_reuse import PartialReuse
 
 
@@ -85,7 +86,7 @@ class SchedulerStats:
     steps: int = 0
 
 
-class Scheduler(Admission, OutputProcessor, PartialReuse):
+class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
     """Owns the waiting queue and the running set; every page a request holds is accounted for here."""
 
     def __init__(self, cfg: SchedulerConfig, pool: KVPool, eos_ids: frozenset[int]) -> None:
@@ -115,6 +116,7 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
         self.running: list[Req] = []
         # Finished or aborted while a step of theirs was still in flight: their pages go back once it is processed.
         self.finishing: list[Req] = []
+        self.updates: list[ReqUpdate] = []  # for the output stage (see StepProcessor.take_updates)
         self._free_slots = list(range(cfg.max_running_requests - 1, -1, -1))
         self.stats = SchedulerStats()
         self.fair = FairShare() if cfg.fair_share else None
@@ -128,39 +130,26 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
 
     def abort(self, rid: str) -> None:
         """Drop a request wherever it is; what it held goes back (its computed full pages stay cached)."""
-        self._drop(lambda r: r.rid == rid, "aborted")
+        self._drop(lambda r: r.rid == rid, ABORTED)
 
-    def _drop(self, which: Callable[[Req], bool], message: str) -> None:
+    def _drop(self, which: Callable[[Req], bool], reason: FinishReason) -> None:
         for queue in (self.waiting, self.running):  # (finishing requests are finished already)
             for req in [r for r in queue if which(r)]:
                 queue.remove(req)
-                self._finish(req, FinishReason("abort", None, message))
+                self._finish(req, reason)
 
     def expire(self) -> None:
         """Abort the requests whose timeout has passed (message "timeout"); their pages go back."""
         now = time.perf_counter()
-        self._drop(lambda r: r.deadline is not None and r.deadline <= now, "timeout")
+        self._drop(lambda r: r.deadline is not None and r.deadline <= now, FinishReason("abort", None, "timeout"))
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.finishing)
 
-    # ---- memory -----------------------------------------------------------------------------------------------
-    def _alloc(self, n: int) -> list[int] | None:
-        """n pool pages, evicting unlocked radix-tree leaves if the free list is short."""
-        if n == 0:
-            return []
-        pages = self.pool.alloc(n)
-        if pages is None:
-            short = n - self.pool.num_free_pages
-            if self.partial is not None:  # kept partial pages go first: each saves less than a full page
-                short -= self.partial.evict(short)
-            self.cache.evict(short)
-            pages = self.pool.alloc(n)
-        return pages
-
     def _available(self) -> int:
         return self.pool.num_free_pages + self.cache.evictable_pages + self.partial_pages
 
+    # ---- memory (and scheduler/pages.py) -----------------------------------------------------------------------
     def _reserve(self, req: Req) -> int:
         """Pages this request will still want: the rest of its prefill plus an estimate of its decode."""
         ps = self.cfg.page_size
@@ -168,47 +157,6 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
         decode_left = max(req.params.max_new_tokens - len(req.output_ids), 0)
         draft_pages = _cdiv(self.cfg.speculative_max_tokens, ps) if decode_left > 1 else 0  # a verify step's slots
         return prefill_pages + _cdiv(int(decode_left * self.new_token_ratio), ps) + draft_pages
-
-    def _insert(self, req: Req) -> None:
-        """Give the request's computed full pages to the tree, point its page table at the tree's copies, and record
-        the computed tokens of its partial page after them for other requests to copy."""
-        self._insert_full(req)
-        if self.partial is not None:
-            self._note_tail(req)
-
-    def _insert_full(self, req: Req) -> None:
-        ps = self.cfg.page_size
-        # Only KV that processed steps computed is cached: a step still in flight may yet fail (see fail_batches),
-        # and kv_len may count a token still being sampled (overlap), which cannot be keyed.
-        n_full = min(req.kv_len - req.kv_inflight, req.num_fill) // ps
-        if n_full <= req.num_tree_pages:
-            return
-        res = self.cache.insert(req.fill_ids[: n_full * ps], req.pages[:n_full], req.namespace)
-        req.pages[: len(res.pages)] = res.pages
-        if len(res.pages) <= req.num_tree_pages:
-            return  # a hash collision stopped the insert where the request's tree pages already end
-        self.cache.lock(res.node)
-        if req.node is not None:
-            self.cache.unlock(req.node)
-        req.node = res.node
-        req.num_tree_pages = len(res.pages)
-
-    def _release(self, req: Req) -> None:
-        """Cache what the request computed, free its private pages and its lock; it then holds nothing."""
-        self._insert(req)
-        private = req.pages[req.num_tree_pages :]
-        if req.tail is not None:
-            assert self.partial is not None
-            if self.partial.release(req.tail, keep=True):  # the registry keeps the page for later requests
-                private.remove(req.tail.page)
-            req.tail = None
-        self.pool.free(private)
-        if req.node is not None:
-            self.cache.unlock(req.node)
-        req.pages, req.node, req.num_tree_pages, req.kv_len = [], None, 0, 0
-        if req.slot >= 0:
-            self._free_slots.append(req.slot)
-            req.slot = -1
 
     def _retract(self, req: Req) -> None:
         """Send a running request back to the front of the queue; its cached prefix makes resuming cheap."""
@@ -409,43 +357,3 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
         if self._copies:
             self._plan_copies(batch)
         return batch
-
-    # ---- maintenance ------------------------------------------------------------------------------------------
-    def flush_cache(self) -> bool:
-        if self.has_work():
-            return False
-        if self.partial is not None:
-            self.partial.reset()
-        if isinstance(self.cache, RadixCache):
-            self.pins.clear(self.cache)
-        self.cache.reset()
-        if self.cache.tier is not None:
-            self.cache.tier.clear()
-        return True
-
-    def check_invariants(self) -> None:
-        """Every page is free, in the tree, or private to exactly one running request; lock counts add up."""
-        self.cache.check_invariants()
-        if self.partial is not None:
-            self.partial.check_invariants()
-        holders = self.running + self.finishing
-        private = [p for r in holders for p in r.pages[r.num_tree_pages :]]
-        assert len(private) == len(set(private)), "a private page is held by two requests"
-        kept = self.partial_pages
-        total = self.pool.num_free_pages + self.cache.total_pages + kept + len(private)
-        assert total == self.pool.capacity, (
-            f"page leak: free {self.pool.num_free_pages} + tree {self.cache.total_pages} + kept partial {kept} "
-            f"+ private {len(private)} != capacity {self.pool.capacity}"
-        )
-        for queue, status in (
-            (self.waiting, ReqStatus.WAITING),
-            (self.running, ReqStatus.RUNNING),
-            (self.finishing, ReqStatus.FINISHING),
-        ):
-            assert all(r.status is status for r in queue), f"every request in {status.value} has that status"
-        for r in self.waiting:
-            assert not r.pages and r.node is None and r.tail is None, f"waiting request {r.rid} holds pages"
-        if not holders:
-            pinned = len(self.pins.pinned_pages(self.cache)) if isinstance(self.cache, RadixCache) else 0
-            assert self.cache.protected_pages == pinned, "no request runs, yet tree pages other than pins are locked"
-            assert len(self._free_slots) == self.cfg.max_running_requests, "a runner slot leaked"
