@@ -103,7 +103,8 @@ class ModelRunner:
         self.device = device
         self.tp = tp  # tensor parallel: this rank's shard of the model and of every KV head (radixserve/distributed.py)
         bind_device(device)
-        self.config, self.model = load_model(model_path, dtype, device, quantization, tp)
+        # Packing deferred: it runs while the rest of the engine and the server start (same outputs, see packing.py).
+        self.config, self.model = load_model(model_path, dtype, device, quantization, tp, defer_packing=True)
         cfg = self.model.config  # with tp, this rank's heads: its KV pool holds those alone
         bytes_per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype.itemsize)
         if max_total_tokens is None:
