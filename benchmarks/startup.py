@@ -11,6 +11,7 @@ default model with default settings; llama-server runs `-m <the default model's 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -83,10 +84,21 @@ def _status_kib(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
+def _first_answer(port: int) -> float:
+    """Seconds for a 16-token greedy completion sent the moment /health said ready (what deferred work costs)."""
+    body = json.dumps({"model": "default", "prompt": "def fib(n):", "max_tokens": 16, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=120) as r:
+        r.read()
+    return time.perf_counter() - t0
+
+
 def start_once(
     cmd: list[str], port: int, env: dict[str, str], idle_s: float, timeout_s: float
-) -> tuple[float, int, int]:
-    """(seconds from spawn to the first 200 from /health, peak RSS MiB, RSS MiB after `idle_s` idle)."""
+) -> tuple[float, float, int, int]:
+    """(seconds from spawn to the first 200 from /health, seconds for the first answer right then, peak RSS MiB,
+    RSS MiB after `idle_s` idle)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -97,8 +109,9 @@ def start_once(
                 raise RuntimeError(f"{cmd[0]} not healthy after {timeout_s} s")
             time.sleep(0.02)
         ready = time.perf_counter() - t0
+        first = _first_answer(port)
         time.sleep(idle_s)
-        return ready, _status_kib(proc.pid, "VmHWM") // 1024, _status_kib(proc.pid, "VmRSS") // 1024
+        return ready, first, _status_kib(proc.pid, "VmHWM") // 1024, _status_kib(proc.pid, "VmRSS") // 1024
     finally:
         proc.terminate()
         try:
@@ -161,14 +174,19 @@ def main() -> None:
     for i in range(a.runs):
         for j, (name, cmd) in enumerate(engines.items()):
             results[name].append(start_once(cmd, a.port + j, env, a.idle, 300))
-            print(f"run {i + 1} {name}: {results[name][-1][0]:.2f} s (load {_load()})", flush=True)
+            ready, first = results[name][-1][:2]
+            print(f"run {i + 1} {name}: ready {ready:.2f} s, first answer {first:.2f} s (load {_load()})", flush=True)
     print(f"load average after: {_load()}\n")
-    print("| server | start to healthy /health, median (min-max) s | peak RSS MiB | RSS idle MiB |\n|---|---|---|---|")
+    print(
+        "| server | time to the first 200 from /health, then a first request, median (min-max) s | first 16-token answer right after, median s "
+        "| peak RSS MiB | RSS idle MiB |\n|---|---|---|---|---|"
+    )
     for name, runs in results.items():
         ready = [r[0] for r in runs]
         print(
             f"| {name} | {statistics.median(ready):.2f} ({min(ready):.2f}-{max(ready):.2f}) | "
-            f"{max(r[1] for r in runs)} | {statistics.median(r[2] for r in runs):.0f} |"
+            f"{statistics.median(r[1] for r in runs):.2f} | {max(r[2] for r in runs)} | "
+            f"{statistics.median(r[3] for r in runs):.0f} |"
         )
     if llama:
         ratio = statistics.median(r[0] for r in results["radixserve"]) / statistics.median(

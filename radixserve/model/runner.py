@@ -23,8 +23,8 @@ from radixserve.transfer import device_tensor, to_device
 if TYPE_CHECKING:
     from radixserve.distributed import TPGroup
 
-# On a CPU a bigger pool only costs start-up time (it is zeroed) and memory: 64k tokens hold dozens of long
-# conversations, and a CPU computes far fewer tokens than that per minute. GPUs size it from free memory alone.
+# On a CPU a bigger pool only costs memory as pages fill (it is zeroed lazily, see KVPool): 64k tokens hold dozens
+# of long conversations, and a CPU computes far fewer tokens than that per minute. GPUs size it from free memory alone.
 CPU_MAX_AUTO_TOKENS = 1 << 16
 log = logging.getLogger(__name__)
 
