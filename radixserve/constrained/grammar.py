@@ -95,9 +95,10 @@ def grammar_text(field: str, source: Any) -> str:
 class GrammarCompiler:
     """Validates and caches grammars for one tokenizer and vocabulary; makes per-request matchers.
 
-    The llguidance tokenizer (a trie over the vocabulary) is built on a background thread from `start()` (the
-    server calls it once it is listening) or the first `compile`, which waits for it. Not at construction: building
-    it holds the GIL for about a second per 150k tokens, which stalled the model's loading by as much at start-up.
+    The llguidance tokenizer (a trie over the vocabulary) is built on a background thread by the first `compile`,
+    which waits for it. Not earlier: building it holds the GIL for 1-2 s with a 150k vocabulary (measured on a busy
+    2-core machine), which stalled the model's load at start-up, or the first requests' steps and HTTP handling
+    when it ran right after the server began listening; only the first grammar request pays it now.
     Thread-safe: callers compile on their own threads, never the engine loop's."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_ids: Sequence[int]) -> None:

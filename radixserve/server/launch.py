@@ -26,24 +26,15 @@ class DrainingServer(uvicorn.Server):
     (uvicorn's timeout_graceful_shutdown, after which their tasks are cancelled and the engine aborts them), exit 0.
     uvicorn would re-raise the signal after shutting down, which kills the process with -SIGTERM instead."""
 
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        on_drain: Callable[[], None],
-        ready_line: str = "",
-        on_ready: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None], ready_line: str = "") -> None:
         super().__init__(config)
         self.on_drain = on_drain
         self.ready_line = ready_line
-        self.on_ready = on_ready
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
         if self.started and self.ready_line:
             print(self.ready_line, flush=True)
-        if self.started and self.on_ready is not None:
-            self.on_ready()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.on_drain()
@@ -114,8 +105,7 @@ def run_server(
         )
         if keys is not None and keys.file is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGHUP, lambda sig, frame: keys.reload_in_background())  # uvicorn leaves SIGHUP alone
-        # The grammar tokenizer is built once the server listens, not during the load it would slow down.
-        server = DrainingServer(config, drain, ready_line=f"ready: serving on {url}", on_ready=engine.grammars.start)
+        server = DrainingServer(config, drain, ready_line=f"ready: serving on {url}")
         watchdog = threading.Thread(target=_exit_when_engine_dies, args=(engine, server, drain), daemon=True)
         watchdog.start()
         server.run()
