@@ -151,6 +151,11 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=39100)
     ap.add_argument("--idle", type=float, default=2.0, help="seconds idle after ready before reading RSS")
     ap.add_argument("--no-phases", action="store_true", help="skip the per-phase profile of radixserve's start")
+    ap.add_argument(
+        "--baseline-src",
+        default=None,
+        help="another radixserve source tree (e.g. `git archive <commit> | tar -x -C DIR`), started alternately too",
+    )
     a = ap.parse_args()
 
     from radixserve.model.resolve import DEFAULT_GGUF_NAME, default_cache_dir, resolve_model
@@ -160,6 +165,10 @@ def main() -> None:
     llama = a.llama_server or next((str(p) for p in LLAMA_CANDIDATES if p.is_file()), shutil.which("llama-server"))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     engines = {"radixserve": [sys.executable, "-m", "radixserve.cli", "serve", "--port", str(a.port)]}
+    envs = {name: env for name in engines}
+    if a.baseline_src:
+        engines["radixserve (baseline)"] = [*engines["radixserve"][:-1], str(a.port + 2)]
+        envs["radixserve (baseline)"] = dict(os.environ, PYTHONPATH=str(Path(a.baseline_src).resolve()))
     if llama:
         engines["llama-server"] = [llama, "-m", str(gguf), "-t", "2", "--port", str(a.port + 1)]
     else:
@@ -172,8 +181,8 @@ def main() -> None:
     print(f"load average before: {_load()}")
     results: dict[str, list[tuple[float, int, int]]] = {name: [] for name in engines}
     for i in range(a.runs):
-        for j, (name, cmd) in enumerate(engines.items()):
-            results[name].append(start_once(cmd, a.port + j, env, a.idle, 300))
+        for name, cmd in engines.items():
+            results[name].append(start_once(cmd, int(cmd[-1]), envs.get(name, env), a.idle, 300))
             ready, first = results[name][-1][:2]
             print(f"run {i + 1} {name}: ready {ready:.2f} s, first answer {first:.2f} s (load {_load()})", flush=True)
     print(f"load average after: {_load()}\n")
