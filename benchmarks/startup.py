@@ -100,7 +100,9 @@ def start_once(
     """(seconds from spawn to the first 200 from /health, seconds for the first answer right then, peak RSS MiB,
     RSS MiB after `idle_s` idle)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # cwd = the source tree: `python -m` puts the working directory before PYTHONPATH on sys.path.
+    cwd = env.get("PYTHONPATH", str(ROOT))
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while not _health(port):
             if proc.poll() is not None:
@@ -203,7 +205,9 @@ def main() -> None:
         )
         print(f"\nradixserve / llama-server, median start: {ratio:.2f}x")
     if not a.no_phases:
-        out = subprocess.run([sys.executable, "-c", PHASES], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", PHASES], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+        )
         print(f"\nradixserve start-up by phase, one fresh process (load {_load()}):\n{out.stdout}")
 
 
