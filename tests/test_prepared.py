@@ -84,6 +84,20 @@ def test_stale_foreign_or_broken_copies_are_rebuilt(converted, monkeypatch):
     assert len(builds) == 5 and model.compute_logits(torch.zeros(1, model.config.hidden_size)).isfinite().all()
 
 
+def test_a_copy_that_cannot_be_saved_costs_only_the_next_start(converted, monkeypatch, caplog):
+    from radixserve.model import prepared
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prepared, "save_file", full_disk)
+    target = prepared_file(converted, torch.bfloat16, "int4")
+    target.unlink(missing_ok=True)
+    _, model = load_model(converted, torch.bfloat16, quantization="int4")
+    assert not target.exists() and "could not save the prepared weights" in caplog.text
+    assert model.compute_logits(torch.zeros(1, model.config.hidden_size, dtype=torch.bfloat16)).isfinite().all()
+
+
 def test_only_converted_folders_get_a_copy_and_float32_dense_never(tiny_model_factory, converted):
     user = tiny_model_factory("qwen2")
     load_model(user, torch.bfloat16, quantization="int8")

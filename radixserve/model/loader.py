@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,8 @@ from radixserve.model.parallel import Shard, local_config, parallelize, plan_sha
 from radixserve.model.prepared import fingerprint, load_prepared, prepared_file, read_source, save_prepared
 from radixserve.model.packing import DeferredPacking, dense_copy_jobs
 from radixserve.model.quant import quantize_model
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from radixserve.distributed import TPGroup
@@ -126,7 +129,10 @@ def load_unpacked(
         model = load_prepared(target, key, config, dtype)
         if model is None:
             model = _build(path, config, files, dtype, device, quantization)
-            save_prepared(model, target, key)
+            try:
+                save_prepared(model, target, key)
+            except (OSError, SafetensorError) as e:  # a full disk or a read-only cache costs the next start, only
+                log.warning("could not save the prepared weights to %s (%s): the next start rebuilds them", target, e)
     else:
         model = _build(path, config, files, dtype, device, quantization, shard, tp)
     return config, model
