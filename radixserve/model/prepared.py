@@ -111,8 +111,8 @@ def load_prepared(path: Path, fingerprint_: str, config: ModelConfig, dtype: tor
             out_features, in_features = child.weight.shape
             if (lin := _quantized(tensors, full, in_features, out_features)) is not None:
                 setattr(parent, name, lin)
-    if model.lm_head is None and (head := _quantized(tensors, "tied_head", config.hidden_size, config.vocab_size)):
-        model.tied_head = head
+    if model.lm_head is None:  # a quantized tied head is its own module; a dense one is made at packing
+        model.tied_head = _quantized(tensors, "tied_head", config.hidden_size, config.vocab_size)
     wanted = dict(model.state_dict(keep_vars=True))
     if set(wanted) != set(tensors):
         return None
