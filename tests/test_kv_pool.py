@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -81,3 +83,20 @@ def test_store_casts_to_pool_dtype() -> None:
     pool = KVPool(1, 4, 2, 1, 2, dtype=torch.float16)
     pool.store(0, torch.tensor([3]), torch.ones(1, 1, 2, dtype=torch.float32), torch.ones(1, 1, 2, dtype=torch.float32))
     assert pool.k_buffers[0].dtype == torch.float16 and pool.k_buffers[0][1, 1].tolist() == [[1.0, 1.0]]
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status")
+def test_cpu_pool_reads_zero_and_costs_no_memory_until_written() -> None:
+    """Zeroed lazily by the kernel (an anonymous mapping), not by writing every byte at start-up."""
+    before = _rss_bytes()
+    pool = KVPool(4, 4097, 16, 2, 64, torch.bfloat16)  # 4 layers x K/V x 16.8 MB = 134 MB
+    assert _rss_bytes() - before < 16 << 20
+    pool.k_buffers[1][3] = 1.5
+    assert torch.all(pool.k_buffers[1][3] == 1.5)
+    assert all(int(b.count_nonzero()) == (16 * 2 * 64 if b is pool.k_buffers[1] else 0) for b in pool.k_buffers)
+    assert all(int(b.count_nonzero()) == 0 for b in pool.v_buffers)

@@ -8,7 +8,6 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
-import llguidance.torch as llt
 import torch
 
 from radixserve.constrained.grammar import GrammarMatcher
@@ -37,10 +36,15 @@ class StepMasks:
                 self._future = _FILLER.submit(self._fill)
 
     def _fill(self) -> None:
+        # llguidance.torch's fill_next_token_bitmask(_par) are these calls plus checks that hold by construction
+        # (self.bitmask: CPU, int32, contiguous); importing that module costs ~2-4 s of start-up, since it
+        # decorates an unrelated function with torch.compile at import time, which loads torch._dynamo.
+        row_bytes = self.bitmask.shape[1] * self.bitmask.element_size()
         if len(self.matchers) == 1:
-            llt.fill_next_token_bitmask(self.matchers[0].ll, self.bitmask, 0)
+            self.matchers[0].ll.unsafe_compute_mask_ptr(self.bitmask.data_ptr(), row_bytes)
         else:
-            llt.fill_next_token_bitmask_par(_EXECUTOR, [(m.ll, i) for i, m in enumerate(self.matchers)], self.bitmask)
+            pairs = [(m.ll, i) for i, m in enumerate(self.matchers)]
+            _EXECUTOR.unsafe_compute_mask_ptr(pairs, self.bitmask.data_ptr(), row_bytes, len(self.matchers))
 
     def apply(self, logits: torch.Tensor, at: list[int] | None = None) -> None:
         """Set every id the grammar refuses to -inf in the constrained rows of logits [R, V] (in place): rows

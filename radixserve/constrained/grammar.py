@@ -95,24 +95,34 @@ def grammar_text(field: str, source: Any) -> str:
 class GrammarCompiler:
     """Validates and caches grammars for one tokenizer and vocabulary; makes per-request matchers.
 
-    The llguidance tokenizer (a trie over the vocabulary) is built on a background thread at construction;
-    `compile` waits for it only the first time. Thread-safe: callers compile on their own threads, never the
-    engine loop's."""
+    The llguidance tokenizer (a trie over the vocabulary) is built on a background thread by the first `compile`,
+    which waits for it. Not earlier: building it holds the GIL for 1-2 s with a 150k vocabulary (measured on a busy
+    2-core machine), which stalled the model's load at start-up, or the first requests' steps and HTTP handling
+    when it ran right after the server began listening; only the first grammar request pays it now.
+    Thread-safe: callers compile on their own threads, never the engine loop's."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_ids: Sequence[int]) -> None:
         self.vocab_size = vocab_size
         self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self._tokenizer: Future[llguidance.LLTokenizer] = Future()
-        source = tokenizer.backend_json()
-        eos = sorted(eos_ids)
-        threading.Thread(
-            target=self._build_tokenizer, args=(source, eos), name="radixserve-grammar-init", daemon=True
-        ).start()
+        self._source = tokenizer
+        self._eos = sorted(eos_ids)
+        self._started = False
 
-    def _build_tokenizer(self, source: str, eos: list[int]) -> None:
+    def start(self) -> None:
+        """Begin building the llguidance tokenizer on a background thread (once; later calls do nothing)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._build_tokenizer, name="radixserve-grammar-init", daemon=True).start()
+
+    def _build_tokenizer(self) -> None:
         try:
-            tok = llguidance.LLTokenizer(source, n_vocab=self.vocab_size, eos_token=eos or None)
+            tok = llguidance.LLTokenizer(
+                self._source.backend_json(), n_vocab=self.vocab_size, eos_token=self._eos or None
+            )
             # The first mask over a vocabulary builds llguidance's caches (seconds for 150k tokens): pay it here.
             warm = llguidance.LLMatcher(tok, llguidance.LLMatcher.grammar_from_regex("[a-z]+"))
             warm.compute_bitmask()
@@ -122,6 +132,7 @@ class GrammarCompiler:
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        self.start()
         return self._tokenizer.result()
 
     def compile(self, field: str, source: Any) -> CompiledGrammar:

@@ -9,7 +9,7 @@ prepacked weight 2-3x faster than `F.linear` does a plain one, with the same flo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
 
+    @torch.no_grad()
     def pack(self) -> None:
         """Reorder the weight in place into oneDNN's blocked layout (CPU, bf16); frees the plain copy."""
         self.weight = nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()), requires_grad=False)
@@ -137,6 +138,7 @@ class LlamaForCausalLM(nn.Module):
             None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, False, dtype)
         )
         self.tied_head: Linear | None = None  # pack_for_cpu's packed copy of a tied embedding
+        self.packing = None  # a DeferredPacking (radixserve/model/packing.py) when the loader deferred packing
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
@@ -156,21 +158,21 @@ class LlamaForCausalLM(nn.Module):
             return head(hidden).float()
         return F.linear(hidden, self.embed_tokens.weight).float()
 
-    @torch.no_grad()
     def pack_for_cpu(self) -> None:
-        """Prepack every projection for oneDNN (see the module docstring); call once, after `load_weights`.
+        """Prepack every projection for oneDNN (see the module docstring); call once, after `load_weights`."""
+        for _, pack in self.packing_jobs():
+            pack()
 
-        A tied LM head gets its own packed copy of the embedding (vocab x hidden more memory: 272 MB for
-        Qwen2.5-0.5B in bf16), since the embedding lookup needs the plain rows.
+    def packing_jobs(self) -> list[tuple[nn.Module, Callable[[], None]]]:
+        """(module, its packing) for every projection not packed yet; radixserve/model/packing.py may run them
+        later. A tied LM head gets its own Linear now, sharing the embedding's rows until it is packed into its
+        own copy (vocab x hidden more memory: 272 MB for Qwen2.5-0.5B in bf16), since the lookup needs plain rows.
         """
         if self.lm_head is None and self.tied_head is None:
-            self.tied_head = Linear(
-                self.config.hidden_size, self.config.vocab_size, False, dtype=self.embed_tokens.weight.dtype
-            )
-            self.tied_head.weight.copy_(self.embed_tokens.weight)
-        for module in self.modules():
-            if isinstance(module, Linear) and not module.weight.is_mkldnn:
-                module.pack()
+            with torch.device("meta"):
+                self.tied_head = Linear(self.config.hidden_size, self.config.vocab_size, False)
+            self.tied_head.weight = nn.Parameter(self.embed_tokens.weight.detach(), requires_grad=False)
+        return [(m, m.pack) for m in self.modules() if isinstance(m, Linear) and not m.weight.is_mkldnn]
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,9 +12,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from radixserve.config import ModelConfig
+from radixserve.gguf.convert import PROVENANCE_FILE
 from radixserve.model.llama import LlamaForCausalLM, can_pack
-from radixserve.model.parallel import local_config, parallelize, plan_shard, shard_weights, tie_parallel_head
-from radixserve.model.quant import keep_dense_copies, quantize_model
+from radixserve.model.parallel import Shard, local_config, parallelize, plan_shard, shard_weights, tie_parallel_head
+from radixserve.model.prepared import fingerprint, load_prepared, prepared_file, read_source, save_prepared
+from radixserve.model.packing import DeferredPacking, dense_copy_jobs
+from radixserve.model.quant import quantize_model
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from radixserve.distributed import TPGroup
@@ -65,13 +71,9 @@ def _gguf_blocks(path: Path, fmt: str, config: ModelConfig) -> dict:
     """For a folder converted from a GGUF that is still on disk: its blocks that map onto `fmt` without a float
     detour (radixserve/gguf/blocks.py), by Hugging Face name; {} otherwise."""
     from radixserve.gguf.blocks import mapped_tensors
-    from radixserve.gguf.convert import PROVENANCE_FILE
 
-    try:
-        source = Path(json.loads((path / PROVENANCE_FILE).read_text())["source"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-    if not source.is_file():
+    source = read_source(path, PROVENANCE_FILE)
+    if source is None or not source.is_file():
         return {}
     return mapped_tensors(source, fmt, config.num_heads, config.num_kv_heads)
 
@@ -82,12 +84,27 @@ def load_model(
     device: str | torch.device = "cpu",
     quantization: str = "none",
     tp: TPGroup | None = None,
+    defer_packing: bool = False,
 ) -> tuple[ModelConfig, LlamaForCausalLM]:
-    """Build the model in `dtype` on `device` and fill it from the folder's weights; ValueError for a bad folder.
+    """`load_unpacked`, then oneDNN's layouts where they pay (`pack_loaded`)."""
+    config, model = load_unpacked(path, dtype, device, quantization, tp)
+    return config, pack_loaded(model, dtype, device, quantization, defer_packing)
+
+
+def load_unpacked(
+    path: str | Path,
+    dtype: torch.dtype,
+    device: str | torch.device = "cpu",
+    quantization: str = "none",
+    tp: TPGroup | None = None,
+) -> tuple[ModelConfig, LlamaForCausalLM]:
+    """The model in `dtype` on `device` filled from the folder's weights, not yet packed; ValueError for a bad
+    folder.
 
     quantization: none, int8, int4, or int8+bf16 (int8 codes plus a packed bf16 copy of them, CpuChoice.weights).
     With `tp`, the model is this rank's shard (radixserve/model/parallel.py) and `model.config` its per-rank
-    config; the returned config is the whole model's."""
+    config; the returned config is the whole model's. A folder radixserve converted keeps a prepared copy of the
+    result per (dtype, format) that later loads map instead of rebuilding (radixserve/model/prepared.py)."""
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"model path {path} is not a directory")
@@ -96,21 +113,78 @@ def load_model(
     shard = None if tp is None else plan_shard(config, tp.size, tp.rank)
     if shard is not None and quantization != "none":  # Int8Linear does not carry the row-parallel sum yet
         raise ValueError(f"tensor parallelism with quantization {quantization!r} is not supported yet: use 'none'")
+    source = read_source(path, PROVENANCE_FILE)
+    # Worth a file where the load does more than copy float32 shards: a cast or a quantization (converted
+    # folders hold float32), on CPU (the prepared tensors are CPU memory maps) and unsharded.
+    prepare = (
+        source is not None
+        and shard is None
+        and torch.device(device).type == "cpu"
+        and (quantization != "none" or dtype != torch.float32)
+    )
+    if prepare:
+        fmt = quantization.removesuffix("+bf16")  # the bf16 copy of int8 codes is made at packing
+        target = prepared_file(path, dtype, fmt)
+        key = fingerprint(path, files, dtype, fmt, source)
+        model = load_prepared(target, key, config, dtype)
+        if model is None:
+            model = _build(path, config, files, dtype, device, quantization)
+            try:
+                save_prepared(model, target, key)
+            except (OSError, SafetensorError) as e:  # a full disk or a read-only cache costs the next start, only
+                log.warning("could not save the prepared weights to %s (%s): the next start rebuilds them", target, e)
+    else:
+        model = _build(path, config, files, dtype, device, quantization, shard, tp)
+    return config, model
+
+
+def _build(
+    path: Path,
+    config: ModelConfig,
+    files: list[Path],
+    dtype: torch.dtype,
+    device: str | torch.device,
+    quantization: str,
+    shard: Shard | None = None,
+    tp: TPGroup | None = None,
+) -> LlamaForCausalLM:
+    """The model from the folder's float weights, cast to `dtype` and quantized to `quantization`, not yet packed."""
     # Built straight in `dtype` with uninitialized weights: no random init, no float32 copy of a bf16 model.
     with torch.device(device):
         model = LlamaForCausalLM(config if shard is None else local_config(config, shard), dtype)
-        if shard is not None:
+        if shard is not None and tp is not None:
             parallelize(model, shard, tp.group)
     weights = iter_safetensors(files)
     model.load_weights(weights if shard is None else shard_weights(weights, config, shard))
-    if shard is not None:
+    if shard is not None and tp is not None:
         tie_parallel_head(model, shard, tp.group)
     if quantization in ("int8", "int4", "int8+bf16"):
-        # replaces every Linear, so nothing is left for oneDNN to pack
         fmt = quantization.removesuffix("+bf16")
         quantize_model(model, fmt, mapped=_gguf_blocks(path, fmt, config))
-        if quantization == "int8+bf16" and can_pack(dtype, torch.device(device)):
-            keep_dense_copies(model)  # int8 for 1-row steps, the same codes packed in bf16 for the rest
-    elif can_pack(dtype, torch.device(device)):
-        model.pack_for_cpu()
-    return config, model.eval()
+    return model
+
+
+def pack_loaded(
+    model: LlamaForCausalLM,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    quantization: str,
+    defer: bool = False,
+) -> LlamaForCausalLM:
+    """oneDNN's layouts for a loaded model, built at every load (they cannot be saved); returns it in eval mode.
+
+    defer: on a background thread, each module packing itself first if it runs before the thread reached it
+    (radixserve/model/packing.py): the same outputs, and the load returns before the packing is done."""
+    if quantization in ("int8", "int4", "int8+bf16"):
+        # every Linear was replaced, so nothing is left for oneDNN to pack; int8+bf16: the codes packed in bf16 for
+        # steps of 2+ rows, int8 for 1-row steps
+        jobs = dense_copy_jobs(model) if quantization == "int8+bf16" and can_pack(dtype, torch.device(device)) else []
+    else:
+        jobs = model.packing_jobs() if can_pack(dtype, torch.device(device)) else []
+    if defer and jobs:
+        model.packing = DeferredPacking(jobs)
+        model.packing.start()
+    else:
+        for _, pack in jobs:
+            pack()
+    return model.eval()

@@ -156,6 +156,25 @@ class Int4Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     @classmethod
+    def from_packed(
+        cls,
+        packed: torch.Tensor,
+        scale_zeros: torch.Tensor,
+        in_features: int,
+        out_features: int,
+        bias: torch.Tensor | None,
+    ) -> Int4Linear:
+        """The layer from its saved `packed` and `scale_zeros` buffers (radixserve/model/prepared.py): no repacking."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.in_features, self.out_features, self.group = in_features, out_features, in_features // scale_zeros.shape[0]
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_zeros", scale_zeros)
+        self._scale_zeros = {}
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        return self
+
+    @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None, group: int = INT4_DEFAULT_GROUP) -> Int4Linear:
         return cls(*quantize_int4(weight, group), bias)
 
@@ -246,11 +265,3 @@ def quantize_model(
         model.tied_head = lin or quantized_linear(model.embed_tokens.weight, None, fmt, group)
         count += 1
     return count, from_gguf
-
-
-def keep_dense_copies(model: nn.Module) -> int:
-    """Int8Linear.keep_dense_copy on every int8 linear of the model; returns how many."""
-    lins = [m for m in model.modules() if isinstance(m, Int8Linear)]
-    for lin in lins:
-        lin.keep_dense_copy()
-    return len(lins)

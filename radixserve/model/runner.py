@@ -23,8 +23,8 @@ from radixserve.transfer import device_tensor, to_device
 if TYPE_CHECKING:
     from radixserve.distributed import TPGroup
 
-# On a CPU a bigger pool only costs start-up time (it is zeroed) and memory: 64k tokens hold dozens of long
-# conversations, and a CPU computes far fewer tokens than that per minute. GPUs size it from free memory alone.
+# On a CPU a bigger pool only costs memory as pages fill (it is zeroed lazily, see KVPool): 64k tokens hold dozens
+# of long conversations, and a CPU computes far fewer tokens than that per minute. GPUs size it from free memory alone.
 CPU_MAX_AUTO_TOKENS = 1 << 16
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,8 @@ class ModelRunner:
         self.device = device
         self.tp = tp  # tensor parallel: this rank's shard of the model and of every KV head (radixserve/distributed.py)
         bind_device(device)
-        self.config, self.model = load_model(model_path, dtype, device, quantization, tp)
+        # Packing deferred: it runs while the rest of the engine and the server start (same outputs, see packing.py).
+        self.config, self.model = load_model(model_path, dtype, device, quantization, tp, defer_packing=True)
         cfg = self.model.config  # with tp, this rank's heads: its KV pool holds those alone
         bytes_per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype.itemsize)
         if max_total_tokens is None:
