@@ -309,3 +309,49 @@ def test_a_flood_takes_at_most_half_of_each_step_prefill_while_another_tenant_ru
     beside = [s.get("A", 0) for s in steps if "B" in s]  # the steps B ran in (it decodes in every step till done)
     assert sum(beside) == 40 * 24  # the whole flood's prefill ran beside B
     assert max(beside) <= budget // 2, beside
+
+
+def test_another_tenant_prompt_joins_a_step_beside_the_flood_long_prefills(
+    tiny_model_dir: Path, make_engine: Callable
+) -> None:
+    """A prompt too long to merge with other prefill work (over prefill_merge_tokens) used to wait for a step free
+    of it: behind a flood of long prompts, until the running one had finished its prefill. With fair share on it
+    joins the next step beside the flood's chunk (each tenant's part bounded by its room)."""
+    eng = make_engine(tiny_model_dir, page_size=4, max_running_requests=4, chunked_prefill_size=128, speculative="off")
+    steps: list[dict[str, int]] = []  # per step: prefill tokens per tenant
+    execute = eng.runner.execute
+
+    def logged(batch: Any) -> Any:
+        tokens: dict[str, int] = {}
+        for req, n in zip(batch.reqs, batch.chunks):
+            tokens[req.tenant] = tokens.get(req.tenant, 0) + (n if n > 1 else 0)
+        steps.append(tokens)
+        return execute(batch)
+
+    eng.runner.execute = logged
+
+    async def scenario() -> None:
+        flood = [  # 3 x 900 distinct tokens, prefilled one after another in chunks (at most 64 beside B)
+            asyncio.ensure_future(
+                eng.async_generate(
+                    input_ids=[(11 * i + 3 * k) % 500 + 3 for k in range(900)],
+                    sampling_params={**GREEDY, "max_new_tokens": 2},
+                    tenant="A",
+                )
+            )
+            for i in range(3)
+        ]
+        while eng.metrics()["num_running"] == 0:  # the first of them is prefilling, the others wait their turn
+            await asyncio.sleep(0.002)
+        await eng.async_generate(
+            input_ids=list(range(100, 140)), sampling_params={**GREEDY, "max_new_tokens": 1}, tenant="B"
+        )
+        assert not all(f.done() for f in flood)
+        await asyncio.gather(*flood)
+
+    asyncio.run(scenario())
+    b_step = next(i for i, s in enumerate(steps) if s.get("B"))
+    assert steps[b_step]["B"] == 40  # its whole prompt in one step
+    # Beside the flood's prefill chunk (at most half the budget): before, B waited for the running flood request's
+    # prefill to end (7 steps of 128 tokens here; with 4,000-token prompts, 8 steps of 512).
+    assert 0 < steps[b_step].get("A", 0) <= 64, steps[b_step]

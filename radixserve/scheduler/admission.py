@@ -46,7 +46,7 @@ class Admission:
             if budget <= 0:
                 break
             chunk = min(req.pending, budget, self._room(req))
-            if chunk <= 0 or not self._may_merge(chunk, chunks):
+            if chunk <= 0 or not self._may_join(req, chunk, chunks):
                 continue
             pages = self._alloc(_cdiv(req.kv_len + chunk, self.cfg.page_size) - len(req.pages))
             if pages is None:
@@ -57,6 +57,17 @@ class Admission:
             if self.fair is not None:
                 self.fair.charge(req.tenant, chunk)
         return budget
+
+    def _may_join(self, req: Req, chunk: int, chunks: dict[int, int]) -> bool:
+        """Whether `req`'s prefill chunk may join the step (`_may_merge`); with fair share on, also whenever the
+        step's other prefills are all other tenants': each tenant's part of a step is bounded by its room, and
+        waiting for a step free of them could take as long as another tenant's long prompts take to prefill."""
+        if self._may_merge(chunk, chunks):
+            return True
+        if self.fair is None:
+            return False
+        prefills = [r for r in self.running if chunks.get(id(r), 0) > 1 and id(r) not in self._drafts]
+        return all(r.tenant != req.tenant for r in prefills)
 
     def _room(self, req: Req) -> int:
         """Prefill tokens `req`'s tenant may still add to this step (fairness.FairShare.room)."""
@@ -105,7 +116,7 @@ class Admission:
             nxt_row = (req.namespace, start + copied, tuple(fill[start : start + copied + 1]))
             held = (cache_on and len(nxt[2]) == ps and nxt in first_pages) or (can_retract and nxt_row in first_rows)
             chunk = min(req.num_fill - start - copied, budget, room)
-            if held or not self._may_merge(chunk, chunks):
+            if held or not self._may_join(req, chunk, chunks):
                 if took_slot or head:  # the next step is its own: short prefills cannot keep passing it
                     break
                 continue
