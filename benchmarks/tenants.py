@@ -37,24 +37,34 @@ SYSTEM = list(range(3, 259))  # the flood's shared system prompt: 256 tokens, ca
 class StepLog:
     """When each engine step ended and how many tokens it ran: the work a request waited for before its first token
     is the tokens of the steps that ended between its arrival and its first token, a measure of the scheduling that
-    the other sessions on a shared CPU do not blur (wall time they do)."""
+    the other sessions on a shared CPU do not blur (wall time they do). Split three ways: the flood's prefill, every
+    decode (with its draft), and the rest (the measured tenant's own prefill)."""
 
     def __init__(self, eng: Engine) -> None:
         self.ends: list[float] = []
-        self.cum: list[int] = [0]
+        self.cum: list[tuple[int, int, int]] = [(0, 0, 0)]  # running totals: all tokens, flood prefill, decodes
         execute = eng.runner.execute
 
         def logged(batch: Any) -> Any:
             out = execute(batch)
             self.ends.append(time.perf_counter())
-            self.cum.append(self.cum[-1] + sum(batch.chunks))
+            flood = decode = 0
+            for i, (req, n) in enumerate(zip(batch.reqs, batch.chunks)):
+                if n == 1 or (batch.drafts and batch.drafts[i] is not None):
+                    decode += n
+                elif req.tenant == "flood" and req.priority == 0:
+                    flood += n
+            total, f, d = self.cum[-1]
+            self.cum.append((total + sum(batch.chunks), f + flood, d + decode))
             return out
 
         eng.runner.execute = logged  # type: ignore[method-assign]
 
-    def work(self, start: float, end: float) -> int:
+    def work(self, start: float, end: float) -> tuple[int, int, int]:
+        """Tokens of the steps that ended in (start, end]: all, the flood's prefill, decodes."""
         lo, hi = bisect.bisect_right(self.ends, start), bisect.bisect_right(self.ends, end)
-        return self.cum[hi] - self.cum[lo]
+        a, b = self.cum[hi], self.cum[lo]
+        return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
 
 
 class Load:
@@ -102,7 +112,7 @@ class Load:
             self.ttfts.append(meta["ttft"])
             self.spans.append((start, first_seen or start))
 
-    def works(self) -> list[int]:
+    def works(self) -> list[tuple[int, int, int]]:
         assert self.steps is not None
         return [self.steps.work(a, b) for a, b in self.spans]
 
@@ -188,7 +198,7 @@ def main() -> None:
         return SYSTEM + [(i * 37 + k) % 500 + 3 for k in range(32)]
 
     results: dict[str, list[float]] = {}
-    works: dict[str, list[int]] = {}
+    works: dict[str, list[tuple[int, int, int]]] = {}
     gave_up: dict[str, int] = {}
     with Engine(**settings, fair_share=True) as on, Engine(**settings, fair_share=False) as off:
         for eng in (on, off):  # warm up and cache the system prompt
@@ -235,18 +245,23 @@ def main() -> None:
     print("| scenario | requests | TTFT p50 s | TTFT p95 s | gave up | tokens run before the first token p50 / p95 |")
     print("|---|---|---|---|---|---|")
     for name, xs in results.items():
-        w = works[name] or [0]
+        w = [t[0] for t in works[name]] or [0]
         print(
             f"| {name} | {len(xs)} | {np.percentile(xs, 50):.3f} | {p95(xs):.3f} | {gave_up[name]} | "
             f"{np.percentile(w, 50):.0f} / {np.percentile(w, 95):.0f} |"
         )
+    print("\nWhat the slowest 10% (by work) waited for, mean tokens: the flood's prefill / decodes / the rest")
+    for name, ws in works.items():
+        top = sorted(ws)[-max(1, len(ws) // 10) :]
+        f, d = np.mean([t[1] for t in top]), np.mean([t[2] for t in top])
+        print(f"- {name}: {f:.0f} / {d:.0f} / {np.mean([t[0] for t in top]) - f - d:.0f}")
     alone, fair, unfair = (
         p95(results[k]) for k in ("quiet alone", "quiet + flood, fair share on", "quiet + flood, fair share off")
     )
     print(
         f"\nquiet p95 with fair share on / alone: {fair / alone:.2f}x (goal <= 2); off / alone: {unfair / alone:.2f}x"
     )
-    w = {k: float(np.percentile(v or [0], 95)) for k, v in works.items()}
+    w = {k: float(np.percentile([t[0] for t in v] or [0], 95)) for k, v in works.items()}
     print(
         f"work before the first token, p95 ratios: fair on / alone "
         f"{w['quiet + flood, fair share on'] / w['quiet alone']:.2f}x, off / alone "
