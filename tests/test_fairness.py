@@ -261,6 +261,9 @@ def test_a_tenant_alone_gets_whole_steps_and_shares_them_while_another_is_active
     assert fair.room("A") == 256
     fair.begin_step(["A"])
     assert fair.room("A") == 512
+    tiny = FairShare(1)  # a budget too small to share: each tenant still gets its token per step
+    tiny.begin_step(["A", "B"])
+    assert (tiny.room("A"), tiny.room("B")) == (1, 1)
 
 
 def test_a_flood_takes_at_most_half_of_each_step_prefill_while_another_tenant_runs(

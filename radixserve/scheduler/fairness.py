@@ -57,7 +57,7 @@ class FairShare:
         """Prefill tokens `tenant` may still add to this step: the whole budget if no other tenant is active."""
         if not self.last_seen.keys() - {tenant}:
             return self.step_budget
-        return self.step_budget // SHARE_DIVISOR - self.in_step.get(tenant, 0)
+        return max(self.step_budget // SHARE_DIVISOR, 1) - self.in_step.get(tenant, 0)  # (a budget of 1 is no share)
 
     def charge(self, tenant: str, tokens: int) -> None:
         self.served[tenant] = self.served.get(tenant, 0) + tokens
