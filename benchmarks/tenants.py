@@ -143,6 +143,14 @@ async def scenario(measured: Load, flood: Load | None, duration: float, seed: in
         await asyncio.sleep(0.05)
 
 
+def whole_steps(eng: Engine) -> None:
+    """Fair share as first shipped, for comparison in the same run: a tenant may fill a whole step's prefill budget
+    whoever else is active, and a prompt too long to merge waits for a step free of other tenants' prefill."""
+    sched = eng.scheduler
+    sched.fair.room = lambda tenant: sched.cfg.chunked_prefill_size  # type: ignore[union-attr, method-assign]
+    sched._may_join = lambda req, chunk, chunks: sched._may_merge(chunk, chunks)  # type: ignore[method-assign]
+
+
 def p95(xs: list[float]) -> float:
     return float(np.percentile(xs, 95)) if xs else float("nan")
 
@@ -169,6 +177,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--json", default=None, help="write the raw figures here")
     ap.add_argument("--no-priority", action="store_true", help="only the quiet tenant's scenarios (fair share)")
+    ap.add_argument("--before", action="store_true", help="also fair share as first shipped (see whole_steps)")
     args = ap.parse_args()
     model = make_random_model(
         Path(tempfile.mkdtemp()) / "m",
@@ -200,15 +209,21 @@ def main() -> None:
     results: dict[str, list[float]] = {}
     works: dict[str, list[tuple[int, int, int]]] = {}
     gave_up: dict[str, int] = {}
-    with Engine(**settings, fair_share=True) as on, Engine(**settings, fair_share=False) as off:
-        for eng in (on, off):  # warm up and cache the system prompt
+    with (
+        Engine(**settings, fair_share=True) as on,
+        Engine(**settings, fair_share=False) as off,
+        Engine(**settings, fair_share=True) as before,
+    ):
+        whole_steps(before)
+        for eng in (on, off, before):  # warm up and cache the system prompt
             eng.generate(input_ids=flood_prompt(0), sampling_params={"max_new_tokens": 4})
-        logs = {id(on): StepLog(on), id(off): StepLog(off)}
+        logs = {id(eng): StepLog(eng) for eng in (on, off, before)}
         for rnd in range(args.rounds):
             seed = 1000 * rnd
             cases = {
                 "quiet alone": (on, None, 0),
                 "quiet + flood, fair share on": (on, "flood", 0),
+                **({"quiet + flood, fair share on, whole steps (before)": (before, "flood", 0)} if args.before else {}),
                 "quiet + flood, fair share off": (off, "flood", 0),
                 "high priority, unloaded": (off, None, 1),
                 "high priority + low-priority flood": (off, "low", 1),
@@ -267,6 +282,11 @@ def main() -> None:
         f"{w['quiet + flood, fair share on'] / w['quiet alone']:.2f}x, off / alone "
         f"{w['quiet + flood, fair share off'] / w['quiet alone']:.2f}x (of those that got a token)"
     )
+    if args.before:
+        name = "quiet + flood, fair share on, whole steps (before)"
+        print(
+            f"before: quiet p95 / alone {p95(results[name]) / alone:.2f}x wall, {w[name] / w['quiet alone']:.2f}x work"
+        )
     if not args.no_priority:
         hi0, hi = p95(results["high priority, unloaded"]), p95(results["high priority + low-priority flood"])
         print(f"high-priority p95 under the flood / unloaded: {hi / hi0:.2f}x (goal <= 1.5)")
