@@ -7,7 +7,8 @@ flood's prompts share a long system prompt, so longest-prefix-first favours them
 unique. The scenarios run interleaved, round after round, so drift of a shared machine hits them alike. A flood
 request still queued when a scenario ends is aborted; a quiet request that waits past --give-up s counts as that long.
 
-    python -m benchmarks.tenants [--rate 1] [--flood-factor 10] [--duration 20] [--rounds 2]
+    python -m benchmarks.tenants [--rate 1] [--flood-factor 10] [--duration 20] [--rounds 2] [--flood-unique 32]
+        [--no-priority] [--before]
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--json", default=None, help="write the raw figures here")
     ap.add_argument("--no-priority", action="store_true", help="only the quiet tenant's scenarios (fair share)")
+    ap.add_argument("--flood-unique", type=int, default=32, help="tokens of each flood prompt after the system prompt")
     ap.add_argument("--before", action="store_true", help="also fair share as first shipped (see whole_steps)")
     args = ap.parse_args()
     model = make_random_model(
@@ -204,7 +206,7 @@ def main() -> None:
         return lambda i: random.Random(seed * 100_003 + i).choices(range(3, 512), k=128)
 
     def flood_prompt(i: int) -> list[int]:
-        return SYSTEM + [(i * 37 + k) % 500 + 3 for k in range(32)]
+        return SYSTEM + [(i * 37 + k) % 500 + 3 for k in range(args.flood_unique)]
 
     results: dict[str, list[float]] = {}
     works: dict[str, list[tuple[int, int, int]]] = {}
