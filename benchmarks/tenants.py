@@ -7,7 +7,8 @@ flood's prompts share a long system prompt, so longest-prefix-first favours them
 unique. The scenarios run interleaved, round after round, so drift of a shared machine hits them alike. A flood
 request still queued when a scenario ends is aborted; a quiet request that waits past --give-up s counts as that long.
 
-    python -m benchmarks.tenants [--rate 1] [--flood-factor 10] [--duration 20] [--rounds 2]
+    python -m benchmarks.tenants [--rate 1] [--flood-factor 10] [--duration 20] [--rounds 2] [--flood-unique 32]
+        [--no-priority] [--before]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import bisect
 import json
+import os
 import platform
 import random
 import subprocess
@@ -36,24 +38,34 @@ SYSTEM = list(range(3, 259))  # the flood's shared system prompt: 256 tokens, ca
 class StepLog:
     """When each engine step ended and how many tokens it ran: the work a request waited for before its first token
     is the tokens of the steps that ended between its arrival and its first token, a measure of the scheduling that
-    the other sessions on a shared CPU do not blur (wall time they do)."""
+    the other sessions on a shared CPU do not blur (wall time they do). Split three ways: the flood's prefill, every
+    decode (with its draft), and the rest (the measured tenant's own prefill)."""
 
     def __init__(self, eng: Engine) -> None:
         self.ends: list[float] = []
-        self.cum: list[int] = [0]
+        self.cum: list[tuple[int, int, int]] = [(0, 0, 0)]  # running totals: all tokens, flood prefill, decodes
         execute = eng.runner.execute
 
         def logged(batch: Any) -> Any:
             out = execute(batch)
             self.ends.append(time.perf_counter())
-            self.cum.append(self.cum[-1] + sum(batch.chunks))
+            flood = decode = 0
+            for i, (req, n) in enumerate(zip(batch.reqs, batch.chunks)):
+                if n == 1 or (batch.drafts and batch.drafts[i] is not None):
+                    decode += n
+                elif req.tenant == "flood" and req.priority == 0:
+                    flood += n
+            total, f, d = self.cum[-1]
+            self.cum.append((total + sum(batch.chunks), f + flood, d + decode))
             return out
 
         eng.runner.execute = logged  # type: ignore[method-assign]
 
-    def work(self, start: float, end: float) -> int:
+    def work(self, start: float, end: float) -> tuple[int, int, int]:
+        """Tokens of the steps that ended in (start, end]: all, the flood's prefill, decodes."""
         lo, hi = bisect.bisect_right(self.ends, start), bisect.bisect_right(self.ends, end)
-        return self.cum[hi] - self.cum[lo]
+        a, b = self.cum[hi], self.cum[lo]
+        return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
 
 
 class Load:
@@ -101,7 +113,7 @@ class Load:
             self.ttfts.append(meta["ttft"])
             self.spans.append((start, first_seen or start))
 
-    def works(self) -> list[int]:
+    def works(self) -> list[tuple[int, int, int]]:
         assert self.steps is not None
         return [self.steps.work(a, b) for a, b in self.spans]
 
@@ -132,6 +144,14 @@ async def scenario(measured: Load, flood: Load | None, duration: float, seed: in
         await asyncio.sleep(0.05)
 
 
+def whole_steps(eng: Engine) -> None:
+    """Fair share as first shipped, for comparison in the same run: a tenant may fill a whole step's prefill budget
+    whoever else is active, and a prompt too long to merge waits for a step free of other tenants' prefill."""
+    sched = eng.scheduler
+    sched.fair.room = lambda tenant: sched.cfg.chunked_prefill_size  # type: ignore[union-attr, method-assign]
+    sched._may_join = lambda req, chunk, chunks: sched._may_merge(chunk, chunks)  # type: ignore[method-assign]
+
+
 def p95(xs: list[float]) -> float:
     return float(np.percentile(xs, 95)) if xs else float("nan")
 
@@ -157,6 +177,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--json", default=None, help="write the raw figures here")
+    ap.add_argument("--no-priority", action="store_true", help="only the quiet tenant's scenarios (fair share)")
+    ap.add_argument("--flood-unique", type=int, default=32, help="tokens of each flood prompt after the system prompt")
+    ap.add_argument("--before", action="store_true", help="also fair share as first shipped (see whole_steps)")
     args = ap.parse_args()
     model = make_random_model(
         Path(tempfile.mkdtemp()) / "m",
@@ -183,25 +206,33 @@ def main() -> None:
         return lambda i: random.Random(seed * 100_003 + i).choices(range(3, 512), k=128)
 
     def flood_prompt(i: int) -> list[int]:
-        return SYSTEM + [(i * 37 + k) % 500 + 3 for k in range(32)]
+        return SYSTEM + [(i * 37 + k) % 500 + 3 for k in range(args.flood_unique)]
 
     results: dict[str, list[float]] = {}
-    works: dict[str, list[int]] = {}
+    works: dict[str, list[tuple[int, int, int]]] = {}
     gave_up: dict[str, int] = {}
-    with Engine(**settings, fair_share=True) as on, Engine(**settings, fair_share=False) as off:
-        for eng in (on, off):  # warm up and cache the system prompt
+    with (
+        Engine(**settings, fair_share=True) as on,
+        Engine(**settings, fair_share=False) as off,
+        Engine(**settings, fair_share=True) as before,
+    ):
+        whole_steps(before)
+        for eng in (on, off, before):  # warm up and cache the system prompt
             eng.generate(input_ids=flood_prompt(0), sampling_params={"max_new_tokens": 4})
-        logs = {id(on): StepLog(on), id(off): StepLog(off)}
+        logs = {id(eng): StepLog(eng) for eng in (on, off, before)}
         for rnd in range(args.rounds):
             seed = 1000 * rnd
             cases = {
                 "quiet alone": (on, None, 0),
                 "quiet + flood, fair share on": (on, "flood", 0),
+                **({"quiet + flood, fair share on, whole steps (before)": (before, "flood", 0)} if args.before else {}),
                 "quiet + flood, fair share off": (off, "flood", 0),
                 "high priority, unloaded": (off, None, 1),
                 "high priority + low-priority flood": (off, "low", 1),
             }
             for k, (name, (eng, flood_kind, prio)) in enumerate(cases.items()):
+                if args.no_priority and prio:
+                    continue
                 measured = Load(
                     eng,
                     quiet_rate,
@@ -217,7 +248,12 @@ def main() -> None:
                 results.setdefault(name, []).extend(measured.ttfts)
                 works.setdefault(name, []).extend(measured.works())
                 gave_up[name] = gave_up.get(name, 0) + measured.gave_up
-                print(f"round {rnd + 1} {name}: n={len(measured.ttfts)} p95 {p95(measured.ttfts):.3f} s", flush=True)
+                load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+                print(
+                    f"round {rnd + 1} {name}: n={len(measured.ttfts)} p95 {p95(measured.ttfts):.3f} s, "
+                    f"load average {load}",
+                    flush=True,
+                )
     print(f"\nmachine: {machine()}")
     print(
         f"flags: {json.dumps({k: str(v) for k, v in settings.items() if k != 'model'})}, {args.layers} layers "
@@ -226,26 +262,38 @@ def main() -> None:
     print("| scenario | requests | TTFT p50 s | TTFT p95 s | gave up | tokens run before the first token p50 / p95 |")
     print("|---|---|---|---|---|---|")
     for name, xs in results.items():
-        w = works[name] or [0]
+        w = [t[0] for t in works[name]] or [0]
         print(
             f"| {name} | {len(xs)} | {np.percentile(xs, 50):.3f} | {p95(xs):.3f} | {gave_up[name]} | "
             f"{np.percentile(w, 50):.0f} / {np.percentile(w, 95):.0f} |"
         )
+    print("\nWhat the slowest 10% (by work) waited for, mean tokens: the flood's prefill / decodes / the rest")
+    for name, ws in works.items():
+        top = sorted(ws)[-max(1, len(ws) // 10) :]
+        f, d = np.mean([t[1] for t in top]), np.mean([t[2] for t in top])
+        print(f"- {name}: {f:.0f} / {d:.0f} / {np.mean([t[0] for t in top]) - f - d:.0f}")
     alone, fair, unfair = (
         p95(results[k]) for k in ("quiet alone", "quiet + flood, fair share on", "quiet + flood, fair share off")
     )
-    hi0, hi = p95(results["high priority, unloaded"]), p95(results["high priority + low-priority flood"])
     print(
         f"\nquiet p95 with fair share on / alone: {fair / alone:.2f}x (goal <= 2); off / alone: {unfair / alone:.2f}x"
     )
-    print(f"high-priority p95 under the flood / unloaded: {hi / hi0:.2f}x (goal <= 1.5)")
-    w = {k: float(np.percentile(v or [0], 95)) for k, v in works.items()}
+    w = {k: float(np.percentile([t[0] for t in v] or [0], 95)) for k, v in works.items()}
     print(
         f"work before the first token, p95 ratios: fair on / alone "
         f"{w['quiet + flood, fair share on'] / w['quiet alone']:.2f}x, off / alone "
-        f"{w['quiet + flood, fair share off'] / w['quiet alone']:.2f}x (of those that got a token), high priority "
-        f"flood / unloaded {w['high priority + low-priority flood'] / w['high priority, unloaded']:.2f}x"
+        f"{w['quiet + flood, fair share off'] / w['quiet alone']:.2f}x (of those that got a token)"
     )
+    if args.before:
+        name = "quiet + flood, fair share on, whole steps (before)"
+        print(
+            f"before: quiet p95 / alone {p95(results[name]) / alone:.2f}x wall, {w[name] / w['quiet alone']:.2f}x work"
+        )
+    if not args.no_priority:
+        hi0, hi = p95(results["high priority, unloaded"]), p95(results["high priority + low-priority flood"])
+        print(f"high-priority p95 under the flood / unloaded: {hi / hi0:.2f}x (goal <= 1.5)")
+        hw = w["high priority + low-priority flood"] / w["high priority, unloaded"]
+        print(f"work before the first token, p95 ratio: high priority flood / unloaded {hw:.2f}x")
     if args.json:
         Path(args.json).write_text(
             json.dumps({"results": results, "works": works, "gave_up": gave_up, "machine": machine()})

@@ -15,7 +15,7 @@ import torch
 from engine_checks import wait_idle
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.radix_cache import RadixCache
-from radixserve.scheduler.fairness import FairShare, by_priority_only
+from radixserve.scheduler.fairness import RECENT_STEPS, FairShare, by_priority_only
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -33,7 +33,7 @@ def names(reqs: list[Any]) -> list[str]:
 def test_fair_order_interleaves_tenants_by_tokens_served() -> None:
     flood = [fake("A", t) for t in range(6)]
     quiet = [fake("B", 10)]
-    fair = FairShare()
+    fair = FairShare(512)
     assert names(fair.order(flood + quiet, list)) == ["A0", "B10", "A1", "A2", "A3", "A4", "A5"]
     assert names(by_priority_only(flood + quiet, list)) == ["A0", "A1", "A2", "A3", "A4", "A5", "B10"]
     fair.charge("A", 1000)  # A was served a lot: B goes first
@@ -47,7 +47,7 @@ def test_fair_order_interleaves_tenants_by_tokens_served() -> None:
 
 def test_priority_comes_before_fair_share() -> None:
     reqs = [fake("A", 0), fake("B", 1), fake("A", 2, priority=5), fake("B", 3, priority=-1)]
-    assert names(FairShare().order(reqs, list)) == ["A2", "A0", "B1", "B3"]
+    assert names(FairShare(512).order(reqs, list)) == ["A2", "A0", "B1", "B3"]
     assert names(by_priority_only(reqs, list)) == ["A2", "A0", "B1", "B3"]
 
 
@@ -247,3 +247,114 @@ def test_a_tenant_holding_every_slot_gives_one_up_to_another(tiny_model_dir: Pat
         eng.check_invariants()
     assert results[True][0] == "B", results[True]  # it took a slot from A's flood at once
     assert results[False].index("B") >= 1, results[False]  # it waited for a slot
+
+
+def test_a_tenant_alone_gets_whole_steps_and_shares_them_while_another_is_active() -> None:
+    fair = FairShare(512)
+    fair.begin_step(["A"])
+    assert fair.room("A") == 512  # alone: the whole budget
+    fair.begin_step(["A", "B"])
+    fair.charge("A", 200)
+    assert (fair.room("A"), fair.room("B")) == (56, 256)  # half each while both are active
+    for _ in range(RECENT_STEPS - 1):
+        fair.begin_step(["A"])  # B has gone: it still counts as active for a while
+    assert fair.room("A") == 256
+    fair.begin_step(["A"])
+    assert fair.room("A") == 512
+    tiny = FairShare(1)  # a budget too small to share: each tenant still gets its token per step
+    tiny.begin_step(["A", "B"])
+    assert (tiny.room("A"), tiny.room("B")) == (1, 1)
+
+
+def test_a_flood_takes_at_most_half_of_each_step_prefill_while_another_tenant_runs(
+    tiny_model_dir: Path, make_engine: Callable
+) -> None:
+    """A request of another tenant arriving while a step runs waits for all of that step (steps cannot be
+    interrupted): the flood's prefill in any step is at most half the budget while another tenant is active, so that
+    wait and the flood's part of the step the newcomer joins are bounded. Before, the flood's admissions filled
+    every step's budget (5 prompts of 24 tokens = 120 of 128)."""
+    budget = 128
+    eng = make_engine(
+        tiny_model_dir, page_size=4, max_running_requests=16, chunked_prefill_size=budget, speculative="off"
+    )
+    steps: list[dict[str, int]] = []  # per step: prefill tokens per tenant (a decode runs 1 token)
+    execute = eng.runner.execute
+
+    def logged(batch: Any) -> Any:
+        tokens: dict[str, int] = {}
+        for req, n in zip(batch.reqs, batch.chunks):
+            tokens[req.tenant] = tokens.get(req.tenant, 0) + (n if n > 1 else 0)
+        steps.append(tokens)
+        return execute(batch)
+
+    eng.runner.execute = logged
+
+    async def scenario() -> None:
+        quiet = asyncio.ensure_future(
+            eng.async_generate(input_ids=[5, 6, 7, 8], sampling_params={**GREEDY, "max_new_tokens": 150}, tenant="B")
+        )
+        while eng.metrics()["num_running"] == 0:
+            await asyncio.sleep(0.005)
+        flood = [  # distinct 24-token prompts: no cache hits, each short enough to merge with others
+            eng.async_generate(
+                input_ids=[(7 * i + k) % 500 + 3 for k in range(24)],
+                sampling_params={**GREEDY, "max_new_tokens": 4},
+                tenant="A",
+            )
+            for i in range(40)
+        ]
+        outs = await asyncio.gather(*flood)
+        assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
+        assert not quiet.done(), "B must run beside the whole flood for the check below to mean anything"
+        await quiet
+
+    asyncio.run(scenario())
+    beside = [s.get("A", 0) for s in steps if "B" in s]  # the steps B ran in (it decodes in every step till done)
+    assert sum(beside) == 40 * 24  # the whole flood's prefill ran beside B
+    assert max(beside) <= budget // 2, beside
+
+
+def test_another_tenant_prompt_joins_a_step_beside_the_flood_long_prefills(
+    tiny_model_dir: Path, make_engine: Callable
+) -> None:
+    """A prompt too long to merge with other prefill work (over prefill_merge_tokens) used to wait for a step free
+    of it: behind a flood of long prompts, until the running one had finished its prefill. With fair share on it
+    joins the next step beside the flood's chunk (each tenant's part bounded by its room)."""
+    eng = make_engine(tiny_model_dir, page_size=4, max_running_requests=4, chunked_prefill_size=128, speculative="off")
+    steps: list[dict[str, int]] = []  # per step: prefill tokens per tenant
+    execute = eng.runner.execute
+
+    def logged(batch: Any) -> Any:
+        tokens: dict[str, int] = {}
+        for req, n in zip(batch.reqs, batch.chunks):
+            tokens[req.tenant] = tokens.get(req.tenant, 0) + (n if n > 1 else 0)
+        steps.append(tokens)
+        return execute(batch)
+
+    eng.runner.execute = logged
+
+    async def scenario() -> None:
+        flood = [  # 3 x 900 distinct tokens, prefilled one after another in chunks (at most 64 beside B)
+            asyncio.ensure_future(
+                eng.async_generate(
+                    input_ids=[(11 * i + 3 * k) % 500 + 3 for k in range(900)],
+                    sampling_params={**GREEDY, "max_new_tokens": 2},
+                    tenant="A",
+                )
+            )
+            for i in range(3)
+        ]
+        while eng.metrics()["num_running"] == 0:  # the first of them is prefilling, the others wait their turn
+            await asyncio.sleep(0.002)
+        await eng.async_generate(
+            input_ids=list(range(100, 140)), sampling_params={**GREEDY, "max_new_tokens": 1}, tenant="B"
+        )
+        assert not all(f.done() for f in flood)
+        await asyncio.gather(*flood)
+
+    asyncio.run(scenario())
+    b_step = next(i for i, s in enumerate(steps) if s.get("B"))
+    assert steps[b_step]["B"] == 40  # its whole prompt in one step
+    # Beside the flood's prefill chunk (at most half the budget): before, B waited for the running flood request's
+    # prefill to end (7 steps of 128 tokens here; with 4,000-token prompts, 8 steps of 512).
+    assert 0 < steps[b_step].get("A", 0) <= 64, steps[b_step]

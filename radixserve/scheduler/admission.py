@@ -36,6 +36,43 @@ class Admission:
     def _slots_full(self) -> bool:
         return len(self.running) + len(self.finishing) >= self.cfg.max_running_requests  # finishing hold a slot
 
+    def _continue_prefills(self, chunks: dict[int, int]) -> int:
+        """Start the step's prefill budget: the next chunks of running requests' unfinished prefills (each tenant
+        within its fair-share room); returns what is left of the budget for new requests."""
+        budget = self.cfg.chunked_prefill_size
+        if self.fair is not None:
+            self.fair.begin_step({r.tenant for r in self.running} | {r.tenant for r in self.waiting})
+        for req in [r for r in self.running if r.pending > 1]:
+            if budget <= 0:
+                break
+            chunk = min(req.pending, budget, self._room(req))
+            if chunk <= 0 or not self._may_join(req, chunk, chunks):
+                continue
+            pages = self._alloc(_cdiv(req.kv_len + chunk, self.cfg.page_size) - len(req.pages))
+            if pages is None:
+                continue
+            req.pages.extend(pages)
+            chunks[id(req)] = chunk
+            budget -= chunk
+            if self.fair is not None:
+                self.fair.charge(req.tenant, chunk)
+        return budget
+
+    def _may_join(self, req: Req, chunk: int, chunks: dict[int, int]) -> bool:
+        """Whether `req`'s prefill chunk may join the step (`_may_merge`); with fair share on, also whenever the
+        step's other prefills are all other tenants': each tenant's part of a step is bounded by its room, and
+        waiting for a step free of them could take as long as another tenant's long prompts take to prefill."""
+        if self._may_merge(chunk, chunks):
+            return True
+        if self.fair is None:
+            return False
+        prefills = [r for r in self.running if chunks.get(id(r), 0) > 1 and id(r) not in self._drafts]
+        return all(r.tenant != req.tenant for r in prefills)
+
+    def _room(self, req: Req) -> int:
+        """Prefill tokens `req`'s tenant may still add to this step (fairness.FairShare.room)."""
+        return self.fair.room(req.tenant) if self.fair is not None else self.cfg.chunked_prefill_size
+
     def _admit(self, budget: int, chunks: dict[int, int], can_retract: bool = True) -> int:
         ps = self.cfg.page_size
         cache_on = self.cache.enabled
@@ -47,6 +84,9 @@ class Admission:
         for req in self._order(list(self.waiting)):
             if budget <= 0:
                 break
+            room = self._room(req)
+            if room <= 0:
+                continue  # its tenant has its share of this step; another tenant's candidate may still join
             if self._slots_full() and req.tenant in stuck:
                 continue  # its tenant's earlier (no lower priority) candidate could retract nobody: nor can it
             took_slot = False
@@ -75,8 +115,8 @@ class Admission:
             # step in flight (can_retract): else the next step is scheduled before this one's rows are recorded.
             nxt_row = (req.namespace, start + copied, tuple(fill[start : start + copied + 1]))
             held = (cache_on and len(nxt[2]) == ps and nxt in first_pages) or (can_retract and nxt_row in first_rows)
-            chunk = min(req.num_fill - start - copied, budget)
-            if held or not self._may_merge(chunk, chunks):
+            chunk = min(req.num_fill - start - copied, budget, room)
+            if held or not self._may_join(req, chunk, chunks):
                 if took_slot or head:  # the next step is its own: short prefills cannot keep passing it
                     break
                 continue

@@ -9,6 +9,13 @@ starts from the least count among the busy ones, so it cannot bank credit while 
 Priority sits above both: a waiting request of higher priority is admitted first, and when slots or pages are short
 it may retract a running request of lower priority; with fair share on, a tenant holding far fewer running requests
 than another may retract one of the other's (`preemptible`).
+
+The order decides who goes first, not how long the others wait: a step cannot be interrupted, so a request that
+arrives while one tenant's step runs waits for all of it, and on a compute-bound device a step's time grows with
+its prefill tokens. So while another tenant has been active within the last `RECENT_STEPS` steps, no tenant may
+take more than `1 / SHARE_DIVISOR` of a step's prefill budget (`room`): the step that a newly arrived request of
+another tenant finds in flight, and the flood's part of the step it joins, hold at most that much of the flood's
+prefill. A tenant alone keeps the whole budget.
 """
 
 from __future__ import annotations
@@ -19,14 +26,42 @@ from collections.abc import Callable, Iterable
 from radixserve.request import Req
 
 
-class FairShare:
-    """Prefill tokens served per tenant, and the admission order they imply."""
+# A tenant with a request waiting or running within this many steps counts as active: long enough to span the gaps
+# between the requests of a tenant sending a steady trickle, short enough that a tenant left alone soon gets whole
+# steps again.
+RECENT_STEPS = 256
+# While another tenant is active, a tenant's prefill tokens in one step are at most this fraction of the budget.
+SHARE_DIVISOR = 2
 
-    def __init__(self) -> None:
+
+class FairShare:
+    """Prefill tokens served per tenant, the admission order they imply, and each tenant's room in this step."""
+
+    def __init__(self, step_budget: int) -> None:
         self.served: dict[str, int] = {}
+        self.step_budget = step_budget
+        self.steps = 0
+        self.last_seen: dict[str, int] = {}  # tenant -> the last step it had a request waiting or running
+        self.in_step: dict[str, int] = {}  # tenant -> prefill tokens it has in the step being scheduled
+
+    def begin_step(self, tenants: Iterable[str]) -> None:
+        """A new step is being scheduled; `tenants` have requests waiting or running."""
+        self.steps += 1
+        for t in tenants:
+            self.last_seen[t] = self.steps
+        for t in [t for t, s in self.last_seen.items() if self.steps - s >= RECENT_STEPS]:
+            del self.last_seen[t]
+        self.in_step.clear()
+
+    def room(self, tenant: str) -> int:
+        """Prefill tokens `tenant` may still add to this step: the whole budget if no other tenant is active."""
+        if not self.last_seen.keys() - {tenant}:
+            return self.step_budget
+        return max(self.step_budget // SHARE_DIVISOR, 1) - self.in_step.get(tenant, 0)  # (a budget of 1 is no share)
 
     def charge(self, tenant: str, tokens: int) -> None:
         self.served[tenant] = self.served.get(tenant, 0) + tokens
+        self.in_step[tenant] = self.in_step.get(tenant, 0) + tokens
 
     def order(
         self, candidates: list[Req], within: Callable[[list[Req]], list[Req]], running: Iterable[Req] = ()

@@ -119,7 +119,7 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
         self.updates: list[ReqUpdate] = []  # for the output stage (see StepProcessor.take_updates)
         self._free_slots = list(range(cfg.max_running_requests - 1, -1, -1))
         self.stats = SchedulerStats()
-        self.fair = FairShare() if cfg.fair_share else None
+        self.fair = FairShare(cfg.chunked_prefill_size) if cfg.fair_share else None
         self.new_token_ratio = cfg.init_new_token_ratio
         self.pins = PinTable(cfg.max_pinned_share)
 
@@ -198,7 +198,6 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
         self.expire()
         self._copies = {}
         self.new_token_ratio = max(self.cfg.min_new_token_ratio, self.new_token_ratio - self.cfg.new_token_ratio_decay)
-        ps = self.cfg.page_size
         chunks: dict[int, int] = {}  # id(req) -> tokens this step
         self._drafts = {}
 
@@ -207,22 +206,7 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
             return None  # pages handed out stay with their requests; the next call reuses them
 
         # 2. Unfinished chunked prefills, then 3. new requests, share the prefill token budget.
-        budget = self.cfg.chunked_prefill_size
-        for req in [r for r in self.running if r.pending > 1]:
-            if budget <= 0:
-                break
-            chunk = min(req.pending, budget)
-            if not self._may_merge(chunk, chunks):
-                continue
-            pages = self._alloc(_cdiv(req.kv_len + chunk, ps) - len(req.pages))
-            if pages is None:
-                continue
-            req.pages.extend(pages)
-            chunks[id(req)] = chunk
-            budget -= chunk
-            if self.fair is not None:
-                self.fair.charge(req.tenant, chunk)
-
+        budget = self._continue_prefills(chunks)
         if budget > 0 and self.waiting:
             budget = self._admit(budget, chunks, can_retract)
 
