@@ -50,11 +50,15 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--prefill", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--speculative", default="auto", help="the engines' n-gram speculation: auto (on for CPU) or off")
     a = ap.parse_args()
     print(cpu_flags())
-    print(f"auto -> {cpu_select.choose('auto', 'auto')}")
+    print(f"auto -> {cpu_select.choose('auto', 'auto')}; speculative={a.speculative}")
     rng = random.Random(0)
-    engines = {c: Engine(dtype=c.split(":")[0], quantization=c.split(":")[1], max_total_tokens=4096) for c in a.configs}
+    engines = {
+        c: Engine(dtype=c.split(":")[0], quantization=c.split(":")[1], max_total_tokens=4096, speculative=a.speculative)
+        for c in a.configs
+    }
     vocab = next(iter(engines.values())).runner.config.vocab_size
     ids = [[rng.randrange(1000, vocab - 1000) for _ in range(64)] for _ in range(8)]
     long = [rng.randrange(1000, vocab - 1000) for _ in range(a.prefill)]

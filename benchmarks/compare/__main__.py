@@ -239,7 +239,7 @@ class Run:
 
     def micro_one(self, e: str, server: eng.Server) -> dict[str, Any]:
         r = micro(server.url, self.tok, self.size)
-        read = gguf_decode_bytes(self.models.gguf) if e == "llama" else hf_decode_bytes(self.models.hf_dir)
+        read = gguf_decode_bytes(self.models.gguf) if e.startswith("llama") else hf_decode_bytes(self.models.hf_dir)
         return r | {"decode_bytes": read, "rss_mb": server.rss_mb(), "peak_rss_mb": server.peak_rss_mb()}
 
 

