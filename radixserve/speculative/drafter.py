@@ -51,13 +51,19 @@ class Drafter:
         self.max_batch = max_batch  # no drafts in steps with more decodes than this (None: no limit)
         self.stats = SpecStats(accepted_hist=[0] * (max_tokens + 1))
 
-    def may_draft(self, req: Req, num_decodes: int) -> bool:
-        """Whether this request may draft this step. Seeded sampled requests never do: their seed must give the
-        tokens it gives without speculation (a verify step draws differently), so they decode plainly; nor do
-        constrained ones."""
+    def drafting(self, decodes: list[Req]) -> list[Req]:
+        """The decodes that draft this step: none in a step with more decodes than max_batch (a verify row then
+        costs compute), else those that may."""
+        if self.max_batch is not None and len(decodes) > self.max_batch:
+            return []
+        return [r for r in decodes if self.may_draft(r)]
+
+    @staticmethod
+    def may_draft(req: Req) -> bool:
+        """Whether this request may draft. Seeded sampled requests never do: their seed must give the tokens it
+        gives without speculation (a verify step draws differently), so they decode plainly; nor do constrained
+        ones."""
         p = req.params
-        if self.max_batch is not None and num_decodes > self.max_batch:
-            return False
         if req.inflight_tokens or req.next_prompt_logprob_pos >= 0:
             return False  # the last token is still being sampled, or prompt logprobs are owed
         if req.grammar is not None:
