@@ -18,6 +18,7 @@ from radixserve.forward_batch import ForwardBatch
 from radixserve.io import FinishReason
 from radixserve.request import Req, ReqStatus
 from radixserve.speculative.drafter import Drafter
+from radixserve.speculative.gate import CostGate
 from radixserve.step import Draft, ScheduledBatch
 from radixserve.scheduler.fairness import FairShare, preemptible, victim_key
 from radixserve.scheduler.admission import Admission
@@ -55,6 +56,7 @@ class SchedulerConfig:
     # only in steps with at most `speculative_max_batch` decodes (None: any), drafts only of ids below vocab_size.
     speculative_max_tokens: int = 0
     speculative_max_batch: int | None = None
+    speculative_measured: bool = False  # draft only while verify steps are measured to pay (speculative/gate.py)
     vocab_size: int = 1 << 31
     max_pinned_share: float = 0.5  # pinned prefixes hold at most this share of the pool
     # Constrained requests: where the grammar admits one continuation, append its tokens without sampling them (they
@@ -101,6 +103,7 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
                 cfg.vocab_size,
                 getattr(self.cache, "index", None),
                 cfg.speculative_max_batch,
+                CostGate() if cfg.speculative_measured else None,
             )
             if spec
             else None
@@ -317,7 +320,7 @@ class Scheduler(Admission, OutputProcessor, PartialReuse):
         if self.drafter is None:
             return
         decodes = [r for r in self.running if chunks.get(id(r)) == 1 and r.pending == 1 and self._may_sample(r)]
-        for req in self.drafter.drafting(decodes):
+        for req in self.drafter.drafting(decodes, pure=len(decodes) == len(chunks)):
             self._add_draft(req, chunks)
 
     def _add_draft(self, req: Req, chunks: dict[int, int]) -> None:
