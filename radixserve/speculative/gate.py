@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 EMA = 0.25  # weight of the newest step in each rate's moving average
 MIN_SAMPLES = 4  # steps of a kind before its rate is trusted
-PROBE_EVERY = 16  # steps between probes of the kind the gate does not choose
+PROBE_EVERY = 32  # steps between probes of the kind the gate does not choose (a failed probe costs ~1.5 steps here)
 
 
 @dataclass
