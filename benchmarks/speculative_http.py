@@ -48,7 +48,7 @@ class Target:
     def draft_counts(self) -> tuple[int, int]:
         if not self.llama:
             s = httpx.get(self.server.url + "/cache/stats", timeout=30).json()
-            return sum(s["spec_draft_tokens"].values()), sum(s["spec_accepted_tokens"].values())
+            return sum(s.get("spec_draft_tokens", {}).values()), sum(s.get("spec_accepted_tokens", {}).values())
         return self.drafted, self.accepted
 
     def chat(self, messages: Messages, load: Workload) -> int:
