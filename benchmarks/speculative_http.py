@@ -10,7 +10,7 @@ Two parts:
 Prints end-to-end completion tokens/s (all tokens / wall time) per server and the on/off ratio, with draft tokens
 proposed and accepted (radixserve: /cache/stats; llama-server: each response's `timings.draft_n(_accepted)`).
 
-    .venv/bin/python -m benchmarks.speculative_http [--reps 1] [--llama-server PATH] [--gguf PATH] [--skip-llama]
+    .venv/bin/python -m benchmarks.speculative_http [--reps 1] [--only W ..] [--llama-workloads W ..] [--skip-llama]
 """
 
 from __future__ import annotations
@@ -46,9 +46,14 @@ class Target:
     log: list[str] = field(default_factory=list)
 
     def draft_counts(self) -> tuple[int, int]:
-        if not self.llama:
-            s = httpx.get(self.server.url + "/cache/stats", timeout=30).json()
-            return sum(s.get("spec_draft_tokens", {}).values()), sum(s.get("spec_accepted_tokens", {}).values())
+        if not self.llama:  # radixserve_spec_{draft,accepted}_tokens_total{source="..."} in /metrics
+            text = httpx.get(self.server.url + "/metrics", timeout=30).text
+            counts = {"draft": 0, "accepted": 0}
+            for line in text.splitlines():
+                for kind in counts:
+                    if line.startswith(f"radixserve_spec_{kind}_tokens_total{{"):
+                        counts[kind] += int(float(line.rsplit(" ", 1)[1]))
+            return counts["draft"], counts["accepted"]
         return self.drafted, self.accepted
 
     def chat(self, messages: Messages, load: Workload) -> int:
@@ -138,6 +143,12 @@ def main() -> None:
     ap.add_argument("--gguf", type=Path, default=GGUF)
     ap.add_argument("--skip-llama", action="store_true")
     ap.add_argument("--only", nargs="*", default=None, help="1-stream workloads to run (default: all)")
+    ap.add_argument(
+        "--llama-workloads",
+        nargs="*",
+        default=["code-edit", "multi-turn", "rag"],
+        help="1-stream workloads llama-server runs too (it decodes several times slower on a loaded machine)",
+    )
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/speculative_http"))
     a = ap.parse_args()
     targets = start_all(a, a.log_dir)
@@ -152,9 +163,11 @@ def main() -> None:
             "| workload | streams | servers (off / on) | tokens (off / on) | tok/s off | on | ratio | drafts accepted | load |"
         )
         print("|---|---|---|---|---|---|---|---|---|")
+        radix_only = {n: t for n, t in targets.items() if not t.llama}
         for load in loads.values():
             if not a.only or load.name in a.only:
-                compare(targets, load.name, [(m, load) for m in load.requests], 1, a.reps)
+                which = targets if load.name in a.llama_workloads else radix_only
+                compare(which, load.name, [(m, load) for m in load.requests], 1, a.reps)
         prose = loads["prose-sampled"]
         mixed = [(loads[n].requests[0], loads[n]) for n in ("code-edit", "multi-turn", "rag")] + [
             (prose.requests[0], prose)
