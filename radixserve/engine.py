@@ -167,6 +167,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             prefill_merge_tokens=merge,
             speculative_max_tokens=c.speculative_max_tokens if self.speculative.enabled else 0,
             speculative_max_batch=self.speculative.max_batch,
+            speculative_measured=self.speculative.measured,
             vocab_size=cfg.vocab_size,
             max_pinned_share=c.max_pinned_share,
             enable_jump_forward=c.enable_jump_forward,

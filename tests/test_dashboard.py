@@ -272,8 +272,7 @@ def test_timelines_show_retractions_and_their_spans(tiny_model_dir: Path, make_e
         max_total_tokens=320,
         init_new_token_ratio=0.05,
         chunked_prefill_size=32,
-        speculative="off",
-    )  # drafts' reserved slots would admit fewer
+    )
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))

@@ -56,9 +56,9 @@ def test_memory_pressure_evicts_then_retracts_and_outputs_stay_the_same(tiny_mod
     alone_eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=4096)
     alone = [alone_eng.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
 
-    # 20 pages of 16 tokens; the six requests need 6 x 100 tokens. A low decode reservation over-admits on purpose
-    # (speculation off: its reservation of draft slots per request would admit fewer, and nothing would retract).
-    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=320, init_new_token_ratio=0.05, speculative="off")
+    # 20 pages of 16 tokens; the six requests need 6 x 100 tokens. A low decode reservation over-admits on purpose.
+    # Speculation (auto, on) must not change that: drafts take only the pages admission left (no draft reservation).
+    eng = make_engine(tiny_model_dir, page_size=16, max_total_tokens=320, init_new_token_ratio=0.05)
     junk = rand_ids(rng, 200)
     eng.generate(input_ids=junk, sampling_params={"max_new_tokens": 1})
     stats = eng.cache_stats()

@@ -205,19 +205,24 @@ def command(engine: str, models: Models, port: int, parallel: int) -> list[str]:
 def start(engine: str, models: Models, log_dir: Path, parallel: int = 4, timeout_s: float = 900.0) -> Server:
     """Start `engine` and wait until it answers /health (and a one-token completion); raises if it dies or hangs."""
     port = free_port()
+    return launch(engine, command(engine, models, port, parallel), port, models.threads, log_dir, timeout_s)
+
+
+def launch(name: str, cmd: list[str], port: int, threads: int, log_dir: Path, timeout_s: float = 900.0) -> Server:
+    """Run `cmd` (a server listening on 127.0.0.1:port) as `name` and wait until it is ready (see start)."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{engine}-{port}.log"
+    log_path = log_dir / f"{name}-{port}.log"
     log = open(log_path, "wb")
     # Each engine runs with its own OpenMP wait policy (llama.cpp's CPU backend uses OpenMP too): importing radixserve
     # here set PASSIVE in this process, radixserve's default for a shared machine; llama.cpp's default (spin, then
     # sleep) decodes 2x faster on an idle machine and much slower on a busy one, so measure when the load is low.
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(models.threads)}
-    if engine.startswith("llama"):  # its shared libraries (libllama, libggml*) lie beside the binary
-        binary_dir = str(llama_server_binary().parent)  # type: ignore[union-attr]
+    env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads)}
+    if Path(cmd[0]).name == "llama-server":  # its shared libraries (libllama, libggml*) lie beside the binary
+        binary_dir = str(Path(cmd[0]).parent)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (binary_dir, env.get("LD_LIBRARY_PATH")) if p)
     proc = subprocess.Popen(
-        command(engine, models, port, parallel),
+        cmd,
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -225,7 +230,7 @@ def start(engine: str, models: Models, log_dir: Path, parallel: int = 4, timeout
         env=env,
         start_new_session=True,
     )
-    server = Server(engine, f"http://127.0.0.1:{port}", proc, log_path, log)
+    server = Server(name, f"http://127.0.0.1:{port}", proc, log_path, log)
     try:
         _wait_ready(server, timeout_s)
     except BaseException:

@@ -18,6 +18,7 @@ from radixserve.forward_batch import ForwardBatch
 from radixserve.io import ABORTED, FinishReason
 from radixserve.request import Req, ReqStatus, ReqUpdate
 from radixserve.speculative.drafter import Drafter
+from radixserve.speculative.gate import CostGate
 from radixserve.step import Draft, ScheduledBatch
 from radixserve.scheduler.fairness import FairShare, preemptible, victim_key
 from radixserve.scheduler.admission import Admission
@@ -56,6 +57,7 @@ class SchedulerConfig:
     # only in steps with at most `speculative_max_batch` decodes (None: any), drafts only of ids below vocab_size.
     speculative_max_tokens: int = 0
     speculative_max_batch: int | None = None
+    speculative_measured: bool = False  # draft only while verify steps are measured to pay (speculative/gate.py)
     vocab_size: int = 1 << 31
     max_pinned_share: float = 0.5  # pinned prefixes hold at most this share of the pool
     # Constrained requests: where the grammar admits one continuation, append its tokens without sampling them (they
@@ -102,6 +104,7 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
                 cfg.vocab_size,
                 getattr(self.cache, "index", None),
                 cfg.speculative_max_batch,
+                CostGate() if cfg.speculative_measured else None,
             )
             if spec
             else None
@@ -151,12 +154,12 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
 
     # ---- memory (and scheduler/pages.py) -----------------------------------------------------------------------
     def _reserve(self, req: Req) -> int:
-        """Pages this request will still want: the rest of its prefill plus an estimate of its decode."""
+        """Pages this request will still want: the rest of its prefill plus an estimate of its decode. Draft slots
+        are not counted: drafts take only the pages left after admission, for one step (see _add_drafts)."""
         ps = self.cfg.page_size
         prefill_pages = max(_cdiv(req.num_fill, ps) - len(req.pages), 0)
         decode_left = max(req.params.max_new_tokens - len(req.output_ids), 0)
-        draft_pages = _cdiv(self.cfg.speculative_max_tokens, ps) if decode_left > 1 else 0  # a verify step's slots
-        return prefill_pages + _cdiv(int(decode_left * self.new_token_ratio), ps) + draft_pages
+        return prefill_pages + _cdiv(int(decode_left * self.new_token_ratio), ps)
 
     def _retract(self, req: Req) -> None:
         """Send a running request back to the front of the queue; its cached prefix makes resuming cheap."""
@@ -216,11 +219,12 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
                 self._retract(self._victim())
                 return self.schedule()
             return None
+        self._add_drafts(chunks)
         return self._build([r for r in self.running if id(r) in chunks], chunks)
 
     def _schedule_decodes(self, chunks: dict[int, int], can_retract: bool) -> bool:
-        """A page for every decode's next token (retracting the least advanced under pressure), then drafts; False
-        when a retraction is needed but not allowed."""
+        """A page for every decode's next token (retracting the least advanced under pressure); False when a
+        retraction is needed but not allowed."""
         ps = self.cfg.page_size
         decodes = [r for r in self.running if r.pending == 1 and self._may_sample(r)]
         for req in sorted(decodes, key=lambda r: -len(r.output_ids)):
@@ -239,11 +243,17 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
             if pages is not None:
                 req.pages.extend(pages)
                 chunks[id(req)] = 1
-        if self.drafter is not None:  # after every decode has its page: a draft never costs a retraction
-            for req in [r for r in decodes if id(r) in chunks and r in self.running]:
-                if self.drafter.may_draft(req, len(decodes)):
-                    self._add_draft(req, chunks)
         return True
+
+    def _add_drafts(self, chunks: dict[int, int]) -> None:
+        """Drafts, last: after every decode has its page and admission has counted its reservations, so a draft
+        never costs a retraction or an admission. Its slots come from what is left for this step only: the pages of
+        rejected drafts go back when the step is processed, and accepted ones are decode tokens that were reserved."""
+        if self.drafter is None:
+            return
+        decodes = [r for r in self.running if chunks.get(id(r)) == 1 and r.pending == 1 and self._may_sample(r)]
+        for req in self.drafter.drafting(decodes, pure=len(decodes) == len(chunks)):
+            self._add_draft(req, chunks)
 
     def _add_draft(self, req: Req, chunks: dict[int, int]) -> None:
         """Extend a decode by a draft: pages for its slots from the free list or the tree, else what the request's
@@ -265,10 +275,10 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
         self._drafts[id(req)] = draft
 
     def _may_merge(self, chunk: int, chunks: dict[int, int]) -> bool:
-        """Whether a prefill chunk of this size may join a step that already holds `chunks` (a decode with a draft
-        counts as a decode: only prefills delay each other's first tokens)."""
+        """Whether a prefill chunk of this size may join a step that already holds `chunks` (only prefills delay each
+        other's first tokens; drafts are added after every prefill, see _add_drafts)."""
         limit = self.cfg.prefill_merge_tokens
-        return limit is None or chunk <= limit or all(c == 1 or i in self._drafts for i, c in chunks.items())
+        return limit is None or chunk <= limit or all(c == 1 for c in chunks.values())
 
     def _build(self, reqs: list[Req], chunks: dict[int, int]) -> ScheduledBatch:
         """Pack the step and advance each request by it: kv_len, in-flight counts and prompt-logprob progress."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.request import Req
+from radixserve.speculative.gate import CostGate
 from radixserve.speculative.prompt_lookup import PromptLookup
 from radixserve.step import Draft
 
@@ -43,21 +44,35 @@ class SpecStats:
 
 class Drafter:
     def __init__(
-        self, max_tokens: int, vocab_size: int, index: ContinuationIndex | None, max_batch: int | None = None
+        self,
+        max_tokens: int,
+        vocab_size: int,
+        index: ContinuationIndex | None,
+        max_batch: int | None = None,
+        gate: CostGate | None = None,
     ) -> None:
         self.max_tokens = max_tokens
         self.vocab_size = vocab_size
         self.index = index
         self.max_batch = max_batch  # no drafts in steps with more decodes than this (None: no limit)
+        self.gate = gate  # drafts only while verify steps are measured to pay (None: always)
         self.stats = SpecStats(accepted_hist=[0] * (max_tokens + 1))
 
-    def may_draft(self, req: Req, num_decodes: int) -> bool:
-        """Whether this request may draft this step. Seeded sampled requests never do: their seed must give the
-        tokens it gives without speculation (a verify step draws differently), so they decode plainly; nor do
-        constrained ones."""
+    def drafting(self, decodes: list[Req], pure: bool) -> list[Req]:
+        """The decodes that draft this step (`pure`: the step holds no prefill chunk): none in a step with more
+        decodes than max_batch (a verify row then costs compute), nor where the gate measured that drafting does not
+        pay at this many decodes; else those that may."""
+        allowed = self.gate is None or self.gate.begin([id(r) for r in decodes], pure)
+        if not allowed or (self.max_batch is not None and len(decodes) > self.max_batch):
+            return []
+        return [r for r in decodes if self.may_draft(r)]
+
+    @staticmethod
+    def may_draft(req: Req) -> bool:
+        """Whether this request may draft. Seeded sampled requests never do: their seed must give the tokens it
+        gives without speculation (a verify step draws differently), so they decode plainly; nor do constrained
+        ones."""
         p = req.params
-        if self.max_batch is not None and num_decodes > self.max_batch:
-            return False
         if req.inflight_tokens or req.next_prompt_logprob_pos >= 0:
             return False  # the last token is still being sampled, or prompt logprobs are owed
         if req.grammar is not None:
@@ -96,6 +111,8 @@ class Drafter:
         s.accepted[draft.source] += accepted
         s.verify_steps += 1
         s.accepted_hist[min(accepted, self.max_tokens)] += 1
+        if self.gate is not None:
+            self.gate.verified(accepted)
         state = req.draft_state
         if state is None:
             return

@@ -20,6 +20,7 @@ class SpecChoice:
     max_batch: int | None  # no drafts in steps with more decodes than this (None: any)
     overlap: bool  # the overlap setting the engine runs with
     reason: str
+    measured: bool = False  # draft only while verify steps are measured to pay (speculative/gate.py): auto
 
 
 def choose_speculative(mode: str, device_type: str, overlap: bool | None) -> SpecChoice:
@@ -45,4 +46,10 @@ def choose_speculative(mode: str, device_type: str, overlap: bool | None) -> Spe
         )
     if overlap:
         return SpecChoice(False, None, True, "auto: off (overlap_schedule was asked for)")
-    return SpecChoice(True, AUTO_MAX_BATCH, False, f"auto: on, in steps of at most {AUTO_MAX_BATCH} decodes (CPU)")
+    return SpecChoice(
+        True,
+        AUTO_MAX_BATCH,
+        False,
+        f"auto: on, in steps of at most {AUTO_MAX_BATCH} decodes where verify steps are measured to pay (CPU)",
+        measured=True,
+    )

@@ -1,0 +1,83 @@
+"""Whether drafting pays on this machine, measured: tokens per second of the steps that verified drafts against those
+of plain decode steps, per number of decodes in the step (`--speculative auto`).
+
+What a verify row costs depends on the CPU and the weight format: 1.07x a plain step at 1 decode on an AMX machine
+in bf16, but about 2.4x on a 2-core AVX-512 machine in int8, where a 1-row step reads the int8 codes and a step of 2+
+rows their bf16 copy (Int8Linear.keep_dense_copy): twice the bytes. A fixed acceptance floor cannot fit both, so
+`auto` measures. Each step is timed from one scheduling to the next (execution, sampling, processing: what a
+client waits for) when it held decodes only and the requests it ran are still running (no idle gap in between).
+Where both kinds have been seen often enough, drafting goes on only while verify steps produce tokens at least as
+fast as plain ones; either way every PROBE_EVERY-th step takes the other kind, to follow a change of workload (an
+answer reaching text it can copy) or of load."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+EMA = 0.25  # weight of the newest step in each rate's moving average
+MIN_SAMPLES = 4  # steps of a kind before its rate is trusted
+PROBE_EVERY = 32  # steps between probes of the kind the gate does not choose (a failed probe costs ~1.5 steps here)
+
+
+@dataclass
+class _Rates:
+    plain: float = 0.0  # tokens/s of plain decode steps (moving average)
+    verify: float = 0.0  # tokens/s of verify steps
+    n_plain: int = 0
+    n_verify: int = 0
+    since_probe: int = 0
+
+    def add(self, verify: bool, rate: float) -> None:
+        if verify:
+            self.verify = rate if self.n_verify == 0 else (1 - EMA) * self.verify + EMA * rate
+            self.n_verify += 1
+        else:
+            self.plain = rate if self.n_plain == 0 else (1 - EMA) * self.plain + EMA * rate
+            self.n_plain += 1
+
+
+@dataclass
+class _Step:
+    decodes: int
+    ids: set[int]
+    start: float
+    pure: bool  # decodes only (a prefill chunk makes its time incomparable)
+    tokens: int = 0  # accepted draft tokens it produced beyond one token per decode
+    verified: bool = False
+
+
+@dataclass
+class CostGate:
+    rates: dict[int, _Rates] = field(default_factory=dict)
+    _step: _Step | None = None
+
+    def begin(self, decode_ids: list[int], pure: bool, now: float | None = None) -> bool:
+        """A step with these decodes is being scheduled: close the previous step's measurement, and say whether this
+        one may draft."""
+        now = time.perf_counter() if now is None else now
+        prev = self._step
+        if prev is not None and prev.pure and prev.ids.intersection(decode_ids):
+            rate = (prev.decodes + prev.tokens) / max(now - prev.start, 1e-6)
+            self.rates.setdefault(prev.decodes, _Rates()).add(prev.verified, rate)
+        self._step = _Step(len(decode_ids), set(decode_ids), now, pure)
+        return self._allow(len(decode_ids))
+
+    def verified(self, accepted: int) -> None:
+        """A draft of the current step was verified and `accepted` of its tokens kept."""
+        if self._step is not None:
+            self._step.verified = True
+            self._step.tokens += accepted
+
+    def _allow(self, decodes: int) -> bool:
+        r = self.rates.setdefault(decodes, _Rates())
+        r.since_probe += 1
+        probe = r.since_probe >= PROBE_EVERY
+        if probe:
+            r.since_probe = 0
+        if r.n_verify < MIN_SAMPLES:
+            return True  # learn what drafting gives (plain steps come by themselves: requests with nothing to draft)
+        if r.n_plain < MIN_SAMPLES:
+            return r.since_probe % 4 != 0  # requests draft whenever they can: take a plain step to measure
+        pays = r.verify >= r.plain
+        return pays != probe
