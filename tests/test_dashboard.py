@@ -5,7 +5,6 @@ The page itself is driven in a browser by tests/test_dashboard_browser.py."""
 from __future__ import annotations
 
 import json
-import random
 import re
 import threading
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from radixserve import Engine
 from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
 from radixserve.server.tenants import tenant_of
-from radixserve.server.tracing import RequestTracer
+from test_dashboard_parts import walk
 
 PAGE = 4
 ALICE, BOB, ADMIN = "alice-key", "bob-key", "admin-key"
@@ -82,12 +81,6 @@ def chat_turns(c: httpx.Client, model: str, turns: list[str], headers: dict[str,
         msgs.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
         metas.append(body["usage"])
     return metas
-
-
-def walk(node: dict) -> Iterator[dict]:
-    yield node
-    for c in node["children"]:
-        yield from walk(c)
 
 
 @pytest.fixture(scope="module")
@@ -263,43 +256,6 @@ def test_latency_histograms(server: BackgroundServer, workload: list[dict]) -> N
     assert charted and charted <= exported, charted - exported
 
 
-def test_timelines_show_retractions_and_their_spans(tiny_model_dir: Path, make_engine) -> None:
-    """Memory pressure (as in test_engine): requests are retracted and resumed; their timelines and spans say so."""
-    rng = random.Random(3)
-    eng = make_engine(
-        tiny_model_dir,
-        page_size=16,
-        max_total_tokens=320,
-        init_new_token_ratio=0.05,
-        chunked_prefill_size=32,
-    )
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = RequestTracer(eng.tracker, provider)
-    prompts = [[rng.randrange(3, 500) for _ in range(40)] for _ in range(6)]
-    eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 60, "temperature": 0, "ignore_eos": True})
-    tracer.flush()
-    tracer.close()
-    tls = list(eng.tracker.recent)
-    assert len(tls) == 6 and sum(t.retractions for t in tls) == eng.metrics()["num_retractions"] > 0
-    hit = next(t for t in tls if t.retractions)
-    kinds = [s.kind for s in hit.spans]
-    i = kinds.index("retracted")
-    assert "prefill" in kinds[i:], "a retracted request prefills again (mostly from the cache) when it resumes"
-    assert all(s.end is not None and s.end >= s.start for s in hit.spans)
-    roots = {s.attributes["radixserve.rid"]: s for s in exporter.get_finished_spans() if s.name == "radixserve.request"}
-    root = roots[hit.rid]
-    assert root.attributes["radixserve.retractions"] == hit.retractions
-    assert [e.name for e in root.events].count("retraction") == hit.retractions
-    requeued = [
-        s
-        for s in exporter.get_finished_spans()
-        if s.name == "radixserve.requeued" and s.parent.span_id == root.context.span_id
-    ]
-    assert len(requeued) == hit.retractions
-
-
 def test_running_requests_table_is_per_tenant(server: BackgroundServer, engine: Engine) -> None:
     model = engine.model_info()["model_name"]
     body = {
@@ -323,44 +279,6 @@ def test_running_requests_table_is_per_tenant(server: BackgroundServer, engine: 
         other = b.get("/cache/stats").json()
         assert other["requests"]["running"] == [] and row["rid"] not in json.dumps(other)
     wait_idle(engine)
-
-
-def test_snapshot_work_is_bounded_and_peek_changes_nothing() -> None:
-    """On a 2,000-node tree: a snapshot shows at most max_nodes nodes, the most recently used first, one tenant's
-    only; RadixCache.peek walks like match_prefix but touches, splits and locks nothing."""
-    import torch
-
-    from radixserve.cache.kv_pool import KVPool
-    from radixserve.cache.radix_cache import RadixCache
-    from radixserve.server.cache_view import TreeReader
-    from radixserve.server.scope import NamespaceScope
-
-    rng = random.Random(0)
-    cache = RadixCache(KVPool(1, 12_000, PAGE, 1, 1, torch.float32), PAGE)
-    prefixes = [[rng.randrange(3, 500) for _ in range(4 * PAGE)] for _ in range(20)]
-    seqs = []
-    for i in range(2000):
-        toks = prefixes[i % 20] + [rng.randrange(3, 500) for _ in range(2 * PAGE)]
-        cache.insert(toks, cache.pool.alloc(6), "t1" if i % 20 < 10 else "t2")
-        seqs.append(toks)
-    reader = TreeReader(cache, PAGE, lambda ids: " ".join(map(str, ids)), lambda clock: None)
-    snap = reader.snapshot(NamespaceScope(None), max_nodes=50)
-    assert snap.total_nodes == 2020 and snap.shown_nodes == 50 and snap.truncated
-    assert len(list(walk(snap.to_dict()["root"]))) == 51
-    newest = max((n for n in cache._nodes() if n.parent is cache.root), key=lambda n: n.last_access)
-    assert snap.root.children[0].id == newest.id, "the most recently used subtree comes first"
-    mine = reader.snapshot(NamespaceScope("t1"), max_nodes=5000)
-    assert mine.shown_nodes == 1010 and {n["namespace"] for n in list(walk(mine.to_dict()["root"]))[1:]} == {"t1"}
-
-    before = [(n.id, n.last_access, len(n.pages), n.lock_ref) for n in cache._nodes()]
-    clock = cache._clock
-    probe = seqs[7][: 5 * PAGE] + [1] * PAGE  # the prefix, one page of its branch, then a page the tree lacks
-    path = cache.peek(probe, "t1")
-    assert [n for _, n in path] == [4, 1], "the whole prefix node, then one page into a branch"
-    assert cache._clock == clock and [(n.id, n.last_access, len(n.pages), n.lock_ref) for n in cache._nodes()] == before
-    assert cache.peek(probe, "t2") == [], "namespaces never share a path"
-    assert cache.match_prefix(probe + [1], "t1").num_tokens == 5 * PAGE
-    cache.check_invariants()
 
 
 def test_otlp_endpoint_exports_over_http(engine: Engine) -> None:
