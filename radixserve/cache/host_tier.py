@@ -14,13 +14,13 @@ synchronous, which is how the tests in CI exercise this logic (the CUDA path is 
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 
+from radixserve.host_memory import available_ram
 from radixserve.cache.kv_digest import KVLayout
 from radixserve.cache.kv_pool import KVPool
 
@@ -36,18 +36,7 @@ def host_tier_bytes(setting: float | None, pool: KVPool, page_bytes: int) -> int
         return int(setting * (1 << 30))
     if pool.device.type != "cuda":
         return 0
-    return int(min(AUTO_POOL_MULTIPLE * pool.capacity * page_bytes, AUTO_RAM_SHARE * _available_ram()))
-
-
-def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(min(AUTO_POOL_MULTIPLE * pool.capacity * page_bytes, AUTO_RAM_SHARE * available_ram()))
 
 
 @dataclass

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.host_memory import available_ram
 from radixserve.attention.base import AttentionBackend
 from radixserve.cache.kv_pool import KVPool, kv_bytes_per_token
 from radixserve.config import ModelConfig
@@ -72,14 +72,7 @@ def _available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return available_ram()
 
 
 class ModelRunner:
