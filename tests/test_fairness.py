@@ -274,6 +274,7 @@ def test_a_flood_takes_at_most_half_of_each_step_prefill_while_another_tenant_ru
     wait and the flood's part of the step the newcomer joins are bounded. Before, the flood's admissions filled
     every step's budget (5 prompts of 24 tokens = 120 of 128)."""
     budget = 128
+    # Speculation off: the step contents are what is checked, and verify steps would add draft rows to them.
     eng = make_engine(
         tiny_model_dir, page_size=4, max_running_requests=16, chunked_prefill_size=budget, speculative="off"
     )
@@ -320,6 +321,7 @@ def test_another_tenant_prompt_joins_a_step_beside_the_flood_long_prefills(
     """A prompt too long to merge with other prefill work (over prefill_merge_tokens) used to wait for a step free
     of it: behind a flood of long prompts, until the running one had finished its prefill. With fair share on it
     joins the next step beside the flood's chunk (each tenant's part bounded by its room)."""
+    # Speculation off: the step contents are what is checked, and verify steps would add draft rows to them.
     eng = make_engine(tiny_model_dir, page_size=4, max_running_requests=4, chunked_prefill_size=128, speculative="off")
     steps: list[dict[str, int]] = []  # per step: prefill tokens per tenant
     execute = eng.runner.execute
