@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import queue
 import threading
@@ -290,3 +291,17 @@ class Engine(CacheSurface, EngineStats, RequestPath):
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _with_request_signature(method: Any, *extra: inspect.Parameter) -> None:
+    """Show GenerateRequest's parameters (and `extra`) in the signature of a method that forwards *args/**kwargs to
+    it, so help() and editors list them; the fields are spelled once, in radixserve/io.py."""
+    own = inspect.signature(method)
+    fields = list(inspect.signature(GenerateRequest).parameters.values())
+    method.__signature__ = own.replace(parameters=[own.parameters["self"], *fields, *extra])
+
+
+_with_request_signature(Engine.generate)
+_with_request_signature(
+    Engine.async_generate, inspect.Parameter("stream", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool")
+)

@@ -63,3 +63,16 @@ def test_engine_typed_and_dict_api_agree(make_engine, tiny_model_dir) -> None:  
     chunks = asyncio.run(stream())
     assert all(isinstance(c, StreamChunk) for c in chunks) and chunks[-1].finished
     assert [t for c in chunks for t in c.output_ids] == typed.output_ids
+
+
+def test_engine_generate_shows_the_request_fields_in_its_signature() -> None:
+    """generate/async_generate forward to GenerateRequest; help() and editors still list its fields."""
+    import dataclasses
+    import inspect
+
+    from radixserve.engine import Engine
+
+    fields = [f.name for f in dataclasses.fields(GenerateRequest)]
+    assert list(inspect.signature(Engine.generate).parameters) == ["self", *fields]
+    params = inspect.signature(Engine.async_generate).parameters
+    assert list(params) == ["self", *fields, "stream"] and params["stream"].kind is inspect.Parameter.KEYWORD_ONLY
