@@ -266,6 +266,23 @@ def test_a_tenant_alone_gets_whole_steps_and_shares_them_while_another_is_active
     assert (tiny.room("A"), tiny.room("B")) == (1, 1)
 
 
+def prefill_per_tenant_per_step(eng: Any) -> list[dict[str, int]]:
+    """Record, for every step the engine runs from now on, the prefill tokens of each tenant in it (a decode's single
+    token does not count); the list fills as the steps run."""
+    steps: list[dict[str, int]] = []
+    execute = eng.runner.execute
+
+    def logged(batch: Any) -> Any:
+        tokens: dict[str, int] = {}
+        for req, n in zip(batch.reqs, batch.chunks):
+            tokens[req.tenant] = tokens.get(req.tenant, 0) + (n if n > 1 else 0)
+        steps.append(tokens)
+        return execute(batch)
+
+    eng.runner.execute = logged
+    return steps
+
+
 def test_a_flood_takes_at_most_half_of_each_step_prefill_while_another_tenant_runs(
     tiny_model_dir: Path, make_engine: Callable
 ) -> None:
@@ -278,17 +295,7 @@ def test_a_flood_takes_at_most_half_of_each_step_prefill_while_another_tenant_ru
     eng = make_engine(
         tiny_model_dir, page_size=4, max_running_requests=16, chunked_prefill_size=budget, speculative="off"
     )
-    steps: list[dict[str, int]] = []  # per step: prefill tokens per tenant (a decode runs 1 token)
-    execute = eng.runner.execute
-
-    def logged(batch: Any) -> Any:
-        tokens: dict[str, int] = {}
-        for req, n in zip(batch.reqs, batch.chunks):
-            tokens[req.tenant] = tokens.get(req.tenant, 0) + (n if n > 1 else 0)
-        steps.append(tokens)
-        return execute(batch)
-
-    eng.runner.execute = logged
+    steps = prefill_per_tenant_per_step(eng)
 
     async def scenario() -> None:
         quiet = asyncio.ensure_future(
@@ -323,17 +330,7 @@ def test_another_tenant_prompt_joins_a_step_beside_the_flood_long_prefills(
     joins the next step beside the flood's chunk (each tenant's part bounded by its room)."""
     # Speculation off: the step contents are what is checked, and verify steps would add draft rows to them.
     eng = make_engine(tiny_model_dir, page_size=4, max_running_requests=4, chunked_prefill_size=128, speculative="off")
-    steps: list[dict[str, int]] = []  # per step: prefill tokens per tenant
-    execute = eng.runner.execute
-
-    def logged(batch: Any) -> Any:
-        tokens: dict[str, int] = {}
-        for req, n in zip(batch.reqs, batch.chunks):
-            tokens[req.tenant] = tokens.get(req.tenant, 0) + (n if n > 1 else 0)
-        steps.append(tokens)
-        return execute(batch)
-
-    eng.runner.execute = logged
+    steps = prefill_per_tenant_per_step(eng)
 
     async def scenario() -> None:
         flood = [  # 3 x 900 distinct tokens, prefilled one after another in chunks (at most 64 beside B)
