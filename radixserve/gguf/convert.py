@@ -34,6 +34,14 @@ def _plan_shards(sizes: dict[str, int], limit: int) -> list[list[str]]:
     return shards
 
 
+def converted_source(folder: Path) -> Path | None:
+    """The GGUF a folder was converted from (its provenance file), or None for a folder radixserve did not convert."""
+    try:
+        return Path(json.loads((folder / PROVENANCE_FILE).read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 

@@ -12,10 +12,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from radixserve.config import ModelConfig
-from radixserve.gguf.convert import PROVENANCE_FILE
+from radixserve.gguf.convert import converted_source
 from radixserve.model.llama import LlamaForCausalLM, can_pack
 from radixserve.model.parallel import Shard, local_config, parallelize, plan_shard, shard_weights, tie_parallel_head
-from radixserve.model.prepared import fingerprint, load_prepared, prepared_file, read_source, save_prepared
+from radixserve.model.prepared import fingerprint, load_prepared, prepared_file, save_prepared
 from radixserve.model.packing import DeferredPacking, dense_copy_jobs
 from radixserve.model.quant import quantize_model
 
@@ -72,7 +72,7 @@ def _gguf_blocks(path: Path, fmt: str, config: ModelConfig) -> dict:
     detour (radixserve/gguf/blocks.py), by Hugging Face name; {} otherwise."""
     from radixserve.gguf.blocks import mapped_tensors
 
-    source = read_source(path, PROVENANCE_FILE)
+    source = converted_source(path)
     if source is None or not source.is_file():
         return {}
     return mapped_tensors(source, fmt, config.num_heads, config.num_kv_heads)
@@ -113,7 +113,7 @@ def load_unpacked(
     shard = None if tp is None else plan_shard(config, tp.size, tp.rank)
     if shard is not None and quantization != "none":  # Int8Linear does not carry the row-parallel sum yet
         raise ValueError(f"tensor parallelism with quantization {quantization!r} is not supported yet: use 'none'")
-    source = read_source(path, PROVENANCE_FILE)
+    source = converted_source(path)
     # Worth a file where the load does more than copy float32 shards: a cast or a quantization (converted
     # folders hold float32), on CPU (the prepared tensors are CPU memory maps) and unsharded.
     prepare = (

@@ -18,7 +18,6 @@ reader sees a complete file or none.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -129,11 +128,3 @@ def load_prepared(path: Path, fingerprint_: str, config: ModelConfig, dtype: tor
     c = config
     model.rotary = RotaryEmbedding(c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
     return model
-
-
-def read_source(folder: Path, provenance_file: str) -> Path | None:
-    """The GGUF a radixserve-converted folder came from (its provenance file), or None for any other folder."""
-    try:
-        return Path(json.loads((folder / provenance_file).read_text())["source"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
