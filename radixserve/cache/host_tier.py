@@ -117,10 +117,10 @@ class HostTier:
     def _copy_in(self, slots: list[int], pages: list[int]) -> None:
         idx = torch.tensor(pages, dtype=torch.int64, device=self.device)
         if self._stream is None:
-            self.buf[torch.tensor(slots)] = self._gather(idx)
+            self.buf[torch.tensor(slots)] = self.pool.gather_pages(idx)
             return
         # CUDA: gather on the compute stream, copy on the side stream (see the module docstring).
-        kv = self._gather(idx)
+        kv = self.pool.gather_pages(idx)
         main = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(main)
         with torch.cuda.stream(self._stream):
@@ -129,12 +129,6 @@ class HostTier:
             kv.record_stream(self._stream)
             self._event = torch.cuda.Event()
             self._event.record(self._stream)
-
-    def _gather(self, idx: torch.Tensor) -> torch.Tensor:
-        """[n, 2, layers, page_size, kv heads, head dim] of the pool pages `idx`, on the pool's device."""
-        k = torch.stack([b.index_select(0, idx) for b in self.pool.k_buffers], 1)
-        v = torch.stack([b.index_select(0, idx) for b in self.pool.v_buffers], 1)
-        return torch.stack([k, v], 1)
 
     # ---- host -> device --------------------------------------------------------------------------------------
     def copy_out(self, rows: list[int], slots: list[int], dst: torch.Tensor) -> None:

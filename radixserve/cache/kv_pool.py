@@ -91,6 +91,13 @@ class KVPool:
         kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, k.to(self.dtype))
         vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, v.to(self.dtype))
 
+    def gather_pages(self, pages: torch.Tensor) -> torch.Tensor:
+        """`[n, 2 (K, V), layers, page_size, kv_heads, head_dim]` copies of pool pages `pages` (int64, on the pool's
+        device): what the host and disk tiers store per page."""
+        k = torch.stack([b.index_select(0, pages) for b in self.k_buffers], 1)
+        v = torch.stack([b.index_select(0, pages) for b in self.v_buffers], 1)
+        return torch.stack([k, v], 1)
+
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy K and V at flat slots `src` to flat slots `dst` in every layer (int64, on the pool's device): one
         gather and one scatter per buffer, reading only the slots named. All are read before any is written."""

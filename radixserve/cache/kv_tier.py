@@ -140,9 +140,7 @@ class KVTier:
     def _gather(self, pages: list[int]) -> torch.Tensor:
         """[n, 2, layers, page_size, kv_heads, head_dim] on the CPU, contiguous."""
         idx = torch.tensor(pages, dtype=torch.int64, device=self.pool.device)
-        k = torch.stack([b.index_select(0, idx) for b in self.pool.k_buffers], 1)
-        v = torch.stack([b.index_select(0, idx) for b in self.pool.v_buffers], 1)
-        return torch.stack([k, v], 1).cpu().contiguous()
+        return self.pool.gather_pages(idx).cpu().contiguous()
 
     def persist(self, cache: RadixCache) -> None:
         """Write every host-tier and tree page the disk tier lacks, then the index (shutdown and periodic
