@@ -1,0 +1,77 @@
+"""Our CPU kernels: C++ with AVX-512 / AVX2 intrinsics, compiled on first use for this machine's CPU and cached.
+
+Why compiled here: the fast paths are instruction-set specific (AVX-512 VNNI for int8 dot products, AVX2 FMA where
+there is none), so each file is built with `-march=native` and picks its path at compile time. The build directory
+is keyed by the sources, torch's version and the CPU's flags, so a build made on another CPU (a shared home, a CI
+cache) is never loaded. The ops register under `torch.ops.radixserve`; `ops()` returns None where nothing can be
+built (no compiler, no ninja, a non-x86 CPU is fine: it takes the scalar path) or when RADIXSERVE_CPU_KERNELS=0,
+and every caller then runs its pure-torch path.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SOURCES = sorted(Path(__file__).parent.glob("*.cpp"))
+log = logging.getLogger("radixserve.kernels")
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags as the kernel (Linux /proc/cpuinfo) sees them; the platform name elsewhere."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def build_dir() -> Path:
+    """Where the compiled library of these sources lives on this CPU: $RADIXSERVE_CACHE (else ~/.cache/radixserve)
+    /cpu-kernels/<hash of sources, torch, CPU flags>."""
+    digest = hashlib.sha256()
+    for src in SOURCES:
+        digest.update(src.name.encode() + src.read_bytes())
+    digest.update(f"{torch.__version__}|{cpu_flags()}".encode())
+    root = Path(os.environ.get("RADIXSERVE_CACHE") or Path.home() / ".cache" / "radixserve")
+    return root / "cpu-kernels" / digest.hexdigest()[:16]
+
+
+@functools.cache
+def ops() -> Any | None:
+    """`torch.ops.radixserve` with our CPU ops loaded, or None (see the module docstring) after one warning."""
+    if os.environ.get("RADIXSERVE_CPU_KERNELS", "1") == "0":
+        return None
+    from torch.utils import cpp_extension
+
+    where = build_dir()
+    where.mkdir(parents=True, exist_ok=True)
+    # cpp_extension runs `ninja` from PATH; the pip-installed one sits beside this interpreter.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    try:
+        cpp_extension.load(
+            name=f"radixserve_cpu_{where.name}",
+            sources=[str(s) for s in SOURCES],
+            # -fopenmp: at::parallel_for is inlined OpenMP; the library links libgomp.so.1 by soname, which is the
+            # copy torch already loaded, so our ops share torch's thread pool and its thread count.
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(where),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - any build failure means: run the pure-torch paths
+        log.warning("radixserve CPU kernels unavailable (%s: %s); using the pure-torch paths", type(exc).__name__, exc)
+        return None
+    return torch.ops.radixserve
