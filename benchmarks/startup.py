@@ -48,9 +48,9 @@ from radixserve.model.cpu_select import choose
 from radixserve.model.loader import load_unpacked, pack_loaded
 choice = choose("auto", "auto")
 dt = getattr(torch, choice.dtype)
-_, model = load_unpacked(path, dt, "cpu", choice.weights)
-mark(f"load the weights unpacked ({choice.dtype}, {choice.weights}: the prepared copy, mapped)")
-pack_loaded(model, dt, "cpu", choice.weights)
+_, model = load_unpacked(path, dt, "cpu", choice.quantization)
+mark(f"load the weights unpacked ({choice.dtype}, {choice.quantization}: the prepared copy, mapped)")
+pack_loaded(model, dt, "cpu", choice.quantization)
 mark("oneDNN packing")
 del model
 from radixserve.engine import Engine

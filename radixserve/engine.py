@@ -124,7 +124,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             self.attention_backend,
             c.max_running_requests,
             c.context_length,
-            quantization=self.cpu_choice.weights,
+            quantization=self.cpu_choice.quantization,
             tp=self.tp,
         )
         cfg = self.runner.config

@@ -107,11 +107,10 @@ def test_only_converted_folders_get_a_copy_and_float32_dense_never(tiny_model_fa
 
 
 @pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16 kernels for this CPU")
-@pytest.mark.parametrize("fmt", ["none", "int8+bf16"])
-def test_deferred_packing_changes_no_output(converted, fmt):
-    _, eager = load_model(converted, torch.bfloat16, quantization=fmt)
-    config, lazy = load_unpacked(converted, torch.bfloat16, quantization=fmt)
-    jobs = lazy.packing_jobs() if fmt == "none" else loader.dense_copy_jobs(lazy)
+def test_deferred_packing_changes_no_output(converted):
+    _, eager = load_model(converted, torch.bfloat16)
+    config, lazy = load_unpacked(converted, torch.bfloat16)
+    jobs = lazy.packing_jobs()
     packing = DeferredPacking(jobs)  # never started: each module must pack itself before its first forward
     lazy.eval()
     hidden = torch.randn(4, config.hidden_size, dtype=torch.bfloat16)
@@ -121,7 +120,4 @@ def test_deferred_packing_changes_no_output(converted, fmt):
     packing.start()
     packing.wait()
     assert packing.pending == 0
-    if fmt == "none":
-        assert all(m.weight.is_mkldnn for m in lazy.modules() if isinstance(m, Linear))
-    else:
-        assert all(m.dense is not None for m, _ in jobs)
+    assert all(m.weight.is_mkldnn for m in lazy.modules() if isinstance(m, Linear))

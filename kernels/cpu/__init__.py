@@ -5,7 +5,9 @@ there is none), so each file is built with `-march=native` and picks its path at
 is keyed by the sources, torch's version and the CPU's flags, so a build made on another CPU (a shared home, a CI
 cache) is never loaded. The ops register under `torch.ops.radixserve`; `ops()` returns None where nothing can be
 built (no compiler, no ninja, a non-x86 CPU is fine: it takes the scalar path) or when RADIXSERVE_CPU_KERNELS=0,
-and every caller then runs its pure-torch path.
+and every caller then runs its pure-torch path. RADIXSERVE_CPU_MARCH (default `native`) builds for another
+instruction set, e.g. `haswell` for the AVX2 path or `x86-64` for the plain one: how the tests run every path on
+one machine.
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ def cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+def march() -> str:
+    return os.environ.get("RADIXSERVE_CPU_MARCH", "native")
+
+
 def build_dir() -> Path:
     """Where the compiled library of these sources lives on this CPU: $RADIXSERVE_CACHE (else ~/.cache/radixserve)
     /cpu-kernels/<hash of sources, torch, CPU flags>."""
     digest = hashlib.sha256()
     for src in SOURCES:
         digest.update(src.name.encode() + src.read_bytes())
-    digest.update(f"{torch.__version__}|{cpu_flags()}".encode())
+    digest.update(f"{torch.__version__}|{cpu_flags()}|{march()}".encode())
     root = Path(os.environ.get("RADIXSERVE_CACHE") or Path.home() / ".cache" / "radixserve")
     return root / "cpu-kernels" / digest.hexdigest()[:16]
 
@@ -65,7 +71,7 @@ def ops() -> Any | None:
             sources=[str(s) for s in SOURCES],
             # -fopenmp: at::parallel_for is inlined OpenMP; the library links libgomp.so.1 by soname, which is the
             # copy torch already loaded, so our ops share torch's thread pool and its thread count.
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=["-O3", f"-march={march()}", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(where),
             is_python_module=False,

@@ -7,16 +7,12 @@ prefill matmul measured 5x slower than float32 on the issue's AVX2 EPYC), so act
 Weight format (only when dtype is "auto" too; an explicit dtype means no quantization unless one is asked for),
 chosen by one rule: of the formats whose perplexity stays within 2% of float32 on the default model
 (benchmarks/quality.py: bf16 +0.0%, int8 +0.3%, int4 +10.5%), the one that decodes fastest without making batched
-decode or prefill slower. On AMX (benchmarks/quant_engine.py, RESULTS.md) int8 alone decoded 1.2-1.7x faster than
-packed bf16 at 1 stream on the loaded shared machine but lost at 8 streams (0.4-0.8x) and at prefill; int8 with its
-codes also packed in bf16 (Int8Linear.keep_dense_copy: same weights, bf16 kernels for 2+ rows) decoded 1.07x (idle
-machine) to 1.35x (loaded) faster at 1 stream, 0.96-1.05x at 8 streams, prefill within noise of bf16, for 1.4x
-bf16's weight memory. int4 decodes fastest (1.7-3.3x) but prefills 4-7x slower and fails the perplexity bar, so
-it stays an explicit choice. AVX512_BF16 gets AMX's choice, measured per linear on an AMD EPYC (Zen 4, no AMX;
-RESULTS.md, issue 14 third pass): the int8 op 1.15-1.5x faster than packed bf16 at 1 row, a tie at 2, packed bf16
-1.5-1.8x faster at 8 rows and more at 96, float32 2-6x slower than bf16 throughout.
-AVX2/AVX512 keep float32 and no quantization: the int8 op needs bf16 activations, emulated there, and no
-engine-level run on such a CPU has measured int8 yet (the issue's figures are per layer).
+decode or prefill much slower. int8 on every x86 kind: steps of fewer than 48 rows (decode, batched decode,
+speculative verify) run our kernel (kernels/cpu/int8_linear.cpp: AVX-512 VNNI, else AVX2 FMA), which reads the
+int8 codes once per step at close to the memory bandwidth, half of bf16's bytes and a quarter of float32's;
+larger steps widen the codes a cache-sized slice at a time for the dense matmul in the activations' dtype
+(RESULTS.md, issue 14 fourth pass). int4 decodes from fewer bytes but fails the perplexity bar, so it stays an
+explicit choice. Activations: bf16 where the CPU has bf16 hardware (AMX, AVX512_BF16), float32 elsewhere.
 """
 
 from __future__ import annotations
@@ -28,32 +24,31 @@ import torch
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 CPU_KINDS = ("AMX", "AVX512_BF16", "AVX512", "AVX2", "DEFAULT")
 
-# kind -> (dtype, quantization, keep a bf16 copy of the int8 codes, why): the table `choose` reads for "auto".
-CHOICES: dict[str, tuple[str, str, bool, str]] = {
+# kind -> (dtype, quantization, why): the table `choose` reads for "auto".
+CHOICES: dict[str, tuple[str, str, str]] = {
     "AMX": (
         "bfloat16",
         "int8",
-        True,
-        "bf16 on AMX tiles; int8 weights for 1-row decode steps (half the bytes of "
-        "bf16: 1.07-1.35x faster measured), the same codes packed in bf16 for batched "
-        "decode and prefill (bf16 speed, 1.4x bf16's weight memory); int4 misses the "
-        "2% perplexity bar",
+        "bf16 on AMX tiles for prefill; int8 weights read by our kernel for decode steps (half of bf16's bytes)",
     ),
     "AVX512_BF16": (
         "bfloat16",
         "int8",
-        True,
-        "native bf16; int8 weights for 1-row decode steps, the same codes "
-        "packed in bf16 for batched decode and prefill",
+        "native bf16 for prefill; int8 weights read by our VNNI kernel for decode steps (half of bf16's bytes)",
     ),
-    "AVX512": ("float32", "none", False, "no bf16 hardware: float32 activations (bf16 would be emulated)"),
+    "AVX512": (
+        "float32",
+        "int8",
+        "no bf16 hardware: float32 activations (bf16 would be emulated); int8 weights for decode (a quarter of "
+        "float32's bytes)",
+    ),
     "AVX2": (
         "float32",
-        "none",
-        False,
-        "no bf16 hardware: float32 activations (bf16 would be emulated, 5x slower prefill)",
+        "int8",
+        "no bf16 hardware: float32 activations (bf16 would be emulated, 5x slower prefill); int8 weights read by "
+        "our AVX2 kernel for decode (a quarter of float32's bytes)",
     ),
-    "DEFAULT": ("float32", "none", False, "no SIMD path torch knows: float32"),
+    "DEFAULT": ("float32", "none", "no SIMD path torch knows: float32"),
 }
 
 
@@ -62,12 +57,6 @@ class CpuChoice:
     dtype: str  # float32 | bfloat16 | float16
     quantization: str  # none | int8 | int4
     reason: str
-    dense_copy: bool = False  # int8 codes also kept packed in bf16 for steps of 2+ rows (Int8Linear.keep_dense_copy)
-
-    @property
-    def weights(self) -> str:
-        """What the loader builds: none, int8, int4, or int8+bf16."""
-        return f"{self.quantization}+bf16" if self.dense_copy else self.quantization
 
 
 def cpu_capability() -> str:
@@ -107,7 +96,7 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice
             "bfloat16" if dtype == "auto" else dtype, "none", f"{device_type}: bf16, no weight quantization"
         )
     kind = cpu_kind()
-    auto_dtype, auto_quant, dense_copy, why = CHOICES[kind]
+    auto_dtype, auto_quant, why = CHOICES[kind]
     parts = [f"cpu={kind}"]
     if dtype == "auto":
         parts.append(why)
@@ -124,5 +113,4 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice
         auto_dtype if dtype == "auto" else dtype,
         auto_quant if quantization == "auto" else quantization,
         "; ".join(parts),
-        dense_copy=dense_copy and dtype == "auto" and quantization == "auto",
     )

@@ -16,7 +16,7 @@ from radixserve.gguf.convert import converted_source
 from radixserve.model.llama import LlamaForCausalLM, can_pack
 from radixserve.model.parallel import Shard, local_config, parallelize, plan_shard, shard_weights, tie_parallel_head
 from radixserve.model.prepared import fingerprint, load_prepared, prepared_file, save_prepared
-from radixserve.model.packing import DeferredPacking, dense_copy_jobs
+from radixserve.model.packing import DeferredPacking
 from radixserve.model.quant import quantize_model
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def load_unpacked(
     """The model in `dtype` on `device` filled from the folder's weights, not yet packed; ValueError for a bad
     folder.
 
-    quantization: none, int8, int4, or int8+bf16 (int8 codes plus a packed bf16 copy of them, CpuChoice.weights).
+    quantization: none, int8 or int4 (CpuChoice.quantization).
     With `tp`, the model is this rank's shard (radixserve/model/parallel.py) and `model.config` its per-rank
     config; the returned config is the whole model's. A folder radixserve converted keeps a prepared copy of the
     result per (dtype, format) that later loads map instead of rebuilding (radixserve/model/prepared.py)."""
@@ -123,9 +123,8 @@ def load_unpacked(
         and (quantization != "none" or dtype != torch.float32)
     )
     if prepare:
-        fmt = quantization.removesuffix("+bf16")  # the bf16 copy of int8 codes is made at packing
-        target = prepared_file(path, dtype, fmt)
-        key = fingerprint(path, files, dtype, fmt, source)
+        target = prepared_file(path, dtype, quantization)
+        key = fingerprint(path, files, dtype, quantization, source)
         model = load_prepared(target, key, config, dtype)
         if model is None:
             model = _build(path, config, files, dtype, device, quantization)
@@ -158,9 +157,8 @@ def _build(
     model.load_weights(weights if shard is None else shard_weights(weights, config, shard))
     if shard is not None and tp is not None:
         tie_parallel_head(model, shard, tp.group)
-    if quantization in ("int8", "int4", "int8+bf16"):
-        fmt = quantization.removesuffix("+bf16")
-        quantize_model(model, fmt, mapped=_gguf_blocks(path, fmt, config))
+    if quantization in ("int8", "int4"):
+        quantize_model(model, quantization, mapped=_gguf_blocks(path, quantization, config))
     return model
 
 
@@ -175,12 +173,9 @@ def pack_loaded(
 
     defer: on a background thread, each module packing itself first if it runs before the thread reached it
     (radixserve/model/packing.py): the same outputs, and the load returns before the packing is done."""
-    if quantization in ("int8", "int4", "int8+bf16"):
-        # every Linear was replaced, so nothing is left for oneDNN to pack; int8+bf16: the codes packed in bf16 for
-        # steps of 2+ rows, int8 for 1-row steps
-        jobs = dense_copy_jobs(model) if quantization == "int8+bf16" and can_pack(dtype, torch.device(device)) else []
-    else:
-        jobs = model.packing_jobs() if can_pack(dtype, torch.device(device)) else []
+    # A quantized model has no Linear left for oneDNN to pack (its codes are packed when quantized, and saved so).
+    quantized = quantization in ("int8", "int4")
+    jobs = model.packing_jobs() if not quantized and can_pack(dtype, torch.device(device)) else []
     if defer and jobs:
         model.packing = DeferredPacking(jobs)
         model.packing.start()

@@ -1,7 +1,7 @@
 """oneDNN packing of a loaded model, off the start-up path: done on a background thread, and by a module itself
 the first time it runs if the thread has not reached it yet.
 
-Why: packing (bf16 weights reordered into oneDNN's blocked layout; for int8 the bf16 copy of the codes) is redone
+Why: packing (bf16 weights reordered into oneDNN's blocked layout) is redone
 at every load, since the layout cannot be saved, and it was the largest cost of a start once the weights come
 mapped from a prepared file (radixserve/model/prepared.py): ~1 s on an idle 2-core machine, ~5 s on a loaded one.
 Deferred, it overlaps the rest of the start (tokenizer, scheduler, the HTTP server) and the time until the first
@@ -17,8 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 from torch import nn
-
-from radixserve.model.quant import Int8Linear
 
 
 class DeferredPacking:
@@ -61,8 +59,3 @@ class DeferredPacking:
     @property
     def pending(self) -> int:
         return self._done.count(False)
-
-
-def dense_copy_jobs(model: nn.Module) -> list[tuple[nn.Module, Callable[[], None]]]:
-    """Int8Linear.keep_dense_copy for every int8 linear (what `int8+bf16` weights keep besides the codes)."""
-    return [(m, m.keep_dense_copy) for m in model.modules() if isinstance(m, Int8Linear)]

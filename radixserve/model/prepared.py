@@ -32,7 +32,7 @@ from radixserve.model.quant import Int4Linear, Int8Linear
 from radixserve.model.rope import RotaryEmbedding
 
 # Bumped whenever what a prepared file holds changes (tensor names, layouts, how they are built).
-PREPARED_VERSION = 1
+PREPARED_VERSION = 2  # 2: int8 codes in the packed layout of kernels/cpu/int8_linear.cpp
 PREPARED_DIR = "prepared"
 _FINGERPRINT_KEY = "radixserve_fingerprint"
 
@@ -86,8 +86,10 @@ def _open(path: Path, fingerprint_: str) -> dict[str, torch.Tensor] | None:
 def _quantized(tensors: dict[str, torch.Tensor], name: str, in_features: int, out_features: int) -> nn.Module | None:
     """The Int8Linear / Int4Linear saved under `name`, or None if the file holds a dense weight there."""
     bias = tensors.get(f"{name}.bias")
-    if f"{name}.qweight" in tensors:
-        return Int8Linear(tensors[f"{name}.qweight"], tensors[f"{name}.scale"], bias)
+    if f"{name}.codes" in tensors:
+        return Int8Linear.from_packed(
+            tensors[f"{name}.codes"], tensors[f"{name}.scale"], in_features, out_features, bias
+        )
     if f"{name}.packed" in tensors:
         packed, scale_zeros = tensors[f"{name}.packed"], tensors[f"{name}.scale_zeros"]
         return Int4Linear.from_packed(packed, scale_zeros, in_features, out_features, bias)

@@ -1,17 +1,16 @@
-"""Weight-only int8 and int4 linears for CPU, on torch's packed CPU ops.
+"""Weight-only int8 and int4 linears for CPU.
 
 Why weight-only: a decode step reads every weight once, so fewer bytes per weight (int8: half of bf16, int4 about a
-quarter) is what makes batch-1 decode faster; activations stay in the model's dtype.
+quarter) is what makes batch-1 decode faster.
 
-- int8: symmetric, one scale per output channel; `torch._weight_int8pack_mm(x, q [N, K], scale [N])`.
+- int8: symmetric, one scale per output channel, codes packed for our kernel (kernels/cpu/int8_linear.cpp; see
+  `pack_int8` and Int8Linear). Its 1-2-row path keeps activations in float32; from 3 rows on the AVX-512 VNNI path
+  rounds them to int8 per block of 32 columns (as llama.cpp does), INT8_ACT_TOL below.
 - int4: asymmetric, one (scale, zero) per group of 32/64/128 input columns; `torch._weight_int4pack_mm_for_cpu(x,
   packed, group, scale_zeros [K/group, N, 2])` with packed = `torch._convert_weight_to_int4pack_for_cpu(q, 1)`.
   The op's formula (tinygemm's) is w = (q - 8) * scale + zero with q in 0..15, so a symmetric format (GGUF Q4_0)
-  maps exactly with zero = 0 and an affine one (Q4_K: w = d*q - m) with zero = 8*d - m.
-
-Both ops run with bf16 activations (fp16 for fp16 models): with float32 activations they were 10-60x slower here
-(benchmarks/quant_linear.py), and bf16 rounding of x is far below the weights' quantization error.
-"""
+  maps exactly with zero = 0 and an affine one (Q4_K: w = d*q - m) with zero = 8*d - m. It runs with bf16
+  activations (fp16 for fp16 models): with float32 ones it was 10-60x slower (benchmarks/quant_linear.py)."""
 
 from __future__ import annotations
 
@@ -21,18 +20,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import kernels.cpu as cpu_kernels
+
 # Per-format tolerance the tests hold a quantized matmul to: relative Frobenius error ||y - x W^T|| / ||x W^T|| on
 # random normal weights and inputs. Rounding to a step `d` adds an error of rms d/sqrt(12) per weight, so:
 # int8 (d = 2 max|w|/254 per row, ~0.026 sigma): measured 0.007; int4 (d = (max - min)/15 per group, ~0.27-0.35
 # sigma for groups of 32-128): measured 0.08 / 0.09 / 0.10. The bounds leave room for small shapes' spread and
 # for the bf16 rounding of activations, scales and output (~0.4%).
 INT8_REL_TOL = 0.015
+# The int8 kernel against its own dequantized weight (the activations' rounding alone): float32 activations (1-2
+# rows, AVX2, dense) only round in bf16 models (~0.3%); the VNNI path's int8 activations add d/sqrt(12) per value
+# with d = absmax/127 of its block of 32, ~0.5% of the output on normal inputs (measured 0.5-0.8%).
+INT8_ACT_TOL = 0.01
 INT4_REL_TOL = {32: 0.13, 64: 0.14, 128: 0.15}
-# From this many rows on, Int8Linear widens its codes to bf16 and runs a dense matmul (oneDNN, AMX where present)
-# instead of torch._weight_int8pack_mm, whose cost grows ~linearly with rows: on the AMX machine of RESULTS.md the
-# op won at <= 8 rows and lost 2-7x at 32-512 rows, while the one-pass int8 -> bf16 widening is cheap next to a
-# prefill chunk's matmul. Decode (1 row per stream) keeps reading int8 bytes only.
-INT8_DENSE_ROWS = 16
+# Below this many rows Int8Linear runs our int8 kernel, whose cost grows with rows; from it on, it widens the codes
+# and runs the dense matmul. Measured on the default model's shapes (AVX-512 VNNI, bf16, RESULTS.md issue 14 fourth
+# pass): the kernel 2-3x faster at 8-16 rows, a tie at 32-64, the dense matmul 1.2-1.5x faster at 96-192.
+INT8_KERNEL_ROWS = 48
+_PACK_ROWS, _PACK_COLS = 8, 64  # kernels/cpu/int8_linear.cpp's block: 8 output rows x 64 input columns
 INT4_GROUP_SIZES = (32, 64, 128)
 _QUANT_ROWS = 8192
 INT4_DEFAULT_GROUP = 64
@@ -87,28 +92,69 @@ def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) ->
     return g.reshape(n, k)
 
 
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """int8 codes `[N, K]` -> the layout kernels/cpu/int8_linear.cpp streams: uint8 (q + 128) `[N/8, K/64, 8, 64]`,
+    N and K padded to multiples of 8 and 64 with code 128 (weight 0)."""
+    n, k = q.shape
+    padded = torch.full((n + -n % _PACK_ROWS, k + -k % _PACK_COLS), 128, dtype=torch.uint8)
+    padded[:n, :k] = (q.to(torch.int16) + 128).to(torch.uint8)
+    rows, cols = padded.shape
+    return padded.view(rows // _PACK_ROWS, _PACK_ROWS, cols // _PACK_COLS, _PACK_COLS).transpose(1, 2).contiguous()
+
+
+def unpack_int8(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The padded codes `[N_pad, K_pad]` as `dtype` (exact: int8 values fit bf16 and float32), unscaled."""
+    ops = cpu_kernels.ops()
+    if ops is not None and dtype in (torch.float32, torch.bfloat16):
+        return ops.int8_unpack(packed, dtype)
+    blocks, chunks = packed.shape[:2]
+    plain = packed.transpose(1, 2).reshape(blocks * _PACK_ROWS, chunks * _PACK_COLS)
+    return (plain.to(torch.int16) - 128).to(dtype)
+
+
 class Int8Linear(nn.Module):
-    """y = x (q * s)^T + b with int8 `q` `[N, K]` and per-row `s`; returns the activations' dtype."""
+    """y = x (q * s)^T + b with int8 `q` `[N, K]` and per-row `s`; returns the activations' dtype.
+
+    Holds only the packed codes (`pack_int8`) and float32 scales: steps of fewer than INT8_KERNEL_ROWS rows run our
+    kernel (kernels/cpu/int8_linear.cpp), which reads the int8 bytes once per step; larger steps (prefill) widen the
+    codes to the activations' dtype for that call and run the dense matmul, the scale applied after. Same weights
+    either way (DESIGN.md: one model, one set of weights).
+    """
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.in_features, self.out_features = q.shape[1], q.shape[0]
-        self.register_buffer("qweight", q)
-        self.register_buffer("scale", scale)
-        self._scales: dict[torch.dtype, torch.Tensor] = {}  # the op wants scales in the activations' dtype
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
-        self.register_buffer("dense", None)  # see keep_dense_copy
+        n, k = q.shape
+        padded_scale = torch.ones(n + -n % _PACK_ROWS, dtype=torch.float32)
+        padded_scale[:n] = scale
+        self._init(pack_int8(q), padded_scale, k, n, bias)
 
-    def keep_dense_copy(self) -> None:
-        """Keep the codes also as a oneDNN-packed bf16 matrix, used for steps of 2 rows or more (batched decode,
-        prefill): the same weights (int8 values are exact in bf16, the per-row scale is applied after, as on the
-        widening path), at bf16's speed there, while 1-row steps keep reading int8. Costs 2 more bytes per weight."""
-        self.dense = torch.ops.mkldnn._reorder_linear_weight(self.qweight.to(torch.bfloat16))
+    def _init(
+        self, codes: torch.Tensor, scale: torch.Tensor, in_features: int, out_features: int, bias: torch.Tensor | None
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("codes", codes)
+        self.register_buffer("scale", scale)
+        self._scales: dict[torch.dtype, torch.Tensor] = {}
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @classmethod
+    def from_packed(
+        cls, codes: torch.Tensor, scale: torch.Tensor, in_features: int, out_features: int, bias: torch.Tensor | None
+    ) -> Int8Linear:
+        """The layer from its saved `codes` and `scale` buffers (radixserve/model/prepared.py): no repacking."""
+        self = cls.__new__(cls)
+        self._init(codes, scale, in_features, out_features, bias)
+        return self
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Linear:
         q, scale = quantize_int8(weight)
         return cls(q, scale, bias)
+
+    def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q `[N, K]` int8, scale `[N]`) without the padding."""
+        q = unpack_int8(self.codes, torch.int16)[: self.out_features, : self.in_features].to(torch.int8)
+        return q, self.scale[: self.out_features]
 
     def _scale(self, dtype: torch.dtype) -> torch.Tensor:
         s = self._scales.get(dtype)
@@ -119,15 +165,20 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if self.dense is not None and x2.shape[0] >= 2 and x.dtype == torch.bfloat16:
-            y = torch.ops.mkldnn._linear_pointwise(x2, self.dense, None, "none", [], "") * self._scale(x.dtype)
-        elif x2.shape[0] >= INT8_DENSE_ROWS:
-            # Dense in the model's own dtype (float32 on CPUs without bf16 hardware); the per-row scale factors out.
-            y = F.linear(x2, self.qweight.to(x.dtype)) * self._scale(x.dtype)
+        k_pad = self.codes.shape[1] * _PACK_COLS
+        ops = cpu_kernels.ops()
+        if ops is not None and x2.shape[0] < INT8_KERNEL_ROWS and x.dtype in (torch.float32, torch.bfloat16):
+            y = ops.int8_linear(x2, self.codes, self.scale, self.bias, self.out_features)
+            return y.reshape(*shape[:-1], self.out_features)
+        if k_pad != self.in_features:
+            x2 = F.pad(x2, (0, k_pad - self.in_features))
+        if ops is not None and x.dtype in (torch.float32, torch.bfloat16):
+            # Dense in the model's own dtype (bf16: oneDNN, AMX where present; float32 on CPUs without bf16
+            # hardware), the codes widened a cache-sized slice at a time; the per-row scale factors out.
+            y = ops.int8_linear_dense(x2, self.codes, self.scale)
         else:
-            act = _op_dtype(x)
-            y = torch._weight_int8pack_mm(x2.to(act).contiguous(), self.qweight, self._scale(act))
-        y = y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+            y = F.linear(x2, unpack_int8(self.codes, x.dtype)) * self._scale(x.dtype)
+        y = y[:, : self.out_features].reshape(*shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 

@@ -1,10 +1,9 @@
 """Whether drafting pays on this machine, measured: tokens per second of the steps that verified drafts against those
 of plain decode steps, per number of decodes in the step (`--speculative auto`).
 
-What a verify row costs depends on the CPU and the weight format: 1.07x a plain step at 1 decode on an AMX machine
-in bf16, but about 2.4x on a 2-core AVX-512 machine in int8, where a 1-row step reads the int8 codes and a step of 2+
-rows their bf16 copy (Int8Linear.keep_dense_copy): twice the bytes. A fixed acceptance floor cannot fit both, so
-`auto` measures. Each step is timed from one scheduling to the next (execution, sampling, processing: what a
+What a verify row costs depends on the CPU and the weight format (measured: 1.07x a plain step at 1 decode on an AMX
+machine in bf16, about 2.4x on a 2-core AVX-512 machine when 2+ rows read a bf16 copy of int8 codes, twice their
+bytes). A fixed acceptance floor cannot fit every such case, so `auto` measures. Each step is timed from one scheduling to the next (execution, sampling, processing: what a
 client waits for) when it held decodes only and the requests it ran are still running (no idle gap in between).
 Where both kinds have been seen often enough, drafting goes on only while verify steps produce tokens at least as
 fast as plain ones; either way every PROBE_EVERY-th step takes the other kind, to follow a change of workload (an
