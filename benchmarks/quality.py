@@ -5,9 +5,11 @@
 - greedy agreement with float32 over the first 64 tokens of 20 chat prompts: per prompt, how many leading tokens are
   identical, and how many prompts match for all 64.
 
-Engines are built one after another (only one in memory). Prints a markdown table with the CPU flags.
+Engines are built one after another (only one in memory). Prints a markdown table with the CPU flags. A config
+ending in `+kernel` runs int8's decode kernel at every row count (prefill included), so the perplexity also scores
+the kernel's own rounding of activations (its VNNI path from 3 rows on), which a normal prefill does not take.
 
-    .venv/bin/python -m benchmarks.quality [--configs float32:none bfloat16:none bfloat16:int8 bfloat16:int4]
+    .venv/bin/python -m benchmarks.quality [--configs float32:none bfloat16:none bfloat16:int8 bfloat16:int8+kernel]
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as radixserve/__init__.py, before torch loads
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from benchmarks.quant_engine import cpu_flags  # noqa: E402
 from radixserve import Engine  # noqa: E402
+from radixserve.model import quant as quant_mod  # noqa: E402
 
 TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "perplexity_text.txt"
 PPL_TOKENS = 2000
@@ -80,7 +84,14 @@ def main() -> None:
     for conf in a.configs:
         t = time.perf_counter()
         dtype, quant = conf.split(":")
-        with Engine(dtype=dtype, quantization=quant, max_total_tokens=8192) as eng:
+        kernel_everywhere = quant.endswith("+kernel")
+        quant = quant.removesuffix("+kernel")
+        with contextlib.ExitStack() as stack:
+            if kernel_everywhere:
+                rows_before = quant_mod.INT8_KERNEL_ROWS
+                quant_mod.INT8_KERNEL_ROWS = 1 << 30
+                stack.callback(setattr, quant_mod, "INT8_KERNEL_ROWS", rows_before)
+            eng = stack.enter_context(Engine(dtype=dtype, quantization=quant, max_total_tokens=8192))
             ids = eng.tokenizer.encode(TEXT.read_text(), add_special_tokens=False)[:PPL_TOKENS]
             if len(ids) < PPL_TOKENS:
                 raise SystemExit(f"{TEXT} has {len(ids)} tokens, fewer than {PPL_TOKENS}")

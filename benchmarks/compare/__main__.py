@@ -27,7 +27,13 @@ from benchmarks.compare import engines as eng
 from benchmarks.compare import fork, guidellm_run, plots, report, workloads
 from benchmarks.compare.client import Replay, Session
 from benchmarks.compare.metrics import best_hit_tokens, summarize
-from benchmarks.compare.micro import gguf_decode_bytes, hf_decode_bytes, measure_bandwidth, micro
+from benchmarks.compare.micro import (
+    gguf_decode_bytes,
+    hf_decode_bytes,
+    measure_bandwidth,
+    micro,
+    radix_bytes_per_param,
+)
 
 WORKLOADS = ("multiturn", "rag", "fork", "nosharing", "micro")
 
@@ -239,7 +245,10 @@ class Run:
 
     def micro_one(self, e: str, server: eng.Server) -> dict[str, Any]:
         r = micro(server.url, self.tok, self.size)
-        read = gguf_decode_bytes(self.models.gguf) if e.startswith("llama") else hf_decode_bytes(self.models.hf_dir)
+        if e.startswith("llama"):
+            read = gguf_decode_bytes(self.models.gguf)
+        else:
+            read = hf_decode_bytes(self.models.hf_dir, radix_bytes_per_param(server.url))
         return r | {"decode_bytes": read, "rss_mb": server.rss_mb(), "peak_rss_mb": server.peak_rss_mb()}
 
 

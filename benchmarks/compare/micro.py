@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 
 from benchmarks.compare.client import Replay, Session, Step
@@ -42,7 +43,15 @@ def measure_bandwidth(threads: int, mib: int = 1024, repeats: int = 8) -> float:
         torch.set_num_threads(old)
 
 
-def hf_decode_bytes(hf_dir: Path, bytes_per_param: int = 2) -> int:
+def radix_bytes_per_param(url: str) -> float:
+    """Bytes per weight a radixserve server reads at decode, from its /get_model_info: int8 1, int4 ~0.5 (plus its
+    scales, left out), else its dtype's size."""
+    info = httpx.get(f"{url}/get_model_info", timeout=30).json()
+    by_format = {"int8": 1.0, "int4": 0.5}
+    return by_format.get(info.get("quantization", "none"), 4.0 if info.get("dtype") == "float32" else 2.0)
+
+
+def hf_decode_bytes(hf_dir: Path, bytes_per_param: float = 2) -> int:
     """Weight bytes one decode step reads from a HF folder's safetensors, at bytes_per_param (bf16: 2): every tensor
     but the input embedding, of which a step reads one row (unless it is tied to the output head)."""
     tied = json.loads((hf_dir / "config.json").read_text()).get("tie_word_embeddings", False)
@@ -57,7 +66,7 @@ def hf_decode_bytes(hf_dir: Path, bytes_per_param: int = 2) -> int:
             for d in meta["shape"]:
                 n *= d
             params += n
-    return params * bytes_per_param
+    return int(params * bytes_per_param)
 
 
 def gguf_decode_bytes(gguf: Path) -> int:

@@ -221,6 +221,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
     std::copy_n(bc.data_ptr<float>(), out_features, b.data());
   }
   at::Tensor out = at::empty({M, out_features}, x.options());
+  if (M == 0) return out;  // a step whose rows all skip the LM head
   std::vector<float> y(M * N);
   if (x.scalar_type() == at::kFloat) {
     for (int64_t m = 0; m < M; m++) std::copy_n(xc.data_ptr<float>() + m * K_in, K_in, xf.data() + m * K);
