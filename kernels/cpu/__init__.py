@@ -71,7 +71,9 @@ def ops() -> Any | None:
             sources=[str(s) for s in SOURCES],
             # -fopenmp: at::parallel_for is inlined OpenMP; the library links libgomp.so.1 by soname, which is the
             # copy torch already loaded, so our ops share torch's thread pool and its thread count.
-            extra_cflags=["-O3", f"-march={march()}", "-fopenmp"],
+            # -ffp-contract=off: no multiply-add fused behind our back, so the fused elementwise ops round exactly
+            # where the torch ops they replace do (explicit FMA intrinsics are unaffected).
+            extra_cflags=["-O3", f"-march={march()}", "-fopenmp", "-ffp-contract=off"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(where),
             is_python_module=False,

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import kernels.cpu as cpu_kernels
+
 from radixserve.attention.base import AttentionBackend
 from radixserve.config import ModelConfig
 from radixserve.forward_batch import ForwardBatch
@@ -30,9 +32,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.add_forward(x, None)[1]
+
+    def add_forward(self, h: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + residual, the norm of that); on CPU one fused op (kernels/cpu/norm_rope.cpp) with the same
+        roundings replaces the add, the norm and the weight multiply."""
+        ops = cpu_kernels.ops() if h.device.type == "cpu" and h.dtype in (torch.float32, torch.bfloat16) else None
+        if ops is not None and h.dim() == 2 and self.weight.dtype == h.dtype:
+            return ops.add_rms_norm(h, residual, self.weight, self.eps)
+        if residual is not None:
+            h = h + residual
         # F.rms_norm accumulates bf16/fp16 input in float32 and rounds once: the same values as
         # rms_norm(x.float()).to(x.dtype), without the two copies.
-        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
+        return h, self.weight * F.rms_norm(h, (h.shape[-1],), eps=self.eps)
 
 
 class Linear(nn.Module):
@@ -113,8 +125,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, dtype)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h, x = self.post_attention_layernorm.add_forward(h, self.self_attn(self.input_layernorm(h), cos, sin, attn))
+        return h + self.mlp(x)
 
 
 class LlamaForCausalLM(nn.Module):

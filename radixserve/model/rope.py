@@ -8,6 +8,10 @@ from typing import Any
 import torch
 from torch import nn
 
+import kernels.cpu as cpu_kernels
+
+_FUSED_DTYPES = (torch.float32, torch.bfloat16)  # what the fused CPU op takes
+
 
 def rope_inv_freq(
     head_dim: int, theta: float, scaling: dict[str, Any] | None, max_position: int
@@ -105,6 +109,11 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x` `[T, heads, head_dim]`: the first half pairs with the second half (rotate-half convention)."""
+    """Rotate `x` `[T, heads, head_dim]`: the first half pairs with the second half (rotate-half convention).
+
+    On CPU one fused op (kernels/cpu/norm_rope.cpp) with the same roundings replaces the seven below."""
+    ops = cpu_kernels.ops() if x.device.type == "cpu" and x.dtype in _FUSED_DTYPES else None
+    if ops is not None and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]:
+        return ops.rope(x, cos, sin)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,39 @@
+"""The fused CPU ops of kernels/cpu/norm_rope.cpp give the values of the torch sequences they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels.cpu as cpu_kernels
+
+pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="no C++ toolchain: the CPU kernels cannot be built")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 7, 40])
+def test_rope_is_the_torch_rotation(dtype, rows):
+    torch.manual_seed(rows)
+    qkv = torch.randn(rows, 18 * 64).to(dtype)
+    x = qkv[:, : 16 * 64].view(rows, 16, 64)  # strided rows, as Attention passes the q and k heads of qkv
+    cos, sin = torch.randn(rows, 1, 32).to(dtype), torch.randn(rows, 1, 32).to(dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    assert torch.equal(cpu_kernels.ops().rope(x, cos, sin), torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rms_norm_is_add_then_norm(dtype, with_residual):
+    torch.manual_seed(int(with_residual))
+    h, res, w = torch.randn(9, 896).to(dtype), torch.randn(9, 896).to(dtype), torch.randn(896).to(dtype)
+    before = h.clone()
+    total, normed = cpu_kernels.ops().add_rms_norm(h, res if with_residual else None, w, 1e-6)
+    ref_total = h + res if with_residual else h
+    assert torch.equal(h, before)  # the input is not written
+    assert torch.equal(total, ref_total)
+    ref = w * F.rms_norm(ref_total, (896,), eps=1e-6)
+    if dtype == torch.bfloat16:
+        assert torch.equal(normed, ref)
+    else:  # torch sums the squares in vector lanes, the op in double: within an ulp or two
+        torch.testing.assert_close(normed, ref, rtol=1e-6, atol=1e-6)
