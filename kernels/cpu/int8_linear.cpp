@@ -29,6 +29,18 @@ namespace {
 constexpr int64_t kRows = 8;
 constexpr int64_t kCols = 64;
 constexpr int64_t kPrefetch = 4096;  // bytes ahead of the 8-row stream (measured: 1-16 KiB within 10%, 4 KiB best)
+// Below this many bytes of codes one thread does the whole matrix: waking a sleeping OpenMP thread (radixserve runs
+// them PASSIVE) costs ~30 us, more than a second core saves on a 1 MB projection.
+constexpr int64_t kSerialBytes = int64_t{2} << 20;
+
+// at::parallel_for over blocks of 8 rows, or inline when the matrix is small (see kSerialBytes).
+template <typename F>
+void for_blocks(int64_t NB, int64_t K, const F& f) {
+  if (NB * kRows * K < kSerialBytes)
+    f(int64_t{0}, NB);
+  else
+    at::parallel_for(0, NB, 1, f);
+}
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 
@@ -112,7 +124,7 @@ inline void fma_block(const uint8_t* w, int64_t K, const float* x, const float* 
 void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t NB, const float* scale, float* y) {
   const int64_t N = NB * kRows;
   if (M <= 2) {
-    at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for_blocks(NB, K, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; b++) {
         const uint8_t* wb = w + b * kRows * K;
         if (M == 2)
@@ -131,7 +143,7 @@ void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
     float* s = xs.data() + m * K / kXBlock * 8;
     rows[m] = {q, s, quantize_row(x + m * K, K, q, s)};
   }
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+  for_blocks(NB, K, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; b++) {
       const uint8_t* wb = w + b * kRows * K;
       int64_t m = 0;
@@ -168,7 +180,7 @@ inline void fma_block(const uint8_t* w, int64_t K, const float* x, const float* 
 
 void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t NB, const float* scale, float* y) {
   const int64_t N = NB * kRows;
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+  for_blocks(NB, K, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; b++)
       for (int64_t m = 0; m < M; m++)
         fma_block(w + b * kRows * K, K, x + m * K, scale + b * kRows, y + m * N + b * kRows);
@@ -179,7 +191,7 @@ void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
 
 void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t NB, const float* scale, float* y) {
   const int64_t N = NB * kRows;
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+  for_blocks(NB, K, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; b++)
       for (int64_t m = 0; m < M; m++) {
         float acc[kRows] = {0};
