@@ -29,6 +29,9 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
         echo "chromium could not be installed: tests/test_dashboard_browser.py will skip"
 fi
 .venv/bin/python -c "import radixserve, torch; print('radixserve', radixserve.__version__, '| torch', torch.__version__)"
+# Our C++ CPU kernels, built once for this CPU (~20 s; without a C++ compiler radixserve runs slower pure-torch paths).
+say "building the CPU kernels for this CPU (kernels/cpu/)"
+.venv/bin/python -c "import kernels.cpu as k; print('CPU kernels:', 'ready' if k.ops() else 'unavailable (pure-torch paths)')"
 rm -f .venv/.bootstrap-*
 touch "$stamp"
 say "set-up done in $((SECONDS - start)) s (.venv: $(du -sh .venv | cut -f1))"
