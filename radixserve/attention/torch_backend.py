@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import kernels.cpu
 from radixserve.attention.base import AttentionBackend
+from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
 
 
@@ -45,17 +46,18 @@ class TorchAttentionBackend(AttentionBackend):
 
     use_cpu_kernels = True  # False: the decode group takes the SDPA path even where the C++ op is available
 
+    def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None) -> None:
+        super().__init__(pool, num_heads, head_dim, scale)
+        # Here, not at the first step: a first build of the CPU kernels takes a while (then cached on disk).
+        self._ops = (
+            kernels.cpu.ops() if pool.device.type == "cpu" and pool.dtype in (torch.float32, torch.bfloat16) else None
+        )
+
     def plan(self, batch: ForwardBatch) -> None:
         """Build the gather indices and masks of this step's decode and extend groups."""
         self.out_cache_loc = batch.out_cache_loc
         self.num_kv_heads = self.pool.k_buffers[0].shape[2]
-        self.cpu_ops = (
-            kernels.cpu.ops()
-            if self.use_cpu_kernels
-            and self.pool.device.type == "cpu"
-            and self.pool.dtype in (torch.float32, torch.bfloat16)
-            else None
-        )
+        self.cpu_ops = self._ops if self.use_cpu_kernels else None
         ext = batch.extend_lens.long()
         decode = torch.nonzero(ext == 1).flatten()
         extend = torch.nonzero(ext > 1).flatten()
