@@ -57,21 +57,26 @@ def flashinfer_key_slots(meta: PagedKVMetadata) -> list[list[int]]:
     return out
 
 
-def torch_backend_visible_slots(batch: ForwardBatch) -> dict[int, list[set[int]]]:
-    """Per request, per query row: the pool slots whose keys the torch backend's plan gathers and leaves unmasked."""
+def torch_backend_visible_slots(batch: ForwardBatch, cpu_op: bool) -> dict[int, list[set[int]]]:
+    """Per request, per query row: the pool slots whose keys the torch backend's plan gathers and leaves unmasked
+    (cpu_op: with its decode group on the C++ op where that builds)."""
     pool = KVPool(1, int(batch.page_table.max()) + 1, batch.page_size, KV_HEADS, HEAD_DIM, torch.float32)
     backend = TorchAttentionBackend(pool, KV_HEADS, HEAD_DIM)
+    backend.use_cpu_kernels = cpu_op
     backend.plan(batch)
     ext = batch.extend_lens.long()
     members = [m for m in (torch.nonzero(ext == 1).flatten(), torch.nonzero(ext > 1).flatten()) if m.numel()]
     assert len(members) == len(backend.groups)
     ps, visible = batch.page_size, {}
     for reqs, g in zip(members, backend.groups):
-        pages = g.pages.view(g.num_reqs, -1)
+        # The decode group on the CPU op (kernels/cpu/decode_attention.cpp) reads keys 0..seq_len-1 of its table.
+        pages = g.pages.view(g.num_reqs, -1) if g.table is None else g.table
         for gi, r in enumerate(reqs.tolist()):
             rows = []
             for qi in range(int(ext[r])):
-                if g.causal:  # fresh prefill: keys 0..q_len-1 of the request under a causal mask
+                if g.table is not None:
+                    keys = range(int(g.seq_lens[gi]))
+                elif g.causal:  # fresh prefill: keys 0..q_len-1 of the request under a causal mask
                     keys = range(qi + 1)
                 else:
                     assert g.bias is not None
@@ -81,9 +86,10 @@ def torch_backend_visible_slots(batch: ForwardBatch) -> dict[int, list[set[int]]
     return visible
 
 
+@pytest.mark.parametrize("cpu_op", [False, True], ids=["sdpa", "cpu_op"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("kind", list(BATCHES))
-def test_metadata_keys_equal_torch_backend_keys(kind: str, page_size: int) -> None:
+def test_metadata_keys_equal_torch_backend_keys(kind: str, page_size: int, cpu_op: bool) -> None:
     lens = BATCHES[kind]
     batch = make_batch(lens, page_size, seed=page_size, shared_tokens=SHARED_TOKENS.get(kind, 0))
     meta = build_paged_metadata(batch)
@@ -93,7 +99,7 @@ def test_metadata_keys_equal_torch_backend_keys(kind: str, page_size: int) -> No
     assert meta.kv_indices.numel() == int(meta.kv_indptr[-1])
     assert bool(((meta.kv_last_page_len >= 1) & (meta.kv_last_page_len <= page_size)).all())
     slots = flashinfer_key_slots(meta)
-    visible = torch_backend_visible_slots(batch)
+    visible = torch_backend_visible_slots(batch, cpu_op)
     for r, (prefix, extend) in enumerate(lens):
         assert len(slots[r]) == prefix + extend == int(batch.seq_lens[r])
         # The new tokens' slots are the last ones of the request's keys, in order.

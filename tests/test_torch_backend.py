@@ -1,4 +1,5 @@
-"""TorchAttentionBackend alone against a naive per-request, per-token attention in float64."""
+"""TorchAttentionBackend alone against a naive per-request, per-token attention in float64: its SDPA paths, and on CPU
+its decode group through the fused C++ op (kernels/cpu/decode_attention.cpp) where that builds."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 import pytest
 import torch
 
+import kernels.cpu
 from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
@@ -36,12 +38,15 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: i
     return out
 
 
-def run_case(specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: torch.dtype, seed: int = 0) -> None:
+def run_case(
+    specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: torch.dtype, cpu_op: bool = False, seed: int = 0
+) -> None:
     gen = torch.Generator().manual_seed(seed)
     heads = KV_HEADS * ratio
     num_pages = 1 + sum((p + e + page_size - 1) // page_size for p, e in specs) + 3
     pool = KVPool(NUM_LAYERS, num_pages, page_size, KV_HEADS, HEAD_DIM, dtype)
     backend = TorchAttentionBackend(pool, heads, HEAD_DIM)
+    backend.use_cpu_kernels = cpu_op
     free = list(range(1, num_pages))
     random.Random(seed).shuffle(free)  # non-contiguous, non-monotonic page ids
 
@@ -62,6 +67,8 @@ def run_case(specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: to
             )
             pool.store(layer, slots, k[layer][:prefix], v[layer][:prefix])
     backend.plan(batch)
+    decode_on_op = [g.table is not None for g in backend.groups if g.q_len == 1]
+    assert decode_on_op == [cpu_op] * len(decode_on_op)
     for layer in range(NUM_LAYERS):
         q = randn(batch.num_tokens, heads, HEAD_DIM)
         new_k = torch.cat([k[layer][p:] for (p, _), k in zip(specs, full_k)])
@@ -78,6 +85,14 @@ def run_case(specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: to
         assert torch.equal(k_flat[batch.out_cache_loc], new_k)
 
 
+@pytest.mark.parametrize(
+    "cpu_op",
+    [
+        False,
+        pytest.param(True, marks=pytest.mark.skipif(kernels.cpu.ops() is None, reason="CPU kernels unavailable")),
+    ],
+    ids=["sdpa", "cpu_op"],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("ratio", [1, 4, 7])
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -86,5 +101,7 @@ def run_case(specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: to
     [MIXED, DECODE, EXTEND, SINGLE, PREFILL, PREFILL_AND_DECODE],
     ids=["mixed", "decode", "extend", "single", "prefill", "prefill+decode"],
 )
-def test_matches_naive_attention(specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: torch.dtype) -> None:
-    run_case(specs, page_size, ratio, dtype)
+def test_matches_naive_attention(
+    specs: list[tuple[int, int]], page_size: int, ratio: int, dtype: torch.dtype, cpu_op: bool
+) -> None:
+    run_case(specs, page_size, ratio, dtype, cpu_op)

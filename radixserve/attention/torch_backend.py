@@ -3,6 +3,10 @@
 Requests are split into a decode group (one new token each: the hot path) and an extend group (prefill chunks,
 padded to the longest), so a long prefill chunk does not pad every decode token to its length. Index and mask
 tensors are built once in `plan` and reused by every layer.
+
+On CPU the decode group runs our fused C++ op instead (kernels/cpu/decode_attention.cpp: it reads K/V in place
+from the pool's pages, no gather copy) when the CPU kernels are built and the pool is float32 or bfloat16;
+RADIXSERVE_CPU_KERNELS=0 keeps everything on the SDPA path.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+import kernels.cpu
 from radixserve.attention.base import AttentionBackend
+from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
 
 
@@ -29,15 +35,29 @@ class _Group:
     # Every request starts at position 0 (fresh prefills): plain causal attention over the first q_len keys,
     # no mask, which lets SDPA skip the masked blocks.
     causal: bool
+    # Decode group on the CPU op: each request's page-table row `[G, P]` and its length `[G]`, int32 (pages is
+    # then unused and bias None).
+    table: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
 
 
 class TorchAttentionBackend(AttentionBackend):
     """Paged causal attention with `torch.nn.functional.scaled_dot_product_attention`; runs on any device."""
 
+    use_cpu_kernels = True  # False: the decode group takes the SDPA path even where the C++ op is available
+
+    def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None) -> None:
+        super().__init__(pool, num_heads, head_dim, scale)
+        # Here, not at the first step: a first build of the CPU kernels takes a while (then cached on disk).
+        self._ops = (
+            kernels.cpu.ops() if pool.device.type == "cpu" and pool.dtype in (torch.float32, torch.bfloat16) else None
+        )
+
     def plan(self, batch: ForwardBatch) -> None:
         """Build the gather indices and masks of this step's decode and extend groups."""
         self.out_cache_loc = batch.out_cache_loc
         self.num_kv_heads = self.pool.k_buffers[0].shape[2]
+        self.cpu_ops = self._ops if self.use_cpu_kernels else None
         ext = batch.extend_lens.long()
         decode = torch.nonzero(ext == 1).flatten()
         extend = torch.nonzero(ext > 1).flatten()
@@ -67,6 +87,12 @@ class TorchAttentionBackend(AttentionBackend):
         ps = batch.page_size
         device = batch.page_table.device
         num_pages = (int(batch.seq_lens[reqs].max()) + ps - 1) // ps
+        if q_len == 1 and self.cpu_ops is not None:
+            table = batch.page_table[reqs, :num_pages].to(torch.int32).contiguous()
+            lens = batch.seq_lens[reqs].to(torch.int32).contiguous()
+            n = int(reqs.numel())
+            rows = None if rows is None else rows.to(device)
+            return _Group(rows, None, table, None, n, 1, causal=False, table=table, seq_lens=lens)
         # Query i of request r sits at position prefix_lens[r] + i and sees keys 0 .. prefix_lens[r] + i.
         # Padded queries (i >= extend_len) see only real-or-stale finite keys; their output is discarded.
         prefix = batch.prefix_lens[reqs].long()
@@ -109,6 +135,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _attend(self, g: _Group, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
         """Attention for one group; q holds the group's tokens `[n, H, D]` in request order."""
+        if g.table is not None:
+            return self.cpu_ops.decode_attention(q, k_pages, v_pages, g.table, g.seq_lens, self.scale)
         n, heads, dim = q.shape
         kv = self.num_kv_heads
         keys = self._gather(k_pages, g).to(q.dtype)  # [G, KV, P * page_size, D]

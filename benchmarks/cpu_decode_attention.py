@@ -1,0 +1,128 @@
+"""Per-layer cost of CPU decode attention: TorchAttentionBackend.forward (store the new K/V, then attend) with the
+fused C++ op (kernels/cpu/decode_attention.cpp) vs the SDPA path (gather the pages, then SDPA), interleaved.
+
+The default model's shape (Qwen2.5-0.5B: 14 query heads, 2 KV heads, head_dim 64, bfloat16, page size 16), one or
+more requests at each context length; `plan` (once per step, shared by all layers) is timed beside it.
+
+`--engine`: the whole decode step instead. One Engine (the default model, bf16, no quantization, no speculation),
+greedy generation of `--new-tokens` after a random `--prompt`-token prompt, decode tokens/s (after the first token)
+with the op and without it (TorchAttentionBackend.use_cpu_kernels, the attention half of RADIXSERVE_CPU_KERNELS=0),
+alternating A, B, A, B; the two sides' tokens must be equal.
+
+    .venv/bin/python -m benchmarks.cpu_decode_attention [--contexts 30 1000] [--requests 1] [--iters 200]
+    .venv/bin/python -m benchmarks.cpu_decode_attention --engine [--prompt 1000] [--new-tokens 64] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from radixserve.attention.torch_backend import TorchAttentionBackend
+from radixserve.cache.kv_pool import KVPool
+from radixserve.forward_batch import ForwardBatch
+
+HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64
+
+
+def setup(context: int, requests: int, page_size: int, dtype: torch.dtype) -> tuple[KVPool, ForwardBatch]:
+    """A one-layer pool filled with random K/V, and a decode batch whose requests are at `context` tokens."""
+    per = (context + page_size - 1) // page_size
+    pool = KVPool(1, 1 + per * requests, page_size, KV_HEADS, HEAD_DIM, dtype)
+    pool.k_buffers[0].copy_(torch.randn(pool.k_buffers[0].shape))
+    pool.v_buffers[0].copy_(torch.randn(pool.v_buffers[0].shape))
+    pages = torch.randperm(per * requests) + 1  # scattered pages, as a busy pool hands them out
+    tables = [pages[r * per : (r + 1) * per].tolist() for r in range(requests)]
+    batch = ForwardBatch.build([[0]] * requests, [context - 1] * requests, tables, page_size, [])
+    return pool, batch
+
+
+def engine(prompt_len: int, new_tokens: int, rounds: int) -> None:
+    import random
+
+    from radixserve import Engine
+
+    eng = Engine(dtype="auto", quantization="none", max_total_tokens=4096, speculative="off")
+    try:
+        rng = random.Random(0)
+        vocab = eng.runner.config.vocab_size
+        prompt = [rng.randrange(1000, vocab - 1000) for _ in range(prompt_len)]
+        params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+        rates: dict[str, list[float]] = {"op": [], "sdpa": []}
+        tokens: dict[str, list[int]] = {}
+        for _ in range(rounds):
+            for name in rates:
+                TorchAttentionBackend.use_cpu_kernels = name == "op"
+                eng.flush_cache()
+                out = eng.generate(input_ids=prompt, sampling_params=params)
+                meta = out["meta_info"]  # as benchmarks/cpu_speed.py: tokens after the first / time after it
+                rates[name].append((meta["completion_tokens"] - 1) / (meta["e2e_latency"] - meta["ttft"]))
+                tokens[name] = out["output_ids"]
+                print(f"{name}: {rates[name][-1]:.2f} tok/s (load {os.getloadavg()[0]:.2f})", flush=True)
+        med = {name: statistics.median(r) for name, r in rates.items()}
+        print(
+            f"prompt {prompt_len}, {new_tokens} new: decode op {med['op']:.2f} tok/s, sdpa {med['sdpa']:.2f} tok/s"
+            f" ({med['op'] / med['sdpa']:.2f}x); same tokens: {tokens['op'] == tokens['sdpa']}"
+        )
+    finally:
+        TorchAttentionBackend.use_cpu_kernels = True
+        eng.shutdown()
+
+
+@torch.no_grad()
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--contexts", type=int, nargs="+", default=[30, 1000])
+    ap.add_argument("--requests", type=int, default=1)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5, help="A/B alternations; the median of each side is reported")
+    ap.add_argument("--engine", action="store_true", help="time whole decode steps of the default model instead")
+    ap.add_argument("--prompt", type=int, default=1000)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    args = ap.parse_args()
+    if args.engine:
+        return engine(args.prompt, args.new_tokens, args.rounds)
+    dtype = getattr(torch, args.dtype)
+    print(f"threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}, {args.dtype}, page {args.page_size}")
+    for context in args.contexts:
+        pool, batch = setup(context, args.requests, args.page_size, dtype)
+        q = torch.randn(args.requests, HEADS, HEAD_DIM).to(dtype)
+        k = torch.randn(args.requests, KV_HEADS, HEAD_DIM).to(dtype)
+        v = torch.randn(args.requests, KV_HEADS, HEAD_DIM).to(dtype)
+        sides = {}
+        for name, on in (("op", True), ("sdpa", False)):
+            backend = TorchAttentionBackend(pool, HEADS, HEAD_DIM)
+            backend.use_cpu_kernels = on
+            backend.plan(batch)
+            sides[name] = backend
+        outs = {name: b.forward(0, q, k, v).float() for name, b in sides.items()}
+        err = (outs["op"] - outs["sdpa"]).abs().max().item()
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        plans: dict[str, list[float]] = {name: [] for name in sides}
+        for _ in range(args.rounds):
+            for name, backend in sides.items():
+                t = time.perf_counter()
+                for _ in range(args.iters):
+                    backend.forward(0, q, k, v)
+                times[name].append((time.perf_counter() - t) / args.iters * 1e6)
+                t = time.perf_counter()
+                for _ in range(20):
+                    backend.plan(batch)
+                plans[name].append((time.perf_counter() - t) / 20 * 1e6)
+        med = {name: statistics.median(ts) for name, ts in times.items()}
+        print(
+            f"context {context:5d} x {args.requests} req: per layer op {med['op']:7.1f} us, sdpa {med['sdpa']:7.1f} us"
+            f" ({med['sdpa'] / med['op']:.1f}x); plan op {statistics.median(plans['op']):.0f} us,"
+            f" sdpa {statistics.median(plans['sdpa']):.0f} us; max |op - sdpa| {err:.2e}"
+            f"; load {os.getloadavg()[0]:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
