@@ -1,6 +1,7 @@
-"""Per-shape cost of one linear on this CPU: float32, bf16 (oneDNN-packed), int8 weight-only, int4 weight-only (groups
-of 32/64/128), all quantized ones with bf16 activations (with float32 ones torch's ops were 10-60x slower: the
-int8/fp32 column of the first table in RESULTS.md's issue-14 section).
+"""Per-shape cost of one linear on this CPU: float32, bf16 (oneDNN-packed), int8 weight-only (our kernel below
+INT8_KERNEL_ROWS rows, widened codes and a dense matmul above; with bf16 and with float32 activations, the AVX2
+kinds' default), int4 weight-only (groups of 32/64/128, torch's op with bf16 activations: with float32 ones it
+was 10-60x slower, RESULTS.md's issue-14 section).
 
 The default model's projection shapes (Qwen2.5-0.5B: qkv 1152x896, o 896x896, gate_up 9728x896, down 896x4864,
 lm_head 151936x896) at 1 and 96 rows: decode and an uncached prefill tail. Prints the CPU flags with the figures.
@@ -18,7 +19,7 @@ import torch
 
 from radixserve.model import cpu_select
 from radixserve.model.llama import Linear
-from radixserve.model.quant import INT8_DENSE_ROWS, Int4Linear, Int8Linear
+from radixserve.model.quant import INT8_KERNEL_ROWS, Int4Linear, Int8Linear
 
 SHAPES = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864), "lm_head": (151936, 896)}
 
@@ -46,10 +47,13 @@ def main() -> None:
     stat = statistics.median if a.stat == "median" else min
     print(
         f"cpu_kind={cpu_select.cpu_kind()} torch_cpu={cpu_select.cpu_capability()} threads={torch.get_num_threads()} "
-        f"(int8 at >= {INT8_DENSE_ROWS} rows: codes widened to bf16, dense matmul); {a.stat} of {a.iters}"
+        f"(int8 at >= {INT8_KERNEL_ROWS} rows: codes widened, dense matmul); {a.stat} of {a.iters}"
     )
-    print("| shape | rows | fp32 us | bf16 packed us | int8 us | int4 g32 us | int4 g64 us | int4 g128 us |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| shape | rows | fp32 us | bf16 packed us | int8 (bf16 x) us | int8 (fp32 x) us | int4 g32 us | int4 g64 us "
+        "| int4 g128 us |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in a.shapes:
         n, k = SHAPES[name]
         w = torch.randn(n, k) * 0.02
@@ -66,6 +70,7 @@ def main() -> None:
                 _time(lambda: torch.nn.functional.linear(x, w), a.iters, stat),
                 _time(lambda: bf(xb), a.iters, stat),
                 _time(lambda: q(xb), a.iters, stat),
+                _time(lambda: q(x), a.iters, stat),
                 *(_time(lambda lin=lin: lin(xb), a.iters, stat) for lin in q4),
             ]
             print(f"| {name} {n}x{k} | {m} | " + " | ".join(f"{v:.0f}" for v in row) + " |", flush=True)
