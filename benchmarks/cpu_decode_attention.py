@@ -15,16 +15,19 @@ alternating A, B, A, B; the two sides' tokens must be equal.
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
-import time
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as radixserve/__init__.py, before torch loads
 
-from radixserve.attention.torch_backend import TorchAttentionBackend
-from radixserve.cache.kv_pool import KVPool
-from radixserve.forward_batch import ForwardBatch
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+from radixserve.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from radixserve.cache.kv_pool import KVPool  # noqa: E402
+from radixserve.forward_batch import ForwardBatch  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64
 
