@@ -7,7 +7,9 @@ more requests at each context length; `plan` (once per step, shared by all layer
 `--engine`: the whole decode step instead. One Engine (the default model, bf16, no quantization, no speculation),
 greedy generation of `--new-tokens` after a random `--prompt`-token prompt, decode tokens/s (after the first token)
 with the op and without it (TorchAttentionBackend.use_cpu_kernels, the attention half of RADIXSERVE_CPU_KERNELS=0),
-alternating A, B, A, B; the two sides' tokens must be equal.
+alternating A, B, A, B, and the time spent in TorchAttentionBackend.forward per decode step (all 24 layers: the KV
+store and the attention, with the pages cold as a real step leaves them). bfloat16 greedy tokens of a random prompt
+may part after a few tokens (near-ties; the op is the more exact of the two): "same tokens" is reported, not required.
 
     .venv/bin/python -m benchmarks.cpu_decode_attention [--contexts 30 1000] [--requests 1] [--iters 200]
     .venv/bin/python -m benchmarks.cpu_decode_attention --engine [--prompt 1000] [--new-tokens 64] [--rounds 3]
@@ -15,16 +17,19 @@ alternating A, B, A, B; the two sides' tokens must be equal.
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
-import time
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as radixserve/__init__.py, before torch loads
 
-from radixserve.attention.torch_backend import TorchAttentionBackend
-from radixserve.cache.kv_pool import KVPool
-from radixserve.forward_batch import ForwardBatch
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+from radixserve.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from radixserve.cache.kv_pool import KVPool  # noqa: E402
+from radixserve.forward_batch import ForwardBatch  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64
 
@@ -46,6 +51,22 @@ def engine(prompt_len: int, new_tokens: int, rounds: int) -> None:
 
     from radixserve import Engine
 
+    spent = [0.0, 0, False]  # seconds in forward in decode steps, decode steps, whether this step decodes
+    forward, plan = TorchAttentionBackend.forward, TorchAttentionBackend.plan
+
+    def timed_forward(self: TorchAttentionBackend, *args: torch.Tensor) -> torch.Tensor:
+        t = time.perf_counter()
+        out = forward(self, *args)
+        if spent[2]:
+            spent[0] += time.perf_counter() - t
+        return out
+
+    def counted_plan(self: TorchAttentionBackend, batch: ForwardBatch) -> None:
+        spent[1] += batch.is_decode
+        spent[2] = batch.is_decode
+        plan(self, batch)
+
+    TorchAttentionBackend.forward, TorchAttentionBackend.plan = timed_forward, counted_plan
     eng = Engine(dtype="auto", quantization="none", max_total_tokens=4096, speculative="off")
     try:
         rng = random.Random(0)
@@ -53,23 +74,33 @@ def engine(prompt_len: int, new_tokens: int, rounds: int) -> None:
         prompt = [rng.randrange(1000, vocab - 1000) for _ in range(prompt_len)]
         params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
         rates: dict[str, list[float]] = {"op": [], "sdpa": []}
+        attn: dict[str, list[float]] = {"op": [], "sdpa": []}
         tokens: dict[str, list[int]] = {}
         for _ in range(rounds):
             for name in rates:
                 TorchAttentionBackend.use_cpu_kernels = name == "op"
                 eng.flush_cache()
+                spent[:] = [0.0, 0, False]
                 out = eng.generate(input_ids=prompt, sampling_params=params)
                 meta = out["meta_info"]  # as benchmarks/cpu_speed.py: tokens after the first / time after it
                 rates[name].append((meta["completion_tokens"] - 1) / (meta["e2e_latency"] - meta["ttft"]))
                 tokens[name] = out["output_ids"]
-                print(f"{name}: {rates[name][-1]:.2f} tok/s (load {os.getloadavg()[0]:.2f})", flush=True)
+                attn[name].append(spent[0] / max(spent[1], 1) * 1e3)
+                print(
+                    f"{name}: {rates[name][-1]:.2f} tok/s, attention {attn[name][-1]:.2f} ms/step"
+                    f" (load {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
         med = {name: statistics.median(r) for name, r in rates.items()}
+        ms = {name: statistics.median(r) for name, r in attn.items()}
         print(
             f"prompt {prompt_len}, {new_tokens} new: decode op {med['op']:.2f} tok/s, sdpa {med['sdpa']:.2f} tok/s"
-            f" ({med['op'] / med['sdpa']:.2f}x); same tokens: {tokens['op'] == tokens['sdpa']}"
+            f" ({med['op'] / med['sdpa']:.2f}x); attention op {ms['op']:.2f} ms/step, sdpa {ms['sdpa']:.2f} ms/step;"
+            f" same tokens: {tokens['op'] == tokens['sdpa']}"
         )
     finally:
         TorchAttentionBackend.use_cpu_kernels = True
+        TorchAttentionBackend.forward, TorchAttentionBackend.plan = forward, plan
         eng.shutdown()
 
 

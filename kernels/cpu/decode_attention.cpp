@@ -216,9 +216,12 @@ void attend(const float* q, int64_t g, int64_t D, const Rows<T>& k, const Rows<T
   attend_plain(q, g, D, k, v, s, out);
 }
 
-// Below this many multiply-adds (all requests, both passes) a step runs on the calling thread: waking the pool
-// costs more than the work (measured: ~3 us of wake-up; one thread is as fast up to ~300 keys of 14 x 64 heads).
-constexpr int64_t kSerialWork = 1 << 19;
+// Below this many multiply-adds (all requests, both passes) a step runs on the calling thread. With radixserve's
+// OMP_WAIT_POLICY=PASSIVE the pool's threads sleep between ops, and waking one cost ~50 us on this 2-vCPU VM;
+// measured with the KV pages cold (as in a decode step, where the weights stream through the caches between
+// layers), one thread took ~105 us at 1,000 keys of 14 x 64 heads, two ~115 us; at 3,000 keys 370 vs 255 us.
+// 2^21 is ~1,200 keys of 14 x 64 heads. (Software prefetch of the scattered pages ahead measured no gain.)
+constexpr int64_t kSerialWork = 1 << 21;
 
 template <typename Q, typename T>
 void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const at::Tensor& table,

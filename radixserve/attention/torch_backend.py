@@ -89,10 +89,17 @@ class TorchAttentionBackend(AttentionBackend):
         num_pages = (int(batch.seq_lens[reqs].max()) + ps - 1) // ps
         if q_len == 1 and self.cpu_ops is not None:
             table = batch.page_table[reqs, :num_pages].to(torch.int32).contiguous()
-            lens = batch.seq_lens[reqs].to(torch.int32).contiguous()
-            n = int(reqs.numel())
-            rows = None if rows is None else rows.to(device)
-            return _Group(rows, None, table, None, n, 1, causal=False, table=table, seq_lens=lens)
+            return _Group(
+                rows=None if rows is None else rows.to(device),
+                pad_index=None,
+                pages=table,  # unused: the op reads `table`
+                bias=None,
+                num_reqs=int(reqs.numel()),
+                q_len=1,
+                causal=False,
+                table=table,
+                seq_lens=batch.seq_lens[reqs].to(torch.int32).contiguous(),
+            )
         # Query i of request r sits at position prefix_lens[r] + i and sees keys 0 .. prefix_lens[r] + i.
         # Padded queries (i >= extend_len) see only real-or-stale finite keys; their output is discarded.
         prefix = batch.prefix_lens[reqs].long()
