@@ -175,10 +175,10 @@ class Int8Linear(nn.Module):
         if ops is not None and x.dtype in (torch.float32, torch.bfloat16):
             # Dense in the model's own dtype (bf16: oneDNN, AMX where present; float32 on CPUs without bf16
             # hardware), the codes widened a cache-sized slice at a time; the per-row scale factors out.
-            y = ops.int8_linear_dense(x2, self.codes, self.scale)
+            y = ops.int8_linear_dense(x2, self.codes, self.scale, self.out_features)
         else:
-            y = F.linear(x2, unpack_int8(self.codes, x.dtype)) * self._scale(x.dtype)
-        y = y[:, : self.out_features].reshape(*shape[:-1], self.out_features).to(x.dtype)
+            y = (F.linear(x2, unpack_int8(self.codes, x.dtype)) * self._scale(x.dtype))[:, : self.out_features]
+        y = y.reshape(*shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
