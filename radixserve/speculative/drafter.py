@@ -59,11 +59,12 @@ class Drafter:
         self.stats = SpecStats(accepted_hist=[0] * (max_tokens + 1))
 
     def drafting(self, decodes: list[Req], pure: bool) -> list[Req]:
-        """The decodes that draft this step (`pure`: the step holds no prefill chunk): none in a step with more
-        decodes than max_batch (a verify row then costs compute), nor where the gate measured that drafting does not
-        pay at this many decodes; else those that may."""
+        """The decodes that draft this step (`pure`: the step holds no prefill chunk): none in a step with a prefill
+        chunk (its verify rows would delay that chunk's first token by their compute), nor in one with more decodes
+        than max_batch (a verify row then costs compute), nor where the gate measured that drafting does not pay at
+        this many decodes; else those that may."""
         allowed = self.gate is None or self.gate.begin([id(r) for r in decodes], pure)
-        if not allowed or (self.max_batch is not None and len(decodes) > self.max_batch):
+        if not allowed or not pure or (self.max_batch is not None and len(decodes) > self.max_batch):
             return []
         return [r for r in decodes if self.may_draft(r)]
 
