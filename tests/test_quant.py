@@ -224,3 +224,18 @@ def test_int8_kernel_paths_for_other_cpus(tmp_path, march):
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_int8_kernel_on_large_matrices_from_several_threads():
+    """Matrices past 2 MB of codes split their rows between the kernel's spin pool (kernels/cpu/spin_pool.h) and the
+    caller; two callers at once take turns. Every result must equal the single-threaded one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(3)
+    lin = Int8Linear.from_float(torch.randn(2056, 1088), torch.randn(2056))  # 2.2 MB of codes, odd widths
+    xs = [torch.randn(rows, 1088) for rows in (1, 2, 5, 1, 2, 5)]
+    refs = [x @ dequantize_int8(*lin.int8_weight()).T + lin.bias for x in xs]
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(5):
+            for y, ref in zip(pool.map(lin, xs), refs):
+                assert rel_err(y, ref) <= INT8_ACT_TOL

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 SOURCES = sorted(Path(__file__).parent.glob("*.cpp"))
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 log = logging.getLogger("radixserve.kernels")
 
 
@@ -47,7 +48,7 @@ def build_dir() -> Path:
     """Where the compiled library of these sources lives on this CPU: $RADIXSERVE_CACHE (else ~/.cache/radixserve)
     /cpu-kernels/<hash of sources, torch, CPU flags>."""
     digest = hashlib.sha256()
-    for src in SOURCES:
+    for src in [*SOURCES, *HEADERS]:
         digest.update(src.name.encode() + src.read_bytes())
     digest.update(f"{torch.__version__}|{cpu_flags()}|{march()}".encode())
     root = Path(os.environ.get("RADIXSERVE_CACHE") or Path.home() / ".cache" / "radixserve")

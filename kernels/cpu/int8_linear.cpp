@@ -17,9 +17,13 @@
 #include <ATen/ThreadLocalState.h>
 #include <torch/library.h>
 
+#include "spin_pool.h"
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <cmath>
 #include <optional>
 #include <vector>
@@ -32,15 +36,22 @@ namespace {
 constexpr int64_t kRows = 8;
 constexpr int64_t kCols = 64;
 constexpr int64_t kPrefetch = 4096;  // bytes ahead of the 8-row stream (measured: 1-16 KiB within 10%, 4 KiB best)
-// Below this many bytes of codes one thread does the whole matrix: waking a sleeping OpenMP thread (radixserve runs
-// them PASSIVE) costs ~30 us, more than a second core saves on a 1 MB projection.
+// Below this many bytes of codes one thread does the whole matrix: handing half of a 1 MB projection to another
+// thread saves less than the hand-over costs.
 constexpr int64_t kSerialBytes = int64_t{2} << 20;
 
-// at::parallel_for over blocks of 8 rows, or inline when the matrix is small (see kSerialBytes).
+// Blocks of 8 rows split between the spin pool's threads (spin_pool.h; RADIXSERVE_SPIN_POOL=0: torch's OpenMP
+// threads instead), or inline when the matrix is small.
 template <typename F>
 void for_blocks(int64_t NB, int64_t K, const F& f) {
+  static const bool spin_pool = [] {
+    const char* v = std::getenv("RADIXSERVE_SPIN_POOL");
+    return v == nullptr || std::string(v) != "0";
+  }();
   if (NB * kRows * K < kSerialBytes)
     f(int64_t{0}, NB);
+  else if (spin_pool)
+    radixserve::SpinPool::get().run(NB, f);
   else
     at::parallel_for(0, NB, 1, f);
 }
