@@ -63,10 +63,10 @@ def ops() -> Any | None:
     from torch.utils import cpp_extension
 
     where = build_dir()
-    where.mkdir(parents=True, exist_ok=True)
     # cpp_extension runs `ninja` from PATH; the pip-installed one sits beside this interpreter.
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     try:
+        where.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(
             name=f"radixserve_cpu_{where.name}",
             sources=[str(s) for s in SOURCES],
