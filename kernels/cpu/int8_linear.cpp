@@ -14,18 +14,17 @@
 // - otherwise: the same in plain C++.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/ThreadLocalState.h>
 #include <torch/library.h>
 
+#include "int8_layout.h"
 #include "spin_pool.h"
 
 #include <algorithm>
-#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <string>
-#include <cmath>
 #include <optional>
+#include <string>
 #include <vector>
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -33,8 +32,10 @@
 
 namespace {
 
-constexpr int64_t kRows = 8;
-constexpr int64_t kCols = 64;
+using radixserve::int8::check_packed;
+using radixserve::int8::kCols;
+using radixserve::int8::kRows;
+
 constexpr int64_t kPrefetch = 4096;  // bytes ahead of the 8-row stream (measured: 1-16 KiB within 10%, 4 KiB best)
 // Below this many bytes of codes one thread does the whole matrix: handing half of a 1 MB projection to another
 // thread saves less than the hand-over costs.
@@ -221,12 +222,6 @@ void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
 
 #endif
 
-void check_packed(const at::Tensor& packed) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 4 && packed.size(2) == kRows &&
-                  packed.size(3) == kCols && packed.is_contiguous(),
-              "int8 codes must be packed uint8 [N/8, K/64, 8, 64] (radixserve.model.quant.pack_int8)");
-}
-
 // y = x (codes * scale)^T + bias for a few rows: x float32 or bfloat16 [M, K_in] (K_in <= K, zero-padded here),
 // y [M, out_features] in x's dtype. Conversions, padding and the bias are done here rather than as separate torch
 // ops: at ~100 linears per decode step, each extra op cost ~15 us of dispatch (measured), 1.5 ms a step.
@@ -267,130 +262,12 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return out;
 }
 
-// 64 codes -> 64 values of T (int8 values are exact in float32 and bfloat16).
-template <typename T>
-inline void widen64(const uint8_t* src, T* dst) {
-  for (int64_t j = 0; j < kCols; j++) dst[j] = static_cast<T>(static_cast<float>(static_cast<int>(src[j]) - 128));
-}
-
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-inline __m512 widen16(const uint8_t* src) {
-  const __m128i q = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)), _mm_set1_epi8(-128));
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
-}
-
-template <>
-inline void widen64<float>(const uint8_t* src, float* dst) {
-  for (int j = 0; j < kCols; j += 16) _mm512_storeu_ps(dst + j, widen16(src + j));
-}
-
-template <>
-inline void widen64<at::BFloat16>(const uint8_t* src, at::BFloat16* dst) {
-  for (int j = 0; j < kCols; j += 16) {  // a small integer's float has 16 zero low bits: its bf16 is the high half
-    const __m512i bits = _mm512_srli_epi32(_mm512_castps_si512(widen16(src + j)), 16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), _mm512_cvtepi32_epi16(bits));
-  }
-}
-#endif
-
-template <typename T>
-void unpack_into(const uint8_t* w, int64_t NB, int64_t K, T* out) {
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; b++)
-      for (int64_t c = 0; c < K / kCols; c++)
-        for (int64_t i = 0; i < kRows; i++)
-          widen64(w + ((b * (K / kCols) + c) * kRows + i) * kCols, out + (b * kRows + i) * K + c * kCols);
-  });
-}
-
-// The codes as a plain [N, K] matrix of `dtype` (float32 or bfloat16; int8 values are exact in both), unscaled.
-at::Tensor int8_unpack(const at::Tensor& packed, at::ScalarType dtype) {
-  check_packed(packed);
-  const int64_t NB = packed.size(0), K = packed.size(1) * kCols;
-  at::Tensor out = at::empty({NB * kRows, K}, packed.options().dtype(dtype));
-  if (dtype == at::kFloat)
-    unpack_into(packed.data_ptr<uint8_t>(), NB, K, out.data_ptr<float>());
-  else if (dtype == at::kBFloat16)
-    unpack_into(packed.data_ptr<uint8_t>(), NB, K, out.data_ptr<at::BFloat16>());
-  else
-    TORCH_CHECK(false, "int8_unpack: dtype must be float32 or bfloat16");
-  return out;
-}
-
-// y[m, c] *= s[c] for a block of columns with row stride ld, rounding as torch's multiply does (a vectorizable loop:
-// torch's broadcasting mul_ over these strided blocks ran at ~2 GB/s, 5% of a 96-token step).
-void scale_columns(float* y, int64_t rows, int64_t cols, int64_t ld, const float* s) {
-  at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++)
-      for (int64_t c = 0; c < cols; c++) y[r * ld + c] *= s[c];
-  });
-}
-
-// bf16 as bits, so the compiler vectorizes it: widen, multiply in float, round to nearest even (finite values).
-void scale_columns(at::BFloat16* y, int64_t rows, int64_t cols, int64_t ld, const at::BFloat16* s) {
-  at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
-      uint16_t* row = reinterpret_cast<uint16_t*>(y + r * ld);
-      const uint16_t* sc = reinterpret_cast<const uint16_t*>(s);
-      for (int64_t c = 0; c < cols; c++) {
-        const float v = std::bit_cast<float>(static_cast<uint32_t>(row[c]) << 16) *
-                        std::bit_cast<float>(static_cast<uint32_t>(sc[c]) << 16);
-        const uint32_t u = std::bit_cast<uint32_t>(v);
-        row[c] = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-      }
-    }
-  });
-}
-
-// y = x (codes * scale)^T [M, out_features] for many rows (prefill): the codes are widened 1 MiB at a time into a buffer that stays in
-// cache and multiplied by torch's dense matmul (oneDNN; bf16 or float32 as x), so no widened copy of the whole
-// matrix is ever allocated (a fresh 0.3-0.5 GB temporary per call cost more in page faults than the matmul).
-at::Tensor int8_linear_dense(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
-                             int64_t out_features) {
-  check_packed(packed);
-  const int64_t NB = packed.size(0), K = packed.size(1) * kCols, N = NB * kRows, M = x.size(0);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "x must be float32 or bfloat16 [M, ", K, "]");
-  TORCH_CHECK(out_features <= N, "out_features > the codes' rows");
-  const int64_t chunk = std::max<int64_t>(kRows, (int64_t{1} << 20) / (K * x.element_size()) / kRows * kRows);
-  at::Tensor y = at::empty({M, out_features}, x.options());
-  const at::Tensor xc = x.contiguous(), s = scale.to(x.scalar_type());
-  const uint8_t* w = packed.data_ptr<uint8_t>();
-  // Each thread takes whole chunks (one parallel region per call: waking the sleeping OpenMP threads per chunk cost
-  // more than the work); inside it the widening, the matmul and the scaling run on that thread alone.
-  const at::ThreadLocalState caller;  // inference mode and the like, for the ATen calls on the worker threads
-  at::parallel_for(0, (out_features + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
-    const at::ThreadLocalStateGuard same_as_caller(caller);
-    at::Tensor buf = at::empty({chunk, K}, x.options());
-    for (int64_t c = c0; c < c1; c++) {
-      const int64_t n0 = c * chunk, cols = std::min(chunk, out_features - n0);
-      const int64_t blocks = (std::min(chunk, N - n0) + kRows - 1) / kRows;
-      if (x.scalar_type() == at::kBFloat16)
-        unpack_into(w + n0 * K, blocks, K, buf.data_ptr<at::BFloat16>());
-      else
-        unpack_into(w + n0 * K, blocks, K, buf.data_ptr<float>());
-      // Straight into y's columns (row stride out_features: the matmul's ldc), scaled while they are in cache.
-      at::Tensor out = y.narrow(1, n0, cols);
-      at::mm_out(out, xc, buf.narrow(0, 0, cols).t());
-      if (x.scalar_type() == at::kBFloat16)
-        scale_columns(y.data_ptr<at::BFloat16>() + n0, M, cols, out_features, s.data_ptr<at::BFloat16>() + n0);
-      else
-        scale_columns(y.data_ptr<float>() + n0, M, cols, out_features, s.data_ptr<float>() + n0);
-    }
-  });
-  return y;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("int8_linear(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int out_features) -> Tensor");
-  m.def("int8_unpack(Tensor packed, ScalarType dtype) -> Tensor");
-  m.def("int8_linear_dense(Tensor x, Tensor packed, Tensor scale, int out_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("int8_linear", &int8_linear);
-  m.impl("int8_unpack", &int8_unpack);
-  m.impl("int8_linear_dense", &int8_linear_dense);
 }
