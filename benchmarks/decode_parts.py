@@ -18,20 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import radixserve.model.runner as runner_mod
+from benchmarks.profile_step import step_parts, wrapped
 from benchmarks.quant_engine import cpu_flags
 from radixserve import Engine
-
-
-def _timed(totals: dict[str, float], label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def run(*args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            totals[label] += time.perf_counter() - t
-
-    return run
 
 
 def measure(eng: Engine, context: int, tokens: int, seed: int) -> tuple[float, dict[str, float]]:
@@ -41,34 +30,22 @@ def measure(eng: Engine, context: int, tokens: int, seed: int) -> tuple[float, d
     greedy = {"temperature": 0, "ignore_eos": True}
     eng.generate(input_ids=ids, sampling_params={**greedy, "max_new_tokens": 4})
     totals: dict[str, float] = collections.defaultdict(float)
-    model, attn, runner = eng.runner.model, eng.runner.attn, eng.runner
-    saved = [(runner_mod, "sample_ids", runner_mod.sample_ids)]
-    runner_mod.sample_ids = _timed(totals, "sampler", runner_mod.sample_ids)
-    for obj, name, label in [
-        *((m, "forward", "linears") for layer in model.layers for m in _linears(layer)),
-        (attn, "forward", "attention"),
-        (attn, "plan", "attention"),
-        (model, "compute_logits", "lm_head"),
-        (runner, "execute", "execute"),
-    ]:
-        obj.__dict__[name] = _timed(totals, label, getattr(obj, name))
-        saved.append((obj, name, None))
-    try:
+
+    def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[label] += time.perf_counter() - t
+
+        return run
+
+    with wrapped([*step_parts(eng), (eng.runner, "execute", "execute")], timed):
         t = time.perf_counter()
         eng.generate(input_ids=ids[:-1] + [7], sampling_params={**greedy, "max_new_tokens": tokens + 1})
         wall = time.perf_counter() - t
-    finally:
-        for obj, name, before in saved:
-            if before is None:
-                del obj.__dict__[name]
-            else:
-                setattr(obj, name, before)
-    steps = tokens + 1
-    return tokens / wall, {k: v / steps * 1e3 for k, v in totals.items()}
-
-
-def _linears(layer: Any) -> list[Any]:
-    return [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
+    return tokens / wall, {k: v / (tokens + 1) * 1e3 for k, v in totals.items()}
 
 
 def main() -> None:
@@ -88,7 +65,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|")
         for i, context in enumerate(a.context):
             rate, ms = measure(eng, context, a.tokens, seed=i)
-            parts = ("linears", "attention", "lm_head", "sampler")
+            parts = ("layer linears", "attention", "lm_head", "sampler")
             rest = ms["execute"] - sum(ms[p] for p in parts)
             print(
                 f"| {context} | {rate:.1f} | "

@@ -19,6 +19,7 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import random  # noqa: E402
 import time  # noqa: E402
+import types  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -40,33 +41,37 @@ def _labelled(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-@contextlib.contextmanager
-def labels(eng: Engine) -> Iterator[None]:
-    """Wrap the step's parts in record_function labels; restored on exit."""
+def step_parts(eng: Engine) -> list[tuple[Any, str, str]]:
+    """(object, method name, part) for every timed part of a step, the sampler (a module function) last."""
     model, attn = eng.runner.model, eng.runner.attn
-    patched: list[tuple[Any, str, Any]] = []
+    parts = [
+        (mod, "forward", "layer linears")
+        for layer in model.layers
+        for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    ]
+    parts += [(attn, "forward", "attention"), (attn, "plan", "attention"), (model, "compute_logits", "lm_head")]
+    return [*parts, (runner_mod, "sample_ids", "sampler")]
 
-    def patch(obj: Any, name: str, label: str) -> None:
-        patched.append((obj, name, obj.__dict__.get(name)))
-        setattr(obj, name, _labelled(label, getattr(obj, name)))
 
-    for layer in model.layers:
-        for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-            patch(mod, "forward", "layer linears")
-    patch(attn, "forward", "attention")
-    patch(attn, "plan", "attention")
-    patch(model, "compute_logits", "lm_head")
-    original_sample = runner_mod.sample_ids
-    runner_mod.sample_ids = _labelled("sampler", original_sample)
+@contextlib.contextmanager
+def wrapped(targets: list[tuple[Any, str, str]], wrap: Callable[[str, Callable[..., Any]], Any]) -> Iterator[None]:
+    """Replace each target's method by wrap(part, method) for the duration; restored on exit."""
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in targets]
+    for obj, name, label in targets:
+        setattr(obj, name, wrap(label, getattr(obj, name)))
     try:
         yield
     finally:
-        runner_mod.sample_ids = original_sample
-        for obj, name, before in reversed(patched):
-            if before is None:
-                delattr(obj, name)
-            else:
+        for obj, name, before in reversed(saved):
+            if isinstance(obj, types.ModuleType):
                 setattr(obj, name, before)
+            else:
+                delattr(obj, name)  # the instance attribute; the class's method shows again
+
+
+def labels(eng: Engine) -> contextlib.AbstractContextManager[None]:
+    """Wrap the step's parts in record_function labels; restored on exit."""
+    return wrapped(step_parts(eng), _labelled)
 
 
 def profile_call(eng: Engine, ids: list[int], new_tokens: int, which: int) -> tuple[float, Any]:

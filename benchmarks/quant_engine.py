@@ -18,6 +18,7 @@ import statistics  # noqa: E402
 
 import torch  # noqa: E402
 
+import kernels.cpu  # noqa: E402
 from benchmarks.cpu_speed import Ours  # noqa: E402
 from radixserve import Engine  # noqa: E402
 from radixserve.model import cpu_select  # noqa: E402
@@ -26,11 +27,7 @@ from radixserve.model import cpu_select  # noqa: E402
 def cpu_flags() -> str:
     """The SIMD flags that decide the CPU kind, from /proc/cpuinfo, with torch's capability."""
     wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(line for line in f if line.startswith("flags")).split(":")[1].split()
-    except (OSError, StopIteration):
-        flags = []
+    flags = set(kernels.cpu.cpu_flags().split())
     have = [w for w in wanted if w in flags]
     return (
         f"flags={' '.join(have) or 'n/a'} torch_cpu={cpu_select.cpu_capability()} "

@@ -23,6 +23,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
+import kernels.cpu
 from benchmarks.compare import engines as eng
 from benchmarks.compare import fork, guidellm_run, plots, report, workloads
 from benchmarks.compare.client import Replay, Session
@@ -61,8 +62,7 @@ def machine() -> str:
 def cpu_flags() -> str:
     """The SIMD flags that decide radixserve's CPU kind (AVX2 / AVX-512 / AVX-512-BF16 / AMX), from /proc/cpuinfo."""
     wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
-    line = next((x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags")), "flags:")
-    have = set(line.split(":", 1)[1].split())
+    have = set(kernels.cpu.cpu_flags().split())
     return " ".join(w for w in wanted if w in have) or "none of " + " ".join(wanted)
 
 
