@@ -52,6 +52,20 @@ def reference(engine: Any) -> list[int]:
     return engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"]
 
 
+def break_detokenizer_on_boom(monkeypatch: pytest.MonkeyPatch, message: str) -> None:
+    """Make the detokenizer raise UnicodeError(message) for any request whose stop strings hold "BOOM"."""
+    from radixserve.detokenizer import IncrementalDetokenizer
+
+    real = IncrementalDetokenizer.step
+
+    def faulty(self: IncrementalDetokenizer, ids: list[int]) -> Any:
+        if "BOOM" in self.stop:
+            raise UnicodeError(message)
+        return real(self, ids)
+
+    monkeypatch.setattr(IncrementalDetokenizer, "step", faulty)
+
+
 def serves_as_before(engine: Any, reference: list[int]) -> None:
     assert engine.is_alive()
     assert engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"] == reference

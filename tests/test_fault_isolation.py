@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine_checks import wait_idle
-from fault_fixtures import BAD_PARAMS, GREEDY, PROMPT, serves_as_before
+from fault_fixtures import BAD_PARAMS, GREEDY, PROMPT, break_detokenizer_on_boom, serves_as_before
 from fault_fixtures import engine, reference  # noqa: F401  (fixtures)
 from radixserve.errors import ParamError, QueueFullError, RequestFailedError
 
@@ -96,16 +96,7 @@ def test_a_sampler_fault_fails_its_request_alone(
 def test_a_detokenizer_fault_fails_its_request_alone(
     engine: Any, reference: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from radixserve.detokenizer import IncrementalDetokenizer
-
-    real = IncrementalDetokenizer.step
-
-    def faulty(self: IncrementalDetokenizer, ids: list[int]) -> Any:
-        if "BOOM" in self.stop:
-            raise UnicodeError("injected detokenizer fault")
-        return real(self, ids)
-
-    monkeypatch.setattr(IncrementalDetokenizer, "step", faulty)
+    break_detokenizer_on_boom(monkeypatch, "injected detokenizer fault")
     import asyncio
 
     async def together() -> list[Any]:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from engine_checks import wait_idle
-from fault_fixtures import BAD_PARAMS, GREEDY, PROMPT
+from fault_fixtures import BAD_PARAMS, GREEDY, PROMPT, break_detokenizer_on_boom
 from fault_fixtures import engine, reference  # noqa: F401  (fixtures)
 from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
@@ -65,16 +65,7 @@ def test_a_huge_prompt_is_refused_before_tokenizing(http: httpx.Client, engine: 
 def test_internal_errors_answer_500_naming_the_request(
     http: httpx.Client, engine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from radixserve.detokenizer import IncrementalDetokenizer
-
-    real = IncrementalDetokenizer.step
-
-    def faulty(self: IncrementalDetokenizer, ids: list[int]) -> Any:
-        if "BOOM" in self.stop:
-            raise UnicodeError("secret text of another tenant")
-        return real(self, ids)
-
-    monkeypatch.setattr(IncrementalDetokenizer, "step", faulty)
+    break_detokenizer_on_boom(monkeypatch, "secret text of another tenant")
     r = http.post(
         "/generate", json={"input_ids": PROMPT, "rid": "req-42", "sampling_params": {**GREEDY, "stop": ["BOOM"]}}
     )
