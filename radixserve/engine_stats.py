@@ -57,8 +57,9 @@ class EngineStats:
     def metrics(self) -> dict[str, Any]:
         def snapshot() -> dict[str, Any]:
             s = self.scheduler.stats
+            cache = self._cache_stats()  # (its tier_stats give the tier counters below)
             return {
-                **self._cache_stats(),
+                **cache,
                 "num_running": len(self.scheduler.running) + len(self.scheduler.finishing),
                 "num_waiting": len(self.scheduler.waiting),
                 "num_retractions": s.retractions,
@@ -69,7 +70,7 @@ class EngineStats:
                 "computed_prefill_tokens_total": s.computed_prefill_tokens,
                 "failed_requests_total": s.failed,
                 "failed_steps_total": s.failed_steps,
-                **{f"{k}_total": v for k, v in self.tier_stats().items() if k in _TIER_COUNTERS},
+                **{f"{k}_total": v for k, v in cache.items() if k in _TIER_COUNTERS},
             }
 
         return self.loop.call(snapshot)
