@@ -81,13 +81,7 @@ class EngineStats:
         whatever runs; returns how many (a page held in two tiers counts twice)."""
         if namespace is None:
             return self.loop.call(self.scheduler.flush_cache)
-
-        def flush() -> int:
-            cache = self.scheduler.cache
-            dropped = cache.flush_namespaces(namespace)
-            return dropped + (cache.tier.drop_namespaces(namespace) if cache.tier is not None else 0)
-
-        return self.loop.call(flush)
+        return self.loop.call(lambda: self.scheduler.flush_namespaces(namespace))
 
     def check_invariants(self) -> None:
         self.loop.call(self.scheduler.check_invariants)
