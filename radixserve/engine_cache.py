@@ -1,5 +1,6 @@
 """The engine's prefix-cache surface: statistics per tier, pinning, and the tiers' life (open the host and disk
-tiers, restore saved pins, checkpoint, persist at shutdown). A mixin of Engine, which provides `scheduler`, `runner`, `inputs`, `loop` and `generate`."""
+tiers, restore saved pins, checkpoint, persist at shutdown). A mixin of Engine, which provides `scheduler`,
+`runner`, `inputs`, `loop` and `generate`."""
 
 from __future__ import annotations
 
@@ -73,11 +74,11 @@ def attach_tier(
         head_dim,
     )
     cache.tier = tier
-    store = tier.store if tier is not None else None
-    if store is not None:
-        scheduler.pins.restore(cache, store.load_pins(), tier.load_prefix)  # type: ignore[union-attr]
-        scheduler.pins.on_change = store.save_pins
-        store.save_pins(scheduler.pins.entries())
+    if tier is None or tier.store is None:
+        return tier
+    scheduler.pins.restore(cache, tier.store.load_pins(), tier.load_prefix)
+    scheduler.pins.on_change = tier.store.save_pins
+    tier.store.save_pins(scheduler.pins.entries())
     return tier
 
 

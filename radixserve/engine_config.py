@@ -120,19 +120,12 @@ class EngineConfig:
             ),
             (
                 "kv_cache_disk_gb",
-                isinstance(self.kv_cache_disk_gb, (int, float))
-                and not isinstance(self.kv_cache_disk_gb, bool)
-                and self.kv_cache_disk_gb > 0,
+                _number(self.kv_cache_disk_gb) and self.kv_cache_disk_gb > 0,
                 "must be > 0",
             ),
             (
                 "kv_cache_host_gb",
-                self.kv_cache_host_gb is None
-                or (
-                    isinstance(self.kv_cache_host_gb, (int, float))
-                    and not isinstance(self.kv_cache_host_gb, bool)
-                    and self.kv_cache_host_gb >= 0
-                ),
+                self.kv_cache_host_gb is None or (_number(self.kv_cache_host_gb) and self.kv_cache_host_gb >= 0),
                 "must be >= 0 or None",
             ),
             (
@@ -153,3 +146,7 @@ class EngineConfig:
 
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -57,8 +57,9 @@ class EngineStats:
     def metrics(self) -> dict[str, Any]:
         def snapshot() -> dict[str, Any]:
             s = self.scheduler.stats
+            cache = self._cache_stats()  # (its tier_stats give the tier counters below)
             return {
-                **self._cache_stats(),
+                **cache,
                 "num_running": len(self.scheduler.running) + len(self.scheduler.finishing),
                 "num_waiting": len(self.scheduler.waiting),
                 "num_retractions": s.retractions,
@@ -69,7 +70,7 @@ class EngineStats:
                 "computed_prefill_tokens_total": s.computed_prefill_tokens,
                 "failed_requests_total": s.failed,
                 "failed_steps_total": s.failed_steps,
-                **{f"{k}_total": v for k, v in self.tier_stats().items() if k in _TIER_COUNTERS},
+                **{f"{k}_total": v for k, v in cache.items() if k in _TIER_COUNTERS},
             }
 
         return self.loop.call(snapshot)
@@ -80,13 +81,7 @@ class EngineStats:
         whatever runs; returns how many (a page held in two tiers counts twice)."""
         if namespace is None:
             return self.loop.call(self.scheduler.flush_cache)
-
-        def flush() -> int:
-            cache = self.scheduler.cache
-            dropped = cache.flush_namespaces(namespace)
-            return dropped + (cache.tier.drop_namespaces(namespace) if cache.tier is not None else 0)
-
-        return self.loop.call(flush)
+        return self.loop.call(lambda: self.scheduler.flush_namespaces(namespace))
 
     def check_invariants(self) -> None:
         self.loop.call(self.scheduler.check_invariants)

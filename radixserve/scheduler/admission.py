@@ -66,8 +66,7 @@ class Admission:
             return True
         if self.fair is None:
             return False
-        prefills = [r for r in self.running if chunks.get(id(r), 0) > 1 and id(r) not in self._drafts]
-        return all(r.tenant != req.tenant for r in prefills)
+        return all(r.tenant != req.tenant for r in self.running if chunks.get(id(r), 0) > 1)
 
     def _room(self, req: Req) -> int:
         """Prefill tokens `req`'s tenant may still add to this step (fairness.FairShare.room)."""

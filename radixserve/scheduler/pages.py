@@ -13,6 +13,7 @@ from radixserve.request import Req, ReqStatus
 
 if TYPE_CHECKING:
     from collections import deque
+    from collections.abc import Callable
 
     from radixserve.cache.kv_pool import KVPool
     from radixserve.cache.null_cache import NullCache
@@ -99,6 +100,12 @@ class PageKeeping:
         if self.cache.tier is not None:
             self.cache.tier.clear()
         return True
+
+    def flush_namespaces(self, accept: Callable[[str], bool]) -> int:
+        """Drop the unlocked pool pages and every host and disk page of the namespaces `accept` takes, whatever runs;
+        returns how many (a page held in two tiers counts twice)."""
+        dropped = self.cache.flush_namespaces(accept)
+        return dropped + (self.cache.tier.drop_namespaces(accept) if self.cache.tier is not None else 0)
 
     def check_invariants(self) -> None:
         """Every page is free, in the tree, or private to exactly one running request; lock counts add up."""
