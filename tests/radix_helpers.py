@@ -7,15 +7,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 import xxhash
-from hypothesis import strategies as st
 
 from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.radix_cache import RadixCache
 
 HashFn = Callable[[bytes, int], int]
-NAMESPACES = st.sampled_from(["", "other"])
-PREFILL = st.sampled_from([1.0, 1.0, 1.0, 0.5, 0.0])  # fraction of the prompt's full pages inserted at admission
 
 
 def const_hash(data: bytes, seed: int) -> int:

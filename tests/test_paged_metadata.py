@@ -13,6 +13,7 @@ import random
 import pytest
 import torch
 
+import kernels.cpu
 from radixserve.attention.paged_metadata import PagedKVMetadata, build_paged_metadata, kv_indices, kv_last_page_len
 from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.cache.kv_pool import KVPool
@@ -86,7 +87,14 @@ def torch_backend_visible_slots(batch: ForwardBatch, cpu_op: bool) -> dict[int, 
     return visible
 
 
-@pytest.mark.parametrize("cpu_op", [False, True], ids=["sdpa", "cpu_op"])
+@pytest.mark.parametrize(
+    "cpu_op",
+    [
+        False,
+        pytest.param(True, marks=pytest.mark.skipif(kernels.cpu.ops() is None, reason="CPU kernels unavailable")),
+    ],
+    ids=["sdpa", "cpu_op"],
+)
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("kind", list(BATCHES))
 def test_metadata_keys_equal_torch_backend_keys(kind: str, page_size: int, cpu_op: bool) -> None:

@@ -1,4 +1,4 @@
-"""RadixCache: unit tests for each operation, then stateful property tests against a simple model of the tree."""
+"""RadixCache: unit tests for each operation (the stateful property tests are in test_radix_cache_stateful.py)."""
 
 from __future__ import annotations
 

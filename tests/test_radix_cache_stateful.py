@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
-import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -20,10 +19,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from radixserve.cache.continuation_index import ContinuationIndex
-from radixserve.cache.kv_pool import KVPool
-from radixserve.cache.radix_cache import RadixCache
-from radix_helpers import NAMESPACES, PREFILL, HashFn, const_hash, mod4_hash
+from radix_helpers import HashFn, const_hash, make, mod4_hash
+
+NAMESPACES = st.sampled_from(["", "other"])
+PREFILL = st.sampled_from([1.0, 1.0, 1.0, 0.5, 0.0])  # fraction of the prompt's full pages inserted at admission
 
 
 @dataclass(eq=False)
@@ -47,8 +46,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.pool = KVPool(1, self.num_pages, self.page_size, 1, 1, torch.float32)
-        self.cache = RadixCache(self.pool, self.page_size, self.hash_fn, index=ContinuationIndex())
+        self.pool, self.cache = make(self.page_size, self.num_pages, self.hash_fn)
         self.content: dict[int, tuple[str, tuple[int, ...]]] = {}  # what each page's "KV" was computed from
         self.model: dict[tuple[str, tuple[int, ...]], int] = {}  # exact tree content: (namespace, prefix) -> page
         self.live: set[Req] = set()

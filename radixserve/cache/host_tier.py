@@ -82,13 +82,12 @@ class HostTier:
         self._event: torch.cuda.Event | None = None
 
     # ---- lookups ---------------------------------------------------------------------------------------------
-    def lookup(self, key: int, prefix: int) -> bool:
-        e = self.index.get(key)
-        return e is not None and e.prefix == prefix
-
     def slot(self, key: int, prefix: int) -> int | None:
         e = self.index.get(key)
         return e.slot if e is not None and e.prefix == prefix else None
+
+    def lookup(self, key: int, prefix: int) -> bool:
+        return self.slot(key, prefix) is not None
 
     def touch(self, keys: Iterable[int]) -> None:
         """Mark pages most recently used, in the order given (descendants before ancestors, as on disk)."""

@@ -26,6 +26,7 @@ from radixserve.cache.disk_tier import DiskTier, TierLockedError
 from radixserve.cache.host_tier import HostTier, host_tier_bytes
 from radixserve.cache.kv_digest import KVLayout, kv_digest
 from radixserve.cache.kv_pool import KVPool
+from radixserve.cache.tree_node import as_bytes
 
 if TYPE_CHECKING:
     from radixserve.cache.radix_cache import RadixCache, TreeNode
@@ -109,10 +110,13 @@ class KVTier:
             self._cascade([(*e, page_kv) for (e, _), page_kv in zip(rest, kv)])
 
     def _cascade(self, pages: list[tuple[int, int, str, torch.Tensor]]) -> None:
-        """Pages leaving the host tier's LRU end go on to disk (those it lacks), in the order given."""
+        """Write pages (key, prefix, namespace, CPU KV) the disk tier lacks, in the order given, until a write fails:
+        the host tier's LRU end, a run too long for it, and tree pages spilled straight to disk."""
         store = self.store
+        if store is None:
+            return
         for key, prefix, namespace, kv in pages:
-            if store is None or not store.writable:
+            if not store.writable:
                 return
             if not store.lookup(key, prefix):
                 if not store.put(key, prefix, _bytes(kv), namespace):
@@ -123,17 +127,16 @@ class KVTier:
         """Spill node.pages[first:] to disk; `h` has hashed everything above the node and is left past its end."""
         store = self.store
         assert store is not None
-        todo: list[tuple[int, int, int]] = []  # (key, prefix, pool page)
-        for i, (key, page, prefix) in enumerate(zip(node.keys, node.pages, self._prefixes(cache, node, h))):
-            if i >= first and store.writable and not store.lookup(key, prefix):
-                todo.append((key, prefix, page))
+        prefixes = self._prefixes(cache, node, h)[first:]
+        todo = [
+            (k, p, page)
+            for k, p, page in zip(node.keys[first:], prefixes, node.pages[first:])
+            if not store.lookup(k, p)
+        ]
         if todo:
-            kv = self._gather([p for _, _, p in todo])
+            kv = self._gather([page for _, _, page in todo])
             # Deepest first, so that a disk tier too small for the run drops its tail, not its head.
-            for (key, prefix, _), page_kv in zip(reversed(todo), kv.flip(0)):
-                if not store.put(key, prefix, _bytes(page_kv), node.namespace):
-                    break
-                self.stats.spilled_pages += 1
+            self._cascade([(k, p, node.namespace, page_kv) for (k, p, _), page_kv in zip(reversed(todo), kv.flip(0))])
         # Ancestors most recent: the LRU end of the disk tier holds a prefix's tail, rarely a page whose parent is gone.
         store.touch(reversed(node.keys[first:]))
 
@@ -179,7 +182,7 @@ class KVTier:
         have = len(m.pages)
         if have >= n_pages:
             return 0
-        tb = np.asarray(tokens[: n_pages * ps], dtype="<i4").tobytes()
+        tb = as_bytes(tokens[: n_pages * ps])
         key = cache.root_key(namespace) if m.node is cache.root else m.node.keys[-1]
         h = prefix_hasher(namespace)
         h.update(tb[: have * pb])

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from radixserve.cache.radix_cache import RadixCache, TreeNode
+from radixserve.cache.radix_cache import RadixCache
+from radixserve.cache.tree_node import TreeNode, as_bytes
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class PinTable:
     @staticmethod
     def _full_pages(cache: RadixCache, tokens: Sequence[int], namespace: str) -> tuple[str, bytes]:
         n = len(tokens) // cache.page_size * cache.page_size
-        return namespace, np.asarray(tokens[:n], dtype="<i4").tobytes()
+        return namespace, as_bytes(tokens[:n])
 
     def pin(self, cache: RadixCache, tokens: Sequence[int], namespace: str) -> int:
         """Pin the cached full pages of `tokens` (they must be in the tree); returns the pages pinned."""
