@@ -133,7 +133,7 @@ class KVTier:
             for k, p, page in zip(node.keys[first:], prefixes, node.pages[first:])
             if not store.lookup(k, p)
         ]
-        if todo:
+        if todo and store.writable:  # (a full or read-only disk: nothing to gather)
             kv = self._gather([page for _, _, page in todo])
             # Deepest first, so that a disk tier too small for the run drops its tail, not its head.
             self._cascade([(k, p, node.namespace, page_kv) for (k, p, _), page_kv in zip(reversed(todo), kv.flip(0))])
