@@ -20,7 +20,6 @@
 #include "spin_pool.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
