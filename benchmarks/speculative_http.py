@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,6 @@ class Target:
     llama: bool
     drafted: int = 0
     accepted: int = 0
-    log: list[str] = field(default_factory=list)
 
     def draft_counts(self) -> tuple[int, int]:
         if not self.llama:  # radixserve_spec_{draft,accepted}_tokens_total{source="..."} in /metrics
