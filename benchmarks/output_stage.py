@@ -40,12 +40,6 @@ def _decode_rate(outs: list[dict[str, Any]]) -> float:
     return tokens / (last - first)
 
 
-def _timed(fn: Any) -> tuple[Any, float]:
-    t = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t
-
-
 def child(tiny_dir: Path) -> dict[str, Any]:
     """Run in a fresh interpreter whose `radixserve` is the tree under test; each figure is the best of 2 tries."""
     from radixserve import Engine

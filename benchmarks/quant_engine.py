@@ -26,11 +26,8 @@ from radixserve.model import cpu_select  # noqa: E402
 
 def cpu_flags() -> str:
     """The SIMD flags that decide the CPU kind, from /proc/cpuinfo, with torch's capability."""
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
-    flags = set(kernels.cpu.cpu_flags().split())
-    have = [w for w in wanted if w in flags]
     return (
-        f"flags={' '.join(have) or 'n/a'} torch_cpu={cpu_select.cpu_capability()} "
+        f"flags={' '.join(kernels.cpu.kind_flags()) or 'n/a'} torch_cpu={cpu_select.cpu_capability()} "
         f"bf16_hw={cpu_select.has_bf16_hardware()} threads={torch.get_num_threads()} torch={torch.__version__}"
     )
 

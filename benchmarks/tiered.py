@@ -1,6 +1,6 @@
 """The disk tier (--kv-cache-dir) on the default model: a RAG workload 4x larger than the KV pool, tier on vs off
-(and, with --host-gb, the host-RAM tier alone), and the first request after a restart vs a cold start. Everything side by side in one run (requests interleaved
-between the two engines), since the machine is shared and noisy.
+(and, with --host-gb, the host-RAM tier alone), and the first request after a restart vs a cold start. Everything
+side by side in one run (requests interleaved between the engines), since the machine is shared and noisy.
 
 RAG: `--docs` documents of `--doc-tokens` tokens each (4x the pool of `--pool-tokens`), each request one document
 plus a distinct question, asked in `--rounds` shuffled rounds. Hit rate is compared with the unlimited-pool optimum

@@ -61,9 +61,7 @@ def machine() -> str:
 
 def cpu_flags() -> str:
     """The SIMD flags that decide radixserve's CPU kind (AVX2 / AVX-512 / AVX-512-BF16 / AMX), from /proc/cpuinfo."""
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
-    have = set(kernels.cpu.cpu_flags().split())
-    return " ".join(w for w in wanted if w in have) or "none of " + " ".join(wanted)
+    return " ".join(kernels.cpu.kind_flags()) or "none of " + " ".join(kernels.cpu.KIND_FLAGS)
 
 
 def commit() -> str:

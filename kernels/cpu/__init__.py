@@ -40,6 +40,16 @@ def cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+# The flags that decide radixserve's CPU kind and these kernels' paths: what the benchmarks print with their figures.
+KIND_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
+
+
+def kind_flags() -> list[str]:
+    """Those of KIND_FLAGS this CPU has."""
+    have = set(cpu_flags().split())
+    return [f for f in KIND_FLAGS if f in have]
+
+
 def march() -> str:
     return os.environ.get("RADIXSERVE_CPU_MARCH", "native")
 

@@ -21,7 +21,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -32,7 +31,8 @@ namespace {
 // Where the keys (or values) of one request and one kv head lie in a pool buffer.
 template <typename T>
 struct Rows {
-  const T* buf;          // the layer's buffer, offset to the kv head: row (page, slot) at buf + (page * ps + slot) * stride
+  // The layer's buffer, offset to the kv head: row (page, slot) at buf + (page * ps + slot) * stride.
+  const T* buf;
   const int32_t* pages;  // the request's page-table row
   int64_t page_size, stride, len;
 
@@ -185,7 +185,8 @@ void attend_block(const float* q, const Rows<T>& k, const Rows<T>& v, float* s, 
     }
   });
   for (int h = 0; h < NG; h++)
-    for (int c = 0; c < C; c++) _mm512_storeu_ps(out + h * D + 16 * c, _mm512_mul_ps(acc[h][c], _mm512_set1_ps(inv[h])));
+    for (int c = 0; c < C; c++)
+      _mm512_storeu_ps(out + h * D + 16 * c, _mm512_mul_ps(acc[h][c], _mm512_set1_ps(inv[h])));
 }
 
 // Heads in blocks of at most 16 / C registers' worth (4 for head_dim 64, 2 for 128), as even as possible.

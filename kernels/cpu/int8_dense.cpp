@@ -57,9 +57,10 @@ void scale_columns(at::BFloat16* y, int64_t rows, int64_t cols, int64_t ld, cons
   });
 }
 
-// y = x (codes * scale)^T [M, out_features] for many rows (prefill): the codes are widened 1 MiB at a time into a buffer that stays in
-// cache and multiplied by torch's dense matmul (oneDNN; bf16 or float32 as x), so no widened copy of the whole
-// matrix is ever allocated (a fresh 0.3-0.5 GB temporary per call cost more in page faults than the matmul).
+// y = x (codes * scale)^T [M, out_features] for many rows (prefill): the codes are widened 1 MiB at a time into a
+// buffer that stays in cache and multiplied by torch's dense matmul (oneDNN; bf16 or float32 as x), so no widened
+// copy of the whole matrix is ever allocated (a fresh 0.3-0.5 GB temporary per call cost more in page faults than
+// the matmul).
 at::Tensor int8_linear_dense(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                              int64_t out_features) {
   check_packed(packed);

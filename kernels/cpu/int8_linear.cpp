@@ -20,11 +20,11 @@
 #include "spin_pool.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -244,21 +244,18 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   at::Tensor out = at::empty({M, out_features}, x.options());
   if (M == 0) return out;  // a step whose rows all skip the LM head
   std::vector<float> y(M * N);
-  if (x.scalar_type() == at::kFloat) {
-    for (int64_t m = 0; m < M; m++) std::copy_n(xc.data_ptr<float>() + m * K_in, K_in, xf.data() + m * K);
+  auto run = [&](const auto* xp, auto* o) {  // the same for float32 and bfloat16 x
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t k = 0; k < K_in; k++) xf[m * K + k] = static_cast<float>(xp[m * K_in + k]);
     linear_rows(xf.data(), M, K, packed.data_ptr<uint8_t>(), NB, scale.data_ptr<float>(), y.data());
-    float* o = out.data_ptr<float>();
     for (int64_t m = 0; m < M; m++)
-      for (int64_t n = 0; n < out_features; n++) o[m * out_features + n] = y[m * N + n] + b[n];
-  } else {
-    const at::BFloat16* xb = xc.data_ptr<at::BFloat16>();
-    for (int64_t m = 0; m < M; m++)
-      for (int64_t k = 0; k < K_in; k++) xf[m * K + k] = static_cast<float>(xb[m * K_in + k]);
-    linear_rows(xf.data(), M, K, packed.data_ptr<uint8_t>(), NB, scale.data_ptr<float>(), y.data());
-    at::BFloat16* o = out.data_ptr<at::BFloat16>();
-    for (int64_t m = 0; m < M; m++)
-      for (int64_t n = 0; n < out_features; n++) o[m * out_features + n] = at::BFloat16(y[m * N + n] + b[n]);
-  }
+      for (int64_t n = 0; n < out_features; n++)
+        o[m * out_features + n] = static_cast<std::remove_pointer_t<decltype(o)>>(y[m * N + n] + b[n]);
+  };
+  if (x.scalar_type() == at::kFloat)
+    run(xc.data_ptr<float>(), out.data_ptr<float>());
+  else
+    run(xc.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>());
   return out;
 }
 
