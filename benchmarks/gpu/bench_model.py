@@ -7,13 +7,17 @@ head for every request (and with CUDA graphs: pad, plan, replay).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import torch
+
+import kernels.cuda_ops as cuda_ops
 
 from benchmarks.gpu.common import build_random_model, median, sync, time_ms
 from benchmarks.gpu.roofline import decode_step_bytes, prefill_flops
@@ -104,8 +108,10 @@ def model_benchmarks(
     prefill_tokens: int,
     use_graphs: bool,
     page_size: int = 16,
+    fused_modes: tuple[bool, ...] = (True, False),
 ) -> list[dict[str, Any]]:
-    """Decode at each batch size (eager per backend, plus CUDA graphs for flashinfer) and one prefill per backend."""
+    """Decode at each batch size (eager per backend, plus CUDA graphs for flashinfer) and one prefill per backend,
+    with FlashInfer's fused norm/activation/RoPE ops (kernels/cuda_ops.py) on and off."""
     dtype = torch.bfloat16
     config, model = build_random_model(cfg, dtype, device)
     per = math.ceil((context + 1) / page_size)
@@ -120,59 +126,102 @@ def model_benchmarks(
     rows: list[dict[str, Any]] = []
     with torch.inference_mode():
         for name in backends:
-            attn = make_backend(name, pool, config)
-            modes: list[tuple[str, Any]] = [("eager", None)]
-            if use_graphs and name == "flashinfer" and device.type == "cuda":
-                from radixserve.model.cuda_graph import CudaGraphRunner
-
-                t0 = time.perf_counter()
-                runner = CudaGraphRunner(model, attn, max(batch_sizes), context + page_size)
-                rows.append(
-                    {
-                        "bench": "cuda graph capture",
-                        "backend": name,
-                        "mode": f"{len(runner.sizes)} graphs",
-                        "ms": (time.perf_counter() - t0) * 1e3,
-                    }
-                )
-                modes.append(("graph", runner))
-            for bs in batch_sizes:
-                batch = decode_batch(bs, context, page_size, pages, config.vocab_size, device)
-                if bs == batch_sizes[0] and device.type == "cuda":
-                    try:
-                        rows += kernel_profile(eager_step(model, attn, batch), f"decode bs {bs} ctx {context}", name)
-                    except Exception as e:  # noqa: BLE001 - the profile explains; its failure must not hide timings
-                        rows.append({"bench": "profile", "backend": name, "error": repr(e)[:200]})
-                floor_ms = decode_step_bytes(config, bs, context, dtype.itemsize) / bw * 1e3
-                for mode, runner in modes:
-                    step = eager_step(model, attn, batch) if runner is None else (lambda r=runner: r.forward(batch))
-                    gpu = median(time_ms(step, device, warmup=3, iters=30))
-                    rows.append(
-                        {
-                            "bench": f"decode bs {bs} ctx {context}",
-                            "backend": name,
-                            "mode": mode,
-                            "ms": gpu,
-                            "wall_ms": wall_ms(step, device),
-                            "floor_ms": floor_ms,
-                            "floor/ms": floor_ms / gpu,
-                        }
+            for fused in fused_modes:
+                # Off: every caller of kernels/cuda_ops.py sees no fused ops and runs the torch ops instead.
+                with contextlib.nullcontext() if fused else mock.patch.object(cuda_ops, "for_tensor", _no_ops):
+                    label = f"{name}{'' if fused else ' unfused'}"
+                    rows += _backend_rows(
+                        model,
+                        config,
+                        pool,
+                        pages,
+                        label,
+                        name,
+                        bw,
+                        mm,
+                        batch_sizes,
+                        context,
+                        prefill_tokens,
+                        use_graphs and device.type == "cuda",
+                        page_size,
                     )
-            tables = [pages[: math.ceil(prefill_tokens / page_size)]]
-            ids = [[(11 * t) % (config.vocab_size - 3) + 3 for t in range(prefill_tokens)]]
-            batch = ForwardBatch.build(ids, [0], tables, page_size, [prefill_tokens - 1], device)
-            ms = median(time_ms(eager_step(model, attn, batch), device, warmup=2, iters=5))
-            flops = prefill_flops(config, prefill_tokens)
+    return rows
+
+
+def _no_ops(x: torch.Tensor) -> None:
+    return None
+
+
+def _backend_rows(
+    model: LlamaForCausalLM,
+    config: Any,
+    pool: KVPool,
+    pages: list[int],
+    label: str,
+    name: str,
+    bw: float,
+    mm: float,
+    batch_sizes: tuple[int, ...],
+    context: int,
+    prefill_tokens: int,
+    use_graphs: bool,
+    page_size: int,
+) -> list[dict[str, Any]]:
+    """One backend's rows (labelled `label`): graph capture, a kernel profile, decode per batch size, prefill."""
+    device = pool.device
+    rows: list[dict[str, Any]] = []
+    attn = make_backend(name, pool, config)
+    modes: list[tuple[str, Any]] = [("eager", None)]
+    if use_graphs and name == "flashinfer":
+        from radixserve.model.cuda_graph import CudaGraphRunner
+
+        t0 = time.perf_counter()
+        runner = CudaGraphRunner(model, attn, max(batch_sizes), context + page_size)
+        rows.append(
+            {
+                "bench": "cuda graph capture",
+                "backend": label,
+                "mode": f"{len(runner.sizes)} graphs",
+                "ms": (time.perf_counter() - t0) * 1e3,
+            }
+        )
+        modes.append(("graph", runner))
+    for bs in batch_sizes:
+        batch = decode_batch(bs, context, page_size, pages, config.vocab_size, device)
+        if bs == batch_sizes[0] and device.type == "cuda":
+            try:
+                rows += kernel_profile(eager_step(model, attn, batch), f"decode bs {bs} ctx {context}", label)
+            except Exception as e:  # noqa: BLE001 - the profile explains; its failure must not hide timings
+                rows.append({"bench": "profile", "backend": label, "error": repr(e)[:200]})
+        floor_ms = decode_step_bytes(config, bs, context, model.embed_tokens.weight.dtype.itemsize) / bw * 1e3
+        for mode, runner in modes:
+            step = eager_step(model, attn, batch) if runner is None else (lambda r=runner: r.forward(batch))
+            gpu = median(time_ms(step, device, warmup=3, iters=30))
             rows.append(
                 {
-                    "bench": f"prefill {prefill_tokens}",
-                    "backend": name,
-                    "mode": "eager",
-                    "ms": ms,
-                    "floor_ms": flops / mm * 1e3,
-                    "TFLOP/s": flops / ms / 1e9,
-                    "MFU": flops / (ms / 1e3) / mm,
+                    "bench": f"decode bs {bs} ctx {context}",
+                    "backend": label,
+                    "mode": mode,
+                    "ms": gpu,
+                    "wall_ms": wall_ms(step, device),
+                    "floor_ms": floor_ms,
+                    "floor/ms": floor_ms / gpu,
                 }
             )
-            del attn
+    tables = [pages[: math.ceil(prefill_tokens / page_size)]]
+    ids = [[(11 * t) % (config.vocab_size - 3) + 3 for t in range(prefill_tokens)]]
+    batch = ForwardBatch.build(ids, [0], tables, page_size, [prefill_tokens - 1], device)
+    ms = median(time_ms(eager_step(model, attn, batch), device, warmup=2, iters=5))
+    flops = prefill_flops(config, prefill_tokens)
+    rows.append(
+        {
+            "bench": f"prefill {prefill_tokens}",
+            "backend": label,
+            "mode": "eager",
+            "ms": ms,
+            "floor_ms": flops / mm * 1e3,
+            "TFLOP/s": flops / ms / 1e9,
+            "MFU": flops / (ms / 1e3) / mm,
+        }
+    )
     return rows

@@ -16,11 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels.cpu as cpu_kernels
+import kernels.cuda_ops as cuda_ops
 
 from radixserve.attention.base import AttentionBackend
 from radixserve.config import ModelConfig
 from radixserve.forward_batch import ForwardBatch
-from radixserve.model.rope import RotaryEmbedding, apply_rope
+from radixserve.model.rope import RopeStep, RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
@@ -35,11 +36,16 @@ class RMSNorm(nn.Module):
         return self.add_forward(x, None)[1]
 
     def add_forward(self, h: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h + residual, the norm of that); on CPU one fused op (kernels/cpu/norm_rope.cpp) with the same
-        roundings replaces the add, the norm and the weight multiply."""
+        """(h + residual, the norm of that); may overwrite both inputs. On CPU one fused op
+        (kernels/cpu/norm_rope.cpp) with the same roundings replaces the add, the norm and the weight multiply;
+        on CUDA FlashInfer's fused add + RMSNorm (kernels/cuda_ops.py) does."""
         ops = cpu_kernels.ops() if h.device.type == "cpu" and h.dtype in (torch.float32, torch.bfloat16) else None
         if ops is not None and h.dim() == 2 and self.weight.dtype == h.dtype:
             return ops.add_rms_norm(h, residual, self.weight, self.eps)
+        fused = cuda_ops.for_tensor(h)
+        done = fused.add_rms_norm(h, residual, self.weight, self.eps) if fused is not None else None
+        if done is not None:
+            return done
         if residual is not None:
             h = h + residual
         # F.rms_norm accumulates bf16/fp16 input in float32 and rounds once: the same values as
@@ -88,18 +94,15 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeStep, attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(x)
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = (
+            part.view(t, -1, self.head_dim)
+            for part in self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        )
         if self.q_norm is not None and self.k_norm is not None:
-            q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = apply_rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), cos, sin)
-            k = apply_rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), cos, sin)
-        else:
-            # q and k are adjacent columns of qkv: one rotation over all their heads halves the per-layer ops.
-            qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-            q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope.rotate(q, k)
         out = attn.forward(self.layer_id, q, k, v)
         return self.o_proj(out.reshape(t, self.q_size))
 
@@ -112,8 +115,13 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        fused = cuda_ops.for_tensor(gate_up)
+        act = fused.silu_mul(gate_up) if fused is not None else None
+        if act is None:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            act = F.silu(gate) * up
+        return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):
@@ -124,9 +132,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = MLP(config, dtype)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        h, x = self.post_attention_layernorm.add_forward(h, self.self_attn(self.input_layernorm(h), cos, sin, attn))
-        return h + self.mlp(x)
+    def forward(
+        self, h: torch.Tensor, residual: torch.Tensor | None, rope: RopeStep, attn: AttentionBackend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it); the next layer adds the two in its first
+        norm, so every residual add is fused into a norm (the last one into the model's final norm)."""
+        residual, x = self.input_layernorm.add_forward(h, residual)
+        residual, x = self.post_attention_layernorm.add_forward(self.self_attn(x, rope, attn), residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -158,10 +171,11 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states `[T, hidden]` after the final norm for every packed token; writes each layer's K/V via `attn`."""
         h = self.embed_tokens(batch.input_ids)
-        cos, sin = self.rotary(batch.positions, h.dtype)
+        rope = self.rotary(batch.positions, h.dtype, cuda_ops.for_tensor(h))
+        residual = None
         for layer in self.layers:
-            h = layer(h, cos, sin, attn)
-        return self.norm(h)
+            h, residual = layer(h, residual, rope, attn)
+        return self.norm.add_forward(h, residual)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits `[N, vocab]` in float32 for hidden rows `[N, hidden]` (select `batch.logits_indices` first)."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 import kernels.cpu as cpu_kernels
+import kernels.cuda_ops as cuda_ops
 
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)  # what the fused CPU op takes
 
@@ -79,7 +81,8 @@ def _yarn_inv_freq(
 
 
 class RotaryEmbedding(nn.Module):
-    """Holds cos/sin `[max_position, head_dim // 2]`; `forward(positions)` looks them up once per model step."""
+    """Holds cos|sin `[max_position, head_dim]` (float32, cos in the first half: FlashInfer's layout, so the CUDA
+    path reads it as is); `forward(positions)` gives the step's `RopeStep`."""
 
     def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
@@ -87,25 +90,71 @@ class RotaryEmbedding(nn.Module):
         self.max_position = max_position
         self.theta = theta
         self.scaling = scaling
-        self.register_buffer("cos_cache", torch.empty(max_position, head_dim // 2), persistent=False)
-        self.register_buffer("sin_cache", torch.empty(max_position, head_dim // 2), persistent=False)
+        self.register_buffer("cos_sin_cache", torch.empty(max_position, head_dim), persistent=False)
         self.reset_cache()
 
     @torch.no_grad()
     def reset_cache(self) -> None:
-        """(Re)compute the cache in float32 and store it in the buffers' dtype and device (needed after meta init)."""
-        if self.cos_cache.is_meta:
+        """(Re)compute the cache in float32 on the buffer's device (needed after meta init)."""
+        if self.cos_sin_cache.is_meta:
             return
         inv_freq, attn_factor = rope_inv_freq(self.head_dim, self.theta, self.scaling, self.max_position)
         freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32), inv_freq)
-        self.cos_cache.copy_(freqs.cos() * attn_factor)
-        self.sin_cache.copy_(freqs.sin() * attn_factor)
+        half = self.head_dim // 2
+        self.cos_sin_cache[:, :half].copy_(freqs.cos() * attn_factor)
+        self.cos_sin_cache[:, half:].copy_(freqs.sin() * attn_factor)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin `[T, 1, head_dim // 2]` in `dtype` for absolute `positions` `[T]`, broadcastable over heads."""
-        cos = self.cos_cache.index_select(0, positions).to(dtype).unsqueeze(1)
-        sin = self.sin_cache.index_select(0, positions).to(dtype).unsqueeze(1)
-        return cos, sin
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype, fused: cuda_ops.FusedOps | None) -> RopeStep:
+        """The rotation for absolute `positions` `[T]`: with `fused` (the CUDA path) no lookup happens here, the
+        kernel reads the cache; else cos, sin `[T, 1, head_dim // 2]` in `dtype`, broadcastable over heads."""
+        if fused is not None:
+            return RopeStep(positions, None, None, self.cos_sin_cache, fused)
+        cos, sin = lookup(self.cos_sin_cache, positions, dtype)
+        return RopeStep(positions, cos, sin, self.cos_sin_cache, None)
+
+
+@dataclass(frozen=True)
+class RopeStep:
+    """One step's rotation: what the torch path needs (cos, sin) or what the fused kernel needs (positions, cache)."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    cos_sin_cache: torch.Tensor
+    fused: cuda_ops.FusedOps | None
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q `[T, H, D]` and k `[T, KH, D]` rotated. The fused kernel rotates them in place; the torch path
+        rotates them as one tensor when k's heads follow q's in memory (the qkv projection's output), which
+        halves its ops per layer."""
+        if self.fused is not None and self.fused.rope_qk(q, k, self.positions, self.cos_sin_cache):
+            return q, k
+        if self.cos is None or self.sin is None:  # a shape the kernel refused: look up as the torch path does
+            cos, sin = lookup(self.cos_sin_cache, self.positions, q.dtype)
+        else:
+            cos, sin = self.cos, self.sin
+        if _adjacent(q, k):
+            qk = q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
+            return apply_rope(qk, cos, sin).split([q.shape[1], k.shape[1]], dim=1)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+def lookup(cos_sin_cache: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """cos, sin `[T, 1, head_dim // 2]` in `dtype`, each contiguous (the CPU rope op would copy a strided one per
+    layer)."""
+    rows = cos_sin_cache.index_select(0, positions).to(dtype)
+    return tuple(half.contiguous().unsqueeze(1) for half in rows.chunk(2, dim=-1))
+
+
+def _adjacent(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """True when k `[T, KH, D]` continues q `[T, H, D]` in every row of one buffer (same strides, k's first head
+    right after q's last)."""
+    return (
+        q.stride() == k.stride()
+        and q.stride(1) == q.shape[2]
+        and q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
+        and k.storage_offset() == q.storage_offset() + q.shape[1] * q.shape[2]
+    )
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
