@@ -95,9 +95,12 @@ class RotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def reset_cache(self) -> None:
-        """(Re)compute the cache in float32 on the buffer's device (needed after meta init)."""
+        """(Re)compute the cache in float32 on the buffer's device (needed after meta init). A `model.to(dtype)`
+        before this would have cast the buffer: it is made float32 again, as FlashInfer's kernel requires."""
         if self.cos_sin_cache.is_meta:
             return
+        if self.cos_sin_cache.dtype != torch.float32:
+            self.cos_sin_cache = torch.empty_like(self.cos_sin_cache, dtype=torch.float32)
         inv_freq, attn_factor = rope_inv_freq(self.head_dim, self.theta, self.scaling, self.max_position)
         freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32), inv_freq)
         half = self.head_dim // 2
@@ -107,7 +110,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, dtype: torch.dtype, fused: cuda_ops.FusedOps | None) -> RopeStep:
         """The rotation for absolute `positions` `[T]`: with `fused` (the CUDA path) no lookup happens here, the
         kernel reads the cache; else cos, sin `[T, 1, head_dim // 2]` in `dtype`, broadcastable over heads."""
-        if fused is not None:
+        if fused is not None and self.cos_sin_cache.dtype == torch.float32:
             return RopeStep(positions, None, None, self.cos_sin_cache, fused)
         cos, sin = lookup(self.cos_sin_cache, positions, dtype)
         return RopeStep(positions, cos, sin, self.cos_sin_cache, None)
