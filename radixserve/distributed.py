@@ -2,15 +2,16 @@
 
 Rank 0 runs the scheduler, the radix tree and the sampler; ranks 1 .. N-1 only run the model forward on their shard
 (radixserve/model/parallel.py) and own their slice of the KV pool. Page ids are the same on every rank, so the tree
-on rank 0 stands for all of them: the only thing the other ranks need per step is the ForwardBatch.
+on rank 0 stands for all of them: what the other ranks need per step is the ForwardBatch and the step's pool
+copies (partial-page reuse copies a cached page's rows into a new page: every rank copies its own shard of them).
 
 Start-up, either way torchrun's conventions (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT):
 - under torchrun (those variables set), every process joins with `env://`; a rank above 0 becomes a worker;
 - otherwise rank 0 spawns N-1 `python -m radixserve.tp_worker` processes on this machine with those variables set
   (a subprocess, not multiprocessing's spawn: a caller's script without a `__main__` guard is never re-imported).
 
-Transport: NCCL on CUDA, gloo on CPU. Each step is two gloo broadcasts on a CPU group (a 7-int header, then every
-int tensor of the batch in one buffer), plus, when the batch names ids still being sampled (overlap scheduling), the
+Transport: NCCL on CUDA, gloo on CPU. Each step is two gloo broadcasts on a CPU group (an 8-int header, then every
+int tensor of the batch and the copy slots in one buffer), plus, when the batch names ids still being sampled (overlap scheduling), the
 resolved ids on the device group. The CPU group waits without a deadline: an idle server sends nothing for hours,
 and a rank whose peer died still learns it at once, from the closed connection. The default group (the model's
 collectives, and the start-up rendezvous) gives up after START_TIMEOUT.
@@ -35,7 +36,7 @@ from radixserve.forward_batch import ForwardBatch
 log = logging.getLogger(__name__)
 
 _STOP, _STEP = 0, 1
-_HEADER = 7  # kind, tokens, requests, page-table width, logits rows, page size, has resolved ids
+_HEADER = 8  # kind, tokens, requests, page-table width, logits rows, page size, has resolved ids, copied slots
 IDLE_TIMEOUT = timedelta(days=365)
 START_TIMEOUT = timedelta(minutes=10)
 WORKER_EXIT_S = 30.0
@@ -57,6 +58,16 @@ def rank_device(base: torch.device, local_rank: int) -> torch.device:
 
 
 @dataclass
+class WorkerStep:
+    """What a rank above 0 runs for one step: copy the pool's rows `copy_src` to `copy_dst` (flat slots, on its
+    device; None when the step copies nothing), then the forward of `batch`."""
+
+    batch: ForwardBatch
+    copy_src: torch.Tensor | None
+    copy_dst: torch.Tensor | None
+
+
+@dataclass
 class TPGroup:
     """This process's place in the tensor-parallel group, and (on rank 0) the workers it spawned."""
 
@@ -70,11 +81,18 @@ class TPGroup:
     closed: bool = False
     broken: BaseException | None = None  # a fault mid-step: the ranks' collectives can no longer be matched
 
-    def send_batch(self, batch: ForwardBatch, resolved_ids: torch.Tensor | None = None) -> None:
-        """Rank 0: broadcast one step's batch (built on the CPU); `resolved_ids` replace placeholder input ids."""
+    def send_batch(
+        self,
+        batch: ForwardBatch,
+        resolved_ids: torch.Tensor | None = None,
+        copy: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        """Rank 0: broadcast one step's batch (built on the CPU); `resolved_ids` replace placeholder input ids;
+        `copy` (src, dst flat slots) are the pool rows every rank copies before the forward."""
         t, b, n = batch.num_tokens, batch.batch_size, int(batch.logits_indices.numel())
+        copied = 0 if copy is None else int(copy[0].numel())
         header = torch.tensor(
-            [_STEP, t, b, batch.page_table.shape[1], n, batch.page_size, int(resolved_ids is not None)]
+            [_STEP, t, b, batch.page_table.shape[1], n, batch.page_size, int(resolved_ids is not None), copied]
         )
         dist.broadcast(header, 0, group=self.control)
         parts = [
@@ -87,21 +105,23 @@ class TPGroup:
             batch.seq_lens,
             batch.qo_indptr,
             batch.page_table.flatten(),
+            *(copy or ()),
         ]
         dist.broadcast(torch.cat([p.cpu().long() for p in parts]), 0, group=self.control)
         if resolved_ids is not None:
             dist.broadcast(resolved_ids, 0, group=self.group)
 
-    def recv_batch(self) -> ForwardBatch | None:
-        """Ranks above 0: the next step's batch on this rank's device, or None when rank 0 stops."""
+    def recv_batch(self) -> WorkerStep | None:
+        """Ranks above 0: the next step on this rank's device, or None when rank 0 stops."""
         header = torch.empty(_HEADER, dtype=torch.int64)
         dist.broadcast(header, 0, group=self.control)
-        kind, t, b, pages, n, page_size, resolved = header.tolist()
+        kind, t, b, pages, n, page_size, resolved, copied = header.tolist()
         if kind == _STOP:
             return None
-        payload = torch.empty(3 * t + n + 4 * b + 1 + b * pages, dtype=torch.int64)
+        sizes = [t, t, t, n, b, b, b, b + 1, b * pages, copied, copied]
+        payload = torch.empty(sum(sizes), dtype=torch.int64)
         dist.broadcast(payload, 0, group=self.control)
-        ids, pos, loc, rows, prefix, extend, seq, indptr, table = payload.split([t, t, t, n, b, b, b, b + 1, b * pages])
+        ids, pos, loc, rows, prefix, extend, seq, indptr, table, src, dst = payload.split(sizes)
         batch = ForwardBatch(
             ids,
             pos,
@@ -117,7 +137,9 @@ class TPGroup:
         if resolved:
             batch.input_ids = torch.empty(t, dtype=torch.int64, device=self.device)
             dist.broadcast(batch.input_ids, 0, group=self.group)
-        return batch
+        if not copied:
+            return WorkerStep(batch, None, None)
+        return WorkerStep(batch, src.to(self.device), dst.to(self.device))
 
     def min_int(self, value: int) -> int:
         """The smallest `value` over all ranks (every rank must call it at the same point)."""

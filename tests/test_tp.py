@@ -158,7 +158,10 @@ def test_engine_tp2_gives_tp1_tokens_with_the_prefix_cache(tiny_model_dir: Path,
         eng = make_engine(tiny_model_dir, tp=tp, page_size=4, overlap_schedule=tp == 2)
         if eng.tp is not None:
             send = eng.tp.send_batch
-            eng.tp.send_batch = lambda batch, ids=None: (resolved.append(ids is not None), send(batch, ids))[1]
+            eng.tp.send_batch = lambda batch, ids=None, copy=None: (
+                resolved.append(ids is not None),
+                send(batch, ids, copy),
+            )[1]
         a = eng.generate(first, params)
         b = eng.generate(first[0] + a[0]["text"] + " And you?", params)
         outs[tp] = ([o["output_ids"] for o in a], b["output_ids"], b["meta_info"]["cached_tokens"])
@@ -177,6 +180,24 @@ def test_engine_tp2_gives_tp1_tokens_with_the_prefix_cache(tiny_model_dir: Path,
     assert eng.tp.broken is not None
     eng.shutdown()
     assert eng.tp.procs[0].poll() is not None
+
+
+def test_tp2_partial_page_reuse_copies_every_ranks_shard(tiny_model_factory: Callable[..., Path], make_engine) -> None:
+    """Issue 32: prompts whose cached prefix ends part way through a page reuse its rows by copying them (page 16,
+    partial-page reuse on); at tp=2 every rank must copy its own shard of those rows, or the other rank attends
+    over an uninitialized page and its logits differ (by 0.28-0.37 in logprob before the fix)."""
+    path = tiny_model_factory("qwen3", hidden_size=80, head_dim=20, num_attention_heads=4, num_key_value_heads=2)
+    prompts = [f"scale out prompt {i} " + "y " * (20 + 7 * i) for i in range(4)]
+    params = {"max_new_tokens": 16, "temperature": 0}
+    outs = {}
+    for tp in (1, 2):
+        eng = make_engine(path, tp=tp, page_size=16)
+        runs = [eng.generate(p, params, return_logprob=True, top_logprobs_num=2) for p in prompts]
+        outs[tp] = [(r["output_ids"], [lp for lp, _ in r["meta_info"]["output_token_logprobs"]]) for r in runs]
+        assert eng.cache_stats()["partial_page_hit_tokens"] > 0  # the case under test happened
+    for (ids1, lps1), (ids2, lps2) in zip(outs[1], outs[2]):
+        assert ids2 == ids1
+        torch.testing.assert_close(torch.tensor(lps2), torch.tensor(lps1), rtol=0, atol=1e-4)
 
 
 @pytest.mark.slow

@@ -137,8 +137,10 @@ class ModelRunner:
     def serve_steps(self) -> None:
         """Tensor-parallel ranks above 0: run the forward of each batch rank 0 sends, until it stops."""
         assert self.tp is not None and self.tp.rank > 0
-        while (batch := self.tp.recv_batch()) is not None:
-            self.forward(batch)
+        while (step := self.tp.recv_batch()) is not None:
+            if step.copy_src is not None and step.copy_dst is not None:
+                self.pool.copy_slots(step.copy_src, step.copy_dst)
+            self.forward(step.batch)
 
     @torch.inference_mode()
     def execute(self, step: ScheduledBatch) -> "PendingOutput":
@@ -233,7 +235,8 @@ class ModelRunner:
         if self.tp.broken is not None:
             raise RuntimeError(f"tensor-parallel group unusable after an earlier fault: {self.tp.broken!r}")
         try:
-            self.tp.send_batch(step.forward, batch.input_ids if step.has_placeholders else None)
+            copy = None if step.copy_src is None or step.copy_dst is None else (step.copy_src, step.copy_dst)
+            self.tp.send_batch(step.forward, batch.input_ids if step.has_placeholders else None, copy)
             return self.forward(batch)
         except BaseException as exc:
             self.tp.broken = exc
