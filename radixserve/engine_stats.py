@@ -35,17 +35,19 @@ class EngineStats:
 
     def _cache_stats(self) -> dict[str, Any]:
         s = self.scheduler.stats
-        cache = self.scheduler.cache
+        pages = self.scheduler.pool_states()
         return {
             "hit_tokens": s.hit_tokens,
             "partial_page_hit_tokens": s.partial_page_hit_tokens,
             "prompt_tokens": s.prompt_tokens,
             "hit_rate": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
-            "total_pages": self.runner.pool.capacity,
-            "free_pages": self.runner.pool.num_free_pages,
-            "cached_pages": cache.total_pages + self.scheduler.partial_pages,
-            "evictable_pages": cache.evictable_pages + self.scheduler.partial_pages,
-            "partial_pages": self.scheduler.partial_pages,
+            "total_pages": pages.total,
+            "free_pages": pages.free,
+            "cached_pages": pages.cached,
+            "evictable_pages": pages.evictable,
+            "locked_pages": pages.tree_locked,
+            "partial_pages": pages.partial_kept,
+            "private_pages": pages.private,
             "page_size": self.runner.pool.page_size,
             "dtype": self.dtype_name,
             "quantization": self.quantization,

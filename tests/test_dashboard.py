@@ -256,6 +256,58 @@ def test_latency_histograms(server: BackgroundServer, workload: list[dict]) -> N
     assert charted and charted <= exported, charted - exported
 
 
+def _pool_from_metrics(server: BackgroundServer) -> dict[str, float]:
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
+    names = ("total", "free", "evictable", "locked", "partial", "private")
+    want = {f"radixserve_{n}_pages": n for n in names}
+    return {want[s.name]: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name in want}
+
+
+def _pool_from_stats(server: BackgroundServer) -> dict[str, float]:
+    with client(server, ADMIN) as c:
+        p = c.get("/cache/stats").json()["pool"]
+    return {
+        "total": p["total"],
+        "free": p["free"],
+        "evictable": p["cached_evictable"],
+        "locked": p["locked"],
+        "partial": p["partial_kept"],
+        "private": p["in_flight"],
+    }
+
+
+def test_cache_stats_and_metrics_agree_on_every_pool_state(server: BackgroundServer, engine: Engine, workload) -> None:
+    """Issue 32: after short chats at rest, kept partial pages showed as "in flight (private)" in the explorer while
+    /metrics counted them as cached. Both now read one PoolStates."""
+    model = engine.model_info()["model_name"]
+    with client(server, ADMIN) as c:
+        for i in range(3):  # three short chats of their own: each leaves its last, part-filled page kept
+            msgs = [{"role": "user", "content": f"short chat number {i} about pools"}]
+            assert c.post("/v1/chat/completions", json={"model": model, "messages": msgs, **GREEDY}).status_code == 200
+    wait_idle(engine)
+    stats, metrics = _pool_from_stats(server), _pool_from_metrics(server)
+    assert stats == metrics
+    assert stats["private"] == 0 and stats["partial"] > 0  # at rest; the chats' last pages are kept partial pages
+    assert stats["free"] + stats["evictable"] + stats["locked"] + stats["private"] == stats["total"]
+    body = {
+        "model": model,
+        "prompt": "a long answer please " * 8,
+        "max_tokens": 200,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    samples = []
+    with client(server, ADMIN) as c, c.stream("POST", "/v1/completions", json=body) as r:
+        for i, _ in enumerate(r.iter_lines()):  # under load, sampled while the answer streams
+            if i % 100 == 0:
+                samples += [_pool_from_stats(server), _pool_from_metrics(server)]
+    assert any(pool["private"] > 0 for pool in samples)
+    for pool in samples:
+        assert pool["free"] + pool["evictable"] + pool["locked"] + pool["private"] == pool["total"]
+    wait_idle(engine)
+
+
 def test_running_requests_table_is_per_tenant(server: BackgroundServer, engine: Engine) -> None:
     model = engine.model_info()["model_name"]
     body = {

@@ -6,6 +6,7 @@ A mixin of `Scheduler` (it works on the scheduler's pool, cache, queues and runn
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from radixserve.cache.radix_cache import RadixCache
@@ -20,6 +21,29 @@ if TYPE_CHECKING:
     from radixserve.cache.partial_page import PartialPages
     from radixserve.cache.pins import PinTable
     from radixserve.scheduler.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class PoolStates:
+    """Every page of the KV pool in exactly one state (the five sum to `total`): the one definition that /metrics,
+    /cache/stats and the dashboard all report."""
+
+    total: int
+    free: int
+    tree_evictable: int  # in the radix tree, held by no request and no pin
+    tree_locked: int  # in the radix tree, held by a running request or a pin
+    partial_kept: int  # a finished request's partial page, kept for later requests to copy rows from
+    private: int  # held by a running request outside the tree (KV not inserted yet, its own partial page)
+
+    @property
+    def cached(self) -> int:
+        """Pages whose KV a later request can reuse: the tree's and the kept partial pages."""
+        return self.tree_evictable + self.tree_locked + self.partial_kept
+
+    @property
+    def evictable(self) -> int:
+        """Cached pages that can be taken back on demand (kept partial pages go first)."""
+        return self.tree_evictable + self.partial_kept
 
 
 class PageKeeping:
@@ -87,6 +111,13 @@ class PageKeeping:
         if req.slot >= 0:
             self._free_slots.append(req.slot)
             req.slot = -1
+
+    def pool_states(self) -> PoolStates:
+        """The pool's pages by state (call on the loop thread, or where the scheduler does not move)."""
+        free, kept = self.pool.num_free_pages, self.partial_pages
+        evictable, locked = self.cache.evictable_pages, self.cache.protected_pages
+        private = self.pool.capacity - free - evictable - locked - kept  # check_invariants counts them one by one
+        return PoolStates(self.pool.capacity, free, evictable, locked, kept, private)
 
     # ---- maintenance ------------------------------------------------------------------------------------------
     def flush_cache(self) -> bool:

@@ -279,16 +279,17 @@ class TreeReader:
 
 
 def pool_view(engine: Any) -> dict[str, int]:
-    """Pages of the KV pool by state: free, cached and evictable, cached and locked, held privately by requests."""
-    pool, cache = engine.runner.pool, engine.scheduler.cache
-    free, evictable, locked = pool.num_free_pages, cache.evictable_pages, cache.protected_pages
+    """Pages of the KV pool by state, as /metrics counts them (scheduler/pages.py PoolStates): free, cached and
+    evictable (kept partial pages included), cached and locked, held privately by running requests."""
+    pages = engine.scheduler.pool_states()
     return {
-        "total": pool.capacity,
-        "free": free,
-        "cached_evictable": evictable,
-        "locked": locked,
-        "in_flight": max(pool.capacity - free - evictable - locked, 0),
-        "page_size": pool.page_size,
+        "total": pages.total,
+        "free": pages.free,
+        "cached_evictable": pages.evictable,
+        "locked": pages.tree_locked,
+        "partial_kept": pages.partial_kept,
+        "in_flight": pages.private,
+        "page_size": engine.runner.pool.page_size,
     }
 
 
