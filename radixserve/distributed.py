@@ -24,6 +24,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -35,8 +36,9 @@ from radixserve.forward_batch import ForwardBatch
 
 log = logging.getLogger(__name__)
 
-_STOP, _STEP = 0, 1
+_STOP, _STEP, _GATHER, _SCATTER = 0, 1, 2, 3
 _HEADER = 8  # kind, tokens, requests, page-table width, logits rows, page size, has resolved ids, copied slots
+# (a page transfer's header: kind, number of pages, then zeros)
 IDLE_TIMEOUT = timedelta(days=365)
 START_TIMEOUT = timedelta(minutes=10)
 WORKER_EXIT_S = 30.0
@@ -68,6 +70,16 @@ class WorkerStep:
 
 
 @dataclass
+class PageTransfer:
+    """A rank above 0's part in moving whole KV pages between rank 0's tiers and every rank's pool (radixserve/
+    tp_pool.py): `gather` sends this rank's shard of pool pages `pages` to rank 0 (`send_shard`); otherwise this
+    rank receives its shard of them (`recv_shard`) and writes it into those pages."""
+
+    gather: bool
+    pages: torch.Tensor  # int64, on the CPU
+
+
+@dataclass
 class TPGroup:
     """This process's place in the tensor-parallel group, and (on rank 0) the workers it spawned."""
 
@@ -80,6 +92,9 @@ class TPGroup:
     saved_threads: int | None = None
     closed: bool = False
     broken: BaseException | None = None  # a fault mid-step: the ranks' collectives can no longer be matched
+    # Rank 0 sends from two threads with overlap on (steps from the worker, tier page transfers from the loop): each
+    # message (header and body) goes out whole, so the workers read them in one order.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def send_batch(
         self,
@@ -94,6 +109,16 @@ class TPGroup:
         header = torch.tensor(
             [_STEP, t, b, batch.page_table.shape[1], n, batch.page_size, int(resolved_ids is not None), copied]
         )
+        with self.lock:
+            self._send_step(header, batch, resolved_ids, copy)
+
+    def _send_step(
+        self,
+        header: torch.Tensor,
+        batch: ForwardBatch,
+        resolved_ids: torch.Tensor | None,
+        copy: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> None:
         dist.broadcast(header, 0, group=self.control)
         parts = [
             batch.input_ids,
@@ -111,13 +136,17 @@ class TPGroup:
         if resolved_ids is not None:
             dist.broadcast(resolved_ids, 0, group=self.group)
 
-    def recv_batch(self) -> WorkerStep | None:
-        """Ranks above 0: the next step on this rank's device, or None when rank 0 stops."""
+    def recv(self) -> WorkerStep | PageTransfer | None:
+        """Ranks above 0: the next step on this rank's device or page transfer, or None when rank 0 stops."""
         header = torch.empty(_HEADER, dtype=torch.int64)
         dist.broadcast(header, 0, group=self.control)
         kind, t, b, pages, n, page_size, resolved, copied = header.tolist()
         if kind == _STOP:
             return None
+        if kind in (_GATHER, _SCATTER):
+            ids = torch.empty(t, dtype=torch.int64)
+            dist.broadcast(ids, 0, group=self.control)
+            return PageTransfer(kind == _GATHER, ids)
         sizes = [t, t, t, n, b, b, b, b + 1, b * pages, copied, copied]
         payload = torch.empty(sum(sizes), dtype=torch.int64)
         dist.broadcast(payload, 0, group=self.control)
@@ -141,6 +170,36 @@ class TPGroup:
             return WorkerStep(batch, None, None)
         return WorkerStep(batch, src.to(self.device), dst.to(self.device))
 
+    # ---- whole pages for the tiers (rank 0 sends the header and page ids, then the shards move) ----------------
+    def gather_pages(self, pages: torch.Tensor, local: torch.Tensor) -> list[torch.Tensor]:
+        """Rank 0: every rank's shard of pool pages `pages` (int64, CPU), rank 0's own being `local` (CPU)."""
+        with self.lock:
+            self._send_transfer(_GATHER, pages)
+            shards = [torch.empty_like(local) for _ in range(self.size)]
+            dist.gather(_raw(local), [_raw(t) for t in shards], dst=0, group=self.control)
+        return shards
+
+    def scatter_pages(self, pages: torch.Tensor, shards: list[torch.Tensor]) -> None:
+        """Rank 0: send rank r its shard `shards[r]` (CPU, contiguous) of pool pages `pages`; rank 0 keeps its own."""
+        with self.lock:
+            self._send_transfer(_SCATTER, pages)
+            mine = torch.empty_like(shards[0])
+            dist.scatter(_raw(mine), [_raw(t) for t in shards], src=0, group=self.control)
+
+    def send_shard(self, local: torch.Tensor) -> None:
+        """Ranks above 0, after a gather PageTransfer: this rank's shard (CPU, contiguous) to rank 0."""
+        dist.gather(_raw(local), None, dst=0, group=self.control)
+
+    def recv_shard(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Ranks above 0, after a scatter PageTransfer: this rank's shard (CPU)."""
+        out = torch.empty(shape, dtype=dtype)
+        dist.scatter(_raw(out), None, src=0, group=self.control)
+        return out
+
+    def _send_transfer(self, kind: int, pages: torch.Tensor) -> None:
+        dist.broadcast(torch.tensor([kind, pages.numel()] + [0] * (_HEADER - 2)), 0, group=self.control)
+        dist.broadcast(pages.long().contiguous(), 0, group=self.control)
+
     def min_int(self, value: int) -> int:
         """The smallest `value` over all ranks (every rank must call it at the same point)."""
         t = torch.tensor([value], dtype=torch.int64)
@@ -148,8 +207,9 @@ class TPGroup:
         return int(t.item())
 
     def send_stop(self) -> None:
-        """Rank 0: end the workers' current model (their `recv_batch` returns None)."""
-        dist.broadcast(torch.tensor([_STOP] + [0] * (_HEADER - 1)), 0, group=self.control)
+        """Rank 0: end the workers' current model (their `recv` returns None)."""
+        with self.lock:
+            dist.broadcast(torch.tensor([_STOP] + [0] * (_HEADER - 1)), 0, group=self.control)
 
     def close(self, kill: bool = False) -> None:
         """Rank 0: tell the workers to stop, wait for them, leave the group (idempotent). `kill`: do not wait."""
@@ -172,6 +232,11 @@ class TPGroup:
                 dist.destroy_process_group()
             if self.saved_threads is not None:
                 torch.set_num_threads(self.saved_threads)
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes as uint8 (gloo moves any dtype that way, bfloat16 included)."""
+    return t.view(-1).view(torch.uint8)
 
 
 def join(rank: int, size: int, local_rank: int, base: torch.device, init_method: str = "env://") -> TPGroup:

@@ -175,9 +175,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         )
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
         # The disk tier under the radix tree (--kv-cache-dir): evicted pages spill there and survive restarts.
-        self.tier = attach_tier(
-            c, self.scheduler, self.model_path, self.quantization, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-        )
+        self.tier = attach_tier(c, self.scheduler, self.runner, self.model_path, self.quantization)
 
         # Overlap: a worker thread runs step N (on a GPU it only launches kernels) while the loop processes step N-1
         # and schedules N+1. On a CPU both would share the same cores, so it is off there by default.

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
-from radixserve.cache.kv_pool import kv_bytes_per_token
+from radixserve.cache.kv_pool import KVPool, kv_bytes_per_token
 from radixserve.cache.kv_tier import KVTier, open_tier
 from radixserve.cache.pins import PinError
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.engine_config import EngineConfig
 from radixserve.errors import ParamError
+from radixserve.model.runner import ModelRunner
 from radixserve.scheduler.scheduler import Scheduler
+from radixserve.tp_pool import ShardedPool
 
 log = logging.getLogger(__name__)
 
@@ -44,34 +46,27 @@ TIER_KEYS = (
 
 
 def attach_tier(
-    config: EngineConfig,
-    scheduler: Scheduler,
-    model_path: Any,
-    quantization: str,
-    num_layers: int,
-    num_kv_heads: int,
-    head_dim: int,
+    config: EngineConfig, scheduler: Scheduler, runner: ModelRunner, model_path: Any, quantization: str
 ) -> KVTier | None:
     """Open the host tier and --kv-cache-dir under the scheduler's radix cache (None when both are off or unusable)
     and pin again what the last run on the directory had pinned (before the loop starts: nothing else runs)."""
     cache = scheduler.cache
     if not isinstance(cache, RadixCache):
         return None
-    if config.tp > 1:
-        # The tiers copy rank 0's pool only; each worker holds its own shard of every page, which they would miss.
-        if config.kv_cache_dir is not None or config.kv_cache_host_gb:
-            log.warning("--kv-cache-dir and --kv-cache-host-gb are not supported with --tp > 1 yet: tiers off")
-        return None
+    pool = scheduler.pool
+    if runner.tp is not None:  # the tiers store whole pages: every rank gives and takes its heads' shard
+        pool = cast(KVPool, ShardedPool(pool, runner.tp, runner.config))  # the pool's interface, pages whole
+    cfg = runner.config  # the whole model's: the pages the tiers store hold every KV head
     tier = open_tier(
         config.kv_cache_dir,
         config.kv_cache_disk_gb,
         config.kv_cache_host_gb,
         model_path,
         quantization,
-        scheduler.pool,
-        num_layers,
-        num_kv_heads,
-        head_dim,
+        pool,
+        cfg.num_layers,
+        cfg.num_kv_heads,
+        cfg.head_dim,
     )
     cache.tier = tier
     if tier is None or tier.store is None:

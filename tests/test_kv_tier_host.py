@@ -6,9 +6,7 @@ pages to disk. The tree's invariants hold after every scenario (DESIGN.md rule 3
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -16,10 +14,7 @@ from radixserve.cache.disk_tier import DiskTier
 from radixserve.cache.host_tier import HostTier, host_tier_bytes
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.kv_tier import KVTier
-from radixserve.cache.pins import PinTable
 from radixserve.cache.radix_cache import RadixCache
-from radixserve.engine_cache import attach_tier
-from radixserve.engine_config import EngineConfig
 from test_kv_tier import DIGEST, LAYOUT, PS, kv_of, put_prompt
 
 
@@ -128,20 +123,6 @@ def test_a_checkpoint_writes_the_host_pages_to_disk(tmp_path: Path) -> None:
     assert cache2.tier.load_prefix(cache2, tokens + [1], "") == 4
     assert same(kv_of(pool2, cache2.match_prefix(tokens + [1]).pages), before)
     check(pool2, cache2)
-
-
-def test_tiers_stay_off_under_tensor_parallelism(tmp_path: Path, caplog) -> None:
-    """Each tp worker holds a shard of every page that the tiers (copying rank 0's pool) would miss."""
-    pool = KVPool(LAYOUT.num_layers, 16, PS, LAYOUT.num_kv_heads, LAYOUT.head_dim, torch.bfloat16)
-    sched = SimpleNamespace(cache=RadixCache(pool, PS), pool=pool, pins=PinTable(0.5))
-    (tmp_path / "config.json").write_text("{}")
-    args = (tmp_path / "config.json", "none", LAYOUT.num_layers, LAYOUT.num_kv_heads, LAYOUT.head_dim)
-    on = EngineConfig(kv_cache_dir=tmp_path / "kv", kv_cache_host_gb=0.001)
-    assert attach_tier(on, sched, *args) is not None  # type: ignore[arg-type]
-    sched.cache.tier.close(sched.cache)
-    sched.cache = RadixCache(pool, PS)
-    assert attach_tier(replace(on, tp=2), sched, *args) is None  # type: ignore[arg-type]
-    assert sched.cache.tier is None and "not supported with --tp > 1" in caplog.text
 
 
 def test_automatic_size_is_off_on_cpu_and_a_setting_forces_it() -> None:

@@ -98,6 +98,18 @@ class KVPool:
         v = torch.stack([b.index_select(0, pages) for b in self.v_buffers], 1)
         return torch.stack([k, v], 1)
 
+    def scatter_pages(self, pages: torch.Tensor, kv: torch.Tensor) -> None:
+        """The inverse of `gather_pages`: write `kv` `[n, 2, layers, page_size, kv_heads, head_dim]` (on the pool's
+        device) into pool pages `pages`."""
+        for layer, (kb, vb) in enumerate(zip(self.k_buffers, self.v_buffers)):
+            kb.index_copy_(0, pages, kv[:, 0, layer])
+            vb.index_copy_(0, pages, kv[:, 1, layer])
+
+    @property
+    def page_shape(self) -> tuple[int, ...]:
+        """One page as `gather_pages` returns it: `[2, layers, page_size, kv_heads, head_dim]`."""
+        return (2, len(self.k_buffers), *self.k_buffers[0].shape[1:])
+
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy K and V at flat slots `src` to flat slots `dst` in every layer (int64, on the pool's device): one
         gather and one scatter per buffer, reading only the slots named. All are read before any is written."""

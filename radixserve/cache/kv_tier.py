@@ -247,10 +247,7 @@ class KVTier:
             assert self.host is not None
             self.host.copy_out(host_rows, slots, kv)
         t2 = time.perf_counter()
-        idx = torch.tensor(pages[:n], dtype=torch.int64, device=self.pool.device)
-        for layer, (kb, vb) in enumerate(zip(self.pool.k_buffers, self.pool.v_buffers)):
-            kb.index_copy_(0, idx, kv[:, 0, layer])
-            vb.index_copy_(0, idx, kv[:, 1, layer])
+        self.pool.scatter_pages(torch.tensor(pages[:n], dtype=torch.int64, device=self.pool.device), kv)
         per_page = (time.perf_counter() - t2) / n  # the shared scatter into the pool, split by pages
         self._count(self.stats, len(disk_rows), (t1 - t0) + per_page * len(disk_rows))  # reads, checks, copy
         self._count(self.host_stats, len(host_rows), (t2 - t1) + per_page * len(host_rows))

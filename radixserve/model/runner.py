@@ -12,12 +12,14 @@ from radixserve.host_memory import available_ram
 from radixserve.attention.base import AttentionBackend
 from radixserve.cache.kv_pool import KVPool, kv_bytes_per_token
 from radixserve.config import ModelConfig
+from radixserve.distributed import PageTransfer
 from radixserve.forward_batch import ForwardBatch
 from radixserve.model.loader import load_model
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling.sampler import chosen_logprobs, sample_ids, token_logprobs
 from radixserve.sampling.speculative import verify
 from radixserve.step import ScheduledBatch, StepOutput
+from radixserve.tp_pool import serve_transfer
 from radixserve.transfer import device_tensor, to_device
 
 if TYPE_CHECKING:
@@ -137,7 +139,10 @@ class ModelRunner:
     def serve_steps(self) -> None:
         """Tensor-parallel ranks above 0: run the forward of each batch rank 0 sends, until it stops."""
         assert self.tp is not None and self.tp.rank > 0
-        while (step := self.tp.recv_batch()) is not None:
+        while (step := self.tp.recv()) is not None:
+            if isinstance(step, PageTransfer):  # rank 0's tiers spill or load whole pages (radixserve/tp_pool.py)
+                serve_transfer(self.pool, self.tp, step)
+                continue
             if step.copy_src is not None and step.copy_dst is not None:
                 self.pool.copy_slots(step.copy_src, step.copy_dst)
             self.forward(step.batch)
