@@ -105,6 +105,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         help="constrained decoding samples every token, even those the grammar forces",
     )
     p.add_argument(
+        "--null-model",
+        action="store_true",
+        help="for benchmarks and tests: load no weights; every step returns fixed logits of the model's shape at once, "
+        "so the engine's own host cost per step can be measured (answers are meaningless)",
+    )
+    p.add_argument(
         "--init-new-token-ratio",
         type=float,
         default=0.7,
@@ -305,6 +311,7 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "kv_cache_host_gb": args.kv_cache_host_gb,
         "max_pinned_share": args.max_pinned_share,
         "tp": args.tp,
+        "null_model": args.null_model,
     }
 
 

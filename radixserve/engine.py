@@ -126,6 +126,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             c.context_length,
             quantization=self.cpu_choice.quantization,
             tp=self.tp,
+            null_model=c.null_model,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is

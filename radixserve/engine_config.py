@@ -49,6 +49,7 @@ class EngineConfig:
     max_pinned_share: float = 0.5  # pinned prefixes (/cache/pin) hold at most this share of the KV pool
     enable_jump_forward: bool = True  # constrained decoding appends the tokens a grammar forces without sampling
     tp: int = 1  # tensor parallel ranks: tp - 1 workers share each layer (radixserve/distributed.py)
+    null_model: bool = False  # benchmarks and tests: no weights, fixed logits at once (radixserve/model/null.py)
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():
@@ -134,6 +135,7 @@ class EngineConfig:
                 "must be in [0, 1]",
             ),
             ("tp", _int(self.tp) and self.tp >= 1, "must be an integer >= 1"),
+            ("null_model", isinstance(self.null_model, bool), "must be True or False"),
         ]
 
     @classmethod

@@ -124,6 +124,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "kv_cache_host_gb": 0.0,
         "max_pinned_share": 0.25,
         "tp": 1,
+        "null_model": False,
     }
     from radixserve import Engine
 

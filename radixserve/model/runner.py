@@ -14,7 +14,8 @@ from radixserve.cache.kv_pool import KVPool, kv_bytes_per_token
 from radixserve.config import ModelConfig
 from radixserve.distributed import PageTransfer
 from radixserve.forward_batch import ForwardBatch
-from radixserve.model.loader import load_model
+from radixserve.model.loader import load_model, read_config
+from radixserve.model.null import NullModel
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling.sampler import chosen_logprobs, sample_ids, token_logprobs
 from radixserve.sampling.speculative import verify
@@ -94,12 +95,17 @@ class ModelRunner:
         mem_fraction: float = 0.3,
         quantization: str = "none",
         tp: TPGroup | None = None,
+        null_model: bool = False,
     ) -> None:
         self.device = device
         self.tp = tp  # tensor parallel: this rank's shard of the model and of every KV head (radixserve/distributed.py)
         bind_device(device)
         # Packing deferred: it runs while the rest of the engine and the server start (same outputs, see packing.py).
-        self.config, self.model = load_model(model_path, dtype, device, quantization, tp, defer_packing=True)
+        if null_model:  # benchmarks and tests: the whole host path, no layer (radixserve/model/null.py)
+            self.config = read_config(Path(model_path))
+            self.model = NullModel(self.config, dtype, device)
+        else:
+            self.config, self.model = load_model(model_path, dtype, device, quantization, tp, defer_packing=True)
         cfg = self.model.config  # with tp, this rank's heads: its KV pool holds those alone
         bytes_per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype.itemsize)
         if max_total_tokens is None:
