@@ -147,6 +147,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             pool.capacity * pool.page_size,
             self.sampling_defaults,
             self.grammars,
+            eos,
         )
         self.encode_prompts = self.inputs.encode_prompts  # the server tokenizes prompts in a thread with it
         self.compile_grammars = self.inputs.compile_grammars  # and compiles their grammars

@@ -49,8 +49,10 @@ class RequestBuilder:
         pool_tokens: int,
         sampling_defaults: dict[str, Any],
         grammars: GrammarCompiler | None = None,
+        eos_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.tokenizer = tokenizer
+        self.eos_ids = eos_ids  # held off with the stop ids while a request is under its min_new_tokens
         self.grammars = grammars
         self.vocab_size = vocab_size
         self.context_length = context_length
@@ -182,6 +184,8 @@ class RequestBuilder:
             raise ParamError("prompt", f"token ids must be in [0, {vocab})")
         if any(t >= vocab for t in p.stop_token_ids):
             raise ParamError("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
+        if any(int(t) >= vocab for t in p.logit_bias or {}):
+            raise ParamError("logit_bias", f"logit_bias keys must be token ids in [0, {vocab})")
         for limit, fails in (
             (self.context_length, f"exceeds the context length {self.context_length}"),
             (self.pool_tokens, f"cannot fit in the KV pool of {self.pool_tokens} tokens"),
@@ -209,6 +213,7 @@ class RequestBuilder:
                 prompt_ids=spec.input_ids,
                 top_logprobs_num=spec.top_logprobs_num,
                 return_logprob=spec.return_logprob,
+                stop_ids=frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids),
             ),
             namespace=spec.cache_salt,
             tenant=spec.cache_salt if spec.tenant is None else spec.tenant,

@@ -52,6 +52,7 @@ class OutputMeta(msgspec.Struct, kw_only=True, omit_defaults=True):
     ttft: float | None
     e2e_latency: float
     output_token_logprobs: list[LogprobEntry] | None = None
+    output_token_logprobs_length: int | None = None  # output logprobs so far, this chunk's included
     output_top_logprobs: list[TopLogprobs] | None = None
     input_token_logprobs: list[LogprobEntry] | None = None
     input_top_logprobs: list[TopLogprobs] | None = None

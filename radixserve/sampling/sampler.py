@@ -1,4 +1,4 @@
-"""Batched sampler: penalties, greedy/temperature/top-k/top-p/min-p, per-request seeded RNG, and logprobs."""
+"""Batched sampler: penalties, logit bias, greedy/temperature/top-k/top-p/min-p, per-request seeded RNG, and logprobs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.sampling.bias import apply_bias
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling.penalties import apply_penalties
 from radixserve.transfer import device_tensor
@@ -130,7 +131,7 @@ def sample_ids(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> tuple[tor
     want_logprobs = any(info.return_logprob or info.top_logprobs_num > 0 for info in infos)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
 
-    logits = apply_penalties(logits, infos)
+    logits = apply_bias(apply_penalties(logits, infos), infos)
     greedy = [info.params.is_greedy for info in infos]
     if all(greedy):
         return logits.argmax(dim=-1), raw_logprobs
