@@ -144,6 +144,8 @@ def build_router_app(
         Route("/generate", generation, methods=["POST"]),
         Route("/v1/models", any_worker, methods=["GET"]),
         Route("/get_model_info", any_worker, methods=["GET"]),
+        Route("/server_info", any_worker, methods=["GET"]),
+        Route("/get_server_info", any_worker, methods=["GET"]),
         Route("/tokenize", any_worker, methods=["POST"]),
         Route("/detokenize", any_worker, methods=["POST"]),
         Route("/flush_cache", flush_cache, methods=["POST", "GET"]),

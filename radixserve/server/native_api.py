@@ -1,8 +1,9 @@
 """SGLang-native endpoints: /generate, /tokenize, /detokenize, /flush_cache, /get_model_info, /health, /metrics.
 
 /generate answers with the engine's outputs as they are ({"text", "output_ids", "meta_info"}, a list for a batch
-or n > 1). Streamed, each event is one engine chunk: text, output_ids and output logprobs hold only what is new,
-meta_info counts are cumulative, and the last event has the finish_reason; then `data: [DONE]`.
+or n > 1). Streamed, each event holds, as SGLang's server sends it, the whole text, output_ids and output logprobs
+so far (or with --incremental-streaming-output only what is new since the last event); meta_info counts are
+cumulative, and the last event has the finish_reason; then `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from radixserve.io import GenerateOutput, GenerateRequest, StreamChunk
+from radixserve.io import GenerateOutput, GenerateRequest, OutputMeta, StreamChunk
 from radixserve.server.auth import forbidden, principal_of
 from radixserve.server.cache_api import pin_first
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.protocol import DetokenizeRequest, GenerateBody, TokenizeRequest
+from radixserve.server.sglang_fields import refuse_unbuilt
 from radixserve.server.serving import (
     SSE_DONE,
     EventStream,
@@ -72,6 +74,7 @@ def with_token_text(tok: Tokenizer, d: dict[str, Any]) -> dict[str, Any]:
 
 def generate_call(req: GenerateBody, salt: str) -> tuple[GenerateRequest, int]:
     """The engine call for a /generate body and how many prompts it holds (for admission)."""
+    refuse_unbuilt(req)
     if (req.text is None) == (req.input_ids is None):
         raise bad_request("pass exactly one of text or input_ids", param="text")
     if req.text is not None:
@@ -132,7 +135,8 @@ def labeler(internal: str | list[str] | None, given: str | list[str] | None) -> 
 async def generate_endpoint(request: Request) -> Response:
     state = server_state(request)
     req = await read_json(request, GenerateBody)
-    call, count = generate_call(req, cache_salt(request, req.cache_salt))
+    salt = req.cache_salt if req.extra_key is None else f"{req.cache_salt or ''}|extra:{req.extra_key}"
+    call, count = generate_call(req, cache_salt(request, salt))
     call = replace(call, **scheduling(request, req.priority, req.timeout))
     label = labeler(call.rid, req.rid)
     await admit(state, count)
@@ -143,6 +147,8 @@ async def generate_endpoint(request: Request) -> Response:
     if req.stream:
         with engine_errors(default_param):
             streams = await open_streams(request, state, [call])
+        if not state.incremental_streaming_output:
+            label = _then(label, Cumulative())
         return EventStream(generate_events(state, streams[0], req.return_text_in_logprobs, label))
     with engine_errors(default_param):
         [outs] = await generate(request, state, [call])
@@ -157,6 +163,40 @@ async def generate_endpoint(request: Request) -> Response:
     return Response(state.json.encode(body[0] if single else body), media_type="application/json")
 
 
+def _then(first: Callable[[StreamChunk], StreamChunk], second: Callable[[StreamChunk], StreamChunk]) -> Any:
+    return lambda c: second(first(c))
+
+
+class Cumulative:
+    """Turns a stream's chunks (what is new) into SGLang's default events: the text, output_ids and output logprobs
+    so far, and the prompt logprobs (which come with the first chunk) in every event. Each event is encoded before
+    the next chunk comes, so it may share the growing lists."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.ids: list[int] = []
+        self.logprobs: list[Any] = []
+        self.top: list[Any] = []
+        self.meta: OutputMeta | None = None  # the first chunk's: its prompt logprobs
+
+    def __call__(self, c: StreamChunk) -> StreamChunk:
+        self.text += c.text
+        self.ids += c.output_ids
+        m = c.meta_info
+        first = self.meta = self.meta or m
+        changes: dict[str, Any] = {
+            "input_token_logprobs": first.input_token_logprobs,
+            "input_top_logprobs": first.input_top_logprobs,
+        }
+        if m.output_token_logprobs is not None:
+            self.logprobs += m.output_token_logprobs
+            changes["output_token_logprobs"] = self.logprobs
+        if m.output_top_logprobs is not None:
+            self.top += m.output_top_logprobs
+            changes["output_top_logprobs"] = self.top
+        return StreamChunk(self.text, self.ids, msgspec.structs.replace(m, **changes))
+
+
 def call_prompts(call: GenerateRequest) -> list[dict[str, Any]]:
     """Each prompt of a /generate call, as keyword arguments of Engine.pin."""
     texts, ids = call.prompt, call.input_ids
@@ -168,7 +208,7 @@ def call_prompts(call: GenerateRequest) -> list[dict[str, Any]]:
 async def generate_events(
     state: ServerState, stream: Stream, text_in_logprobs: bool, label: Callable[[StreamChunk], StreamChunk]
 ) -> AsyncIterator[bytes]:
-    """SSE of the engine's chunks as they come (text, output_ids and output logprobs hold only what is new), [DONE]."""
+    """SSE of the engine's chunks as they come, each through `label` (which may make them cumulative), [DONE]."""
     tok = state.engine.tokenizer
     try:
         async with contextlib.aclosing(merged([stream])) as chunks:

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from radixserve.server import sglang_fields
 from radixserve.server.errors import bad_request, from_decode_error
 
 
@@ -134,8 +135,9 @@ class CompletionRequest(SamplingFields, kw_only=True):
     logprobs: int | None = None
 
 
-class GenerateBody(Strict):
-    """SGLang-native /generate: exactly one of text / input_ids, single or batch."""
+class GenerateFields(Strict):
+    """SGLang-native /generate: exactly one of text / input_ids, single or batch. The fields radixserve implements;
+    GenerateBody adds the rest of SGLang's GenerateReqInput (radixserve/server/sglang_fields.py)."""
 
     text: str | list[str] | None = None
     input_ids: list[Any] | None = None
@@ -146,10 +148,16 @@ class GenerateBody(Strict):
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     cache_salt: str | None = None
+    extra_key: str | None = None  # SGLang's extra cache key: one more part of the cache namespace
     rid: str | list[str] | None = None  # a label echoed in meta_info.id; the server's own id is unique per request
     priority: int = 0
     timeout: float | None = None
     pin: bool = False  # keep the prompt's cached prefix out of eviction once done (see /cache/pin)
+
+
+GenerateBody = msgspec.defstruct(
+    "GenerateBody", [(name, Any, None) for name in sglang_fields.DECLARED], bases=(GenerateFields,), kw_only=True
+)
 
 
 class PinRequest(Strict):

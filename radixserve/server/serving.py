@@ -51,6 +51,7 @@ class ServerState:
     prompts: ChatPromptBuilder
     keys: KeyRing | None = None  # None: no keys, every request is the operator's (tenants.OPEN)
     draining: bool = False  # set on SIGTERM: admit nothing new, let running requests finish
+    incremental_streaming_output: bool = False  # a /generate stream's events hold only what is new (else all so far)
     json: msgspec.json.Encoder = field(default_factory=msgspec.json.Encoder)
 
 
