@@ -257,7 +257,7 @@ class Executor:
                             meta[key], unsent[key] = unsent[key], []
                 self._append(chunk["text"], node.name, meta)
                 value += chunk["text"]
-            meta |= {k: v for k, v in whole.items() if k in meta}
+            meta = meta | {k: v for k, v in whole.items() if k in meta}  # a new dict: the last chunk keeps its own
         else:
             out = self.backend.generate(text=prompt, sampling_params=params, **logprob_args)
             value, meta = out["text"], out["meta_info"]

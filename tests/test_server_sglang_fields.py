@@ -4,6 +4,7 @@ incremental_streaming_output), meta_info carries output_token_logprobs_length, a
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -156,6 +157,29 @@ def test_logit_bias_steers_sampling(http: httpx.Client) -> None:
 
 def test_stream_interval_and_sampling_seed(http: httpx.Client) -> None:
     events = stream(http, {**LONG, "stream_interval": 4})
-    assert [e["meta_info"]["completion_tokens"] for e in events] == [4, 8, 12, 16]
+    counts = [0] + [e["meta_info"]["completion_tokens"] for e in events]
+    # at least 4 new tokens per event (a verified draft may bring more at once), whatever is left in the last
+    assert all(b - a >= 4 for a, b in zip(counts, counts[1:-1])) and counts[-1] == 16 and len(events) <= 4
     sampled = {"max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True}
     assert gen(http, {**sampled, "sampling_seed": 7})["output_ids"] == gen(http, {**sampled, "seed": 7})["output_ids"]
+
+
+def test_abort_request_by_rid_and_all(http: httpx.Client, server: BackgroundServer) -> None:  # noqa: F811
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        for rid, abort in (("job-1", {"rid": "job-1"}), ("job-2", {"abort_all": True})):
+            with c.stream("POST", "/generate", json={**body, "rid": rid}) as s:
+                assert s.status_code == 200
+                lines = (line for line in s.iter_lines() if line.startswith("data: {"))
+                next(lines)  # running now
+                assert http.post("/abort_request", json={"rid": "someone-else"}).status_code == 200
+                assert http.post("/abort_request", json=abort).status_code == 200
+                last = json.loads(list(lines)[-1][len("data: ") :])
+            assert last["meta_info"]["finish_reason"]["type"] == "abort"
+            assert last["meta_info"]["completion_tokens"] < 400
+
+
+def test_model_info_has_sglangs_keys(http: httpx.Client) -> None:
+    info = http.get("/get_model_info").json()
+    assert info["model_path"] == info["tokenizer_path"] and info["is_generation"] is True
+    assert info["has_image_understanding"] is False

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixserve.server import cache_api, chat_api, native_api, openai_api, server_info
+from radixserve.server import abort_api, cache_api, chat_api, native_api, openai_api, server_info
 from radixserve.server.auth import ApiKeyAuth
 from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.dashboard import Explorer, dashboard_routes
@@ -91,6 +91,7 @@ def build_app(
         Route("/cache/pin", cache_api.pin, methods=["POST"]),
         Route("/cache/unpin", cache_api.unpin, methods=["POST"]),
         Route("/get_model_info", native_api.get_model_info, methods=["GET"]),
+        Route("/abort_request", abort_api.abort_request, methods=["POST"]),
         Route("/server_info", server_info.server_info, methods=["GET"]),
         Route("/get_server_info", server_info.server_info, methods=["GET"]),
         Route("/health", native_api.health, methods=["GET"]),

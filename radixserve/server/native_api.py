@@ -1,4 +1,5 @@
-"""SGLang-native endpoints: /generate, /tokenize, /detokenize, /flush_cache, /get_model_info, /health, /metrics.
+"""SGLang-native endpoints: /generate, /tokenize, /detokenize, /flush_cache, /get_model_info, /health, /metrics
+(/server_info and /abort_request have modules of their own).
 
 /generate answers with the engine's outputs as they are ({"text", "output_ids", "meta_info"}, a list for a batch
 or n > 1). Streamed, each event holds, as SGLang's server sends it, the whole text, output_ids and output logprobs
@@ -139,6 +140,9 @@ async def generate_endpoint(request: Request) -> Response:
     call, count = generate_call(req, cache_salt(request, salt))
     call = replace(call, **scheduling(request, req.priority, req.timeout))
     label = labeler(call.rid, req.rid)
+    internal = call.rid if isinstance(call.rid, list) else [call.rid]
+    labels = req.rid if isinstance(req.rid, list) else [req.rid] * len(internal)
+    tracking = state.live.track(principal_of(request).name, list(zip(labels, internal)))  # for /abort_request
     await admit(state, count)
     default_param = "text" if req.text is not None else "input_ids"
     tok = state.engine.tokenizer
@@ -149,8 +153,8 @@ async def generate_endpoint(request: Request) -> Response:
             streams = await open_streams(request, state, [call])
         if not state.incremental_streaming_output:
             label = _then(label, Cumulative())
-        return EventStream(generate_events(state, streams[0], req.return_text_in_logprobs, label))
-    with engine_errors(default_param):
+        return EventStream(generate_events(state, streams[0], req.return_text_in_logprobs, label, tracking))
+    with tracking, engine_errors(default_param):
         [outs] = await generate(request, state, [call])
     for o in outs:
         fin = o.finish_reason
@@ -163,7 +167,9 @@ async def generate_endpoint(request: Request) -> Response:
     return Response(state.json.encode(body[0] if single else body), media_type="application/json")
 
 
-def _then(first: Callable[[StreamChunk], StreamChunk], second: Callable[[StreamChunk], StreamChunk]) -> Any:
+def _then(
+    first: Callable[[StreamChunk], StreamChunk], second: Callable[[StreamChunk], StreamChunk]
+) -> Callable[[StreamChunk], StreamChunk]:
     return lambda c: second(first(c))
 
 
@@ -206,17 +212,23 @@ def call_prompts(call: GenerateRequest) -> list[dict[str, Any]]:
 
 
 async def generate_events(
-    state: ServerState, stream: Stream, text_in_logprobs: bool, label: Callable[[StreamChunk], StreamChunk]
+    state: ServerState,
+    stream: Stream,
+    text_in_logprobs: bool,
+    label: Callable[[StreamChunk], StreamChunk],
+    tracking: contextlib.AbstractContextManager[None],
 ) -> AsyncIterator[bytes]:
-    """SSE of the engine's chunks as they come, each through `label` (which may make them cumulative), [DONE]."""
+    """SSE of the engine's chunks as they come, each through `label` (which may make them cumulative), [DONE];
+    the request is `tracking`'s while it streams."""
     tok = state.engine.tokenizer
     try:
-        async with contextlib.aclosing(merged([stream])) as chunks:
-            async for _, c in chunks:
-                c = label(c)
-                yield sse(state, add_token_text(tok, c) if text_in_logprobs else c)
-                if c.finished:
-                    state.metrics.observe(c.meta_info)
+        with tracking:
+            async with contextlib.aclosing(merged([stream])) as chunks:
+                async for _, c in chunks:
+                    c = label(c)
+                    yield sse(state, add_token_text(tok, c) if text_in_logprobs else c)
+                    if c.finished:
+                        state.metrics.observe(c.meta_info)
     except Exception as exc:  # the status line is gone: report in-band, as the OpenAI routes do
         yield sse(state, {"error": {"message": f"engine failed: {exc}", "type": "service_unavailable"}})
     finally:
@@ -270,13 +282,17 @@ async def get_model_info(request: Request) -> Response:
     state = server_state(request)
     tok = state.engine.tokenizer
     info = state.engine.model_info()
-    if not principal_of(request).is_admin:
+    if principal_of(request).is_admin:
+        info["tokenizer_path"] = info["model_path"]  # SGLang's key: the tokenizer is the model's own here
+    else:
         info.pop("model_path")  # where the server keeps its files is the operator's business
     return JSONResponse(
         {
             **info,
             "served_model_name": state.model_name,
             "is_generation": True,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
             "chat_template": tok.select_chat_template(),
             "special_tokens": tok.special_tokens,
         }

@@ -1,7 +1,7 @@
 """Request and response bodies of the HTTP API as msgspec structs.
 
-Requests forbid unknown fields: a field we do not know may change what the client expects (tools, response_format,
-logit_bias, ...), so it gets a 400 naming it rather than being silently ignored. Fields that never change the output
+Requests forbid unknown fields: a field we do not know may change what the client expects (a new sampling option,
+...), so it gets a 400 naming it rather than being silently ignored. Fields that never change the output
 (user, metadata, store, ...) are declared and ignored.
 """
 
@@ -100,6 +100,11 @@ class SamplingFields(Strict):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # OpenAI's logit_bias and SGLang's extras, under their SamplingParams names but min_tokens (min_new_tokens)
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
+    stop_regex: str | list[str] | None = None
+    no_stop_trim: bool = False
     seed: int | None = None
     n: int = 1
     stream: bool = False
@@ -158,6 +163,13 @@ class GenerateFields(Strict):
 GenerateBody = msgspec.defstruct(
     "GenerateBody", [(name, Any, None) for name in sglang_fields.DECLARED], bases=(GenerateFields,), kw_only=True
 )
+
+
+class AbortRequest(Strict):
+    """/abort_request (SGLang's AbortReq, as its clients send it)."""
+
+    rid: str = ""
+    abort_all: bool = False
 
 
 class PinRequest(Strict):
