@@ -30,7 +30,11 @@ from frontend_dsl.global_config import global_config
 from frontend_dsl.prefix_gate import GateTicket
 
 _LOGPROB_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
-_STREAM_LISTS = ("output_token_logprobs", "output_top_logprobs")  # a stream chunk holds only its own entries
+_STREAM_LISTS = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+    "output_token_ids_logprobs",
+)  # a stream chunk holds only its own entries
 
 
 class Executor:

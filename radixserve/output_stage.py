@@ -132,15 +132,12 @@ class OutputStage:
             e2e_latency=time.perf_counter() - req.created,
         )
         if req.return_logprob:
-            top = bool(req.top_logprobs_num)
             meta.output_token_logprobs = req.output_token_logprobs[lo:n]
             meta.output_token_logprobs_length = n
-            if top:
-                meta.output_top_logprobs = req.output_top_logprobs[lo:n]
+            meta.output_top_logprobs, meta.output_token_ids_logprobs = _split(req, req.output_top_logprobs[lo:n])
             if req.logprob_start_len >= 0 and lo == 0:  # a stream's prompt logprobs come with its first chunk
                 meta.input_token_logprobs = req.input_token_logprobs
-                if top:
-                    meta.input_top_logprobs = req.input_top_logprobs
+                meta.input_top_logprobs, meta.input_token_ids_logprobs = _split(req, req.input_top_logprobs)
         if req.stream:
             result: GenerateOutput = StreamChunk(text[out.sent_text :], req.output_ids[lo:n], meta)
             out.sent_ids, out.sent_text = n, len(text)
@@ -148,3 +145,13 @@ class OutputStage:
             result = GenerateOutput(text, req.output_ids[:n], meta)
         out.done = finish is not None
         out.emit(result)
+
+
+def _split(req: Req, tops: list[Any]) -> tuple[list[Any] | None, list[Any] | None]:
+    """A request's per-position top lists (its top_logprobs_num best, then its token_ids_logprob ones, or None where
+    a position has none) as (top logprobs, token_ids_logprob logprobs), each None where not asked for."""
+    k, wanted = req.top_logprobs_num, bool(req.sampling.token_ids_logprob)
+    if not wanted:
+        return (tops if k else None), None
+    best = [t if t is None else t[:k] for t in tops] if k else None
+    return best, [t if t is None else t[k:] for t in tops]

@@ -183,3 +183,32 @@ def test_model_info_has_sglangs_keys(http: httpx.Client) -> None:
     info = http.get("/get_model_info").json()
     assert info["model_path"] == info["tokenizer_path"] and info["is_generation"] is True
     assert info["has_image_understanding"] is False
+
+
+def test_token_ids_logprob(http: httpx.Client) -> None:
+    wanted = [5, 17]
+    out = gen(http, {**LONG, "max_new_tokens": 4}, return_logprob=True, top_logprobs_num=2, token_ids_logprob=wanted)
+    meta = out["meta_info"]
+    assert [[tid for _, tid in pos] for pos in meta["output_token_ids_logprobs"]] == [wanted] * 4
+    assert all(len(pos) == 2 for pos in meta["output_top_logprobs"])
+    for (chosen, tid), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
+        assert top[0][0] >= chosen  # greedy: the chosen token is the best one
+    # the same positions scored as a prompt: its logprobs of the wanted ids match
+    prompt = http.post("/tokenize", json={"prompt": PROMPT}).json()["tokens"]
+    again = http.post(
+        "/generate",
+        json={
+            "input_ids": prompt + out["output_ids"][:3],
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+            "return_logprob": True,
+            "logprob_start_len": len(prompt),
+            "token_ids_logprob": wanted,
+        },
+    ).json()["meta_info"]
+    scored = again["input_token_ids_logprobs"] + again["output_token_ids_logprobs"]
+    assert len(scored) == 4
+    for got, ref in zip(scored, meta["output_token_ids_logprobs"]):
+        assert [t for _, t in got] == wanted and all(abs(a[0] - b[0]) < 1e-3 for a, b in zip(got, ref))
+    streamed = stream(http, {**LONG, "max_new_tokens": 4}, return_logprob=True, token_ids_logprob=wanted)
+    assert streamed[-1]["meta_info"]["output_token_ids_logprobs"] == meta["output_token_ids_logprobs"]
+    assert refusal(http, {"return_logprob": True, "token_ids_logprob": [10**9]})["param"] == "token_ids_logprob"

@@ -160,5 +160,5 @@ def _deltas(events: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         text_len, ids_len = len(ev["text"]), len(ev["output_ids"])
 
 
-_OUTPUT_LISTS = ("output_token_logprobs", "output_top_logprobs")
-_INPUT_LISTS = ("input_token_logprobs", "input_top_logprobs")
+_OUTPUT_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+_INPUT_LISTS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")

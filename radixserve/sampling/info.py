@@ -20,6 +20,7 @@ class SamplingInfo:
     prompt_ids: Sequence[int]  # repetition penalty also covers the prompt (HF semantics)
     top_logprobs_num: int = 0
     return_logprob: bool = False
+    token_ids_logprob: tuple[int, ...] = ()  # ids whose logprobs follow the top ones in each row's top list
     stop_ids: frozenset[int] = frozenset()  # the ids that end it (EOS unless ignored, stop_token_ids): banned while
     # fewer than min_new_tokens are out
 

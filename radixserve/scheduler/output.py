@@ -114,7 +114,7 @@ class StepProcessor:
             if req.return_logprob:
                 assert run.logprobs is not None
                 req.output_token_logprobs.append((run.logprobs[i], tok))
-                if req.top_logprobs_num and run.top_logprobs is not None:
+                if (req.top_logprobs_num or req.sampling.token_ids_logprob) and run.top_logprobs is not None:
                     req.output_top_logprobs.append(run.top_logprobs[i])
             if req.grammar is not None and not req.grammar.accept(tok):
                 raise RuntimeError(f"the grammar refused sampled token {tok}: {req.grammar.error}")

@@ -49,7 +49,14 @@ from radixserve.tokenizer import Tokenizer
 
 Out = TypeVar("Out", bound=GenerateOutput)
 LOGPROB_KEYS = ("output_token_logprobs", "input_token_logprobs")
-TOP_LOGPROB_KEYS = ("output_top_logprobs", "input_top_logprobs")
+OUTPUT_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")  # one entry per token
+INPUT_LISTS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
+TOP_LOGPROB_KEYS = (
+    "output_top_logprobs",
+    "input_top_logprobs",
+    "output_token_ids_logprobs",
+    "input_token_ids_logprobs",
+)
 
 
 def _with_text(tok: Tokenizer, entries: list | None) -> list | None:
@@ -110,6 +117,7 @@ def generate_call(req: GenerateBody, salt: str) -> tuple[GenerateRequest, int]:
         top_logprobs_num=req.top_logprobs_num,
         cache_salt=salt,
         rid=rid,
+        token_ids_logprob=req.token_ids_logprob,
     )
     return call, count * max(n, 1)
 
@@ -181,8 +189,7 @@ class Cumulative:
     def __init__(self) -> None:
         self.text = ""
         self.ids: list[int] = []
-        self.logprobs: list[Any] = []
-        self.top: list[Any] = []
+        self.lists: dict[str, list[Any]] = {k: [] for k in OUTPUT_LISTS}
         self.meta: OutputMeta | None = None  # the first chunk's: its prompt logprobs
 
     def __call__(self, c: StreamChunk) -> StreamChunk:
@@ -190,16 +197,12 @@ class Cumulative:
         self.ids += c.output_ids
         m = c.meta_info
         first = self.meta = self.meta or m
-        changes: dict[str, Any] = {
-            "input_token_logprobs": first.input_token_logprobs,
-            "input_top_logprobs": first.input_top_logprobs,
-        }
-        if m.output_token_logprobs is not None:
-            self.logprobs += m.output_token_logprobs
-            changes["output_token_logprobs"] = self.logprobs
-        if m.output_top_logprobs is not None:
-            self.top += m.output_top_logprobs
-            changes["output_top_logprobs"] = self.top
+        changes: dict[str, Any] = {k: getattr(first, k) for k in INPUT_LISTS}
+        for key, so_far in self.lists.items():
+            new = getattr(m, key)
+            if new is not None:
+                so_far += new
+                changes[key] = so_far
         return StreamChunk(self.text, self.ids, msgspec.structs.replace(m, **changes))
 
 

@@ -151,6 +151,7 @@ class GenerateFields(Strict):
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    token_ids_logprob: list[Any] | None = None  # ids (or a list of them per prompt) whose logprobs each position has
     return_text_in_logprobs: bool = False
     cache_salt: str | None = None
     extra_key: str | None = None  # SGLang's extra cache key: one more part of the cache namespace
