@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -212,3 +213,17 @@ def test_token_ids_logprob(http: httpx.Client) -> None:
     streamed = stream(http, {**LONG, "max_new_tokens": 4}, return_logprob=True, token_ids_logprob=wanted)
     assert streamed[-1]["meta_info"]["output_token_ids_logprobs"] == meta["output_token_ids_logprobs"]
     assert refusal(http, {"return_logprob": True, "token_ids_logprob": [10**9]})["param"] == "token_ids_logprob"
+
+
+def test_readme_table_names_every_sglang_field() -> None:
+    """frontend_dsl/README.md's tables of SGLang's native fields cover every field /generate and SamplingParams
+    declare, so a field added to either without a row fails here."""
+    from radixserve.sampling_params import SamplingParams
+    from radixserve.server.protocol import GenerateBody
+
+    readme = (Path(__file__).parents[1] / "frontend_dsl" / "README.md").read_text()
+    section = readme.split("## SGLang's own client against radixserve")[1].split("\n## ")[0]
+    named = set(re.findall(r"`(\w+)`", section))
+    extras = {"timeout", "pin", "seed"}  # radixserve's own fields, documented with the API
+    missing = set(GenerateBody.__struct_fields__) | set(SamplingParams.__struct_fields__)
+    assert not missing - named - extras
