@@ -90,6 +90,8 @@ def fake_app(fake: Fake) -> Starlette:
             Route("/health", health),
             Route("/metrics", metrics),
             Route("/v1/models", lambda r: JSONResponse({"data": [{"id": fake.name}]})),
+            Route("/server_info", lambda r: JSONResponse({"worker": fake.name})),
+            Route("/get_server_info", lambda r: JSONResponse({"worker": fake.name})),
         ]
     )
 
@@ -291,6 +293,8 @@ def test_metrics_are_summed_over_workers(fakes, make_router) -> None:
     routed = [s for s in samples if s.name == "radixserve_router_requests_total"]
     assert sum(s.value for s in routed) == 1 and routed[0].labels["reason"] == "smallest_tree"
     assert http.get("/v1/models").json()["data"][0]["id"] in ("a", "b")
+    for path in ("/server_info", "/get_server_info"):  # SGLang's clients ask the router as they would a server
+        assert http.get(path).json()["worker"] in ("a", "b")
 
 
 def test_route_command_in_its_own_process(fakes) -> None:

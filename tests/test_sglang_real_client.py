@@ -22,7 +22,9 @@ PROGRAMS_FILE = Path(__file__).with_name("sglang_style_programs.py")
 SGLANG_PYTHON = os.environ.get("RADIXSERVE_SGLANG_PYTHON", "/tmp/sglvenv/bin/python")
 
 
-def _sglang_python() -> str:
+@pytest.fixture(scope="module")
+def sglang_python() -> str:
+    """The client venv's interpreter (checked before the server starts, so a skip costs nothing)."""
     if not Path(SGLANG_PYTHON).exists():
         pytest.skip(f"no SGLang client venv at {SGLANG_PYTHON} (scripts/sglang_client_venv.sh makes one)")
     probe = subprocess.run(
@@ -34,11 +36,9 @@ def _sglang_python() -> str:
 
 
 @pytest.fixture(scope="module")
-def results(server: BackgroundServer) -> dict[str, str]:  # noqa: F811
-    python = _sglang_python()
-    # the sglang package would shadow nothing here, but the tests folder must not shadow sglang: run from /
+def results(sglang_python: str, server: BackgroundServer) -> dict[str, str]:  # noqa: F811
     done = subprocess.run(
-        [python, str(PROGRAMS_FILE), server.url, "sglang"], capture_output=True, text=True, timeout=900, cwd="/"
+        [sglang_python, str(PROGRAMS_FILE), server.url, "sglang"], capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
