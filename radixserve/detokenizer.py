@@ -72,7 +72,7 @@ class IncrementalDetokenizer:
                 i, s = min(hits, key=lambda h: (h[0], -len(h[1])))
                 return self._stop_at(i + len(s) if self.no_stop_trim else i, s)
         if self.stop_regex and self.armed:
-            tail = (self.text + pending)[-REGEX_WINDOW:]
+            tail = (self.text[-REGEX_WINDOW:] + pending)[-REGEX_WINDOW:]
             for r in self.stop_regex:
                 if r.search(tail):  # as SGLang, the text keeps what matched: up to the token that completed it
                     return self._stop_at(len(pending), r.pattern)
