@@ -33,6 +33,7 @@ from frontend_dsl.choices import (
 )
 from frontend_dsl.default_backend import resolve_backend, set_default_backend
 from frontend_dsl.errors import BackendError, NotSupportedError, ProgramError
+from frontend_dsl.global_config import global_config
 from frontend_dsl.program import Program
 from frontend_dsl.state import ProgramState, ProgramStateGroup
 
@@ -78,6 +79,7 @@ __all__ = [
     "user_end",
     "video",
     "Backend",
+    "global_config",
     "Engine",
     "OpenAI",
     "Runtime",

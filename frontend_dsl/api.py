@@ -9,7 +9,18 @@ from radixserve.sampling_params import SamplingParams
 
 from frontend_dsl.choices import ChoicesSamplingMethod, token_length_normalized
 from frontend_dsl.errors import NotSupportedError
-from frontend_dsl.ir import Expr, Gen, RoleBegin, RoleEnd, Select, role_message
+from frontend_dsl.ir import (
+    REGEX_BOOL,
+    REGEX_FLOAT,
+    REGEX_INT,
+    REGEX_STR,
+    Expr,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    role_message,
+)
 from frontend_dsl.program import Program
 
 
@@ -26,16 +37,9 @@ def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | 
     return Program(func)
 
 
-_REFUSED = {
-    "stop_regex": "a stop condition by regex is not in the engine (regex= constrains the output instead)",
-    "min_tokens": "the engine's sampler has no min_new_tokens, and ignoring it would end gens early",
-}
-# Typed gens as regexes, as SGLang's runtime backend writes them.
-REGEX_INT = r"[-+]?[0-9]+"
-REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+"
-REGEX_BOOL = r"(True|False)"
-REGEX_STR = r"\"[\w\d\s]*\""
 _DTYPES: dict[Any, str] = {int: REGEX_INT, float: REGEX_FLOAT, bool: REGEX_BOOL, str: REGEX_STR}
+_DTYPES |= {t.__name__: regex for t, regex in _DTYPES.items()}  # SGLang also takes "int", "float", ...
+_NUMBER_STOPS = [" ", "\n"]  # SGLang's runtime backend ends an int or float gen at the first of these
 
 
 def _schema(json_schema: Any) -> str | dict[str, Any] | None:
@@ -95,15 +99,16 @@ def gen(
             0.0 if temperature is None else temperature,
             token_length_normalized if choices_method is None else choices_method,
         )
-    given = {"stop_regex": stop_regex, "min_tokens": min_tokens}
-    for arg, value in given.items():
-        if value is not None:
-            raise NotSupportedError(f"gen({arg}=...) is not supported: {_REFUSED[arg]}")
     if n not in (None, 1):
         raise NotSupportedError(f"gen(n={n}) is not supported: use s.fork({n}) for parallel samples")
+    stops = [stop] if isinstance(stop, str) else stop
+    if dtype in (int, float, "int", "float"):
+        stops = [*(stops or []), *_NUMBER_STOPS]
     params = {
         "max_new_tokens": max_tokens,
-        "stop": [stop] if isinstance(stop, str) else stop,
+        "min_new_tokens": min_tokens,
+        "stop": stops,
+        "stop_regex": stop_regex,
         "stop_token_ids": stop_token_ids,
         "temperature": temperature,
         "top_p": top_p,

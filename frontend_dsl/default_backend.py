@@ -2,7 +2,7 @@
 
 SGLang's documented API configures the backend once per process (`set_default_backend(...)`) and then runs programs
 without naming it, so some process-level value is part of the API. It lives here and only here, is written only by
-set_default_backend, and is read once per run; `run(backend=...)` / `run_batch(backend=...)` bypass it entirely.
+set_default_backend, and is read once per run (and by sgl.global_config.default_backend); `run(backend=...)` / `run_batch(backend=...)` bypass it entirely.
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ def set_default_backend(backend: Backend | None) -> None:
     if backend is not None and not isinstance(backend, Backend):
         raise TypeError(f"a backend must be a Runtime, RuntimeEndpoint or OpenAI, got {type(backend).__name__}")
     _default = backend
+
+
+def current() -> Backend | None:
+    """The default backend, or None."""
+    return _default
 
 
 def resolve_backend(backend: Backend | None) -> Backend:

@@ -26,9 +26,15 @@ from frontend_dsl.ir import (
     flatten,
     written_vars,
 )
+from frontend_dsl.global_config import global_config
 from frontend_dsl.prefix_gate import GateTicket
 
 _LOGPROB_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+_STREAM_LISTS = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+    "output_token_ids_logprobs",
+)  # a stream chunk holds only its own entries
 
 
 class Executor:
@@ -236,19 +242,26 @@ class Executor:
         return [dict(m) for m in self.messages_]
 
     def _gen(self, node: Gen) -> None:
-        params = {k: v for k, v in {**self.defaults, **node.params}.items() if v is not None}
+        merged = {**global_config.output_params(), **self.defaults, **node.params}
+        params = {k: v for k, v in merged.items() if v is not None}
         logprob_args = {k: params.pop(k) for k in _LOGPROB_ARGS if k in params}
         prompt = self._prompt()
         self._backend_call_gate(self.text_)
         if self.stream:
-            value, meta, out_logprobs = "", {}, []
+            value, meta = "", {}
+            whole: dict[str, list[Any]] = {k: [] for k in _STREAM_LISTS}  # the gen's output logprobs so far
+            unsent: dict[str, list[Any]] = {k: [] for k in _STREAM_LISTS}  # of chunks without text (not appended)
             for chunk in self.backend.generate_stream(prompt, params, **logprob_args):
                 meta = dict(chunk["meta_info"])
-                out_logprobs += meta.get("output_token_logprobs") or []
-                if logprob_args.get("return_logprob"):
-                    meta["output_token_logprobs"] = list(out_logprobs)  # stream chunks carry only the new entries
+                for key in _STREAM_LISTS:
+                    if key in meta:  # a chunk's text comes with the logprobs of its own tokens, as in SGLang
+                        whole[key] += meta[key]
+                        unsent[key] += meta[key]
+                        if chunk["text"]:
+                            meta[key], unsent[key] = unsent[key], []
                 self._append(chunk["text"], node.name, meta)
                 value += chunk["text"]
+            meta = meta | {k: v for k, v in whole.items() if k in meta}  # a new dict: the last chunk keeps its own
         else:
             out = self.backend.generate(text=prompt, sampling_params=params, **logprob_args)
             value, meta = out["text"], out["meta_info"]

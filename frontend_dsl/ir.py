@@ -6,6 +6,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+# Typed gens (gen(dtype=...), gen_int, gen_string) as regexes, as SGLang's sglang.lang.ir has them: a number may end
+# in spaces or newlines, which SGLang's runtime backend then stops on (api.py adds the stops).
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
 
 class Expr:
     """Base of all nodes; `a + b` (either side may be a str) concatenates into one ExprList."""

@@ -127,6 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         grace_period_s=args.shutdown_grace_seconds,
         otlp_endpoint=args.otlp_endpoint,
+        incremental_streaming_output=args.incremental_streaming_output,
     )
     return 0
 

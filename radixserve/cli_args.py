@@ -265,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
         "over OTLP/HTTP to this collector URL (default: off)",
     )
 
+    serve.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="a streamed /generate sends only the new text, output_ids and output logprobs in each event "
+        "(default: all of them so far, as SGLang's server does)",
+    )
+
     chat = sub.add_parser("chat", help="chat with the model in the terminal")
     _add_engine_args(chat)
     _add_sampling_args(chat, temperature=None)

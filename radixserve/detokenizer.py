@@ -1,7 +1,9 @@
-"""Incremental detokenizer: turns a stream of generated ids into UTF-8-safe text deltas and finds stop strings."""
+"""Incremental detokenizer: turns a stream of generated ids into UTF-8-safe text deltas and finds stop strings and
+stop regexes."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from radixserve.tokenizer import Tokenizer
@@ -9,6 +11,9 @@ from radixserve.tokenizer import Tokenizer
 # Prompt tokens kept as left context: tokenizers whose text depends on the neighbour (SentencePiece's leading space,
 # byte-level pieces of one character) decode the first generated tokens the same way a full decode would.
 CONTEXT_TOKENS = 6
+# A stop regex is searched in this many last characters of the text (SGLang bounds it by tokens): a match longer
+# than this is not seen, and the work per token stays bounded however long the output grows.
+REGEX_WINDOW = 4096
 
 
 class IncrementalDetokenizer:
@@ -20,10 +25,15 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int] = (),
         skip_special_tokens: bool = True,
         stop: Sequence[str] = (),
+        stop_regex: Sequence[str] = (),
+        no_stop_trim: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.stop = tuple(s for s in stop if s)
+        self.stop_regex = tuple(re.compile(r) for r in stop_regex)
+        self.no_stop_trim = no_stop_trim  # a matched stop string stays in the text
+        self.armed = True  # whether a stop may match now (not while the request is short of its min_new_tokens)
         self._max_hold = max((len(s) - 1 for s in self.stop), default=0)
         # Window of ids being decoded: ids[:read] were already turned into text; ids[prefix:read] is context whose
         # text we subtract so that only the new tokens' text (as rendered next to its neighbours) comes out.
@@ -56,19 +66,29 @@ class IncrementalDetokenizer:
     def _release(self, final: bool) -> tuple[str, str | None]:
         """Emit pending text up to the first stop match, holding back a tail that could start a stop string."""
         pending = self._pending
-        if self.stop:
+        if self.stop and self.armed:
             hits = [(i, s) for s in self.stop if (i := pending.find(s)) >= 0]
             if hits:
                 i, s = min(hits, key=lambda h: (h[0], -len(h[1])))
-                self.stopped = s
-                self._pending = ""
-                self.text += pending[:i]
-                return pending[:i], s
+                return self._stop_at(i + len(s) if self.no_stop_trim else i, s)
+        if self.stop_regex and self.armed:
+            tail = (self.text[-REGEX_WINDOW:] + pending)[-REGEX_WINDOW:]
+            for r in self.stop_regex:
+                if r.search(tail):  # as SGLang, the text keeps what matched: up to the token that completed it
+                    return self._stop_at(len(pending), r.pattern)
         hold = 0 if final else self._stop_prefix_len(pending)
         out = pending[: len(pending) - hold]
         self._pending = pending[len(pending) - hold :]
         self.text += out
         return out, None
+
+    def _stop_at(self, end: int, matched: str) -> tuple[str, str]:
+        """Stop: emit pending text up to `end`, drop the rest."""
+        out = self._pending[:end]
+        self.stopped = matched
+        self._pending = ""
+        self.text += out
+        return out, matched
 
     def _stop_prefix_len(self, s: str) -> int:
         """Length of the longest suffix of s that is a proper prefix of some stop string."""

@@ -148,6 +148,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             pool.capacity * pool.page_size,
             self.sampling_defaults,
             self.grammars,
+            eos,
         )
         self.encode_prompts = self.inputs.encode_prompts  # the server tokenizes prompts in a thread with it
         self.compile_grammars = self.inputs.compile_grammars  # and compiles their grammars
@@ -249,6 +250,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             r.priority,
             r.timeout,
             r.tenant,
+            r.token_ids_logprob,
         )
 
     # ---- dict API (the documented contract: {"text", "output_ids", "meta_info"}, built from the typed outputs) ----
@@ -259,7 +261,8 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         logprob_start_len, top_logprobs_num, cache_salt, rid, priority (higher is admitted first and may retract
         lower-priority running requests), timeout (seconds after which the request is aborted, finish_reason abort,
         message "timeout", and its pages freed), tenant (the group whose fair share of prefill it uses; default:
-        cache_salt). They are validated here, before anything is queued, so bad input raises ValueError at the call."""
+        cache_salt), token_ids_logprob (with return_logprob: the logprobs of these ids at each position). They are
+        validated here, before anything is queued, so bad input raises ValueError at the call."""
         request = GenerateRequest(*args, **kwargs)
         if stream:
             return _dicts(self.stream(request))

@@ -19,6 +19,7 @@ from radixserve.tokenizer import Tokenizer
 # A token of any tokenizer here covers far fewer characters than this: longer prompts cannot fit the context.
 CHARS_PER_TOKEN = 32
 MAX_BATCH_PROMPTS = 256  # prompts in one call (each n samples more): bounds the work one call can queue
+MAX_WANTED_IDS = 1024  # token_ids_logprob ids per prompt: each costs a gather per position
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class RequestSpec:
     timeout: float | None = None  # seconds from submission after which the request is aborted; None: never
     tenant: str | None = None  # whose fair share the request's prefill counts against; None: its cache_salt
     grammar: CompiledGrammar | None = None  # what the output must match (validated, cached by its text)
+    token_ids_logprob: tuple[int, ...] = ()  # ids whose logprobs every position reports (with return_logprob)
 
 
 class RequestBuilder:
@@ -49,8 +51,10 @@ class RequestBuilder:
         pool_tokens: int,
         sampling_defaults: dict[str, Any],
         grammars: GrammarCompiler | None = None,
+        eos_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.tokenizer = tokenizer
+        self.eos_ids = eos_ids  # held off with the stop ids while a request is under its min_new_tokens
         self.grammars = grammars
         self.vocab_size = vocab_size
         self.context_length = context_length
@@ -72,6 +76,7 @@ class RequestBuilder:
         priority: int = 0,
         timeout: float | None = None,
         tenant: str | None = None,
+        token_ids_logprob: Any = None,
     ) -> tuple[list[RequestSpec], bool]:
         """Validate and tokenize; returns the specs and whether the caller passed a single prompt."""
         if (prompt is None) == (input_ids is None):
@@ -101,8 +106,9 @@ class RequestBuilder:
         if isinstance(logprob_start_len, bool) or not isinstance(logprob_start_len, int):
             raise ParamError("logprob_start_len", f"logprob_start_len must be an integer, got {logprob_start_len!r}")
         check_scheduling(priority, timeout)
+        wanted = self.wanted_ids(token_ids_logprob, len(ids_list))
         specs = []
-        for ids, p, r in zip(ids_list, params, rids):
+        for ids, p, r, w in zip(ids_list, params, rids, wanted):
             self.validate_prompt(ids, p)
             specs.append(
                 RequestSpec(
@@ -117,9 +123,28 @@ class RequestBuilder:
                     timeout,
                     tenant,
                     self.grammar(p),
+                    w if return_logprob else (),
                 )
             )
         return specs, single and specs[0].params.n == 1
+
+    def wanted_ids(self, token_ids_logprob: Any, prompts: int) -> list[tuple[int, ...]]:
+        """Per prompt, the ids whose logprobs it wants: one list for every prompt, or a list of them per prompt."""
+        if token_ids_logprob is None:
+            return [()] * prompts
+        field = "token_ids_logprob"
+        if not isinstance(token_ids_logprob, list):
+            raise ParamError(field, "token_ids_logprob must be a list of token ids, or one such list per prompt")
+        nested = bool(token_ids_logprob) and isinstance(token_ids_logprob[0], list)
+        lists = token_ids_logprob if nested else [token_ids_logprob] * prompts
+        if len(lists) != prompts:
+            raise ParamError(field, f"token_ids_logprob has {len(lists)} lists for {prompts} prompts")
+        for ids in lists:
+            if not isinstance(ids, list) or len(ids) > MAX_WANTED_IDS:
+                raise ParamError(field, f"each token_ids_logprob list holds at most {MAX_WANTED_IDS} token ids")
+            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size for t in ids):
+                raise ParamError(field, f"token_ids_logprob must be token ids in [0, {self.vocab_size})")
+        return [tuple(ids) for ids in lists]
 
     def grammar(self, p: SamplingParams) -> CompiledGrammar | None:
         """The request's compiled grammar (cached: the server compiles it first on a worker thread, see
@@ -182,6 +207,8 @@ class RequestBuilder:
             raise ParamError("prompt", f"token ids must be in [0, {vocab})")
         if any(t >= vocab for t in p.stop_token_ids):
             raise ParamError("stop_token_ids", f"stop_token_ids must be in [0, {vocab})")
+        if any(int(t) >= vocab for t in p.logit_bias or {}):
+            raise ParamError("logit_bias", f"logit_bias keys must be token ids in [0, {vocab})")
         for limit, fails in (
             (self.context_length, f"exceeds the context length {self.context_length}"),
             (self.pool_tokens, f"cannot fit in the KV pool of {self.pool_tokens} tokens"),
@@ -209,6 +236,8 @@ class RequestBuilder:
                 prompt_ids=spec.input_ids,
                 top_logprobs_num=spec.top_logprobs_num,
                 return_logprob=spec.return_logprob,
+                stop_ids=frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids),
+                token_ids_logprob=spec.token_ids_logprob,
             ),
             namespace=spec.cache_salt,
             tenant=spec.cache_salt if spec.tenant is None else spec.tenant,

@@ -52,9 +52,12 @@ class OutputMeta(msgspec.Struct, kw_only=True, omit_defaults=True):
     ttft: float | None
     e2e_latency: float
     output_token_logprobs: list[LogprobEntry] | None = None
+    output_token_logprobs_length: int | None = None  # output logprobs so far, this chunk's included
     output_top_logprobs: list[TopLogprobs] | None = None
     input_token_logprobs: list[LogprobEntry] | None = None
     input_top_logprobs: list[TopLogprobs] | None = None
+    output_token_ids_logprobs: list[TopLogprobs] | None = None  # token_ids_logprob's (logprob, id) per position
+    input_token_ids_logprobs: list[TopLogprobs] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -113,3 +116,5 @@ class GenerateRequest:
     priority: int = 0  # higher runs first and may retract lower-priority requests
     timeout: float | None = None  # seconds after which the request is aborted and its pages freed
     tenant: str | None = None  # whose fair share of prefill it uses (None: its cache_salt)
+    # with return_logprob, the logprob of each of these ids at every position (a list of them per prompt for a batch)
+    token_ids_logprob: list[int] | list[list[int]] | None = None

@@ -53,9 +53,10 @@ class OutputStage:
     def open(self, req: Req, emit: Callable[[GenerateOutput | BaseException], None]) -> None:
         """Give a request its output side before it is queued (its stop strings, its detokenizer's context)."""
         p = req.params
-        req.output = ReqOutput(
-            IncrementalDetokenizer(self.tokenizer, req.input_ids, p.skip_special_tokens, p.stop), emit
+        detok = IncrementalDetokenizer(
+            self.tokenizer, req.input_ids, p.skip_special_tokens, p.stop, p.stop_regex, p.no_stop_trim
         )
+        req.output = ReqOutput(detok, emit)
 
     def put(self, updates: list[ReqUpdate]) -> None:
         self._queue.put(updates)
@@ -87,9 +88,12 @@ class OutputStage:
         finish = u.finish
         # A stop token (EOS or stop_token_ids) ends the ids but is not text.
         stop_token = finish is not None and finish.type == "stop" and isinstance(finish.matched, int)
-        decode_to = u.num_ids - 1 if stop_token else u.num_ids
+        # no_stop_trim keeps it, as SGLang (special tokens still drop out with skip_special_tokens)
+        decode_to = u.num_ids - 1 if stop_token and not req.params.no_stop_trim else u.num_ids
         ids = req.output_ids
+        min_new = req.params.min_new_tokens
         while out.taken < decode_to:
+            out.detok.armed = out.taken + 1 >= min_new  # no stop string counts before min_new_tokens are out
             _, matched = out.detok.step([ids[out.taken]])
             out.taken += 1
             if matched is not None:
@@ -101,7 +105,7 @@ class OutputStage:
         if finish is not None:
             out.detok.flush()  # text held back for a possible stop string is the caller's after all
             self._send(req, out, finish)
-        elif req.stream and out.taken > out.sent_ids:
+        elif req.stream and out.taken - out.sent_ids >= (req.params.stream_interval or 1):
             self._send(req, out, None)
 
     def _fail(self, req: Req, exc: Exception) -> None:
@@ -128,14 +132,12 @@ class OutputStage:
             e2e_latency=time.perf_counter() - req.created,
         )
         if req.return_logprob:
-            top = bool(req.top_logprobs_num)
             meta.output_token_logprobs = req.output_token_logprobs[lo:n]
-            if top:
-                meta.output_top_logprobs = req.output_top_logprobs[lo:n]
+            meta.output_token_logprobs_length = n
+            meta.output_top_logprobs, meta.output_token_ids_logprobs = _split(req, req.output_top_logprobs[lo:n])
             if req.logprob_start_len >= 0 and lo == 0:  # a stream's prompt logprobs come with its first chunk
                 meta.input_token_logprobs = req.input_token_logprobs
-                if top:
-                    meta.input_top_logprobs = req.input_top_logprobs
+                meta.input_top_logprobs, meta.input_token_ids_logprobs = _split(req, req.input_top_logprobs)
         if req.stream:
             result: GenerateOutput = StreamChunk(text[out.sent_text :], req.output_ids[lo:n], meta)
             out.sent_ids, out.sent_text = n, len(text)
@@ -143,3 +145,13 @@ class OutputStage:
             result = GenerateOutput(text, req.output_ids[:n], meta)
         out.done = finish is not None
         out.emit(result)
+
+
+def _split(req: Req, tops: list[Any]) -> tuple[list[Any] | None, list[Any] | None]:
+    """A request's per-position top lists (its top_logprobs_num best, then its token_ids_logprob ones, or None where
+    a position has none) as (top logprobs, token_ids_logprob logprobs), each None where not asked for."""
+    k, wanted = req.top_logprobs_num, bool(req.sampling.token_ids_logprob)
+    if not wanted:
+        return (tops if k else None), None
+    best = [t if t is None else t[:k] for t in tops] if k else None
+    return best, [t if t is None else t[k:] for t in tops]

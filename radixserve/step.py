@@ -40,7 +40,8 @@ class ScheduledBatch:
     prompt_rows: list[tuple[int, int, int] | None]  # per request: (first logits row, count, first prompt position)
     sample_infos: list[SamplingInfo]  # one per sampled request, in request order
     sample_slots: list[int]  # the slot each sampled token is written to, for the next step's placeholders
-    prompt_targets: list[tuple[list[int], int]]  # per request with prompt rows: (prompt tokens scored, top-k wanted)
+    # per request with prompt rows: (prompt tokens scored, top-k wanted, token_ids_logprob)
+    prompt_targets: list[tuple[list[int], int, tuple[int, ...]]]
     has_placeholders: bool = False  # some input ids are slots of tokens still being sampled
     needs_sync: bool = False  # a sampled request reads its own output history (penalties): it must be current
     # Partial-page reuse: before the forward, the pool's K/V rows at flat slots copy_src are copied to copy_dst (all

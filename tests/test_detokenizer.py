@@ -153,3 +153,20 @@ def test_metaspace_tokenizer_keeps_leading_space_with_prompt_context() -> None:
     assert out == expected
     _, _, alone = stream(tok, out_ids)
     assert alone == tok.decode(out_ids)
+
+
+def test_stop_regex_no_stop_trim_and_min_new_tokens(tok: Tokenizer) -> None:
+    """A stop regex ends the text with the token that completes a match (the match kept, as SGLang); no_stop_trim
+    keeps a matched stop string; while not armed (short of min_new_tokens) no stop matches."""
+    text = "the year 1984 was long; then came more"
+    ids = tok.encode(text)
+    _, matched, out = stream(tok, ids, stop_regex=[r"\d{4}"])
+    assert matched == r"\d{4}" and text.startswith(out) and "1984" in out and "was" not in out
+    _, matched, out = stream(tok, ids, stop=[";"], no_stop_trim=True)
+    assert matched == ";" and out == "the year 1984 was long;"
+    d = IncrementalDetokenizer(tok, stop=["year"])
+    d.armed = False
+    for i in ids:
+        assert d.step([i])[1] is None
+    d.flush()
+    assert d.text == text

@@ -67,8 +67,10 @@ def test_expressions_concatenate_and_bad_arguments_fail_where_written() -> None:
     assert [type(x).__name__ for x in e.items] == ["Text", "Gen", "Text"]
     assert e.items[1].params == {"max_new_tokens": 3}
     assert type(sgl.gen("c", choices=["x", "y"])).__name__ == "Select"
-    with pytest.raises(sgl.NotSupportedError, match="stop_regex"):
-        sgl.gen("x", stop_regex=r"\d+")
+    with pytest.raises(ValueError, match="stop_regex"):
+        sgl.gen("x", stop_regex="(")
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        sgl.gen("x", max_tokens=2, min_tokens=3)
     with pytest.raises(ValueError, match="temperature"):
         sgl.gen("x", temperature=-1)
     with pytest.raises(ValueError, match="non-empty"):

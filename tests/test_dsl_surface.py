@@ -5,6 +5,7 @@ groups, run_batch options, refusals."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from dsl_server import Server
 
 import frontend_dsl as sgl
+from frontend_dsl.ir import REGEX_FLOAT, REGEX_INT
 from radixserve.server.app import build_app
 
 GREEDY = {"temperature": 0}
@@ -195,7 +197,7 @@ def test_a_user_written_choices_method_gets_sglangs_keyword_arguments(backend: s
 async def test_text_async_iter_with_var_name_and_meta_data(backend: sgl.Backend) -> None:
     def prog(s):
         s += sgl.user("Hi") + sgl.assistant(sgl.gen("answer_1", max_tokens=4, ignore_eos=True))
-        s += sgl.user("More") + sgl.assistant(sgl.gen("answer_2", max_tokens=6, ignore_eos=True))
+        s += sgl.user("More") + sgl.assistant(sgl.gen("answer_2", max_tokens=6, ignore_eos=True, return_logprob=True))
 
     state = run(prog, backend, stream=True)
     pieces, metas = [], []
@@ -204,6 +206,12 @@ async def test_text_async_iter_with_var_name_and_meta_data(backend: sgl.Backend)
         metas.append(meta)
     assert "".join(pieces) == state["answer_2"] and len(pieces) > 1
     assert metas[-1]["completion_tokens"] == 6 and metas[-1]["finish_reason"]["type"] == "length"
+    done = 0  # as SGLang: each piece comes with the logprobs of its own tokens, the length counts them all
+    for meta in metas:
+        assert meta["output_token_logprobs_length"] == meta["completion_tokens"]
+        assert len(meta["output_token_logprobs"]) == meta["completion_tokens"] - done
+        done = meta["completion_tokens"]
+    assert len(state.get_meta_info("answer_2")["output_token_logprobs"]) == 6
     whole = [out async for out in state.text_async_iter()]
     assert "".join(whole) == state.text()
 
@@ -337,8 +345,6 @@ def test_get_server_info_and_flush_cache(backend: sgl.Backend) -> None:
     "call, named",
     [
         (lambda: sgl.gen("x", dtype=complex), "dtype"),
-        (lambda: sgl.gen("x", stop_regex=r"\n+"), "stop_regex"),
-        (lambda: sgl.gen("x", min_tokens=4), "min_tokens"),
         (lambda: sgl.gen("x", n=2), "n=2"),
         (lambda: sgl.image("cat.png"), "sgl.image"),
         (lambda: sgl.video("cat.mp4", 8), "sgl.video"),
@@ -356,7 +362,11 @@ def test_unsupported_calls_are_refused_naming_the_call(call: Any, named: str) ->
 
 def test_constraints_become_sampling_params() -> None:
     assert sgl.gen("x", regex=r"\d+").params == {"regex": r"\d+"}
-    assert sgl.gen_int("x").params == {"regex": sgl.api.REGEX_INT}
+    # as SGLang's runtime backend sends them: the regex of sglang.lang.ir, and a number ends at a space or newline
+    assert sgl.gen_int("x").params == {"regex": REGEX_INT, "stop": [" ", "\n"]}
+    assert sgl.gen("x", dtype="float", stop=";").params == {"regex": REGEX_FLOAT, "stop": [";", " ", "\n"]}
+    assert sgl.gen("x", min_tokens=2, stop_regex=r"\d").params == {"min_new_tokens": 2, "stop_regex": r"\d"}
+    assert re.fullmatch(REGEX_INT, "-42 \n") and re.fullmatch(REGEX_FLOAT, "3.5\n")
     assert sgl.gen("x", json_schema={"type": "object"}).params == {"json_schema": {"type": "object"}}
 
 

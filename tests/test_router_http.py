@@ -41,6 +41,7 @@ class Fake:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     seen: list[dict] = field(default_factory=list)
+    admin_calls: list[tuple[str, bytes]] = field(default_factory=list)  # (path, body) of /flush_cache, /abort_request
 
 
 def fake_app(fake: Fake) -> Starlette:
@@ -72,6 +73,10 @@ def fake_app(fake: Fake) -> Starlette:
     async def health(request: Request) -> Response:
         return Response(status_code=200 if fake.healthy else 503)
 
+    async def admin(request: Request) -> Response:
+        fake.admin_calls.append((request.url.path, await request.body()))
+        return Response(status_code=200 if fake.mode == "ok" else fake.status)
+
     async def metrics(request: Request) -> Response:
         text = (
             "# HELP radixserve_prompt_tokens_total prompt tokens\n# TYPE radixserve_prompt_tokens_total counter\n"
@@ -90,6 +95,10 @@ def fake_app(fake: Fake) -> Starlette:
             Route("/health", health),
             Route("/metrics", metrics),
             Route("/v1/models", lambda r: JSONResponse({"data": [{"id": fake.name}]})),
+            Route("/server_info", lambda r: JSONResponse({"worker": fake.name})),
+            Route("/flush_cache", admin, methods=["POST"]),
+            Route("/abort_request", admin, methods=["POST"]),
+            Route("/get_server_info", lambda r: JSONResponse({"worker": fake.name})),
         ]
     )
 
@@ -291,6 +300,8 @@ def test_metrics_are_summed_over_workers(fakes, make_router) -> None:
     routed = [s for s in samples if s.name == "radixserve_router_requests_total"]
     assert sum(s.value for s in routed) == 1 and routed[0].labels["reason"] == "smallest_tree"
     assert http.get("/v1/models").json()["data"][0]["id"] in ("a", "b")
+    for path in ("/server_info", "/get_server_info"):  # SGLang's clients ask the router as they would a server
+        assert http.get(path).json()["worker"] in ("a", "b")
 
 
 def test_route_command_in_its_own_process(fakes) -> None:
@@ -347,3 +358,15 @@ def test_route_command_in_its_own_process(fakes) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def test_flush_and_abort_reach_every_worker(fakes, make_router) -> None:
+    fs, urls = fakes
+    http, _ = make_router(urls)
+    assert http.post("/abort_request", json={"rid": "job-7"}).status_code == 200
+    assert http.post("/flush_cache").json()["success"] is True
+    for f in fs:  # a request may run on any worker: each is asked, with the caller's body
+        assert f.admin_calls == [("/abort_request", b'{"rid":"job-7"}'), ("/flush_cache", b"")]
+    fs[1].mode = "status"
+    r = http.post("/abort_request", json={"abort_all": True})
+    assert r.status_code == 502 and r.json()["workers"][urls[1]] == 503

@@ -54,15 +54,16 @@ def test_generate_native(http: httpx.Client, engine: Engine) -> None:
         json={"text": "Hello, world!", "sampling_params": sp, "stream": True, "return_logprob": True},
     ) as s:
         events = sse_events(s.iter_lines())
-    # the engine's chunks: each holds only what is new, counts are cumulative, the last one has the finish reason
-    assert [i for e in events for i in e["output_ids"]] == ref["output_ids"]
-    assert "".join(e["text"] for e in events) == ref["text"]
+    # as SGLang's server by default: each event holds everything so far, the last one has the finish reason
+    assert events[-1]["output_ids"] == ref["output_ids"] and events[-1]["text"] == ref["text"]
+    assert all(b["text"].startswith(a["text"]) for a, b in zip(events, events[1:]))
     assert [e["meta_info"]["completion_tokens"] for e in events] == sorted(
         e["meta_info"]["completion_tokens"] for e in events
     )
     assert events[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert all(e["meta_info"]["finish_reason"] is None for e in events[:-1])
-    assert sum(len(e["meta_info"]["output_token_logprobs"]) for e in events) == 5
+    assert [len(e["meta_info"]["output_token_logprobs"]) for e in events] == [len(e["output_ids"]) for e in events]
+    assert events[-1]["meta_info"]["output_token_logprobs_length"] == 5
     prefill = http.post("/generate", json={"text": "Hello, world!", "sampling_params": {"max_new_tokens": 0}}).json()
     assert prefill["output_ids"] == [] and prefill["meta_info"]["completion_tokens"] == 0
 

@@ -68,6 +68,9 @@ ENDPOINTS = {
     ("POST", "/cache/pin"): {"text": TEXT},  # in the key's own namespace
     ("POST", "/cache/unpin"): {"text": TEXT},
     ("GET", "/get_model_info"): None,
+    ("GET", "/server_info"): None,
+    ("GET", "/get_server_info"): None,
+    ("POST", "/abort_request"): {"rid": "nothing-running"},
     ("GET", "/metrics"): None,
     ("GET", "/openapi.json"): None,
 }
@@ -78,7 +81,7 @@ def check_view(path: str, who: str, r: httpx.Response) -> None:
     admin = who == "admin"
     if path == "/flush_cache":
         assert ("flushed_pages" in r.json()) != admin, r.text
-    elif path == "/get_model_info":
+    elif path in ("/get_model_info", "/server_info", "/get_server_info"):
         assert ("model_path" in r.json()) == admin
     elif path == "/metrics":
         assert ("radixserve_num_running " in r.text) == admin  # server-wide figures
@@ -150,6 +153,9 @@ def test_a_rid_reused_by_another_tenant_aborts_nothing_of_the_first(server: Back
             # bob reuses the rid, then hangs up mid-request: his request is aborted, alice's must go on
             with client(server, "bob", timeout=0.5) as bob, pytest.raises(httpx.TimeoutException):
                 bob.post("/generate", json={**LONG, "rid": "shared-id"})
+            with client(server, "bob") as bob:  # nor can bob's /abort_request reach it, by rid or all at once
+                assert bob.post("/abort_request", json={"rid": "shared-id"}).status_code == 200
+                assert bob.post("/abort_request", json={"abort_all": True}).status_code == 200
             events = [line for line in lines if line.startswith("data: {")]
     import json
 

@@ -1,7 +1,8 @@
 """RuntimeEndpoint: a radixserve HTTP server as a DSL backend, over its native routes.
 
 Routes used: POST /generate (text or input_ids, SSE when streaming), POST /tokenize (select's token boundaries),
-GET /get_model_info (the chat template and special tokens, for roles), GET /metrics, POST /flush_cache.
+GET /get_model_info (the chat template and special tokens, for roles), GET /server_info (whether streams send
+deltas or the text so far), GET /metrics, POST /flush_cache.
 Every request has a timeout, and any failure (unreachable, timeout, HTTP error status) raises BackendError.
 """
 
@@ -25,6 +26,9 @@ class RuntimeEndpoint(Backend):
         self.http = HttpClient(base_url, api_key, timeout_s)
         self.base_url = self.http.base_url
         self.model_info = self.http.json("GET", "/get_model_info")
+        self.server_info = self.http.json("GET", "/server_info")
+        # SGLang's flag: without it a stream's events hold everything so far, which generate_stream turns into deltas
+        self.incremental = bool(self.server_info.get("incremental_streaming_output"))
         self._renderer: Any = None
 
     # ---- Backend ------------------------------------------------------------------------------------------------
@@ -68,7 +72,8 @@ class RuntimeEndpoint(Backend):
             "top_logprobs_num": top_logprobs_num,
             "return_text_in_logprobs": return_text_in_logprobs,
         }
-        for chunk in self.http.events("POST", "/generate", body):
+        events = self.http.events("POST", "/generate", body)
+        for chunk in events if self.incremental else _deltas(events):
             yield chunk
             if chunk["meta_info"].get("finish_reason") is not None:
                 return
@@ -118,7 +123,7 @@ class RuntimeEndpoint(Backend):
         return {"hit_tokens": hit, "prompt_tokens": prompt, "hit_rate": hit / prompt if prompt else 0.0}
 
     def get_server_info(self) -> dict[str, Any]:
-        return dict(self.model_info)
+        return dict(self.server_info)
 
     def flush_cache(self) -> bool:
         try:
@@ -138,3 +143,22 @@ class RuntimeEndpoint(Backend):
 
     def __repr__(self) -> str:
         return f"RuntimeEndpoint({self.base_url!r})"
+
+
+def _deltas(events: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Cumulative /generate events as the backend's chunks: only what is new (prompt logprobs with the first)."""
+    text_len = ids_len = 0
+    for ev in events:
+        meta = dict(ev["meta_info"])
+        for key in _OUTPUT_LISTS:
+            if key in meta:
+                meta[key] = meta[key][ids_len:]
+        if ids_len or text_len:
+            for key in _INPUT_LISTS:
+                meta.pop(key, None)
+        yield {"text": ev["text"][text_len:], "output_ids": ev["output_ids"][ids_len:], "meta_info": meta}
+        text_len, ids_len = len(ev["text"]), len(ev["output_ids"])
+
+
+_OUTPUT_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+_INPUT_LISTS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")

@@ -30,13 +30,15 @@ _STANDARD = {
     "presence_penalty": "presence_penalty",
 }
 # Extras that open servers accept under these names; sent only when set, so a server without them says so itself.
-_EXTRAS = {"top_k": -1, "min_p": 0.0, "ignore_eos": False, "stop_token_ids": []}
+# (min_new_tokens is min_tokens there, as in SGLang's and vLLM's OpenAI routes.)
+_EXTRAS = {"top_k": -1, "min_p": 0.0, "ignore_eos": False, "stop_token_ids": [], "min_new_tokens": 0, "stop_regex": []}
+_EXTRA_NAMES = {"min_new_tokens": "min_tokens"}
 
 
 def openai_body(sampling_params: dict[str, Any]) -> dict[str, Any]:
     """Engine sampling params as OpenAI request fields."""
     body = {_STANDARD[k]: v for k, v in sampling_params.items() if k in _STANDARD}
-    body |= {k: v for k, v in sampling_params.items() if k in _EXTRAS and v != _EXTRAS[k]}
+    body |= {_EXTRA_NAMES.get(k, k): v for k, v in sampling_params.items() if k in _EXTRAS and v != _EXTRAS[k]}
     if sampling_params.get("json_schema") is not None:  # OpenAI's structured outputs
         schema = sampling_params["json_schema"]
         schema = json.loads(schema) if isinstance(schema, str) else schema

@@ -173,9 +173,9 @@ class ModelRunner:
         else:
             logits = self.forward(batch)
         prompt = []
-        for pr, (targets, top_k) in zip((p for p in step.prompt_rows if p is not None), step.prompt_targets):
+        for pr, (targets, top_k, wanted) in zip((p for p in step.prompt_rows if p is not None), step.prompt_targets):
             first, count, _ = pr
-            prompt.append(token_logprobs(logits[first : first + count], torch.tensor(targets), top_k))
+            prompt.append(token_logprobs(logits[first : first + count], torch.tensor(targets), top_k, wanted))
         rows = [r for r in step.sample_rows if r is not None]
         if not rows:
             return PendingOutput(None, StepOutput([], None, None, prompt))

@@ -49,24 +49,41 @@ async def any_worker(request: Request) -> Response:
     return error(503, "no healthy worker", "service_unavailable", "no_worker")
 
 
-async def flush_cache(request: Request) -> Response:
-    """Flush every worker's cache, and so the tree: what it says they hold is gone."""
+async def broadcast(request: Request, path: str) -> dict[str, int]:
+    """Send the request (its body and auth headers) to every healthy worker at once: each worker's status (503 if
+    unreachable)."""
     router = router_of(request)
-    workers = router.pool.healthy()
+    body = await request.body()
     headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
 
     async def one(url: str) -> tuple[str, int]:
         try:
-            return url, (await router.client.post(url + "/flush_cache", headers=headers)).status_code
+            r = await router.client.request(request.method, url + path, content=body or None, headers=headers)
+            return url, r.status_code
         except httpx.TransportError:
             return url, 503
 
-    results = dict(await asyncio.gather(*(one(w.url) for w in workers)))
+    return dict(await asyncio.gather(*(one(w.url) for w in router.pool.healthy())))
+
+
+async def flush_cache(request: Request) -> Response:
+    """Flush every worker's cache, and so the tree: what it says they hold is gone."""
+    router = router_of(request)
+    results = await broadcast(request, "/flush_cache")
     for url, status in results.items():
         if status == 200:
             router.policy.forget(url)
     ok = bool(results) and all(s == 200 for s in results.values())
     return JSONResponse({"success": ok, "workers": results}, status_code=200 if ok else 409)
+
+
+async def abort_request(request: Request) -> Response:
+    """SGLang's /abort_request: a request may run on any worker, so every one is asked (each aborts only what the
+    caller's key sent there)."""
+    results = await broadcast(request, "/abort_request")
+    if results and all(s == 200 for s in results.values()):
+        return Response(status_code=200)
+    return JSONResponse({"success": False, "workers": results}, status_code=502 if results else 503)
 
 
 async def health(request: Request) -> Response:
@@ -144,9 +161,12 @@ def build_router_app(
         Route("/generate", generation, methods=["POST"]),
         Route("/v1/models", any_worker, methods=["GET"]),
         Route("/get_model_info", any_worker, methods=["GET"]),
+        Route("/server_info", any_worker, methods=["GET"]),
+        Route("/get_server_info", any_worker, methods=["GET"]),
         Route("/tokenize", any_worker, methods=["POST"]),
         Route("/detokenize", any_worker, methods=["POST"]),
         Route("/flush_cache", flush_cache, methods=["POST", "GET"]),
+        Route("/abort_request", abort_request, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/workers", workers_endpoint, methods=["GET", "POST", "DELETE"]),

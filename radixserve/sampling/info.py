@@ -20,3 +20,11 @@ class SamplingInfo:
     prompt_ids: Sequence[int]  # repetition penalty also covers the prompt (HF semantics)
     top_logprobs_num: int = 0
     return_logprob: bool = False
+    token_ids_logprob: tuple[int, ...] = ()  # ids whose logprobs follow the top ones in each row's top list
+    stop_ids: frozenset[int] = frozenset()  # the ids that end it (EOS unless ignored, stop_token_ids): banned while
+    # fewer than min_new_tokens are out
+
+    @property
+    def banned_ids(self) -> frozenset[int]:
+        """Ids the row may not sample now: its stop ids while it is short of min_new_tokens."""
+        return self.stop_ids if len(self.output_ids) < self.params.min_new_tokens else frozenset()

@@ -1,4 +1,4 @@
-"""Batched sampler: penalties, greedy/temperature/top-k/top-p/min-p, per-request seeded RNG, and logprobs."""
+"""Batched sampler: penalties, logit bias, greedy/temperature/top-k/top-p/min-p, per-request seeded RNG, and logprobs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.sampling.bias import apply_bias
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling.penalties import apply_penalties
 from radixserve.transfer import device_tensor
@@ -19,7 +20,8 @@ TOP_P_CANDIDATES = 512
 class SampleOutput:
     next_ids: list[int]
     logprobs: list[float] | None  # raw log_softmax of each chosen token, for every row when any row asked
-    top_logprobs: list[list[tuple[float, int]]] | None  # per row its top_logprobs_num (logprob, id), best first
+    # per row its top_logprobs_num (logprob, id), best first, then those of its token_ids_logprob
+    top_logprobs: list[list[tuple[float, int]]] | None
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -130,7 +132,7 @@ def sample_ids(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> tuple[tor
     want_logprobs = any(info.return_logprob or info.top_logprobs_num > 0 for info in infos)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
 
-    logits = apply_penalties(logits, infos)
+    logits = apply_bias(apply_penalties(logits, infos), infos)
     greedy = [info.params.is_greedy for info in infos]
     if all(greedy):
         return logits.argmax(dim=-1), raw_logprobs
@@ -148,9 +150,21 @@ def chosen_logprobs(
     raw_logprobs: torch.Tensor,
     infos: Sequence[SamplingInfo],
 ) -> tuple[list[float], list[list[tuple[float, int]]]]:
-    """Each row's logprob of its chosen id and its top_logprobs_num best (logprob, id) pairs (waits for the device)."""
+    """Each row's logprob of its chosen id, and its top_logprobs_num best (logprob, id) pairs followed by those of its
+    token_ids_logprob (waits for the device)."""
     chosen = raw_logprobs.gather(1, next_ids[:, None]).squeeze(1).tolist()
-    return chosen, best_logprobs(raw_logprobs, [info.top_logprobs_num for info in infos])
+    tops = best_logprobs(raw_logprobs, [info.top_logprobs_num for info in infos])
+    return chosen, with_wanted(raw_logprobs, tops, [info.token_ids_logprob for info in infos])
+
+
+def with_wanted(
+    logprobs: torch.Tensor, tops: list[list[tuple[float, int]]], wanted: Sequence[Sequence[int]]
+) -> list[list[tuple[float, int]]]:
+    """Each row's top pairs followed by the (logprob, id) of every id in its `wanted` (token_ids_logprob)."""
+    for i, ids in enumerate(wanted):
+        if ids:
+            tops[i] = tops[i] + list(zip(logprobs[i, list(ids)].tolist(), ids))
+    return tops
 
 
 def sample(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> SampleOutput:
@@ -173,9 +187,11 @@ def best_logprobs(logprobs: torch.Tensor, nums: Sequence[int]) -> list[list[tupl
 
 
 def token_logprobs(
-    logits: torch.Tensor, target_ids: torch.Tensor, top_k: int
+    logits: torch.Tensor, target_ids: torch.Tensor, top_k: int, wanted: Sequence[int] = ()
 ) -> tuple[list[float], list[list[tuple[float, int]]]]:
-    """Prompt logprobs: logprob of target_ids[i] under row i of logits [N, V], and each row's top_k (logprob, id)."""
+    """Prompt logprobs: logprob of target_ids[i] under row i of logits [N, V], and each row's top_k (logprob, id)
+    followed by those of the `wanted` ids."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     chosen = logprobs.gather(1, target_ids.to(logprobs.device, torch.long)[:, None]).squeeze(1).tolist()
-    return chosen, best_logprobs(logprobs, [top_k] * logits.shape[0])
+    tops = best_logprobs(logprobs, [top_k] * logits.shape[0])
+    return chosen, with_wanted(logprobs, tops, [wanted] * logits.shape[0])

@@ -114,7 +114,7 @@ class StepProcessor:
             if req.return_logprob:
                 assert run.logprobs is not None
                 req.output_token_logprobs.append((run.logprobs[i], tok))
-                if req.top_logprobs_num and run.top_logprobs is not None:
+                if (req.top_logprobs_num or req.sampling.token_ids_logprob) and run.top_logprobs is not None:
                     req.output_top_logprobs.append(run.top_logprobs[i])
             if req.grammar is not None and not req.grammar.accept(tok):
                 raise RuntimeError(f"the grammar refused sampled token {tok}: {req.grammar.error}")
@@ -229,7 +229,8 @@ class StepProcessor:
     def _check_stop(self, req: Req, tok: int) -> None:
         """Token-level ends only (a stop token, the length); stop strings are the output stage's."""
         p = req.params
-        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
+        early = len(req.output_ids) < p.min_new_tokens  # SGLang: no stop counts before min_new_tokens are out
+        if not early and (tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids)):
             req.finish_reason = FinishReason("stop", tok)
         elif len(req.output_ids) >= p.max_new_tokens or req.num_fill >= self.cfg.context_length:
             req.finish_reason = STOP_LENGTH

@@ -310,7 +310,9 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
                 if hi > lo:
                     pr = (len(logit_rows), hi - lo, lo + 1)
                     logit_rows.extend(range(row + lo - req.kv_len, row + hi - req.kv_len))
-                    targets.append((req.input_ids[lo + 1 : hi + 1], req.top_logprobs_num))
+                    targets.append(
+                        (req.input_ids[lo + 1 : hi + 1], req.top_logprobs_num, req.sampling.token_ids_logprob)
+                    )
                     req.next_prompt_logprob_pos = hi + 1 if hi + 1 < len(req.input_ids) else -1
             prompt_rows.append(pr)
             if req.kv_len + n - nd == req.num_fill + req.inflight_tokens and self._may_sample(req):

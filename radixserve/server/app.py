@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixserve.server import cache_api, chat_api, native_api, openai_api
+from radixserve.server import abort_api, cache_api, chat_api, native_api, openai_api, server_info
 from radixserve.server.auth import ApiKeyAuth
 from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.dashboard import Explorer, dashboard_routes
@@ -48,12 +48,14 @@ def build_app(
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     otlp_endpoint: str | None = None,
     tracer_provider: Any = None,
+    incremental_streaming_output: bool = False,
 ) -> Starlette:
     """The HTTP app over `engine`. api_key: a KeyRing, or `--api-key`-style entries (a str may hold several,
     separated by commas; admin unless an entry says `role=user`; one cache namespace each); None: no keys (an empty
     key is an error). max_queued_requests bounds the waiting queue (429 past it); the app's ServerState is at
     app.state.server. otlp_endpoint (or an OpenTelemetry tracer_provider, for tests) turns request spans on
-    (app.state.tracer)."""
+    (app.state.tracer). incremental_streaming_output: /generate streams send deltas (SGLang's flag; default: the text
+    so far in every event, as SGLang)."""
     if max_queued_requests is not None and max_queued_requests < 0:
         raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
     if max_body_bytes < 1:
@@ -76,6 +78,7 @@ def build_app(
         metrics=metrics,
         prompts=ChatPromptBuilder(engine.tokenizer),
         keys=keys,
+        incremental_streaming_output=incremental_streaming_output,
     )
     routes = [
         Route("/v1/chat/completions", chat_api.chat_completions, methods=["POST"]),
@@ -88,6 +91,9 @@ def build_app(
         Route("/cache/pin", cache_api.pin, methods=["POST"]),
         Route("/cache/unpin", cache_api.unpin, methods=["POST"]),
         Route("/get_model_info", native_api.get_model_info, methods=["GET"]),
+        Route("/abort_request", abort_api.abort_request, methods=["POST"]),
+        Route("/server_info", server_info.server_info, methods=["GET"]),
+        Route("/get_server_info", server_info.server_info, methods=["GET"]),
         Route("/health", native_api.health, methods=["GET"]),
         Route("/metrics", native_api.metrics, methods=["GET"]),
         Route("/openapi.json", _openapi, methods=["GET"]),

@@ -59,6 +59,7 @@ def run_server(
     body_timeout_s: float = 30.0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     otlp_endpoint: str | None = None,
+    incremental_streaming_output: bool = False,
 ) -> None:
     """Serve Engine(**engine_kwargs) over HTTP until SIGTERM/SIGINT; returns after a graceful drain. If the engine
     stops (a fault that repeats every step), the server drains and the process exits 1 for a supervisor to restart."""
@@ -78,6 +79,7 @@ def run_server(
             max_body_bytes=max_body_bytes,
             body_timeout_s=body_timeout_s,
             otlp_endpoint=otlp_endpoint,
+            incremental_streaming_output=incremental_streaming_output,
         )
         state = app.state.server
 

@@ -1,8 +1,10 @@
-"""SGLang-native endpoints: /generate, /tokenize, /detokenize, /flush_cache, /get_model_info, /health, /metrics.
+"""SGLang-native endpoints: /generate, /tokenize, /detokenize, /flush_cache, /get_model_info, /health, /metrics
+(/server_info and /abort_request have modules of their own).
 
 /generate answers with the engine's outputs as they are ({"text", "output_ids", "meta_info"}, a list for a batch
-or n > 1). Streamed, each event is one engine chunk: text, output_ids and output logprobs hold only what is new,
-meta_info counts are cumulative, and the last event has the finish_reason; then `data: [DONE]`.
+or n > 1). Streamed, each event holds, as SGLang's server sends it, the whole text, output_ids and output logprobs
+so far (or with --incremental-streaming-output only what is new since the last event); meta_info counts are
+cumulative, and the last event has the finish_reason; then `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from radixserve.io import GenerateOutput, GenerateRequest, StreamChunk
+from radixserve.io import GenerateOutput, GenerateRequest, OutputMeta, StreamChunk
 from radixserve.server.auth import forbidden, principal_of
 from radixserve.server.cache_api import pin_first
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.protocol import DetokenizeRequest, GenerateBody, TokenizeRequest
+from radixserve.server.sglang_fields import refuse_unbuilt
 from radixserve.server.serving import (
     SSE_DONE,
     EventStream,
@@ -46,7 +49,14 @@ from radixserve.tokenizer import Tokenizer
 
 Out = TypeVar("Out", bound=GenerateOutput)
 LOGPROB_KEYS = ("output_token_logprobs", "input_token_logprobs")
-TOP_LOGPROB_KEYS = ("output_top_logprobs", "input_top_logprobs")
+OUTPUT_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")  # one entry per token
+INPUT_LISTS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
+TOP_LOGPROB_KEYS = (
+    "output_top_logprobs",
+    "input_top_logprobs",
+    "output_token_ids_logprobs",
+    "input_token_ids_logprobs",
+)
 
 
 def _with_text(tok: Tokenizer, entries: list | None) -> list | None:
@@ -72,6 +82,7 @@ def with_token_text(tok: Tokenizer, d: dict[str, Any]) -> dict[str, Any]:
 
 def generate_call(req: GenerateBody, salt: str) -> tuple[GenerateRequest, int]:
     """The engine call for a /generate body and how many prompts it holds (for admission)."""
+    refuse_unbuilt(req)
     if (req.text is None) == (req.input_ids is None):
         raise bad_request("pass exactly one of text or input_ids", param="text")
     if req.text is not None:
@@ -106,6 +117,7 @@ def generate_call(req: GenerateBody, salt: str) -> tuple[GenerateRequest, int]:
         top_logprobs_num=req.top_logprobs_num,
         cache_salt=salt,
         rid=rid,
+        token_ids_logprob=req.token_ids_logprob,
     )
     return call, count * max(n, 1)
 
@@ -132,9 +144,13 @@ def labeler(internal: str | list[str] | None, given: str | list[str] | None) -> 
 async def generate_endpoint(request: Request) -> Response:
     state = server_state(request)
     req = await read_json(request, GenerateBody)
-    call, count = generate_call(req, cache_salt(request, req.cache_salt))
+    salt = req.cache_salt if req.extra_key is None else f"{req.cache_salt or ''}|extra:{req.extra_key}"
+    call, count = generate_call(req, cache_salt(request, salt))
     call = replace(call, **scheduling(request, req.priority, req.timeout))
     label = labeler(call.rid, req.rid)
+    internal = call.rid if isinstance(call.rid, list) else [call.rid]
+    labels = req.rid if isinstance(req.rid, list) else [req.rid] * len(internal)
+    tracking = state.live.track(principal_of(request).name, list(zip(labels, internal)))  # for /abort_request
     await admit(state, count)
     default_param = "text" if req.text is not None else "input_ids"
     tok = state.engine.tokenizer
@@ -143,8 +159,10 @@ async def generate_endpoint(request: Request) -> Response:
     if req.stream:
         with engine_errors(default_param):
             streams = await open_streams(request, state, [call])
-        return EventStream(generate_events(state, streams[0], req.return_text_in_logprobs, label))
-    with engine_errors(default_param):
+        if not state.incremental_streaming_output:
+            label = _then(label, Cumulative())
+        return EventStream(generate_events(state, streams[0], req.return_text_in_logprobs, label, tracking))
+    with tracking, engine_errors(default_param):
         [outs] = await generate(request, state, [call])
     for o in outs:
         fin = o.finish_reason
@@ -157,6 +175,37 @@ async def generate_endpoint(request: Request) -> Response:
     return Response(state.json.encode(body[0] if single else body), media_type="application/json")
 
 
+def _then(
+    first: Callable[[StreamChunk], StreamChunk], second: Callable[[StreamChunk], StreamChunk]
+) -> Callable[[StreamChunk], StreamChunk]:
+    return lambda c: second(first(c))
+
+
+class Cumulative:
+    """Turns a stream's chunks (what is new) into SGLang's default events: the text, output_ids and output logprobs
+    so far, and the prompt logprobs (which come with the first chunk) in every event. Each event is encoded before
+    the next chunk comes, so it may share the growing lists."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.ids: list[int] = []
+        self.lists: dict[str, list[Any]] = {k: [] for k in OUTPUT_LISTS}
+        self.meta: OutputMeta | None = None  # the first chunk's: its prompt logprobs
+
+    def __call__(self, c: StreamChunk) -> StreamChunk:
+        self.text += c.text
+        self.ids += c.output_ids
+        m = c.meta_info
+        first = self.meta = self.meta or m
+        changes: dict[str, Any] = {k: getattr(first, k) for k in INPUT_LISTS}
+        for key, so_far in self.lists.items():
+            new = getattr(m, key)
+            if new is not None:
+                so_far += new
+                changes[key] = so_far
+        return StreamChunk(self.text, self.ids, msgspec.structs.replace(m, **changes))
+
+
 def call_prompts(call: GenerateRequest) -> list[dict[str, Any]]:
     """Each prompt of a /generate call, as keyword arguments of Engine.pin."""
     texts, ids = call.prompt, call.input_ids
@@ -166,17 +215,23 @@ def call_prompts(call: GenerateRequest) -> list[dict[str, Any]]:
 
 
 async def generate_events(
-    state: ServerState, stream: Stream, text_in_logprobs: bool, label: Callable[[StreamChunk], StreamChunk]
+    state: ServerState,
+    stream: Stream,
+    text_in_logprobs: bool,
+    label: Callable[[StreamChunk], StreamChunk],
+    tracking: contextlib.AbstractContextManager[None],
 ) -> AsyncIterator[bytes]:
-    """SSE of the engine's chunks as they come (text, output_ids and output logprobs hold only what is new), [DONE]."""
+    """SSE of the engine's chunks as they come, each through `label` (which may make them cumulative), [DONE];
+    the request is `tracking`'s while it streams."""
     tok = state.engine.tokenizer
     try:
-        async with contextlib.aclosing(merged([stream])) as chunks:
-            async for _, c in chunks:
-                c = label(c)
-                yield sse(state, add_token_text(tok, c) if text_in_logprobs else c)
-                if c.finished:
-                    state.metrics.observe(c.meta_info)
+        with tracking:
+            async with contextlib.aclosing(merged([stream])) as chunks:
+                async for _, c in chunks:
+                    c = label(c)
+                    yield sse(state, add_token_text(tok, c) if text_in_logprobs else c)
+                    if c.finished:
+                        state.metrics.observe(c.meta_info)
     except Exception as exc:  # the status line is gone: report in-band, as the OpenAI routes do
         yield sse(state, {"error": {"message": f"engine failed: {exc}", "type": "service_unavailable"}})
     finally:
@@ -230,13 +285,17 @@ async def get_model_info(request: Request) -> Response:
     state = server_state(request)
     tok = state.engine.tokenizer
     info = state.engine.model_info()
-    if not principal_of(request).is_admin:
+    if principal_of(request).is_admin:
+        info["tokenizer_path"] = info["model_path"]  # SGLang's key: the tokenizer is the model's own here
+    else:
         info.pop("model_path")  # where the server keeps its files is the operator's business
     return JSONResponse(
         {
             **info,
             "served_model_name": state.model_name,
             "is_generation": True,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
             "chat_template": tok.select_chat_template(),
             "special_tokens": tok.special_tokens,
         }

@@ -102,11 +102,15 @@ def sampling_dict(req: SamplingFields, max_new_tokens: int, max_param: str) -> d
         "stop_token_ids": req.stop_token_ids,
         "ignore_eos": req.ignore_eos,
         "skip_special_tokens": req.skip_special_tokens,
+        "logit_bias": req.logit_bias,
+        "min_new_tokens": req.min_tokens,
+        "stop_regex": req.stop_regex,
+        "no_stop_trim": req.no_stop_trim,
         "seed": req.seed,
         "n": req.n,
     }
     d = {k: v for k, v in d.items() if v is not None}
-    with engine_errors(None, {"max_new_tokens": max_param}):
+    with engine_errors(None, {"max_new_tokens": max_param, "min_new_tokens": "min_tokens"}):
         SamplingParams.from_dict(d)
     return d
 

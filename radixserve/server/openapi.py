@@ -9,6 +9,7 @@ import msgspec
 
 from radixserve.server.errors import ErrorBody
 from radixserve.server.protocol import (
+    AbortRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -25,10 +26,12 @@ POST_ROUTES: dict[str, tuple[type, str]] = {
     "/detokenize": (DetokenizeRequest, "Text of token ids"),
     "/cache/pin": (PinRequest, "Keep a prompt's cached prefix out of eviction"),
     "/cache/unpin": (PinRequest, "Release a pin"),
+    "/abort_request": (AbortRequest, "Abort running /generate requests by rid (SGLang-native)"),
 }
 GET_ROUTES = {
     "/v1/models": "The served model",
     "/get_model_info": "Model and engine settings",
+    "/server_info": "Server settings (SGLang-native; also /get_server_info)",
     "/health": "200 while the engine serves",
 }
 ERROR_STATUSES = ("400", "404", "408", "413", "429", "500", "503")

@@ -1,7 +1,7 @@
 """Request and response bodies of the HTTP API as msgspec structs.
 
-Requests forbid unknown fields: a field we do not know may change what the client expects (tools, response_format,
-logit_bias, ...), so it gets a 400 naming it rather than being silently ignored. Fields that never change the output
+Requests forbid unknown fields: a field we do not know may change what the client expects (a new sampling option,
+...), so it gets a 400 naming it rather than being silently ignored. Fields that never change the output
 (user, metadata, store, ...) are declared and ignored.
 """
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from radixserve.server import sglang_fields
 from radixserve.server.errors import bad_request, from_decode_error
 
 
@@ -99,6 +100,11 @@ class SamplingFields(Strict):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # OpenAI's logit_bias and SGLang's extras, under their SamplingParams names but min_tokens (min_new_tokens)
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
+    stop_regex: str | list[str] | None = None
+    no_stop_trim: bool = False
     seed: int | None = None
     n: int = 1
     stream: bool = False
@@ -134,8 +140,9 @@ class CompletionRequest(SamplingFields, kw_only=True):
     logprobs: int | None = None
 
 
-class GenerateBody(Strict):
-    """SGLang-native /generate: exactly one of text / input_ids, single or batch."""
+class GenerateFields(Strict):
+    """SGLang-native /generate: exactly one of text / input_ids, single or batch. The fields radixserve implements;
+    GenerateBody adds the rest of SGLang's GenerateReqInput (radixserve/server/sglang_fields.py)."""
 
     text: str | list[str] | None = None
     input_ids: list[Any] | None = None
@@ -144,12 +151,26 @@ class GenerateBody(Strict):
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    token_ids_logprob: list[Any] | None = None  # ids (or a list of them per prompt) whose logprobs each position has
     return_text_in_logprobs: bool = False
     cache_salt: str | None = None
+    extra_key: str | None = None  # SGLang's extra cache key: one more part of the cache namespace
     rid: str | list[str] | None = None  # a label echoed in meta_info.id; the server's own id is unique per request
     priority: int = 0
     timeout: float | None = None
     pin: bool = False  # keep the prompt's cached prefix out of eviction once done (see /cache/pin)
+
+
+GenerateBody = msgspec.defstruct(
+    "GenerateBody", [(name, Any, None) for name in sglang_fields.DECLARED], bases=(GenerateFields,), kw_only=True
+)
+
+
+class AbortRequest(Strict):
+    """/abort_request (SGLang's AbortReq, as its clients send it)."""
+
+    rid: str = ""
+    abort_all: bool = False
 
 
 class PinRequest(Strict):

@@ -21,6 +21,7 @@ from radixserve.errors import ParamError, QueueFullError, RequestFailedError
 from radixserve.io import FinishReason, GenerateOutput, GenerateRequest, StreamChunk
 from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.errors import ApiError, bad_request
+from radixserve.server.live_requests import LiveRequests
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.auth import principal_of
 from radixserve.server.protocol import decode_body
@@ -51,6 +52,8 @@ class ServerState:
     prompts: ChatPromptBuilder
     keys: KeyRing | None = None  # None: no keys, every request is the operator's (tenants.OPEN)
     draining: bool = False  # set on SIGTERM: admit nothing new, let running requests finish
+    incremental_streaming_output: bool = False  # a /generate stream's events hold only what is new (else all so far)
+    live: LiveRequests = field(default_factory=LiveRequests)  # running /generate requests, for /abort_request
     json: msgspec.json.Encoder = field(default_factory=msgspec.json.Encoder)
 
 

@@ -78,6 +78,8 @@ class Drafter:
             return False  # the last token is still being sampled, or prompt logprobs are owed
         if req.grammar is not None:
             return False  # a grammar masks one row per request and accepts tokens one by one (jump-forward instead)
+        if p.logit_bias or len(req.output_ids) < p.min_new_tokens or req.sampling.token_ids_logprob:
+            return False  # verify scores drafts without the bias rules and reports only top logprobs
         return p.is_greedy or p.seed is None
 
     def propose(self, req: Req, room: int) -> Draft | None:
