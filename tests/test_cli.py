@@ -96,6 +96,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "max_body_bytes": 1 << 20,
         "grace_period_s": 30.0,
         "otlp_endpoint": "http://127.0.0.1:4318",
+        "incremental_streaming_output": False,
     }
     assert engine_kwargs == {
         "model": str(tiny_model_dir),
