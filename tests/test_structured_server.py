@@ -182,6 +182,60 @@ def test_tool_call_round_trip(client: openai.OpenAI, stream: bool, tool_choice: 
     _round_trip(client, stream, tool_choice)
 
 
+NESTED_TOOL = {  # what the openai SDK's pydantic_function_tool sends for a model with a nested model: $defs + $ref
+    "type": "function",
+    "function": {
+        "name": "add_people",
+        "parameters": {
+            "$defs": {
+                "Person": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+                    "required": ["name", "age"],
+                    "additionalProperties": False,
+                }
+            },
+            "type": "object",
+            "properties": {"people": {"type": "array", "items": {"$ref": "#/$defs/Person"}, "maxItems": 2}},
+            "required": ["people"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "add_people"}}])
+def test_a_tool_whose_parameters_use_defs_and_refs_is_called(client: openai.OpenAI, tool_choice: object) -> None:
+    """Issue 35: the call's grammar nests the parameters under a wrapper; their "#/$defs/..." refs must still resolve
+    (it was a 400, "Pointer '/$defs/Person' does not exist")."""
+    r = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Add Ann, 31."}],
+        tools=[*TOOLS, NESTED_TOOL],
+        tool_choice=tool_choice,
+        max_tokens=120,
+        temperature=0,
+    )
+    calls = r.choices[0].message.tool_calls or []
+    if r.choices[0].finish_reason == "tool_calls":
+        for call in calls:
+            args = json.loads(call.function.arguments)
+            if call.function.name == "add_people":  # shaped by the referenced schema
+                assert all(set(p) == {"name", "age"} and isinstance(p["age"], int) for p in args["people"])
+    else:  # a random tiny model may run out of tokens inside a call: then it ends by length, never a 400
+        assert r.choices[0].finish_reason == "length"
+
+
+def test_rebase_refs_points_local_refs_at_the_embedded_schema() -> None:
+    from radixserve.server.tool_calls import rebase_refs
+
+    schema = {"$defs": {"N": {"properties": {"next": {"$ref": "#"}}}}, "items": {"$ref": "#/$defs/N"}}
+    out = rebase_refs(schema, "#/anyOf/1/properties/arguments")
+    assert out["items"]["$ref"] == "#/anyOf/1/properties/arguments/$defs/N"
+    assert out["$defs"]["N"]["properties"]["next"]["$ref"] == "#/anyOf/1/properties/arguments"
+    assert rebase_refs({"$ref": "https://example.com/s.json"}, "#/x") == {"$ref": "https://example.com/s.json"}
+
+
 def test_unknown_named_tool_is_a_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(

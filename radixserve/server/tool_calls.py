@@ -93,16 +93,17 @@ class HermesToolFormat:
         """A Lark grammar (llguidance's dialect) for one call of `choice` (a function name), or for one call of any
         tool (`choice` None: tool_choice "required"), or several with `parallel`. Markers that are single tokens in the vocabulary
         are named by id, so the grammar matches the token the model emits, not its spelling."""
+        chosen = [t["function"] for t in tools if choice is None or t["function"]["name"] == choice]
         schemas = []
-        for t in tools:
-            fn = t["function"]
-            if choice is not None and fn["name"] != choice:
-                continue
+        for i, fn in enumerate(chosen):
             params = fn.get("parameters") or {"type": "object", "properties": {}}
+            # The parameters sit under the wrapper's properties.arguments: their own "#/..." refs ($defs of nested
+            # pydantic models, "#" for recursion) must point there, not at the wrapper's root.
+            where = "#/properties/arguments" if len(chosen) == 1 else f"#/anyOf/{i}/properties/arguments"
             schemas.append(
                 {
                     "type": "object",
-                    "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                    "properties": {"name": {"const": fn["name"]}, "arguments": rebase_refs(params, where)},
                     "required": ["name", "arguments"],
                     "additionalProperties": False,
                 }
@@ -193,3 +194,17 @@ def tool_format(tokenizer: Tokenizer, names: frozenset[str] = frozenset()) -> He
     if isinstance(template, str) and HermesToolFormat.start in template:
         return HermesToolFormat(tokenizer, names)
     return None
+
+
+def rebase_refs(schema: Any, base: str) -> Any:
+    """A copy of `schema` whose local `$ref`s ("#", "#/$defs/X", ...) are resolved from `base` (a JSON pointer
+    fragment where the schema is embedded in a larger document) instead of the document's root."""
+    if isinstance(schema, list):
+        return [rebase_refs(s, base) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: rebase_refs(v, base) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = base + ref[1:]
+    return out
