@@ -226,6 +226,42 @@ def test_a_tool_whose_parameters_use_defs_and_refs_is_called(client: openai.Open
         assert r.choices[0].finish_reason == "length"
 
 
+@pytest.mark.parametrize("max_tokens", [4, 16])  # the tiny tokenizer spells the marker in pieces: cut inside, after
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_off_by_max_tokens_never_reaches_content(
+    client: openai.OpenAI, stream: bool, max_tokens: int
+) -> None:
+    """Issue 35: the grammar starts a call, max_tokens ends it part way: no "<tool_call>" markup in content (it
+    leaked whole, and in a stream as the delta '<tool_call>\n{"name":'), finish_reason length."""
+    kw = dict(model="default", messages=[{"role": "user", "content": "Weather?"}], tools=TOOLS, max_tokens=max_tokens)
+    if stream:
+        chunks = list(client.chat.completions.create(tool_choice="required", stream=True, **kw))
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+        reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+    else:
+        r = client.chat.completions.create(tool_choice="required", **kw)
+        content, calls, reason = r.choices[0].message.content or "", r.choices[0].message.tool_calls or [], None
+        reason = r.choices[0].finish_reason
+    assert content == "" and not calls  # (it was '<too', '<tool_call>\n{"nam')
+    assert reason == "length"
+
+
+def test_truncated_calls_are_dropped_by_the_parser(engine: Engine) -> None:
+    from radixserve.server.tool_calls import ToolStream, tool_format
+
+    fmt = tool_format(engine.tokenizer, frozenset({"get_weather"}))
+    assert fmt is not None
+    whole = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+    text = "Sure. " + whole + '<tool_call>\n{"name": "get_wea'
+    content, calls = fmt.parse(text, truncated=True)
+    assert content == "Sure." and [c.name for c in calls] == ["get_weather"]
+    assert fmt.parse("no calls <tool_call> here") == ("no calls <tool_call> here", [])  # not cut off: text
+    stream = ToolStream(fmt)
+    events = stream.feed(text) + stream.finish(truncated=True)
+    assert "".join(e.content for e in events) == "Sure. " and sum(e.call is not None for e in events) == 1
+
+
 def test_rebase_refs_points_local_refs_at_the_embedded_schema() -> None:
     from radixserve.server.tool_calls import rebase_refs
 

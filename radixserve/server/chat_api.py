@@ -224,13 +224,16 @@ def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
     return Structure({"ebnf": grammar}, tools, fmt)
 
 
-def response_message(text: str, parser: HermesToolFormat | None) -> tuple[ChatResponseMessage, bool]:
-    """The assistant message for generated text, and whether it holds tool calls."""
+def response_message(
+    text: str, parser: HermesToolFormat | None, truncated: bool = False
+) -> tuple[ChatResponseMessage, bool]:
+    """The assistant message for generated text, and whether it holds tool calls. `truncated` (ended by length): a
+    call cut off part way is dropped, never returned as content (the complete calls before it are kept)."""
     if parser is None:
         return ChatResponseMessage("assistant", text), False
-    content, calls = parser.parse(text)
+    content, calls = parser.parse(text, truncated)
     if not calls:
-        return ChatResponseMessage("assistant", text), False
+        return ChatResponseMessage("assistant", content if truncated else text), False
     return ChatResponseMessage("assistant", content, [_response_call(c) for c in calls]), True
 
 
@@ -290,7 +293,8 @@ async def chat_completions(request: Request) -> Response:
         [outs] = await generate(request, state, [call])
     choices = []
     for i, o in enumerate(outs):
-        message, called = response_message(o.text, shape.parser)
+        truncated = o.finish_reason is not None and o.finish_reason.type == "length"
+        message, called = response_message(o.text, shape.parser, truncated)
         choices.append(
             ChatChoice(
                 i,
@@ -345,7 +349,7 @@ async def chat_events(
                     if c.text or lp is not None:
                         yield chunk([ChatChunkChoice(i, ChatDelta(content=c.text), None, lp)])
                 else:
-                    pieces = split.feed(c.text) + (split.finish() if reason is not None else [])
+                    pieces = split.feed(c.text) + (split.finish(reason == "length") if reason is not None else [])
                     for ev in pieces:
                         if ev.call is not None:
                             for choice in _call_deltas(i, ev.call, ev.index):

@@ -49,9 +49,12 @@ class HermesToolFormat:
         call = self.parse_block(body) if body.startswith("{") and body.endswith("}") else None
         return call if call is not None and call.name in self.names else None
 
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """(content before the first call, or None if empty; the calls). A block that does not parse stays text."""
+    def parse(self, text: str, truncated: bool = False) -> tuple[str | None, list[ToolCall]]:
+        """(content before the first call, or None if empty; the calls). A block that does not parse stays text;
+        `truncated` (generation ended by length): a call cut off before its end marker is dropped, not content."""
         calls: list[ToolCall] = []
+        if truncated:  # cut off inside the start marker itself: that was a call beginning too
+            text = text[: len(text) - _partial_suffix(text, self.start)]
         content, rest = text, ""
         pos = text.find(self.start)
         if pos < 0:
@@ -67,7 +70,8 @@ class HermesToolFormat:
                 continue
             end = rest.find(self.end)
             if end < 0:
-                leftover.append(rest)
+                if not truncated:
+                    leftover.append(rest)
                 break
             call = self.parse_block(rest[len(self.start) : end])
             if call is None:
@@ -169,8 +173,11 @@ class ToolStream:
             self.buf = self.buf[end + len(self.fmt.end) :]
             self.in_call, self.after_call = False, call is not None
 
-    def finish(self) -> list[StreamEvent]:
+    def finish(self, truncated: bool = False) -> list[StreamEvent]:
+        """What is left at the end; `truncated` (ended by length): a call cut off inside its markers is dropped."""
         rest, self.buf = self.buf, ""
+        if truncated and (self.in_call or (rest and _partial_suffix(rest, self.fmt.start) == len(rest))):
+            return []
         if self.bare:
             call = self.fmt.bare_call(rest)
             if call is not None:
