@@ -19,6 +19,9 @@ from radixserve.tokenizer import Tokenizer
 # A token of any tokenizer here covers far fewer characters than this: longer prompts cannot fit the context.
 CHARS_PER_TOKEN = 32
 MAX_BATCH_PROMPTS = 256  # prompts in one call (each n samples more): bounds the work one call can queue
+# A rid is echoed in every output and named in log lines: bounded and printable (the HTTP server's own ids add ~40
+# characters to a client's label of at most 128, radixserve/server/protocol.py).
+MAX_RID_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ class RequestBuilder:
             or not all(r is None or isinstance(r, str) for r in rids)
         ):
             raise ParamError("rid", "rid must be a string, or a list of strings with one entry per prompt")
+        if any(r and (len(r) > MAX_RID_CHARS or not r.isprintable()) for r in rids):
+            raise ParamError("rid", f"a rid is at most {MAX_RID_CHARS} printable characters")
         if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
             raise ParamError("top_logprobs_num", f"top_logprobs_num must be an integer >= 0, got {top_logprobs_num!r}")
         if isinstance(logprob_start_len, bool) or not isinstance(logprob_start_len, int):

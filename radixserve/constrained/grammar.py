@@ -9,7 +9,8 @@ cost is the tokenizer trie (~3 s), built in the background when the engine start
 A request names one grammar: `regex`, `json_schema` (a schema object or its JSON text; `{"type": "object"}` is
 OpenAI's `json_object`) or `ebnf` (GBNF, as llama.cpp and xgrammar write it, or llguidance's Lark syntax). Each is
 validated once and cached by its text (`GrammarCompiler.compile`), so a schema sent with every request costs one
-dict lookup; an invalid one raises `ParamError` naming the field.
+dict lookup; an invalid one, or one past llguidance's limits (`radixserve/constrained/limits.py`), raises
+`ParamError` naming the field, and that refusal is cached too.
 """
 
 from __future__ import annotations
@@ -18,36 +19,44 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance
 
-from radixserve.errors import ParamError
+from radixserve.constrained.limits import COMPILE_BUDGET_S, checked_matcher
+from radixserve.errors import GrammarFailedError, ParamError
+from radixserve.log_bounds import clip
 from radixserve.tokenizer import Tokenizer
 
 GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")
-CACHE_SIZE = 512  # compiled grammars kept (LRU), by field and text
+# Compiled grammars kept (LRU), by field and text, refusals included. Each holds a matcher with its lexer's states
+# so far (a large grammar's: megabytes), so fewer than the texts alone would allow.
+CACHE_SIZE = 128
 # JSON as json.dumps writes it by default: the form models produce, and fixed separators leave no whitespace choice,
 # so punctuation between values is forced (jump-forward) and a model cannot ramble in blank space until max_tokens.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CompiledGrammar:
-    """A validated llguidance grammar (its JSON or Lark text); immutable, shared by every request that names it."""
+    """A validated llguidance grammar (its JSON or Lark text) and the matcher at its start that passed the limits
+    (first mask computed); shared by every request that names it, each of which copies the matcher."""
 
     field: str
     text: str
+    template: llguidance.LLMatcher = field(repr=False)
 
 
 class GrammarMatcher:
-    """One request's position in its grammar: which tokens may come next, and which are forced."""
+    """One request's position in its grammar: which tokens may come next, and which are forced. `field` is the
+    grammar's request field (regex, json_schema, ebnf), named when it fails."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, field: str = "ebnf") -> None:
         self.ll = matcher
         self.vocab_size = vocab_size
+        self.field = field
 
     def accept(self, token: int) -> bool:
         """Advance by a sampled token; False if the grammar refuses it (the request then fails)."""
@@ -60,6 +69,11 @@ class GrammarMatcher:
     @property
     def error(self) -> str:
         return self.ll.get_error()
+
+    def failure(self, token: int, generated: int) -> GrammarFailedError:
+        """Why the request must end: its grammar refused `token` (a limit hit mid-generation, or a bug)."""
+        why = clip(self.error.replace("<non-verbose/>", "").strip()) or "no reason given"
+        return GrammarFailedError(self.field, f"the {self.field} refused token {token} after {generated} tokens: {why}")
 
     @property
     def done(self) -> bool:
@@ -89,7 +103,7 @@ def grammar_text(field: str, source: Any) -> str:
     except ParamError:
         raise
     except Exception as exc:  # noqa: BLE001 - the library's translation errors are the caller's bad input
-        raise ParamError(field, f"invalid {field}: {exc}") from None
+        raise ParamError(field, f"invalid {field}: {clip(str(exc))}") from None
 
 
 class GrammarCompiler:
@@ -99,11 +113,17 @@ class GrammarCompiler:
     which waits for it. Not earlier: building it holds the GIL for 1-2 s with a 150k vocabulary (measured on a busy
     2-core machine), which stalled the model's load at start-up, or the first requests' steps and HTTP handling
     when it ran right after the server began listening; only the first grammar request pays it now.
-    Thread-safe: callers compile on their own threads, never the engine loop's."""
+    Thread-safe. Every grammar is built on the compiler's one worker thread ("radixserve-grammar"), whoever asks:
+    never on the engine loop's or an event loop's, and at most one at a time, so a stream of costly grammars takes
+    one core at most from the engine (this machine has two)."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_ids: Sequence[int]) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, vocab_size: int, eos_ids: Sequence[int], budget_s: float = COMPILE_BUDGET_S
+    ) -> None:
         self.vocab_size = vocab_size
-        self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
+        self.budget_s = budget_s
+        self._cache: OrderedDict[tuple[str, str], CompiledGrammar | ParamError] = OrderedDict()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="radixserve-grammar")
         self._lock = threading.Lock()
         self._tokenizer: Future[llguidance.LLTokenizer] = Future()
         self._source = tokenizer
@@ -142,24 +162,41 @@ class GrammarCompiler:
         if not isinstance(source, (str, dict)) or (field != "json_schema" and not isinstance(source, str)):
             raise ParamError(field, f"{field} must be a string")
         key = (field, _canonical_schema(source) if field == "json_schema" else source)
+        hit = self._cached(key)
+        if hit is None:
+            hit = self._worker.submit(self._build, key, source).result()
+        if isinstance(hit, ParamError):
+            raise ParamError(
+                hit.field, hit.message, hit.code
+            )  # a fresh one: raising the cached one grows its traceback
+        return hit
+
+    def _cached(self, key: tuple[str, str]) -> CompiledGrammar | ParamError | None:
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
-                return hit
-        text = grammar_text(field, source)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.ll_tokenizer)
-        if is_error:
-            raise ParamError(field, f"invalid {field}: {'; '.join(messages)}")
-        compiled = CompiledGrammar(field, text)
+            return hit
+
+    def _build(self, key: tuple[str, str], source: Any) -> CompiledGrammar | ParamError:
+        """On the worker thread: translate, check against the limits, cache the grammar or its refusal."""
+        hit = self._cached(key)  # another caller may have asked for it while this one waited
+        if hit is not None:
+            return hit
+        field = key[0]
+        try:
+            text = grammar_text(field, source)
+            built: CompiledGrammar | ParamError = CompiledGrammar(
+                field, text, checked_matcher(self.ll_tokenizer, text, field, self._eos, self.budget_s)
+            )
+        except ParamError as exc:
+            built = exc
         with self._lock:
-            self._cache[key] = compiled
+            self._cache[key] = built
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
-        return compiled
+        return built
 
     def matcher(self, grammar: CompiledGrammar) -> GrammarMatcher:
-        m = llguidance.LLMatcher(self.ll_tokenizer, grammar.text, log_level=0)
-        if m.is_error():
-            raise ParamError(grammar.field, f"invalid {grammar.field}: {m.get_error()}")
-        return GrammarMatcher(m, self.vocab_size)
+        """A request's own matcher: a copy of the grammar's checked one (no compiling, no first mask to compute)."""
+        return GrammarMatcher(grammar.template.deep_copy(), self.vocab_size, grammar.field)

@@ -7,11 +7,18 @@ logit_bias, ...), so it gets a 400 naming it rather than being silently ignored.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from radixserve.server.errors import bad_request, from_decode_error
+
+
+# Free text the server echoes back or shows (a rid in meta_info.id, a tool's name in tool calls, a cache_salt in
+# the cache views and metrics) is bounded: no answer, log line or metrics label grows with what a client sends.
+Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")]  # visible ASCII
+ToolName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # OpenAI's rule for function names
+Salt = Annotated[str, msgspec.Meta(max_length=256)]
 
 
 class Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -47,7 +54,7 @@ class ChatMessage(Strict):
 
 
 class FunctionDef(Strict):
-    name: str
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -59,7 +66,7 @@ class Tool(Strict):
 
 
 class NamedFunction(Strict):
-    name: str
+    name: ToolName
 
 
 class NamedToolChoice(Strict):
@@ -103,7 +110,7 @@ class SamplingFields(Strict):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    cache_salt: str | None = None
+    cache_salt: Salt | None = None
     priority: int = 0  # extra: higher is admitted first and may retract lower-priority requests
     timeout: float | None = None  # extra: seconds after which the request is aborted and its pages freed
     pin: bool = False  # keep the prompt's cached prefix out of eviction (see /cache/pin)
@@ -145,8 +152,8 @@ class GenerateBody(Strict):
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
-    cache_salt: str | None = None
-    rid: str | list[str] | None = None  # a label echoed in meta_info.id; the server's own id is unique per request
+    cache_salt: Salt | None = None
+    rid: Label | list[Label] | None = None  # a label echoed in meta_info.id; the server's own id is unique per request
     priority: int = 0
     timeout: float | None = None
     pin: bool = False  # keep the prompt's cached prefix out of eviction once done (see /cache/pin)
@@ -157,7 +164,7 @@ class PinRequest(Strict):
 
     text: str | None = None
     input_ids: list[int] | None = None
-    cache_salt: str | None = None
+    cache_salt: Salt | None = None
 
 
 class TokenizeRequest(Strict):

@@ -1,0 +1,102 @@
+"""What a grammar may cost, checked before its request is queued (issue 33).
+
+llguidance accepts some valid grammars that its parser then gives up on at the first token: an alternation of
+20,000 strings, a right recursion over 2,000 alternatives, a JSON schema that is `anyOf` 3,000 objects all fill one
+Earley row past `max_items_in_row`. Nothing in the grammar's text says so cheaply, so the check runs the grammar:
+build its matcher under `LIMITS`, compute its first mask, then walk a few of the tokens that mask allows a couple of
+steps deep on copies. A limit hit anywhere is a ParamError naming the field, and so is a build that took longer
+than its budget; the matcher that passed is the template every request of that grammar copies (its first mask is
+computed already). A grammar that passes and still fails deeper ends its request with a GrammarFailedError.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+
+import llguidance
+import numpy as np
+
+from radixserve.errors import ParamError
+from radixserve.log_bounds import clip
+
+# llguidance's defaults, named here because they are the contract: a row of at most 2,000 Earley items, at most
+# 50,000 items and 200,000 lexer fuel per mask (~15 ms at the speeds its docs give), 1,000,000 fuel to build the
+# lexer. verbose_errors=False: an error states the limit and never quotes the grammar or the parser's state (with
+# it on, one failure's message held the whole grammar, ~300 KB).
+LIMITS = llguidance.LLParserLimits(
+    max_items_in_row=2000,
+    step_max_items=50_000,
+    step_lexer_fuel=200_000,
+    initial_lexer_fuel=1_000_000,
+    max_lexer_states=250_000,
+    max_grammar_size=500_000,
+    verbose_errors=False,
+)
+COMPILE_BUDGET_S = 2.0  # building the matcher, its first mask and the probes; past it the grammar is refused
+PROBE_BREADTH = 8  # first tokens tried (spread over the allowed ids)
+PROBE_DEPTH = 2  # tokens consumed along each
+
+
+class _Budget:
+    def __init__(self, field: str, seconds: float) -> None:
+        self.field = field
+        self.seconds = seconds
+        self.start = time.perf_counter()
+
+    def check(self, m: llguidance.LLMatcher) -> None:
+        """ParamError if the matcher hit a limit or the budget ran out."""
+        if m.is_error():
+            raise too_complex(self.field, m.get_error())
+        spent = time.perf_counter() - self.start
+        if spent > self.seconds:
+            raise ParamError(
+                self.field,
+                f"{self.field} took {spent:.1f} s to prepare, over the budget of {self.seconds:.1f} s",
+                code="grammar_too_complex",
+            )
+
+
+def too_complex(field: str, error: str) -> ParamError:
+    return ParamError(field, f"{field} is too complex: {_reason(error)}", code="grammar_too_complex")
+
+
+def _reason(error: str) -> str:
+    return clip(error.replace("<non-verbose/>", "").strip())
+
+
+def checked_matcher(
+    tokenizer: llguidance.LLTokenizer, text: str, field: str, eos: Collection[int], budget_s: float = COMPILE_BUDGET_S
+) -> llguidance.LLMatcher:
+    """The grammar's matcher with its first mask computed, once the probes found no limit it goes past."""
+    budget = _Budget(field, budget_s)
+    m = llguidance.LLMatcher(tokenizer, text, log_level=0, limits=LIMITS)
+    if m.is_error():
+        raise ParamError(field, f"invalid {field}: {_reason(m.get_error())}")
+    first = _allowed(m.compute_bitmask(), tokenizer.vocab_size, eos)
+    budget.check(m)
+    for tok in _spread(first, PROBE_BREADTH):
+        probe = m.deep_copy()
+        for _ in range(PROBE_DEPTH):
+            probe.consume_token(int(tok))
+            budget.check(probe)
+            if probe.is_stopped():
+                break
+            after = _allowed(probe.compute_bitmask(), tokenizer.vocab_size, eos)
+            budget.check(probe)
+            if not len(after):
+                break
+            tok = after[len(after) // 2]
+    return m
+
+
+def _allowed(mask: bytes, vocab: int, eos: Collection[int]) -> np.ndarray:
+    """The ids a mask allows, end of sequence left out (it ends the walk rather than testing the grammar)."""
+    ids = np.flatnonzero(np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[:vocab])
+    return ids[~np.isin(ids, list(eos))] if eos else ids
+
+
+def _spread(ids: np.ndarray, n: int) -> np.ndarray:
+    if len(ids) <= n:
+        return ids
+    return ids[np.linspace(0, len(ids) - 1, n).astype(np.int64)]
