@@ -163,6 +163,18 @@ def engine_errors(default_param: str | None, renames: dict[str, str] | None = No
         raise ApiError(503, f"engine unavailable: {exc}", type="service_unavailable") from None
 
 
+def in_band(exc: Exception, renames: dict[str, str] | None = None) -> ApiError:
+    """The error a stream reports in its events once its status line has gone: the one `engine_errors` would have
+    answered with (a grammar that failed mid-stream is a 400 naming its field), else 503 "engine failed"."""
+    try:
+        with engine_errors(None, renames):
+            raise exc
+    except ApiError as err:
+        return err
+    except Exception:  # noqa: BLE001 - anything else means the engine could not go on
+        return ApiError(503, f"engine failed: {exc}", type="service_unavailable")
+
+
 async def _until_disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         continue
