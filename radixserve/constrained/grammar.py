@@ -25,7 +25,7 @@ from typing import Any
 
 import llguidance
 
-from radixserve.constrained.limits import COMPILE_BUDGET_S, checked_matcher
+from radixserve.constrained.limits import COMPILE_BUDGET_S, Checked, checked_matcher
 from radixserve.errors import GrammarFailedError, ParamError
 from radixserve.log_bounds import clip
 from radixserve.tokenizer import Tokenizer
@@ -41,25 +41,38 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 
 @dataclass(frozen=True, eq=False)
 class CompiledGrammar:
-    """A validated llguidance grammar (its JSON or Lark text) and the matcher at its start that passed the limits
-    (first mask computed); shared by every request that names it, each of which copies the matcher."""
+    """A validated llguidance grammar (its JSON or Lark text) and what its check left (limits.Checked: the matcher
+    at its start, its first mask, whether it jumps forward); shared by every request that names it, each of which
+    copies the matcher."""
 
     field: str
     text: str
-    template: llguidance.LLMatcher = field(repr=False)
+    checked: Checked = field(repr=False)
 
 
 class GrammarMatcher:
     """One request's position in its grammar: which tokens may come next, and which are forced. `field` is the
-    grammar's request field (regex, json_schema, ebnf), named when it fails."""
+    grammar's request field (regex, json_schema, ebnf), named when it fails. `first_mask`: the mask before any token,
+    known from the grammar's check (None once a token is accepted); `jump_forward`: whether its forced tokens are
+    cheap enough to compute on the engine loop's thread."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, field: str = "ebnf") -> None:
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher,
+        vocab_size: int,
+        field: str = "ebnf",
+        first_mask: bytes | None = None,
+        jump_forward: bool = True,
+    ) -> None:
         self.ll = matcher
         self.vocab_size = vocab_size
         self.field = field
+        self.first_mask = first_mask
+        self.jump_forward = jump_forward
 
     def accept(self, token: int) -> bool:
         """Advance by a sampled token; False if the grammar refuses it (the request then fails)."""
+        self.first_mask = None
         return self.ll.consume_token(token)
 
     def forced_tokens(self) -> list[int]:
@@ -199,4 +212,5 @@ class GrammarCompiler:
 
     def matcher(self, grammar: CompiledGrammar) -> GrammarMatcher:
         """A request's own matcher: a copy of the grammar's checked one (no compiling, no first mask to compute)."""
-        return GrammarMatcher(grammar.template.deep_copy(), self.vocab_size, grammar.field)
+        c = grammar.checked
+        return GrammarMatcher(c.matcher.deep_copy(), self.vocab_size, grammar.field, c.first_mask, c.jump_forward)

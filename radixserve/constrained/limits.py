@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
+from dataclasses import dataclass
 
 import llguidance
 import numpy as np
@@ -36,6 +37,10 @@ LIMITS = llguidance.LLParserLimits(
 COMPILE_BUDGET_S = 2.0  # building the matcher, its first mask and the probes; past it the grammar is refused
 PROBE_BREADTH = 8  # first tokens tried (spread over the allowed ids)
 PROBE_DEPTH = 2  # tokens consumed along each
+# Jump-forward computes a grammar's forced tokens on the engine loop's thread after each sampled token: a grammar
+# whose probes took longer than this for it (a counted regex forcing 100,000 characters: ~50 ms) samples every token
+# instead, with its mask computed on the side thread like any other.
+FORCED_BUDGET_S = 0.005
 
 
 class _Budget:
@@ -65,29 +70,51 @@ def _reason(error: str) -> str:
     return clip(error.replace("<non-verbose/>", "").strip())
 
 
+@dataclass(frozen=True, eq=False)
+class Checked:
+    """A grammar that passed: its matcher at the start, the first mask (every request of the grammar starts with
+    it, so no step computes it again), and whether its forced runs are cheap enough for jump-forward."""
+
+    matcher: llguidance.LLMatcher
+    first_mask: bytes
+    jump_forward: bool
+
+
 def checked_matcher(
     tokenizer: llguidance.LLTokenizer, text: str, field: str, eos: Collection[int], budget_s: float = COMPILE_BUDGET_S
-) -> llguidance.LLMatcher:
-    """The grammar's matcher with its first mask computed, once the probes found no limit it goes past."""
+) -> Checked:
+    """The grammar's matcher and first mask, once the probes found no limit it goes past (ParamError otherwise)."""
     budget = _Budget(field, budget_s)
     m = llguidance.LLMatcher(tokenizer, text, log_level=0, limits=LIMITS)
     if m.is_error():
         raise ParamError(field, f"invalid {field}: {_reason(m.get_error())}")
-    first = _allowed(m.compute_bitmask(), tokenizer.vocab_size, eos)
+    first_mask = m.compute_bitmask()
     budget.check(m)
-    for tok in _spread(first, PROBE_BREADTH):
-        probe = m.deep_copy()
-        for _ in range(PROBE_DEPTH):
-            probe.consume_token(int(tok))
-            budget.check(probe)
-            if probe.is_stopped():
-                break
-            after = _allowed(probe.compute_bitmask(), tokenizer.vocab_size, eos)
-            budget.check(probe)
-            if not len(after):
-                break
-            tok = after[len(after) // 2]
-    return m
+    first = _allowed(first_mask, tokenizer.vocab_size, eos)
+    vocab = tokenizer.vocab_size
+    forcing = max((_probe(m, int(t), budget, vocab, eos) for t in _spread(first, PROBE_BREADTH)), default=0.0)
+    return Checked(m, first_mask, forcing <= FORCED_BUDGET_S)
+
+
+def _probe(m: llguidance.LLMatcher, tok: int, budget: _Budget, vocab: int, eos: Collection[int]) -> float:
+    """Walk a copy of `m` from `tok` PROBE_DEPTH tokens deep (each next token from the middle of what its mask
+    allows); the longest that computing the forced tokens took."""
+    probe = m.deep_copy()
+    forcing = 0.0
+    for _ in range(PROBE_DEPTH):
+        probe.consume_token(tok)
+        budget.check(probe)
+        if probe.is_stopped():
+            break
+        start = time.thread_time()  # CPU time: a busy machine pre-empting this thread does not count
+        probe.compute_ff_tokens()
+        forcing = max(forcing, time.thread_time() - start)
+        after = _allowed(probe.compute_bitmask(), vocab, eos)
+        budget.check(probe)
+        if not len(after):
+            break
+        tok = int(after[len(after) // 2])
+    return forcing
 
 
 def _allowed(mask: bytes, vocab: int, eos: Collection[int]) -> np.ndarray:

@@ -121,7 +121,8 @@ class StepProcessor:
             self._check_stop(req, tok)
             if req.finished:
                 break  # a stop inside an accepted run cuts it there
-        if req.grammar is not None and not req.finished and self.cfg.enable_jump_forward and not req.return_logprob:
+        jump = self.cfg.enable_jump_forward and not req.return_logprob  # a forced token has no logprob
+        if req.grammar is not None and req.grammar.jump_forward and jump and not req.finished:
             self._jump_forward(req)
         if not req.finished:  # the stage decodes as tokens come (stop strings, streams; no burst at the end)
             self.updates.append(ReqUpdate(req, len(req.output_ids)))

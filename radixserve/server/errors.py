@@ -75,7 +75,10 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 500)
     detail = getattr(exc, "detail", None) or "error"
     kind = "not_found_error" if status == 404 else "invalid_request_error"
-    return error_response(ApiError(status, f"{detail}: {request.method} {request.url.path}", type=kind))
+    headers = getattr(exc, "headers", None)  # a 405's Allow: the methods the route takes
+    return error_response(
+        ApiError(status, f"{detail}: {request.method} {request.url.path}", type=kind, headers=headers)
+    )
 
 
 async def internal_error_handler(request: Request, exc: Exception) -> Response:
