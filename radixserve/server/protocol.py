@@ -19,6 +19,9 @@ from radixserve.server.errors import bad_request, from_decode_error
 Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")]  # visible ASCII
 ToolName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # OpenAI's rule for function names
 Salt = Annotated[str, msgspec.Meta(max_length=256)]
+# A prompt the server would refuse as empty is refused by the schema (and so described in /openapi.json).
+Text = Annotated[str, msgspec.Meta(min_length=1)]
+NonEmptyList = Annotated[list[Any], msgspec.Meta(min_length=1)]
 
 
 class Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -124,7 +127,7 @@ class SamplingFields(Strict):
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
-    messages: list[ChatMessage]
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -136,7 +139,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 
 class CompletionRequest(SamplingFields, kw_only=True):
     # str | list[str] | list[int] | list[list[int]]; msgspec allows one array type in a union, so lists are checked by hand
-    prompt: str | list[Any]
+    prompt: Text | NonEmptyList
     echo: bool = False
     logprobs: int | None = None
 
@@ -144,8 +147,8 @@ class CompletionRequest(SamplingFields, kw_only=True):
 class GenerateBody(Strict):
     """SGLang-native /generate: exactly one of text / input_ids, single or batch."""
 
-    text: str | list[str] | None = None
-    input_ids: list[Any] | None = None
+    text: Text | Annotated[list[str], msgspec.Meta(min_length=1)] | None = None
+    input_ids: NonEmptyList | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
     return_logprob: bool = False
