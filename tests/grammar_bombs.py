@@ -44,3 +44,6 @@ BOMBS: dict[str, tuple[str, Any]] = {
     ),
     "schema-pattern-counted": ("json_schema", {"type": "string", "pattern": "^(a|b){1000}[0-9]{5000}$"}),
 }
+
+# Passes the checks made before queueing (its wide row comes only after a run of letters and a dot), then fails.
+FAILS_LATER = 'root ::= [a-y]{4,6} "." tail\ntail ::= ' + " | ".join(f'"{i}" tail' for i in range(2000)) + ' | ""'

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from engine_checks import engine_left_at_rest
+from grammar_bombs import FAILS_LATER
 from radixserve import Engine
 from radixserve.log_bounds import bounded_logger
 from radixserve.server.app import build_app
@@ -27,8 +28,6 @@ ANY_OF = {
         {"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]} for i in range(3000)
     ]
 }
-# Passes the checks made before queueing (its wide row comes only after a run of letters and a dot), then fails.
-FAILS_LATER = 'root ::= [a-y]{4,6} "." tail\ntail ::= ' + " | ".join(f'"{i}" tail' for i in range(2000)) + ' | ""'
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
