@@ -17,6 +17,8 @@ import pytest
 from engine_checks import engine_left_at_rest
 from grammar_bombs import FAILS_LATER
 from radixserve import Engine
+from radixserve.constrained.grammar import GrammarCompiler
+from radixserve.errors import ParamError
 from radixserve.log_bounds import bounded_logger
 from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
@@ -142,9 +144,16 @@ def test_rid_is_bounded(http: httpx.Client) -> None:
 
 
 def test_engine_bounds_rid_too(engine: Engine) -> None:
-    from radixserve.errors import ParamError
-
     for rid in ("x" * 257, "line\nbreak"):
         with pytest.raises(ParamError) as info:
             engine.generate("hi", {"max_new_tokens": 1}, rid=rid)
         assert info.value.field == "rid"
+
+
+def test_a_grammar_over_the_compile_budget_is_refused(engine: Engine) -> None:
+    strict = GrammarCompiler(engine.tokenizer, engine.model_info()["vocab_size"], [], budget_s=0.0)
+    for _ in range(2):  # the refusal is cached like a grammar
+        with pytest.raises(ParamError) as info:
+            strict.compile("json_schema", {"type": "object"})
+        err = info.value
+        assert err.field == "json_schema" and err.code == "grammar_too_complex" and "over the budget" in err.message

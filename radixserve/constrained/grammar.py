@@ -41,34 +41,26 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 
 @dataclass(frozen=True, eq=False)
 class CompiledGrammar:
-    """A validated llguidance grammar (its JSON or Lark text) and what its check left (limits.Checked: the matcher
-    at its start, its first mask, whether it jumps forward); shared by every request that names it, each of which
-    copies the matcher."""
+    """A validated grammar: the request field that named it and what its check left (limits.Checked: the llguidance
+    matcher at its start, its first mask, whether it jumps forward); shared by every request that names it, each of
+    which copies the matcher."""
 
     field: str
-    text: str
     checked: Checked = field(repr=False)
 
 
 class GrammarMatcher:
-    """One request's position in its grammar: which tokens may come next, and which are forced. `field` is the
-    grammar's request field (regex, json_schema, ebnf), named when it fails. `first_mask`: the mask before any token,
-    known from the grammar's check (None once a token is accepted); `jump_forward`: whether its forced tokens are
-    cheap enough to compute on the engine loop's thread."""
+    """One request's position in its grammar (a copy of the grammar's checked matcher): which tokens may come next,
+    and which are forced. `field` is the grammar's request field (regex, json_schema, ebnf), named when it fails.
+    `first_mask`: the mask before any token, known from the grammar's check (None once a token is accepted);
+    `jump_forward`: whether its forced tokens are cheap enough to compute on the engine loop's thread."""
 
-    def __init__(
-        self,
-        matcher: llguidance.LLMatcher,
-        vocab_size: int,
-        field: str = "ebnf",
-        first_mask: bytes | None = None,
-        jump_forward: bool = True,
-    ) -> None:
-        self.ll = matcher
+    def __init__(self, grammar: CompiledGrammar, vocab_size: int) -> None:
+        self.ll = grammar.checked.matcher.deep_copy()
         self.vocab_size = vocab_size
-        self.field = field
-        self.first_mask = first_mask
-        self.jump_forward = jump_forward
+        self.field = grammar.field
+        self.first_mask: bytes | None = grammar.checked.first_mask
+        self.jump_forward = grammar.checked.jump_forward
 
     def accept(self, token: int) -> bool:
         """Advance by a sampled token; False if the grammar refuses it (the request then fails)."""
@@ -200,7 +192,7 @@ class GrammarCompiler:
         try:
             text = grammar_text(field, source)
             built: CompiledGrammar | ParamError = CompiledGrammar(
-                field, text, checked_matcher(self.ll_tokenizer, text, field, self._eos, self.budget_s)
+                field, checked_matcher(self.ll_tokenizer, text, field, self._eos, self.budget_s)
             )
         except ParamError as exc:
             built = exc
@@ -212,5 +204,4 @@ class GrammarCompiler:
 
     def matcher(self, grammar: CompiledGrammar) -> GrammarMatcher:
         """A request's own matcher: a copy of the grammar's checked one (no compiling, no first mask to compute)."""
-        c = grammar.checked
-        return GrammarMatcher(c.matcher.deep_copy(), self.vocab_size, grammar.field, c.first_mask, c.jump_forward)
+        return GrammarMatcher(grammar, self.vocab_size)
