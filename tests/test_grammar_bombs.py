@@ -7,6 +7,7 @@ grows is measured, not asserted: benchmarks/grammar_stall.py, figures in benchma
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,3 +89,30 @@ def test_bombs_answer_in_bounded_time_beside_a_stream(engine: Engine, threads: d
     assert json.loads(streamed["events"][-2][5:])["meta_info"]["completion_tokens"] == STREAM_TOKENS
     assert threads["compile"] and all(n.startswith("radixserve-grammar") for n in threads["compile"]), threads
     assert threads["mask"] and all(n.startswith("radixserve-bitmask") for n in threads["mask"]), threads
+
+
+def test_grammars_queued_behind_a_slow_one_hold_no_thread(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Grammars are built one at a time: while one is slow, the others wait for it without holding any of the
+    threads that tokenize prompts (8 waiting grammars would take them all), so a plain request is served."""
+    release = threading.Event()
+    checked = grammar.checked_matcher
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        assert release.wait(120)
+        return checked(*args, **kwargs)
+
+    monkeypatch.setattr(grammar, "checked_matcher", slow)
+    with BackgroundServer(build_app(engine)) as srv, ThreadPoolExecutor(8) as pool:
+
+        def ask(i: int) -> int:
+            params = {"max_new_tokens": 4, "regex": f"[a-z]{{{i + 1}}}"}
+            return httpx.post(
+                srv.url + "/generate", json={"text": "x", "sampling_params": params}, timeout=300
+            ).status_code
+
+        waiting = [pool.submit(ask, i) for i in range(8)]
+        plain = {"text": "a prompt to tokenize", "sampling_params": {"max_new_tokens": 4}}
+        r = httpx.post(srv.url + "/generate", json=plain, timeout=120)
+        assert r.status_code == 200 and not any(w.done() for w in waiting)
+        release.set()
+        assert [w.result() for w in waiting] == [200] * 8

@@ -49,6 +49,13 @@ class CompiledGrammar:
     checked: Checked = field(repr=False)
 
 
+def built(result: CompiledGrammar | ParamError) -> CompiledGrammar:
+    """A compile's result, or its refusal raised (a fresh error: raising the cached one would grow its traceback)."""
+    if isinstance(result, ParamError):
+        raise ParamError(result.field, result.message, result.code)
+    return result
+
+
 class GrammarMatcher:
     """One request's position in its grammar (a copy of the grammar's checked matcher): which tokens may come next,
     and which are forced. `field` is the grammar's request field (regex, json_schema, ebnf), named when it fails.
@@ -162,6 +169,12 @@ class GrammarCompiler:
 
     def compile(self, field: str, source: Any) -> CompiledGrammar:
         """The validated grammar for `field` (regex, json_schema, ebnf) and its source; cached by its text."""
+        return built(self.submit(field, source).result())
+
+    def submit(self, field: str, source: Any) -> Future[CompiledGrammar | ParamError]:
+        """The grammar, or its refusal, as a future: done at once when cached, else built on the compiler's thread.
+        An event loop awaits it (asyncio.wrap_future) without holding a thread while a costly grammar ahead of it
+        builds; a source of the wrong type raises here."""
         if field not in GRAMMAR_FIELDS:
             raise ValueError(f"unknown grammar field {field!r}")
         if not isinstance(source, (str, dict)) or (field != "json_schema" and not isinstance(source, str)):
@@ -169,12 +182,10 @@ class GrammarCompiler:
         key = (field, _canonical_schema(source) if field == "json_schema" else source)
         hit = self._cached(key)
         if hit is None:
-            hit = self._worker.submit(self._build, key, source).result()
-        if isinstance(hit, ParamError):
-            raise ParamError(
-                hit.field, hit.message, hit.code
-            )  # a fresh one: raising the cached one grows its traceback
-        return hit
+            return self._worker.submit(self._build, key, source)
+        done: Future[CompiledGrammar | ParamError] = Future()
+        done.set_result(hit)
+        return done
 
     def _cached(self, key: tuple[str, str]) -> CompiledGrammar | ParamError | None:
         with self._lock:
