@@ -17,6 +17,7 @@ import pytest
 from engine_checks import engine_left_at_rest
 from grammar_bombs import FAILS_LATER
 from radixserve import Engine
+from radixserve.constrained import limits
 from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.errors import ParamError
 from radixserve.log_bounds import bounded_logger
@@ -157,3 +158,17 @@ def test_a_grammar_over_the_compile_budget_is_refused(engine: Engine) -> None:
             strict.compile("json_schema", {"type": "object"})
         err = info.value
         assert err.field == "json_schema" and err.code == "grammar_too_complex" and "over the budget" in err.message
+
+
+def test_costly_masks_are_refused_and_costly_forced_runs_sample(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check times the masks and forced runs of its probes: over a step's budget a grammar is refused (it would
+    hold every request batched with it); a forced run over its budget turns jump-forward off for the grammar."""
+    vocab = engine.model_info()["vocab_size"]
+    monkeypatch.setattr(limits, "FORCED_BUDGET_S", -1.0)
+    assert not GrammarCompiler(engine.tokenizer, vocab, []).compile("regex", "[a-c]{3}-[0-9]{2}").checked.jump_forward
+    monkeypatch.setattr(limits, "MASK_BUDGET_S", -1.0)
+    with pytest.raises(ParamError) as info:
+        GrammarCompiler(engine.tokenizer, vocab, []).compile("regex", "[a-c]{3}-[0-9]{2}")
+    assert info.value.code == "grammar_too_complex" and "a token mask took" in info.value.message

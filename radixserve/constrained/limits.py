@@ -37,17 +37,26 @@ LIMITS = llguidance.LLParserLimits(
 COMPILE_BUDGET_S = 2.0  # building the matcher, its first mask and the probes; past it the grammar is refused
 PROBE_BREADTH = 8  # first tokens tried (spread over the allowed ids)
 PROBE_DEPTH = 2  # tokens consumed along each
+# A step's masks are computed on a side thread while the forward runs, and the step waits for the slowest, so a
+# grammar whose masks cost more than this would slow every request batched with it (a counted regex over 125,000
+# characters: 25-75 ms a mask with a 150k vocabulary). Measured on the probes in CPU time (a busy machine pre-empting
+# the thread does not count); past it the grammar is refused.
+MASK_BUDGET_S = 0.01
 # Jump-forward computes a grammar's forced tokens on the engine loop's thread after each sampled token: a grammar
 # whose probes took longer than this for it (a counted regex forcing 100,000 characters: ~50 ms) samples every token
 # instead, with its mask computed on the side thread like any other.
 FORCED_BUDGET_S = 0.005
 
 
-class _Budget:
+class _Probe:
+    """The check of one grammar: its time budget, and the costliest mask and forced run met so far (CPU time)."""
+
     def __init__(self, field: str, seconds: float) -> None:
         self.field = field
         self.seconds = seconds
         self.start = time.perf_counter()
+        self.mask_s = 0.0
+        self.forced_s = 0.0
 
     def check(self, m: llguidance.LLMatcher) -> None:
         """ParamError if the matcher hit a limit or the budget ran out."""
@@ -60,6 +69,19 @@ class _Budget:
                 f"{self.field} took {spent:.1f} s to prepare, over the budget of {self.seconds:.1f} s",
                 code="grammar_too_complex",
             )
+
+    def mask(self, m: llguidance.LLMatcher) -> bytes:
+        start = time.thread_time()
+        mask = m.compute_bitmask()
+        self.mask_s = max(self.mask_s, time.thread_time() - start)
+        self.check(m)
+        return mask
+
+    def forced(self, m: llguidance.LLMatcher) -> None:
+        start = time.thread_time()
+        m.compute_ff_tokens()
+        self.forced_s = max(self.forced_s, time.thread_time() - start)
+        self.check(m)
 
 
 def too_complex(field: str, error: str) -> ParamError:
@@ -84,37 +106,38 @@ def checked_matcher(
     tokenizer: llguidance.LLTokenizer, text: str, field: str, eos: Collection[int], budget_s: float = COMPILE_BUDGET_S
 ) -> Checked:
     """The grammar's matcher and first mask, once the probes found no limit it goes past (ParamError otherwise)."""
-    budget = _Budget(field, budget_s)
+    check = _Probe(field, budget_s)
     m = llguidance.LLMatcher(tokenizer, text, log_level=0, limits=LIMITS)
     if m.is_error():
         raise ParamError(field, f"invalid {field}: {_reason(m.get_error())}")
-    first_mask = m.compute_bitmask()
-    budget.check(m)
-    first = _allowed(first_mask, tokenizer.vocab_size, eos)
-    vocab = tokenizer.vocab_size
-    forcing = max((_probe(m, int(t), budget, vocab, eos) for t in _spread(first, PROBE_BREADTH)), default=0.0)
-    return Checked(m, first_mask, forcing <= FORCED_BUDGET_S)
+    first_mask = m.compute_bitmask()  # computed once here, then copied: its cost is the check's, not a step's
+    check.check(m)
+    for tok in _spread(_allowed(first_mask, tokenizer.vocab_size, eos), PROBE_BREADTH):
+        _walk(m, int(tok), check, tokenizer.vocab_size, eos)
+    if check.mask_s > MASK_BUDGET_S:
+        raise ParamError(
+            field,
+            f"{field} is too costly: a token mask took {check.mask_s * 1000:.0f} ms to compute, over the budget of "
+            f"{MASK_BUDGET_S * 1000:.0f} ms a step",
+            code="grammar_too_complex",
+        )
+    return Checked(m, first_mask, check.forced_s <= FORCED_BUDGET_S)
 
 
-def _probe(m: llguidance.LLMatcher, tok: int, budget: _Budget, vocab: int, eos: Collection[int]) -> float:
+def _walk(m: llguidance.LLMatcher, tok: int, check: _Probe, vocab: int, eos: Collection[int]) -> None:
     """Walk a copy of `m` from `tok` PROBE_DEPTH tokens deep (each next token from the middle of what its mask
-    allows); the longest that computing the forced tokens took."""
+    allows), as a request would: consume, then its forced tokens and its next mask, each timed."""
     probe = m.deep_copy()
-    forcing = 0.0
     for _ in range(PROBE_DEPTH):
         probe.consume_token(tok)
-        budget.check(probe)
+        check.check(probe)
         if probe.is_stopped():
             break
-        start = time.thread_time()  # CPU time: a busy machine pre-empting this thread does not count
-        probe.compute_ff_tokens()
-        forcing = max(forcing, time.thread_time() - start)
-        after = _allowed(probe.compute_bitmask(), vocab, eos)
-        budget.check(probe)
+        check.forced(probe.deep_copy())  # on a copy: each computation pays for the lexer states it needs, as a step
+        after = _allowed(check.mask(probe), vocab, eos)
         if not len(after):
             break
         tok = int(after[len(after) // 2])
-    return forcing
 
 
 def _allowed(mask: bytes, vocab: int, eos: Collection[int]) -> np.ndarray:
