@@ -17,7 +17,7 @@ import pytest
 from engine_checks import engine_left_at_rest
 from grammar_bombs import FAILS_LATER
 from radixserve import Engine
-from radixserve.constrained import limits
+from radixserve.constrained import grammar, limits
 from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.errors import ParamError
 from radixserve.log_bounds import bounded_logger
@@ -172,3 +172,15 @@ def test_costly_masks_are_refused_and_costly_forced_runs_sample(
     with pytest.raises(ParamError) as info:
         GrammarCompiler(engine.tokenizer, vocab, []).compile("regex", "[a-c]{3}-[0-9]{2}")
     assert info.value.code == "grammar_too_complex" and "a token mask took" in info.value.message
+
+
+def test_large_ebnf_is_converted_out_of_process(engine: Engine) -> None:
+    """A GBNF grammar past EBNF_IN_PROCESS_CHARS is converted in a child process: same grammar, same errors."""
+    pad = "".join(f'w{i} ::= "w{i}"\n' for i in range(2000))
+    assert len(pad) > grammar.EBNF_IN_PROCESS_CHARS
+    big = engine.grammars.compile("ebnf", 'root ::= "yes" | "no"\n' + pad)
+    out = engine.generate("x", {"max_new_tokens": 4, "temperature": 0.0, "ebnf": 'root ::= "yes" | "no"\n' + pad})
+    assert big.field == "ebnf" and out["text"] in ("yes", "no")
+    with pytest.raises(ParamError) as info:
+        engine.grammars.compile("ebnf", "root ::= (" + pad)
+    assert info.value.field == "ebnf" and "Failed to convert the grammar from GBNF to Lark" in info.value.message

@@ -16,6 +16,8 @@ dict lookup; an invalid one, or one past llguidance's limits (`radixserve/constr
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance
+from llguidance.gbnf_to_lark import any_to_lark
 
 from radixserve.constrained.limits import COMPILE_BUDGET_S, Checked, checked_matcher
 from radixserve.errors import GrammarFailedError, ParamError
@@ -37,6 +40,11 @@ CACHE_SIZE = 128
 # JSON as json.dumps writes it by default: the form models produce, and fixed separators leave no whitespace choice,
 # so punctuation between values is forced (jump-forward) and a model cannot ramble in blank space until max_tokens.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+CONVERT_FAILED = "Failed to convert the grammar from GBNF to Lark: "  # as llguidance's grammar_from words it
+EBNF_IN_PROCESS_CHARS = 16_384  # GBNF larger than this is converted to Lark in a child process (_to_lark)
+_CONVERT = (
+    "import sys\nfrom llguidance.gbnf_to_lark import any_to_lark\nsys.stdout.write(any_to_lark(sys.stdin.read()))"
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,11 +119,40 @@ def grammar_text(field: str, source: Any) -> str:
             return llguidance.LLMatcher.grammar_from_regex(source)
         if field == "json_schema":
             return llguidance.LLMatcher.grammar_from_json_schema(_canonical_schema(source), defaults=JSON_OPTIONS)
-        return llguidance.grammar_from("ebnf", source)
+        return llguidance.LLMatcher.grammar_from_lark(_to_lark(source))
     except ParamError:
         raise
     except Exception as exc:  # noqa: BLE001 - the library's translation errors are the caller's bad input
         raise ParamError(field, f"invalid {field}: {clip(str(exc))}") from None
+
+
+def _to_lark(source: str) -> str:
+    """GBNF (or Lark) as Lark. llguidance converts GBNF in pure Python: a large grammar would hold the GIL for up to
+    half a second in 5 ms slices, and the engine loop's thread, which takes it back after every torch call, would
+    slow to a crawl meanwhile; so a large one is converted in a child process (~70 ms to start)."""
+    if len(source) <= EBNF_IN_PROCESS_CHARS:
+        return _convert(source)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", _CONVERT],
+            input=source,
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_BUDGET_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise ParamError("ebnf", f"ebnf took over {COMPILE_BUDGET_S:.1f} s to convert", code="grammar_too_complex")
+    if done.returncode != 0:
+        why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
+        raise ValueError(f"{CONVERT_FAILED}{why}")
+    return done.stdout
+
+
+def _convert(source: str) -> str:
+    try:
+        return any_to_lark(source)
+    except Exception as exc:  # noqa: BLE001 - the converter's errors are the caller's bad input
+        raise ValueError(f"{CONVERT_FAILED}{exc}") from None
 
 
 class GrammarCompiler:
