@@ -154,23 +154,19 @@ def test_cli_keys_from_flags_file_and_environment(tiny_model_dir: Path, tmp_path
 
 
 def _stream(url: str, key: str, out: list, started: threading.Event) -> None:
-    """A streamed completion of STREAM_TOKENS tokens; appends (status, completion tokens of the last chunk)."""
-    body = {
-        "prompt": "hi",
-        "max_tokens": STREAM_TOKENS,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    """A streamed completion of STREAM_TOKENS tokens; appends (status, completion tokens of the last chunk). Events
+    are split on blank lines, not read as lines: random text holds characters that str.splitlines breaks on."""
+    body = {"prompt": "hi", "max_tokens": STREAM_TOKENS, "ignore_eos": True, "stream": True}
+    body["stream_options"] = {"include_usage": True}
     headers = {"Authorization": f"Bearer {key}"}
+    data = b""
     with httpx.Client(timeout=300) as c, c.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
-        chunks = []
-        for line in r.iter_lines():
+        for piece in r.iter_bytes():
             started.set()
-            if line.startswith("data: {"):
-                chunks.append(json.loads(line[6:]))
+            data += piece
     started.set()
-    out.append((r.status_code, chunks[-1]["usage"]["completion_tokens"] if chunks else None))
+    events = [json.loads(e[6:]) for e in data.decode().split("\n\n") if e.startswith("data: {")]
+    out.append((r.status_code, events[-1]["usage"]["completion_tokens"] if events else None))
 
 
 @pytest.mark.slow
