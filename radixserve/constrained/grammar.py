@@ -28,7 +28,7 @@ from typing import Any
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
-from radixserve.constrained.limits import COMPILE_BUDGET_S, Checked, checked_matcher
+from radixserve.constrained.limits import COMPILE_BUDGET_S, Checked, checked_matcher, reason
 from radixserve.errors import GrammarFailedError, ParamError
 from radixserve.log_bounds import clip
 from radixserve.tokenizer import Tokenizer
@@ -92,7 +92,7 @@ class GrammarMatcher:
 
     def failure(self, token: int, generated: int) -> GrammarFailedError:
         """Why the request must end: its grammar refused `token` (a limit hit mid-generation, or a bug)."""
-        why = clip(self.error.replace("<non-verbose/>", "").strip()) or "no reason given"
+        why = reason(self.error) or "no reason given"
         return GrammarFailedError(self.field, f"the {self.field} refused token {token} after {generated} tokens: {why}")
 
     @property
@@ -141,7 +141,9 @@ def _to_lark(source: str) -> str:
             timeout=COMPILE_BUDGET_S,
         )
     except subprocess.TimeoutExpired:
-        raise ParamError("ebnf", f"ebnf took over {COMPILE_BUDGET_S:.1f} s to convert", code="grammar_too_complex")
+        raise ParamError(
+            "ebnf", f"ebnf took over {COMPILE_BUDGET_S:.1f} s to convert", code="grammar_too_complex"
+        ) from None
     if done.returncode != 0:
         why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
         raise ValueError(f"{CONVERT_FAILED}{why}")

@@ -85,10 +85,11 @@ class _Probe:
 
 
 def too_complex(field: str, error: str) -> ParamError:
-    return ParamError(field, f"{field} is too complex: {_reason(error)}", code="grammar_too_complex")
+    return ParamError(field, f"{field} is too complex: {reason(error)}", code="grammar_too_complex")
 
 
-def _reason(error: str) -> str:
+def reason(error: str) -> str:
+    """llguidance's error message, bounded, without its marker for the detail it leaves out."""
     return clip(error.replace("<non-verbose/>", "").strip())
 
 
@@ -109,7 +110,7 @@ def checked_matcher(
     check = _Probe(field, budget_s)
     m = llguidance.LLMatcher(tokenizer, text, log_level=0, limits=LIMITS)
     if m.is_error():
-        raise ParamError(field, f"invalid {field}: {_reason(m.get_error())}")
+        raise ParamError(field, f"invalid {field}: {reason(m.get_error())}")
     first_mask = m.compute_bitmask()  # computed once here, then copied: its cost is the check's, not a step's
     check.check(m)
     for tok in _spread(_allowed(first_mask, tokenizer.vocab_size, eos), PROBE_BREADTH):
