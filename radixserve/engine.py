@@ -151,7 +151,8 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             eos,
         )
         self.encode_prompts = self.inputs.encode_prompts  # the server tokenizes prompts in a thread with it
-        self.compile_grammars = self.inputs.compile_grammars  # and compiles their grammars
+        self.compile_grammars = self.inputs.compile_grammars  # compiles grammars, waiting for them
+        self.grammar_jobs = self.inputs.grammar_jobs  # submits them to the compiler's thread (the server awaits them)
         # Speculation runs with overlap off (radixserve/speculative/mode.py); `auto` turns it on where it pays.
         self.speculative = choose_speculative(c.speculative, self.device.type, c.overlap_schedule)
         merge = c.prefill_merge_tokens

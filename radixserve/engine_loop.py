@@ -6,7 +6,8 @@ detokenizes and answers callers on its own thread), and keeps a failure to the r
 
 from __future__ import annotations
 
-import logging
+from radixserve.log_bounds import bounded_logger
+
 import queue
 import threading
 import time
@@ -24,7 +25,7 @@ from radixserve.scheduler.scheduler import Scheduler
 from radixserve.step import ScheduledBatch
 from radixserve.timeline import Tracker
 
-log = logging.getLogger("radixserve.engine")
+log = bounded_logger("radixserve.engine")
 
 IDLE_WAIT_S = 0.05
 # A step that fails this many times in a row is no one request's fault: the engine stops (health 503; the server

@@ -26,3 +26,12 @@ class RequestFailedError(RuntimeError):
     def __init__(self, rid: str) -> None:
         super().__init__(f"internal error while serving request {rid}")
         self.rid = rid
+
+
+class GrammarFailedError(ParamError):
+    """A request's grammar passed the checks made before queueing, then went past one of llguidance's limits while
+    the request ran (a parser row over its item limit, a step over its fuel): the request ended there, and the
+    caller hears which field (HTTP 400, code `grammar_too_complex`), not an internal error."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(field, message, code="grammar_too_complex")

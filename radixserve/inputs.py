@@ -5,10 +5,11 @@ the prompt's size checked first, the model's sampling defaults under what the re
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.constrained.grammar import CompiledGrammar, GrammarCompiler
+from radixserve.constrained.grammar import CompiledGrammar, GrammarCompiler, built
 from radixserve.errors import ParamError
 from radixserve.request import Req
 from radixserve.sampling.info import SamplingInfo
@@ -20,6 +21,9 @@ from radixserve.tokenizer import Tokenizer
 CHARS_PER_TOKEN = 32
 MAX_BATCH_PROMPTS = 256  # prompts in one call (each n samples more): bounds the work one call can queue
 MAX_WANTED_IDS = 1024  # token_ids_logprob ids per prompt: each costs a gather per position
+# A rid is echoed in every output and named in log lines: bounded and printable (the HTTP server's own ids add ~40
+# characters to a client's label of at most 128, radixserve/server/protocol.py).
+MAX_RID_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ class RequestBuilder:
             or not all(r is None or isinstance(r, str) for r in rids)
         ):
             raise ParamError("rid", "rid must be a string, or a list of strings with one entry per prompt")
+        if any(r and (len(r) > MAX_RID_CHARS or not r.isprintable()) for r in rids):
+            raise ParamError("rid", f"a rid is at most {MAX_RID_CHARS} printable characters")
         if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
             raise ParamError("top_logprobs_num", f"top_logprobs_num must be an integer >= 0, got {top_logprobs_num!r}")
         if isinstance(logprob_start_len, bool) or not isinstance(logprob_start_len, int):
@@ -147,20 +153,31 @@ class RequestBuilder:
         return [tuple(ids) for ids in lists]
 
     def grammar(self, p: SamplingParams) -> CompiledGrammar | None:
-        """The request's compiled grammar (cached: the server compiles it first on a worker thread, see
-        `compile_grammars`, so the event loop only looks it up)."""
+        """The request's compiled grammar (cached: the server compiles it first, see `grammar_jobs`, so the event
+        loop only looks it up)."""
+        job = self._grammar_job(p)
+        return None if job is None else built(job.result())
+
+    def _grammar_job(self, p: SamplingParams) -> Future[CompiledGrammar | ParamError] | None:
         named = p.grammar
         if named is None:
             return None
         if self.grammars is None:
             raise ParamError(named[0], "this engine has no grammar support")
-        return self.grammars.compile(*named)
+        return self.grammars.submit(*named)
 
     def compile_grammars(self, sampling_params: Any) -> None:
         """Validate and compile the grammars that sampling_params name, filling the cache (slow the first time a
-        schema is seen; meant for a thread other than the event loop's). Bad params raise ParamError here."""
-        for given in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
-            self.grammar(self.params(given))
+        schema is seen; the caller's thread waits). Bad params raise ParamError here."""
+        for job in self.grammar_jobs(sampling_params):
+            built(job.result())
+
+    def grammar_jobs(self, sampling_params: Any) -> list[Future[CompiledGrammar | ParamError]]:
+        """Validate sampling_params (ParamError) and submit the grammars they name to the compiler: futures of each
+        grammar or its refusal (`grammar.built` raises it), for a caller that waits without holding a thread."""
+        given = sampling_params if isinstance(sampling_params, list) else [sampling_params]
+        jobs = (self._grammar_job(self.params(g)) for g in given)
+        return [job for job in jobs if job is not None]
 
     def params(self, given: dict[str, Any] | SamplingParams | None) -> SamplingParams:
         """A request's params: the model's defaults under what it sets (a SamplingParams instance sets everything)."""

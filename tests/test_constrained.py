@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixserve.constrained.bitmask import unpack
+from radixserve.constrained.bitmask import StepMasks, unpack
+from radixserve.constrained.grammar import GrammarMatcher
 from radixserve.errors import ParamError
 
 SCHEMA = {
@@ -101,3 +102,22 @@ def test_unpack_reads_bits_low_first() -> None:
     assert bits[0].nonzero().flatten().tolist() == [0, 2]
     assert bits[1].nonzero().flatten().tolist() == list(range(32)) + [32]
     assert unpack(words, 70).shape == (2, 70) and not unpack(words, 70)[:, 64:].any()
+
+
+def test_a_step_mixes_stored_first_masks_and_computed_ones(tiny_model_dir: Path, make_engine: Callable) -> None:
+    """A request's first mask is copied from its grammar's check; the others are computed; each row is its own."""
+    eng = make_engine(tiny_model_dir)
+    vocab = eng.model_info()["vocab_size"]
+
+    def allowed(m: GrammarMatcher) -> torch.Tensor:
+        return unpack(torch.frombuffer(bytearray(m.ll.compute_bitmask()), dtype=torch.int32)[None], vocab)[0]
+
+    regex, schema = eng.grammars.compile("regex", REGEX), eng.grammars.compile("json_schema", SCHEMA)
+    matchers = [eng.grammars.matcher(regex), eng.grammars.matcher(schema), eng.grammars.matcher(schema)]
+    assert matchers[1].accept(int(allowed(matchers[1]).nonzero()[0]))
+    assert matchers[1].first_mask is None and matchers[0].first_mask is not None
+    masks = StepMasks([0, 1, 2], matchers)
+    logits = torch.zeros(3, vocab)
+    masks.apply(logits)
+    for row, m in enumerate(matchers):
+        assert torch.equal(logits[row] == 0, allowed(m)), row

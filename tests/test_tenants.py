@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -27,6 +29,7 @@ from radixserve.server.tenants import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+STREAM_TOKENS = 900
 
 KEY_FILE = """\
 # tenants of the shared deployment
@@ -150,10 +153,28 @@ def test_cli_keys_from_flags_file_and_environment(tiny_model_dir: Path, tmp_path
     assert len(calls) == 1
 
 
+def _stream(url: str, key: str, out: list, started: threading.Event) -> None:
+    """A streamed completion of STREAM_TOKENS tokens; appends (status, completion tokens of the last chunk). Events
+    are split on blank lines, not read as lines: random text holds characters that str.splitlines breaks on."""
+    body = {"prompt": "hi", "max_tokens": STREAM_TOKENS, "ignore_eos": True, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    headers = {"Authorization": f"Bearer {key}"}
+    data = b""
+    with httpx.Client(timeout=300) as c, c.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
+        for piece in r.iter_bytes():
+            started.set()
+            data += piece
+    started.set()
+    events = [json.loads(e[6:]) for e in data.decode().split("\n\n") if e.startswith("data: {")]
+    out.append((r.status_code, events[-1]["usage"]["completion_tokens"] if events else None))
+
+
 @pytest.mark.slow
 def test_sighup_reloads_the_key_file_of_a_running_server(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Under load: streams run (one of them with the key the reload removes) and a kept key keeps asking while the
+    file is rewritten and reloaded; every stream ends whole, the kept key is never refused."""
     path = tmp_path / "keys"
-    path.write_text("sk-first name=first\n")
+    path.write_text("sk-first name=first\nsk-keep name=keep\n")
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("RADIXSERVE_API_KEYS", None)
     port = 31000 + os.getpid() % 2000
@@ -172,7 +193,7 @@ def test_sighup_reloads_the_key_file_of_a_running_server(tiny_model_dir: Path, t
             "--api-key-file",
             str(path),
             "--max-total-tokens",
-            "2048",
+            "4096",
         ],
         cwd=str(REPO),
         env=env,
@@ -188,13 +209,25 @@ def test_sighup_reloads_the_key_file_of_a_running_server(tiny_model_dir: Path, t
             return httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code
 
         assert (status("sk-first"), status("sk-second")) == (200, 401)
-        path.write_text("sk-second name=second\n")
+        results: list = []
+        streams = []
+        for key in ("sk-first", "sk-keep", "sk-keep"):
+            started = threading.Event()
+            streams.append(threading.Thread(target=_stream, args=(url, key, results, started)))
+            streams[-1].start()
+            assert started.wait(60)
+        path.write_text("sk-second name=second\nsk-keep name=keep\n")
         proc.send_signal(signal.SIGHUP)
+        assert all(t.is_alive() for t in streams)  # the reload runs under load
         deadline = time.monotonic() + 10
         while status("sk-second") != 200:
+            assert status("sk-keep") == 200  # never refused while the file is swapped
             assert time.monotonic() < deadline, "SIGHUP did not reload the key file"
             time.sleep(0.1)
         assert status("sk-first") == 401 and proc.poll() is None
+        for t in streams:
+            t.join(300)
+        assert results == [(200, STREAM_TOKENS)] * 3  # admitted before the reload: served to the end
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)

@@ -39,12 +39,25 @@ class StepMasks:
         # llguidance.torch's fill_next_token_bitmask(_par) are these calls plus checks that hold by construction
         # (self.bitmask: CPU, int32, contiguous); importing that module costs ~2-4 s of start-up, since it
         # decorates an unrelated function with torch.compile at import time, which loads torch._dynamo.
+        # A request's first mask is its grammar's, known from the check made before it was queued: copied.
         row_bytes = self.bitmask.shape[1] * self.bitmask.element_size()
-        if len(self.matchers) == 1:
-            self.matchers[0].ll.unsafe_compute_mask_ptr(self.bitmask.data_ptr(), row_bytes)
-        else:
-            pairs = [(m.ll, i) for i, m in enumerate(self.matchers)]
+        pairs = []
+        for i, m in enumerate(self.matchers):
+            if m.first_mask is not None:
+                self._copy(i, m.first_mask)
+            else:
+                pairs.append((m.ll, i))
+        if len(pairs) == 1:
+            ptr = self.bitmask.data_ptr() + pairs[0][1] * row_bytes
+            pairs[0][0].unsafe_compute_mask_ptr(ptr, row_bytes)
+        elif pairs:
             _EXECUTOR.unsafe_compute_mask_ptr(pairs, self.bitmask.data_ptr(), row_bytes, len(self.matchers))
+
+    def _copy(self, row: int, mask: bytes) -> None:
+        # llguidance's mask may hold a word more than the rows here (its vocabulary counts one more id): cut to fit.
+        words = torch.frombuffer(bytearray(mask), dtype=torch.int32)[: self.bitmask.shape[1]]
+        self.bitmask[row].zero_()
+        self.bitmask[row, : len(words)] = words
 
     def apply(self, logits: torch.Tensor, at: list[int] | None = None) -> None:
         """Set every id the grammar refuses to -inf in the constrained rows of logits [R, V] (in place): rows

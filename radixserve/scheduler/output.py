@@ -7,12 +7,12 @@ A mixin of `Scheduler` (it works on the scheduler's queues, stats and page bookk
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from radixserve.errors import RequestFailedError
+from radixserve.errors import GrammarFailedError, RequestFailedError
 from radixserve.io import INTERNAL_ERROR, STOP_LENGTH, FinishReason
+from radixserve.log_bounds import bounded_logger, clip
 from radixserve.request import Req, ReqStatus, ReqUpdate
 from radixserve.sampling.speculative import DraftRun
 from radixserve.step import Draft, ScheduledBatch, StepOutput
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from radixserve.scheduler.scheduler import SchedulerConfig, SchedulerStats
     from radixserve.speculative.drafter import Drafter
 
-log = logging.getLogger("radixserve.scheduler")
+log = bounded_logger("radixserve.scheduler")
 
 
 class StepProcessor:
@@ -117,11 +117,12 @@ class StepProcessor:
                 if (req.top_logprobs_num or req.sampling.token_ids_logprob) and run.top_logprobs is not None:
                     req.output_top_logprobs.append(run.top_logprobs[i])
             if req.grammar is not None and not req.grammar.accept(tok):
-                raise RuntimeError(f"the grammar refused sampled token {tok}: {req.grammar.error}")
+                raise req.grammar.failure(tok, len(req.output_ids) - 1)
             self._check_stop(req, tok)
             if req.finished:
                 break  # a stop inside an accepted run cuts it there
-        if req.grammar is not None and not req.finished and self.cfg.enable_jump_forward and not req.return_logprob:
+        jump = self.cfg.enable_jump_forward and not req.return_logprob  # a forced token has no logprob
+        if req.grammar is not None and req.grammar.jump_forward and jump and not req.finished:
             self._jump_forward(req)
         if not req.finished:  # the stage decodes as tokens come (stop strings, streams; no burst at the end)
             self.updates.append(ReqUpdate(req, len(req.output_ids)))
@@ -146,7 +147,7 @@ class StepProcessor:
                 return  # the end is sampled, so the stop rules apply as to any end
             req.append_token(tok)
             if not req.grammar.accept(tok):
-                raise RuntimeError(f"the grammar refused its own forced token {tok}: {req.grammar.error}")
+                raise req.grammar.failure(tok, len(req.output_ids) - 1)
             self.stats.generation_tokens += 1
             self.stats.forced_tokens += 1
             self._check_stop(req, tok)
@@ -170,10 +171,16 @@ class StepProcessor:
             self._finish(req, req.finish_reason)
 
     def fail(self, req: Req, exc: BaseException) -> None:
-        """Finish one request with an internal error: log it, free what it holds, tell its caller (never raises)."""
-        log.error("request %s failed: %r", req.rid, exc, exc_info=exc)
+        """Finish one request with an error: log it, free what it holds, tell its caller (never raises). A grammar
+        past its limits is the caller's to hear about (a GrammarFailedError, one line in the log); anything else is an
+        internal error (the traceback in the log, a RequestFailedError to the caller)."""
+        grammar = isinstance(exc, GrammarFailedError)
+        if grammar:
+            log.warning("request %s ended: %s", clip(req.rid), exc)
+        else:
+            log.error("request %s failed: %s", clip(req.rid), clip(repr(exc)), exc_info=exc)
         self.stats.failed += 1
-        req.finish_reason = INTERNAL_ERROR
+        req.finish_reason = FinishReason("error", None, str(exc)) if grammar else INTERNAL_ERROR
         req.status = ReqStatus.DONE
         if req in self.waiting:
             self.waiting.remove(req)
@@ -184,13 +191,13 @@ class StepProcessor:
                 req.status = ReqStatus.FINISHING
             else:
                 self._release(req)
-        self.updates.append(ReqUpdate(req, len(req.output_ids), error=RequestFailedError(req.rid)))
+        self.updates.append(ReqUpdate(req, len(req.output_ids), error=exc if grammar else RequestFailedError(req.rid)))
 
     def end(self, req: Req, reason: FinishReason, exc: BaseException | None = None) -> None:
         """The output stage ended a request: a stop string matched (`reason`), or building its output failed (`exc`).
         It is finished here as any finish is (its pages go back); one finished meanwhile is left as it is."""
         if exc is not None and req.finished:  # its final output failed: the pages went back already, count it
-            log.error("request %s failed: %r", req.rid, exc, exc_info=exc)
+            log.error("request %s failed: %s", clip(req.rid), clip(repr(exc)), exc_info=exc)
             self.stats.failed += 1
         elif exc is not None:
             self.fail(req, exc)

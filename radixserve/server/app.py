@@ -35,7 +35,8 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 async def _openapi(request: Request) -> Response:
     from radixserve import __version__
 
-    doc = openapi_document(f"radixserve: {request.app.state.server.model_name}", __version__)
+    state = request.app.state.server
+    doc = openapi_document(f"radixserve: {state.model_name}", __version__, state.vocab_size)
     return JSONResponse(doc)
 
 

@@ -60,6 +60,7 @@ from radixserve.server.serving import (
     close_streams,
     engine_errors,
     generate,
+    in_band,
     merged,
     read_json,
     scheduling,
@@ -366,8 +367,8 @@ async def chat_events(
         observe_and_remember(state, job, folded(acc), chat=True)
     except ApiError as err:
         yield error_event(state, err)
-    except Exception as exc:  # the engine died mid-stream: tell the client in-band, the status line is gone
-        yield error_event(state, ApiError(503, f"engine failed: {exc}", type="service_unavailable"))
+    except Exception as exc:  # mid-stream: tell the client in-band, the status line is gone
+        yield error_event(state, in_band(exc, job.renames))
     finally:
         await close_streams(state.engine, streams)
     yield SSE_DONE

@@ -34,7 +34,9 @@ from radixserve.server.cache_view import (
 )
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.scope import NamespaceScope, view_scope
-from radixserve.server.serving import cache_salt, read_json, server_state
+from radixserve.server.chat_api import chat_messages
+from radixserve.server.protocol import ChatMessage
+from radixserve.server.serving import cache_salt, engine_errors, read_json, server_state
 from radixserve.timeline import RequestTimeline
 
 STATIC = resources.files("radixserve.server") / "static"
@@ -48,7 +50,7 @@ TREE_TTL_S = 1.0  # a tree snapshot is reused this long for the same view: polle
 class WhyMissRequest(msgspec.Struct, forbid_unknown_fields=True):
     text: str | None = None
     input_ids: list[int] | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: list[ChatMessage] | None = None  # as /v1/chat/completions takes them
     cache_salt: str | None = None
     namespace: str | None = None  # the admin may name any namespace; a tenant only its own
 
@@ -226,7 +228,9 @@ async def why_miss(request: Request) -> Response:
     if body.text is not None:
         ids = (await asyncio.to_thread(state.engine.encode_prompts, [body.text]))[0]
     elif body.messages is not None:
-        ids = await asyncio.to_thread(state.prompts.build, body.messages, namespace)
+        messages = chat_messages(body.messages)
+        with engine_errors("messages"):
+            ids = await asyncio.to_thread(state.prompts.build, messages, namespace)
     else:
         ids = list(body.input_ids or [])
         if any(not 0 <= t < state.vocab_size for t in ids):

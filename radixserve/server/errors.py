@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import logging
+from radixserve.log_bounds import bounded_logger, clip
+
 import re
 import uuid
 
@@ -11,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 
-log = logging.getLogger(__name__)
+log = bounded_logger(__name__)
+MAX_ERROR_CHARS = 1000  # of an error's message
 
 
 class ErrorDetail(msgspec.Struct):
@@ -37,10 +39,13 @@ class ApiError(Exception):
         type: str = "invalid_request_error",
         headers: dict[str, str] | None = None,
     ) -> None:
+        # An error may quote what the client sent (a field's name, a path, a value): bounded, so no answer echoes
+        # megabytes back.
+        message = clip(message, MAX_ERROR_CHARS)
         super().__init__(message)
         self.status = status
         self.message = message
-        self.param = param
+        self.param = None if param is None else clip(param)
         self.code = code
         self.type = type
         self.headers = headers or {}
@@ -70,7 +75,10 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 500)
     detail = getattr(exc, "detail", None) or "error"
     kind = "not_found_error" if status == 404 else "invalid_request_error"
-    return error_response(ApiError(status, f"{detail}: {request.method} {request.url.path}", type=kind))
+    headers = getattr(exc, "headers", None)  # a 405's Allow: the methods the route takes
+    return error_response(
+        ApiError(status, f"{detail}: {request.method} {request.url.path}", type=kind, headers=headers)
+    )
 
 
 async def internal_error_handler(request: Request, exc: Exception) -> Response:

@@ -13,6 +13,7 @@ from typing import Any
 import uvicorn
 
 from radixserve import __version__
+from radixserve.log_bounds import bound
 from radixserve.server.app import DEFAULT_MAX_BODY_BYTES, build_app
 from radixserve.server.tenants import KeyRing, KeySources
 from radixserve.summary import startup_summary
@@ -100,6 +101,8 @@ def run_server(
             limit_concurrency=max_connections,
             http=header_timeout_protocol(header_timeout_s),
         )
+        for name in ("uvicorn.access", "uvicorn.error"):  # after Config, which sets uvicorn's logging up
+            bound(logging.getLogger(name))  # a request line holds the client's path and query: cut when long
         url = f"http://{host}:{port}"
         print(
             f"radixserve {__version__}\n{startup_summary(engine, url, api_key=keys.describe() if keys else None)}",

@@ -38,6 +38,7 @@ from radixserve.server.serving import (
     close_streams,
     engine_errors,
     generate,
+    in_band,
     merged,
     open_streams,
     read_json,
@@ -233,7 +234,8 @@ async def generate_events(
                     if c.finished:
                         state.metrics.observe(c.meta_info)
     except Exception as exc:  # the status line is gone: report in-band, as the OpenAI routes do
-        yield sse(state, {"error": {"message": f"engine failed: {exc}", "type": "service_unavailable"}})
+        err = in_band(exc)
+        yield sse(state, {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}})
     finally:
         await close_streams(state.engine, [stream])
     yield SSE_DONE

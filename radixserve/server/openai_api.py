@@ -38,6 +38,7 @@ from radixserve.server.serving import (
     cache_salt,
     close_streams,
     engine_errors,
+    in_band,
     generate,
     merged,
     open_streams,
@@ -344,8 +345,8 @@ async def completion_events(
         observe_and_remember(state, job, folded(acc), chat=False)
     except ApiError as err:
         yield error_event(state, err)
-    except Exception as exc:
-        yield error_event(state, ApiError(503, f"engine failed: {exc}", type="service_unavailable"))
+    except Exception as exc:  # mid-stream: tell the client in-band, the status line is gone
+        yield error_event(state, in_band(exc, job.renames))
     finally:
         await close_streams(state.engine, streams)
     yield SSE_DONE

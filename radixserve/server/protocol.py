@@ -7,12 +7,22 @@ Requests forbid unknown fields: a field we do not know may change what the clien
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from radixserve.server import sglang_fields
 from radixserve.server.errors import bad_request, from_decode_error
+
+
+# Free text the server echoes back or shows (a rid in meta_info.id, a tool's name in tool calls, a cache_salt in
+# the cache views and metrics) is bounded: no answer, log line or metrics label grows with what a client sends.
+Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")]  # visible ASCII
+ToolName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # OpenAI's rule for function names
+Salt = Annotated[str, msgspec.Meta(max_length=256)]
+# A prompt the server would refuse as empty is refused by the schema (and so described in /openapi.json).
+Text = Annotated[str, msgspec.Meta(min_length=1)]
+NonEmptyList = Annotated[list[Any], msgspec.Meta(min_length=1)]
 
 
 class Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -48,7 +58,7 @@ class ChatMessage(Strict):
 
 
 class FunctionDef(Strict):
-    name: str
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -60,7 +70,7 @@ class Tool(Strict):
 
 
 class NamedFunction(Strict):
-    name: str
+    name: ToolName
 
 
 class NamedToolChoice(Strict):
@@ -109,7 +119,7 @@ class SamplingFields(Strict):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    cache_salt: str | None = None
+    cache_salt: Salt | None = None
     priority: int = 0  # extra: higher is admitted first and may retract lower-priority requests
     timeout: float | None = None  # extra: seconds after which the request is aborted and its pages freed
     pin: bool = False  # keep the prompt's cached prefix out of eviction (see /cache/pin)
@@ -123,7 +133,7 @@ class SamplingFields(Strict):
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
-    messages: list[ChatMessage]
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -135,7 +145,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 
 class CompletionRequest(SamplingFields, kw_only=True):
     # str | list[str] | list[int] | list[list[int]]; msgspec allows one array type in a union, so lists are checked by hand
-    prompt: str | list[Any]
+    prompt: Text | NonEmptyList
     echo: bool = False
     logprobs: int | None = None
 
@@ -144,8 +154,8 @@ class GenerateFields(Strict):
     """SGLang-native /generate: exactly one of text / input_ids, single or batch. The fields radixserve implements;
     GenerateBody adds the rest of SGLang's GenerateReqInput (radixserve/server/sglang_fields.py)."""
 
-    text: str | list[str] | None = None
-    input_ids: list[Any] | None = None
+    text: Text | Annotated[list[str], msgspec.Meta(min_length=1)] | None = None
+    input_ids: NonEmptyList | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
     return_logprob: bool = False
@@ -153,9 +163,9 @@ class GenerateFields(Strict):
     top_logprobs_num: int = 0
     token_ids_logprob: list[Any] | None = None  # ids (or a list of them per prompt) whose logprobs each position has
     return_text_in_logprobs: bool = False
-    cache_salt: str | None = None
-    extra_key: str | None = None  # SGLang's extra cache key: one more part of the cache namespace
-    rid: str | list[str] | None = None  # a label echoed in meta_info.id; the server's own id is unique per request
+    cache_salt: Salt | None = None
+    extra_key: Salt | None = None  # SGLang's extra cache key: one more part of the cache namespace
+    rid: Label | list[Label] | None = None  # a label echoed in meta_info.id; the server's own id is unique per request
     priority: int = 0
     timeout: float | None = None
     pin: bool = False  # keep the prompt's cached prefix out of eviction once done (see /cache/pin)
@@ -178,7 +188,7 @@ class PinRequest(Strict):
 
     text: str | None = None
     input_ids: list[int] | None = None
-    cache_salt: str | None = None
+    cache_salt: Salt | None = None
 
 
 class TokenizeRequest(Strict):

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from radixserve.constrained.grammar import built
 from radixserve.errors import ParamError, QueueFullError, RequestFailedError
 from radixserve.io import FinishReason, GenerateOutput, GenerateRequest, StreamChunk
 from radixserve.server.chat_prompt import ChatPromptBuilder
@@ -166,6 +167,18 @@ def engine_errors(default_param: str | None, renames: dict[str, str] | None = No
         raise ApiError(503, f"engine unavailable: {exc}", type="service_unavailable") from None
 
 
+def in_band(exc: Exception, renames: dict[str, str] | None = None) -> ApiError:
+    """The error a stream reports in its events once its status line has gone: the one `engine_errors` would have
+    answered with (a grammar that failed mid-stream is a 400 naming its field), else 503 "engine failed"."""
+    try:
+        with engine_errors(None, renames):
+            raise exc
+    except ApiError as err:
+        return err
+    except Exception:  # noqa: BLE001 - anything else means the engine could not go on
+        return ApiError(503, f"engine failed: {exc}", type="service_unavailable")
+
+
 async def _until_disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         continue
@@ -233,9 +246,13 @@ class Stream:
 
 async def tokenized(eng: Engine, call: GenerateRequest) -> GenerateRequest:
     """The call with a text prompt replaced by its ids, tokenized in a thread, and its grammars (regex, json_schema,
-    ebnf) compiled in one: the event loop never waits for either (it then finds the grammar cached)."""
+    ebnf) compiled on the compiler's thread: the event loop never waits for either (it then finds the grammar cached).
+    A grammar is awaited, not waited for in a worker thread, so grammars queued behind a costly one hold none of the
+    threads that tokenize everyone's prompts."""
     if _names_grammar(call.sampling_params):
-        await asyncio.to_thread(eng.compile_grammars, call.sampling_params)
+        jobs = await asyncio.to_thread(eng.grammar_jobs, call.sampling_params)  # canonical JSON of a big schema
+        for job in jobs:
+            built(await asyncio.wrap_future(job))
     prompt = call.prompt
     if prompt is None:
         return call

@@ -8,7 +8,8 @@ run of decode steps, each step a `decode_step` event) and `radixserve.requeued` 
 
 from __future__ import annotations
 
-import logging
+from radixserve.log_bounds import bounded_logger
+
 import queue
 import threading
 from typing import Any
@@ -23,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixserve.timeline import RequestTimeline, Span, Tracker, traceparent
 
-log = logging.getLogger("radixserve.tracing")
+log = bounded_logger("radixserve.tracing")
 _PROPAGATOR = TraceContextTextMapPropagator()
 SPAN_NAMES = {
     "queued": "radixserve.queued",
