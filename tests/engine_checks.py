@@ -13,7 +13,9 @@ from typing import Any
 def wait_idle(engine: Any, timeout: float = 30.0) -> None:
     """Block until nothing runs or waits (aborts reach the engine loop asynchronously)."""
     deadline = time.monotonic() + timeout
-    while (m := engine.metrics())["num_running"] or m["num_waiting"]:
+    # The last outputs reach their callers from the output stage after the loop is idle, and each gives back its
+    # place in the queue count (Engine._inflight) then: a caller that submits next must not find it still taken.
+    while (m := engine.metrics())["num_running"] or m["num_waiting"] or getattr(engine, "_inflight", 0):
         assert time.monotonic() < deadline, f"engine still busy: {m}"
         time.sleep(0.02)
 
