@@ -246,9 +246,11 @@ def _reason(fin: FinishReason | None, called: bool) -> str | None:
 # ---------------------------------------------------------------- the endpoint
 
 
-async def chat_completions(request: Request) -> Response:
-    state = server_state(request)
-    req = await read_json(request, ChatCompletionRequest)
+async def prepare_chat(
+    request: Request, state: ServerState, req: ChatCompletionRequest, rid: str
+) -> tuple[Job, Structure]:
+    """Validate a chat request and build its engine call: the one path into the engine for Chat Completions and the
+    APIs converted to it (Responses, Messages)."""
     check_model(state, req.model)
     messages = chat_messages(req.messages)
     if req.top_logprobs is not None:
@@ -267,7 +269,6 @@ async def chat_completions(request: Request) -> Response:
     params = sampling_dict(req, max_tokens(limit, max_param, len(ids), state, None, "messages"), max_param)
     params.update(shape.grammar)
     await admit(state, req.n)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
     call = GenerateRequest(
         input_ids=ids,
         sampling_params=params,
@@ -279,7 +280,14 @@ async def chat_completions(request: Request) -> Response:
     )
     if req.pin:
         await pin_first(state, [{"input_ids": ids}], salt, "messages")
-    job = Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, GRAMMAR_RENAMES)
+    return Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, GRAMMAR_RENAMES), shape
+
+
+async def chat_completions(request: Request) -> Response:
+    state = server_state(request)
+    req = await read_json(request, ChatCompletionRequest)
+    job, shape = await prepare_chat(request, state, req, f"chatcmpl-{uuid.uuid4().hex}")
+    rid, [call], max_param = job.rid, job.calls, job.max_param
     created = int(time.time())
     if req.stream:
         streams = await start_streams(request, state, job, "messages")
