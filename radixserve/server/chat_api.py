@@ -246,11 +246,10 @@ def _reason(fin: FinishReason | None, called: bool) -> str | None:
 # ---------------------------------------------------------------- the endpoint
 
 
-async def prepare_chat(
-    request: Request, state: ServerState, req: ChatCompletionRequest, rid: str
-) -> tuple[Job, Structure]:
-    """Validate a chat request and build its engine call: the one path into the engine for Chat Completions and the
-    APIs converted to it (Responses, Messages)."""
+async def prompt_ids(
+    request: Request, state: ServerState, req: ChatCompletionRequest
+) -> tuple[list[int], Structure, str]:
+    """The chat request's prompt ids (template, tools and remembered answers), its structure and cache namespace."""
     check_model(state, req.model)
     messages = chat_messages(req.messages)
     if req.top_logprobs is not None:
@@ -264,6 +263,15 @@ async def prepare_chat(
     salt = cache_salt(request, req.cache_salt)
     with engine_errors("messages"):
         ids = await asyncio.to_thread(state.prompts.build, messages, salt, shape.tools)
+    return ids, shape, salt
+
+
+async def prepare_chat(
+    request: Request, state: ServerState, req: ChatCompletionRequest, rid: str
+) -> tuple[Job, Structure]:
+    """Validate a chat request and build its engine call: the one path into the engine for Chat Completions and the
+    APIs converted to it (Responses, Messages)."""
+    ids, shape, salt = await prompt_ids(request, state, req)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_dict(req, max_tokens(limit, max_param, len(ids), state, None, "messages"), max_param)
@@ -280,7 +288,7 @@ async def prepare_chat(
     )
     if req.pin:
         await pin_first(state, [{"input_ids": ids}], salt, "messages")
-    return Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, GRAMMAR_RENAMES), shape
+    return Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, dict(GRAMMAR_RENAMES)), shape
 
 
 async def chat_completions(request: Request) -> Response:

@@ -8,13 +8,15 @@ this module runs that request and hands back API-neutral results (a Turn, or str
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
 from radixserve.io import GenerateOutput
-from radixserve.server.chat_api import Structure, prepare_chat
+from radixserve.server.errors import ApiError
+from radixserve.server.chat_api import Structure, prepare_chat, prompt_ids
 from radixserve.server.openai_api import Job, accumulate, finish_reason, observe_and_remember, start_streams, usage
 from radixserve.server.protocol import ChatCompletionRequest, Usage
 from radixserve.server.serving import ServerState, Stream, close_streams, engine_errors, generate, merged
@@ -30,7 +32,7 @@ class Turn:
     calls: list[ToolCall]
     reason: str
     usage: Usage
-    new_cached: int = 0  # prompt tokens computed now that the cache keeps (whole pages past the cached prefix)
+    stop_string: str | None = None  # the stop string that ended it, if one did
 
 
 @dataclass
@@ -80,19 +82,43 @@ class TurnStream:
         self.turn = _turn(self.state, self.job, self.shape, acc)
 
 
-async def run_turn(request: Request, state: ServerState, req: ChatCompletionRequest, rid: str) -> Turn:
-    """Generate the whole turn (the client waits for the body)."""
-    job, shape = await prepare_chat(request, state, req, rid)
-    with engine_errors("messages", {"max_new_tokens": job.max_param, **job.renames}):
-        [[out]] = await generate(request, state, job.calls)
+async def run_turn(
+    request: Request, state: ServerState, req: ChatCompletionRequest, rid: str, names: dict[str, str]
+) -> Turn:
+    """Generate the whole turn (the client waits for the body). names: a chat or engine field -> the client's name
+    for it, so errors name the field the client sent (e.g. messages -> input, json_schema -> text.format)."""
+    with client_names(names):
+        job, shape = await prepare_chat(request, state, req, rid)
+        job.renames.update(names)
+        with engine_errors("messages", {"max_new_tokens": job.max_param, **job.renames}):
+            [[out]] = await generate(request, state, job.calls)
     return _turn(state, job, shape, out)
 
 
-async def open_turn(request: Request, state: ServerState, req: ChatCompletionRequest, rid: str) -> TurnStream:
+async def open_turn(
+    request: Request, state: ServerState, req: ChatCompletionRequest, rid: str, names: dict[str, str]
+) -> TurnStream:
     """Open the turn's engine stream: errors in the input raise here, before the response's first byte."""
-    job, shape = await prepare_chat(request, state, req, rid)
-    streams = await start_streams(request, state, job, "messages")
+    with client_names(names):
+        job, shape = await prepare_chat(request, state, req, rid)
+        job.renames.update(names)
+        streams = await start_streams(request, state, job, "messages")
     return TurnStream(state, job, shape, streams)
+
+
+@contextlib.contextmanager
+def client_names(names: dict[str, str]) -> Iterator[None]:
+    """Rename the first segment of an error's param from the chat request's field to the client's."""
+    try:
+        yield
+    except ApiError as err:
+        head = _HEAD.match(err.param or "")
+        if head is not None and head.group(1) in names:
+            err.param = names[head.group(1)] + (err.param or "")[head.end() :]
+        raise
+
+
+_HEAD = re.compile(r"^([a-z_]+)")
 
 
 def _turn(state: ServerState, job: Job, shape: Structure, out: GenerateOutput) -> Turn:
@@ -101,14 +127,21 @@ def _turn(state: ServerState, job: Job, shape: Structure, out: GenerateOutput) -
     if calls and reason == "stop":
         reason = "tool_calls"
     observe_and_remember(state, job, [out], chat=True)
-    use = usage([out], 1)
-    return Turn(content, calls, reason, use, _new_cached(state, use))
+    fin = out.finish_reason
+    matched = fin.matched if fin is not None and fin.stopped_on_string else None
+    return Turn(content, calls, reason, usage([out], 1), matched)  # type: ignore[arg-type]
 
 
-def _new_cached(state: ServerState, use: Usage) -> int:
-    """Prompt tokens this turn wrote to the cache: the tree keeps whole pages, so those past the cached prefix."""
+def cache_written(state: ServerState, prompt_tokens: int, cached_tokens: int) -> int:
+    """Prompt tokens a turn wrote to the cache: the tree keeps whole pages, so those past the cached prefix."""
     config = state.engine.config
     if not config.enable_radix_cache:
         return 0
-    kept = use.prompt_tokens // config.page_size * config.page_size
-    return max(0, kept - use.prompt_tokens_details.cached_tokens)
+    return max(0, prompt_tokens // config.page_size * config.page_size - cached_tokens)
+
+
+async def count_prompt(request: Request, state: ServerState, req: ChatCompletionRequest, names: dict[str, str]) -> int:
+    """The prompt's length in tokens, as the turn would build it (for /v1/messages/count_tokens)."""
+    with client_names(names):
+        ids, _, _ = await prompt_ids(request, state, req)
+    return len(ids)
