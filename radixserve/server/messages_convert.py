@@ -24,13 +24,21 @@ from radixserve.server.protocol import (
     MessageToolCall,
     NamedFunction,
     NamedToolChoice,
+    ResponseFormat,
+    JsonSchemaFormat,
     Tool,
 )
 from radixserve.server.tool_calls import ToolCall
 from radixserve.server.turns import Turn
 
 # A chat or engine field -> the name a Messages client knows it by.
-NAMES = {"max_new_tokens": "max_tokens", "stop": "stop_sequences", "ebnf": "tools", "tool_choice": "tool_choice"}
+NAMES = {
+    "max_new_tokens": "max_tokens",
+    "stop": "stop_sequences",
+    "ebnf": "tools",
+    "json_schema": "output_config.format",
+    "response_format": "output_config.format",
+}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 DROPPED = frozenset({"thinking", "redacted_thinking"})  # earlier reasoning: templates leave it out of the prompt
 
@@ -134,7 +142,18 @@ def chat_request(req: PromptFields) -> ChatCompletionRequest:
     chat.temperature, chat.top_p, chat.top_k, chat.seed = req.temperature, req.top_p, req.top_k, req.seed
     chat.stop, chat.metadata, chat.cache_salt = req.stop_sequences, req.metadata, req.cache_salt
     chat.priority, chat.timeout, chat.stream = req.priority, req.timeout, req.stream
+    chat.response_format = _output_format(req)
     return chat
+
+
+def _output_format(req: MessagesRequest) -> ResponseFormat | None:
+    """Structured output (`output_config.format`) as Chat Completions' json_schema response_format."""
+    fmt = req.output_config.format if req.output_config is not None else None
+    if fmt is None:
+        return None
+    if fmt.type != "json_schema" or fmt.schema is None:
+        raise bad_request("output_config.format must be {type: json_schema, schema}", param="output_config.format")
+    return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(name="output", schema=fmt.schema))
 
 
 def tool_input(call: ToolCall) -> Any:

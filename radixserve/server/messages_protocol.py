@@ -37,6 +37,9 @@ class Block(Strict):
     source: dict[str, Any] | None = None
     citations: list[Any] | None = None
     cache_control: CacheControl | None = None
+    # what the SDK echoes back of a tool_use block it received: who called the tool, and the tool's toolset
+    caller: dict[str, Any] | None = None
+    toolset_name: str | None = None
 
 
 class InputMessage(Strict):
@@ -79,6 +82,16 @@ class CountTokensRequest(PromptFields, kw_only=True):
     pass
 
 
+class OutputFormat(Strict):
+    type: str  # json_schema
+    schema: dict[str, Any] | None = None
+
+
+class OutputConfig(Strict):
+    format: OutputFormat | None = None
+    effort: str | None = None  # accepted: the model's effort is not a setting here
+
+
 class MessagesRequest(PromptFields, kw_only=True):
     max_tokens: int
     stop_sequences: list[str] | None = None
@@ -86,8 +99,13 @@ class MessagesRequest(PromptFields, kw_only=True):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    output_config: OutputConfig | None = None
     metadata: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None  # automatic caching: the radix cache keeps every prefix anyway
+    # accepted and ignored: they never change the tokens
     service_tier: str | None = None
+    inference_geo: str | None = None
+    speed: str | None = None
     # extras of open servers, as on Chat Completions
     seed: int | None = None
     cache_salt: str | None = None
