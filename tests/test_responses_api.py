@@ -10,8 +10,10 @@ import httpx
 import openai
 import pytest
 
+from radixserve.server.background import BackgroundServer
 from radixserve.server.response_store import ResponseStore
 from radixserve.server.responses_protocol import ResponseObject, TextConfig
+from sdk_python import run_client, sdk_python
 from test_structured_server import TOOLS
 from server_fixtures import client, engine, http, model, server  # noqa: F401  (fixtures)
 
@@ -185,3 +187,17 @@ def test_store_bounds_by_count_bytes_and_ttl_and_by_tenant() -> None:
     store.put("a", _stored("x"), big)
     store.put("a", _stored("y"), big)
     assert store.get("a", "x") is None and store.get("a", "y") is not None  # bytes: the oldest went
+
+
+@pytest.mark.parametrize("mode", ["run", "streamed"])
+def test_openai_agents_sdk_tool_round_trip(server: BackgroundServer, mode: str) -> None:
+    """The openai-agents SDK's default model speaks the Responses API: the tool call, its output sent back, an
+    answer; the SDK raises on any exchange it cannot read."""
+    out = run_client(sdk_python("agents"), "agents_client.py", server.url, mode)
+    assert out["calls"] and out["calls"][0]["city"]
+    assert out["items"][:2] == ["tool_call_item", "tool_call_output_item"] and out["items"][-1] == "message_output_item"
+    first, last = out["responses"][0], out["responses"][-1]
+    assert first["output"] == ["function_call"] and "function_call" not in last["output"]
+    assert isinstance(out["final_output"]["sunny"], bool) and len(out["responses"]) >= 2
+    if mode == "streamed":
+        assert "raw_response_event" in out["stream_events"] and "run_item_stream_event" in out["stream_events"]
