@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from radixserve.server.errors import ErrorBody
+from radixserve.server.messages_protocol import CountTokensRequest, MessagesRequest
 from radixserve.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -16,10 +17,14 @@ from radixserve.server.protocol import (
     PinRequest,
     TokenizeRequest,
 )
+from radixserve.server.responses_protocol import ResponsesRequest
 
 POST_ROUTES: dict[str, tuple[type, str]] = {
     "/v1/chat/completions": (ChatCompletionRequest, "Create a chat completion (OpenAI-compatible)"),
     "/v1/completions": (CompletionRequest, "Create a completion (OpenAI-compatible)"),
+    "/v1/responses": (ResponsesRequest, "Create a response (OpenAI Responses API)"),
+    "/v1/messages": (MessagesRequest, "Create a message (Anthropic Messages API; errors in Anthropic's envelope)"),
+    "/v1/messages/count_tokens": (CountTokensRequest, "Count a message's prompt tokens (Anthropic Messages API)"),
     "/generate": (GenerateBody, "Generate (SGLang-native)"),
     "/tokenize": (TokenizeRequest, "Token ids of a prompt"),
     "/detokenize": (DetokenizeRequest, "Text of token ids"),
