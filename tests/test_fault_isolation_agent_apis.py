@@ -4,7 +4,6 @@ is that request's 500 (or in-band error event) alone; the engine serves as befor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -12,8 +11,7 @@ import pytest
 
 from fault_fixtures import BAD_PARAMS, break_detokenizer_on_boom, serves_as_before
 from fault_fixtures import engine, reference  # noqa: F401  (fixtures)
-from radixserve.server.app import build_app
-from radixserve.server.background import BackgroundServer
+from test_fault_isolation_http import http  # noqa: F401  (fixture: a server with a queue limit)
 
 # The sampling fields each API takes, as its clients name them.
 RESPONSES_FIELDS = {"temperature": "temperature", "top_k": "top_k", "seed": "seed", "stop": "stop"}
@@ -28,15 +26,6 @@ BODIES = {
     "/v1/responses": {"model": "default", "input": "hi", "max_output_tokens": 4, "temperature": 0},
     "/v1/messages": {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
 }
-
-
-@pytest.fixture(scope="module")
-def http(engine: Any) -> Iterator[httpx.Client]:
-    with (
-        BackgroundServer(build_app(engine, max_queued_requests=4)) as srv,
-        httpx.Client(base_url=srv.url, timeout=60) as client,
-    ):
-        yield client
 
 
 def _named(path: str, body: dict[str, Any], field: str) -> bool:
