@@ -6,7 +6,10 @@ in Anthropic's error envelope."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -173,3 +176,24 @@ def test_unknown_model_and_malformed_json(http: httpx.Client) -> None:
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = http.post("/v1/messages", content=b"{nope", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_readme_agent_api_snippets_answer(server: BackgroundServer) -> None:
+    """The README's `shell` snippets (its section on these APIs) run as written against a live server."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    [snippet] = re.findall(r"^```shell\n(.*?)^```", readme, re.S | re.M)
+    done = subprocess.run(
+        ["bash", "-c", snippet.replace("http://127.0.0.1:30000", server.url)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    decoder, text, answers = json.JSONDecoder(), done.stdout.strip(), []
+    while text:
+        answer, end = decoder.raw_decode(text)
+        answers.append(answer)
+        text = text[end:].strip()
+    response, message = answers
+    assert response["object"] == "response" and response["output"][0]["content"][0]["text"]
+    assert message["type"] == "message" and message["content"][0]["text"]
