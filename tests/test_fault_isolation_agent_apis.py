@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine_checks import wait_idle
 from fault_fixtures import BAD_PARAMS, break_detokenizer_on_boom, serves_as_before
 from fault_fixtures import engine, reference  # noqa: F401  (fixtures)
 from test_fault_isolation_http import http  # noqa: F401  (fixture: a server with a queue limit)
@@ -64,3 +65,31 @@ def test_an_internal_failure_is_that_requests_alone(
     monkeypatch.undo()
     assert http.post(path, json=BODIES[path]).status_code == 200
     serves_as_before(engine, reference)
+
+
+LONG = {
+    "/v1/responses": {"model": "default", "input": "Tell a long story.", "max_output_tokens": 400, "temperature": 0},
+    "/v1/messages": {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": 400,
+        "temperature": 0,
+    },
+}
+
+
+@pytest.mark.parametrize("path", list(LONG))
+def test_a_client_that_leaves_after_the_first_event_frees_its_request(
+    http: httpx.Client, engine: Any, path: str
+) -> None:
+    whole = http.post(path, json=LONG[path]).json()
+    full = whole["usage"]["output_tokens"]
+    assert full > 100, whole["usage"]  # greedy on the fixture model: a long answer, so a cut-off one is shorter
+    wait_idle(engine)
+    before = engine.metrics()["generation_tokens_total"]
+    with http.stream("POST", path, json={**LONG[path], "stream": True}) as s:
+        assert s.status_code == 200
+        assert next(s.iter_lines()).startswith("event: ")  # the first event, before any token is read
+    wait_idle(engine)
+    assert engine.metrics()["generation_tokens_total"] - before < full
+    engine.check_invariants()

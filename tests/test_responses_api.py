@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from radixserve import Engine
+from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
 from radixserve.server.response_store import ResponseStore
 from radixserve.server.responses_protocol import ResponseObject, TextConfig
@@ -201,3 +203,18 @@ def test_openai_agents_sdk_tool_round_trip(server: BackgroundServer, mode: str) 
     assert isinstance(out["final_output"]["sunny"], bool) and len(out["responses"]) >= 2
     if mode == "streamed":
         assert "raw_response_event" in out["stream_events"] and "run_item_stream_event" in out["stream_events"]
+
+
+def test_stored_responses_belong_to_their_key(engine: Engine) -> None:
+    with BackgroundServer(build_app(engine, api_key=["sk-alice", "sk-bob"])) as srv:
+        alice = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-alice", max_retries=0, timeout=60)
+        bob = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-bob", max_retries=0, timeout=60)
+        r = alice.responses.create(model="default", input="Hi", max_output_tokens=2)
+        assert alice.responses.retrieve(r.id).id == r.id
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(r.id)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.create(model="default", input="x", previous_response_id=r.id)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.delete(r.id)
+        alice.responses.delete(r.id)

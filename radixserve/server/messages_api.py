@@ -85,13 +85,11 @@ async def _events(state: ServerState, rid: str, opened: TurnStream) -> AsyncIter
     input_json_delta for a tool's input), message_delta with the stop reason and usage, message_stop; an `error`
     event if the engine fails mid-stream (the status line is sent already)."""
     first = opened.streams[0].first.meta_info
-    start = MessageResponse(
-        rid, state.model_name, [], None, None, _usage(state, first.prompt_tokens, first.cached_tokens, 0)
-    )
-    yield _sse(state, MessageStart(start))
-    yield _sse(state, Ping())
+    usage = _usage(state, first.prompt_tokens, first.cached_tokens, 0)
     index, text_open = 0, False
     try:
+        yield _sse(state, MessageStart(MessageResponse(rid, state.model_name, [], None, None, usage)))
+        yield _sse(state, Ping())
         async for ev in opened.events():
             if isinstance(ev, CallDone):
                 if text_open:
@@ -115,6 +113,8 @@ async def _events(state: ServerState, rid: str, opened: TurnStream) -> AsyncIter
     except Exception as exc:  # the engine died mid-stream: tell the client in-band
         yield _sse(state, AnthropicErrorBody(AnthropicError("api_error", f"engine failed: {exc}")))
         return
+    finally:
+        await opened.close()
     turn = opened.turn
     assert turn is not None
     reason, sequence = stop_reason(turn)

@@ -235,9 +235,9 @@ async def _events(
     sends it); an `error` event if the
     engine fails mid-stream (the status line is sent already)."""
     out = _Emitter(state)
-    yield out.sse(Created, response=_response(state, req, rid, created, [], None))
-    yield out.sse(InProgress, response=_response(state, req, rid, created, [], None))
     try:
+        yield out.sse(Created, response=_response(state, req, rid, created, [], None))
+        yield out.sse(InProgress, response=_response(state, req, rid, created, [], None))
         async for ev in opened.events():
             for data in out.call(ev.call) if isinstance(ev, CallDone) else out.text_delta(ev.text):
                 yield data
@@ -249,6 +249,8 @@ async def _events(
     except Exception as exc:  # the engine died mid-stream: tell the client in-band
         yield out.sse(ErrorEvent, message=f"engine failed: {exc}", code="service_unavailable", param=None)
         return
+    finally:
+        await opened.close()
     assert opened.turn is not None
     body = _response(state, req, rid, created, out.output, opened.turn)
     _keep(request, req, body, conversation)

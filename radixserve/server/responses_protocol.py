@@ -98,7 +98,6 @@ class ResponsesRequest(Strict):
     truncation: str | None = None
     include: list[str] | None = None
     stream_options: dict[str, Any] | None = None
-    top_logprobs: int | None = None
     # extras of open servers, as on Chat Completions
     top_k: int | None = None
     seed: int | None = None

@@ -51,7 +51,7 @@ class CallDone:
 @dataclass
 class TurnStream:
     """A streamed turn whose engine stream is open (bad input has failed already): `events()` yields TextDelta and
-    CallDone, and `turn` holds the whole Turn once they end."""
+    CallDone, and `turn` holds the whole Turn once they end; `close()` must follow, whatever happened."""
 
     state: ServerState
     job: Job
@@ -62,24 +62,26 @@ class TurnStream:
     async def events(self) -> AsyncIterator[TextDelta | CallDone]:
         split = ToolStream(self.shape.parser) if self.shape.parser is not None else None
         acc: GenerateOutput | None = None
-        try:
-            async with contextlib.aclosing(merged(self.streams)) as chunks:
-                async for _, c in chunks:
-                    acc = accumulate(acc, c)
-                    done = finish_reason(c.meta_info.finish_reason) is not None
-                    if split is None:
-                        if c.text:
-                            yield TextDelta(c.text)
-                        continue
-                    for ev in split.feed(c.text) + (split.finish() if done else []):
-                        if ev.call is not None:
-                            yield CallDone(ev.call, ev.index)
-                        elif ev.content:
-                            yield TextDelta(ev.content)
-        finally:
-            await close_streams(self.state.engine, self.streams)
+        async with contextlib.aclosing(merged(self.streams)) as chunks:
+            async for _, c in chunks:
+                acc = accumulate(acc, c)
+                done = finish_reason(c.meta_info.finish_reason) is not None
+                if split is None:
+                    if c.text:
+                        yield TextDelta(c.text)
+                    continue
+                for ev in split.feed(c.text) + (split.finish() if done else []):
+                    if ev.call is not None:
+                        yield CallDone(ev.call, ev.index)
+                    elif ev.content:
+                        yield TextDelta(ev.content)
         assert acc is not None
         self.turn = _turn(self.state, self.job, self.shape, acc)
+
+    async def close(self) -> None:
+        """Abort what has not finished (idempotent): the caller's event generator calls it in its `finally`, which
+        runs even when the client leaves before the first event."""
+        await close_streams(self.state.engine, self.streams)
 
 
 async def run_turn(
