@@ -37,12 +37,24 @@ from radixserve.server.messages_protocol import (
     Ping,
     StopDelta,
     TextBlock,
-    TextDelta,
+    TextDelta as TextPiece,
+    ThinkingBlock,
+    ThinkingDelta,
     TokenCount,
     ToolUseBlock,
 )
 from radixserve.server.serving import EventStream, ServerState, read_json, server_state
-from radixserve.server.turns import CallDone, TurnStream, cache_written, count_prompt, open_turn, run_turn
+from radixserve.server.tool_calls import ToolCall
+from radixserve.server.turns import (
+    CallDone,
+    ReasoningDelta,
+    TextDelta,
+    TurnStream,
+    cache_written,
+    count_prompt,
+    open_turn,
+    run_turn,
+)
 
 
 def _usage(state: ServerState, prompt: int, cached: int, output: int) -> MessageUsage:
@@ -80,33 +92,55 @@ def _sse(state: ServerState, event: MessageEvent | AnthropicErrorBody) -> bytes:
     return b"event: " + str(tag).encode() + b"\ndata: " + state.json.encode(event) + b"\n\n"
 
 
+class _Blocks:
+    """Content blocks as Anthropic streams them: started, filled by deltas, stopped; numbered from 0."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.index = 0
+        self.open: str | None = None  # "text" or "thinking" while a block takes deltas
+
+    def delta(self, ev: TextDelta | ReasoningDelta) -> list[bytes]:
+        kind = "thinking" if isinstance(ev, ReasoningDelta) else "text"
+        out = self.close() if self.open not in (None, kind) else []
+        if self.open is None:
+            self.open = kind
+            block = ThinkingBlock("") if kind == "thinking" else TextBlock("")
+            out.append(_sse(self.state, BlockStart(self.index, block)))
+        piece = ThinkingDelta(ev.text) if kind == "thinking" else TextPiece(ev.text)
+        return out + [_sse(self.state, BlockDelta(self.index, piece))]
+
+    def close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open, self.index = None, self.index + 1
+        return [_sse(self.state, BlockStop(self.index - 1))]
+
+    def call(self, call: ToolCall) -> list[bytes]:
+        out = self.close() + [
+            _sse(self.state, BlockStart(self.index, ToolUseBlock(call.id, call.name, {}))),
+            _sse(self.state, BlockDelta(self.index, InputJsonDelta(call.arguments))),
+            _sse(self.state, BlockStop(self.index)),
+        ]
+        self.index += 1
+        return out
+
+
 async def _events(state: ServerState, rid: str, opened: TurnStream) -> AsyncIterator[bytes]:
     """message_start, ping, then per block content_block_start / _delta / _stop (text_delta for text,
-    input_json_delta for a tool's input), message_delta with the stop reason and usage, message_stop; an `error`
+    thinking_delta for reasoning, input_json_delta for a tool's input), message_delta with the stop reason and usage, message_stop; an `error`
     event if the engine fails mid-stream (the status line is sent already)."""
     first = opened.streams[0].first.meta_info
     usage = _usage(state, first.prompt_tokens, first.cached_tokens, 0)
-    index, text_open = 0, False
+    blocks = _Blocks(state)
     try:
         yield _sse(state, MessageStart(MessageResponse(rid, state.model_name, [], None, None, usage)))
         yield _sse(state, Ping())
         async for ev in opened.events():
-            if isinstance(ev, CallDone):
-                if text_open:
-                    yield _sse(state, BlockStop(index))
-                    index, text_open = index + 1, False
-                call = ev.call
-                yield _sse(state, BlockStart(index, ToolUseBlock(call.id, call.name, {})))
-                yield _sse(state, BlockDelta(index, InputJsonDelta(call.arguments)))
-                yield _sse(state, BlockStop(index))
-                index += 1
-                continue
-            if not text_open:
-                yield _sse(state, BlockStart(index, TextBlock("")))
-                text_open = True
-            yield _sse(state, BlockDelta(index, TextDelta(ev.text)))
-        if text_open:
-            yield _sse(state, BlockStop(index))
+            for data in blocks.call(ev.call) if isinstance(ev, CallDone) else blocks.delta(ev):
+                yield data
+        for data in blocks.close():
+            yield data
     except ApiError as err:
         yield _sse(state, AnthropicErrorBody(AnthropicError(anthropic_type(err.status), err.message)))
         return

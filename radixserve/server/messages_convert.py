@@ -14,6 +14,7 @@ from radixserve.server.messages_protocol import (
     MessagesRequest,
     PromptFields,
     TextBlock,
+    ThinkingBlock,
     ToolUseBlock,
 )
 from radixserve.server.protocol import (
@@ -169,7 +170,8 @@ def new_id(prefix: str) -> str:
 
 
 def content_blocks(turn: Turn) -> list[ContentBlock]:
-    blocks: list[ContentBlock] = [TextBlock(turn.text)] if turn.text else []
+    blocks: list[ContentBlock] = [ThinkingBlock(turn.reasoning)] if turn.reasoning else []
+    blocks += [TextBlock(turn.text)] if turn.text else []
     return blocks + [ToolUseBlock(c.id, c.name, tool_input(c)) for c in turn.calls]
 
 

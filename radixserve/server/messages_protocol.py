@@ -126,7 +126,14 @@ class ToolUseBlock(msgspec.Struct, tag_field="type", tag="tool_use"):
     input: Any
 
 
-ContentBlock = TextBlock | ToolUseBlock
+class ThinkingBlock(msgspec.Struct, tag_field="type", tag="thinking"):
+    """A thinking model's reasoning (radixserve/server/reasoning.py); no signature: nothing here verifies one."""
+
+    thinking: str
+    signature: str = ""
+
+
+ContentBlock = ThinkingBlock | TextBlock | ToolUseBlock
 
 
 class MessageUsage(msgspec.Struct):
@@ -160,6 +167,10 @@ class TextDelta(msgspec.Struct, tag_field="type", tag="text_delta"):
     text: str
 
 
+class ThinkingDelta(msgspec.Struct, tag_field="type", tag="thinking_delta"):
+    thinking: str
+
+
 class InputJsonDelta(msgspec.Struct, tag_field="type", tag="input_json_delta"):
     partial_json: str
 
@@ -184,7 +195,7 @@ class BlockStart(MessageEvent, tag="content_block_start"):
 
 class BlockDelta(MessageEvent, tag="content_block_delta"):
     index: int
-    delta: TextDelta | InputJsonDelta
+    delta: TextDelta | ThinkingDelta | InputJsonDelta
 
 
 class BlockStop(MessageEvent, tag="content_block_stop"):

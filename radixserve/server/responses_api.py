@@ -20,43 +20,29 @@ from radixserve.server.response_store import ResponseStore
 from radixserve.server.responses_convert import (
     NAMES,
     assistant_message,
-    call_item,
     chat_request,
     input_messages,
-    message_item,
     new_id,
     turn_items,
 )
 from radixserve.server.responses_protocol import (
-    ArgsDelta,
-    ArgsDone,
     Completed,
     Created,
     Incomplete,
     DeletedResponse,
     ErrorEvent,
-    FunctionCallItem,
     IncompleteDetails,
     InProgress,
     InputTokensDetails,
-    ItemAdded,
-    ItemDone,
-    MessageItem,
     OutputItem,
-    OutputText,
     OutputTokensDetails,
-    PartAdded,
-    PartDone,
-    ResponseEvent,
     ResponseObject,
     ResponsesRequest,
     ResponseUsage,
     TextConfig,
-    TextDeltaEvent,
-    TextDoneEvent,
 )
 from radixserve.server.serving import EventStream, ServerState, cache_salt, read_json, server_state
-from radixserve.server.tool_calls import ToolCall
+from radixserve.server.responses_stream import Emitter
 from radixserve.server.turns import CallDone, Turn, TurnStream, open_turn, run_turn
 
 
@@ -167,61 +153,6 @@ async def delete_response(request: Request) -> Response:
 # ---------------------------------------------------------------- streaming
 
 
-class _Emitter:
-    """Numbers the events and writes each as `event: <type>` + `data: <json>`; tracks the open message item."""
-
-    def __init__(self, state: ServerState) -> None:
-        self.state = state
-        self.seq = 0
-        self.output: list[OutputItem] = []
-        self.text: MessageItem | None = None  # the message item text deltas go to, while open
-
-    def sse(self, make: type[ResponseEvent], **fields: object) -> bytes:
-        event = make(sequence_number=self.seq, **fields)
-        self.seq += 1
-        tag = make.__struct_config__.tag
-        return b"event: " + str(tag).encode() + b"\ndata: " + self.state.json.encode(event) + b"\n\n"
-
-    def text_delta(self, delta: str) -> list[bytes]:
-        out = []
-        if self.text is None:
-            self.text = message_item("")
-            self.output.append(self.text)
-            index = len(self.output) - 1
-            out.append(self.sse(ItemAdded, output_index=index, item=MessageItem(self.text.id, [], "in_progress")))
-            out.append(
-                self.sse(PartAdded, item_id=self.text.id, output_index=index, content_index=0, part=OutputText(""))
-            )
-        self.text.content[0].text += delta
-        index = len(self.output) - 1
-        out.append(self.sse(TextDeltaEvent, item_id=self.text.id, output_index=index, content_index=0, delta=delta))
-        return out
-
-    def close_text(self) -> list[bytes]:
-        item, self.text = self.text, None
-        if item is None:
-            return []
-        index, part = self.output.index(item), item.content[0]
-        return [
-            self.sse(TextDoneEvent, item_id=item.id, output_index=index, content_index=0, text=part.text),
-            self.sse(PartDone, item_id=item.id, output_index=index, content_index=0, part=part),
-            self.sse(ItemDone, output_index=index, item=item),
-        ]
-
-    def call(self, call: ToolCall) -> list[bytes]:
-        out = self.close_text()
-        item = call_item(call.id, call.name, call.arguments)
-        self.output.append(item)
-        index = len(self.output) - 1
-        opening = FunctionCallItem(item.id, item.call_id, item.name, "", "in_progress")
-        return out + [
-            self.sse(ItemAdded, output_index=index, item=opening),
-            self.sse(ArgsDelta, item_id=item.id, output_index=index, delta=item.arguments),
-            self.sse(ArgsDone, item_id=item.id, output_index=index, name=item.name, arguments=item.arguments),
-            self.sse(ItemDone, output_index=index, item=item),
-        ]
-
-
 async def _events(
     request: Request,
     state: ServerState,
@@ -234,14 +165,14 @@ async def _events(
     """created, in_progress, the output items' events, then completed (incomplete when out of tokens, as OpenAI
     sends it); an `error` event if the
     engine fails mid-stream (the status line is sent already)."""
-    out = _Emitter(state)
+    out = Emitter(state)
     try:
         yield out.sse(Created, response=_response(state, req, rid, created, [], None))
         yield out.sse(InProgress, response=_response(state, req, rid, created, [], None))
         async for ev in opened.events():
-            for data in out.call(ev.call) if isinstance(ev, CallDone) else out.text_delta(ev.text):
+            for data in out.call(ev.call) if isinstance(ev, CallDone) else out.delta(ev):
                 yield data
-        for data in out.close_text():
+        for data in out.close():
             yield data
     except ApiError as err:
         yield out.sse(ErrorEvent, message=err.message, code=err.code or err.type, param=err.param)

@@ -27,6 +27,8 @@ from radixserve.server.responses_protocol import (
     MessageItem,
     OutputItem,
     OutputText,
+    ReasoningItem,
+    ReasoningText,
     ResponsesRequest,
 )
 from radixserve.server.turns import Turn
@@ -171,8 +173,13 @@ def call_item(call_id: str, name: str, arguments: str) -> FunctionCallItem:
     return FunctionCallItem(new_id("fc"), call_id, name, arguments)
 
 
+def reasoning_item(text: str) -> ReasoningItem:
+    return ReasoningItem(new_id("rs"), [ReasoningText(text)])
+
+
 def turn_items(turn: Turn) -> list[OutputItem]:
-    items: list[OutputItem] = [message_item(turn.text)] if turn.text else []
+    items: list[OutputItem] = [reasoning_item(turn.reasoning)] if turn.reasoning else []
+    items += [message_item(turn.text)] if turn.text else []
     return items + [call_item(c.id, c.name, c.arguments) for c in turn.calls]
 
 

@@ -134,7 +134,22 @@ class FunctionCallItem(msgspec.Struct):
     type: str = "function_call"
 
 
-OutputItem = MessageItem | FunctionCallItem
+class ReasoningText(msgspec.Struct):
+    text: str
+    type: str = "reasoning_text"
+
+
+class ReasoningItem(msgspec.Struct):
+    """A thinking model's reasoning (radixserve/server/reasoning.py), before its answer."""
+
+    id: str
+    content: list[ReasoningText]
+    summary: list[Any] = msgspec.field(default_factory=list)
+    status: str = "completed"
+    type: str = "reasoning"
+
+
+OutputItem = ReasoningItem | MessageItem | FunctionCallItem
 
 
 class InputTokensDetails(msgspec.Struct):
@@ -252,6 +267,14 @@ class TextDeltaEvent(PartEvent, tag="response.output_text.delta"):
 class TextDoneEvent(PartEvent, tag="response.output_text.done"):
     text: str
     logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+class ReasoningDeltaEvent(PartEvent, tag="response.reasoning_text.delta"):
+    delta: str
+
+
+class ReasoningDoneEvent(PartEvent, tag="response.reasoning_text.done"):
+    text: str
 
 
 class ArgsDelta(ResponseEvent, tag="response.function_call_arguments.delta"):

@@ -146,7 +146,7 @@ class ToolStream:
                     self.after_call = False
                 pos = self.buf.find(self.fmt.start)
                 if pos < 0:
-                    keep = _partial_suffix(self.buf, self.fmt.start)
+                    keep = partial_suffix(self.buf, self.fmt.start)
                     cut = len(self.buf) - keep
                     if cut:
                         events.append(StreamEvent(content=self.buf[:cut]))
@@ -178,7 +178,7 @@ class ToolStream:
         return [StreamEvent(content=rest)] if rest else []
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest suffix of text that is a proper prefix of marker."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:n]):

@@ -19,6 +19,7 @@ from radixserve.server.errors import ApiError
 from radixserve.server.chat_api import Structure, prepare_chat, prompt_ids
 from radixserve.server.openai_api import Job, accumulate, finish_reason, observe_and_remember, start_streams, usage
 from radixserve.server.protocol import ChatCompletionRequest, Usage
+from radixserve.server.reasoning import ThinkSplit, opened_by, split_reasoning, thinks
 from radixserve.server.serving import ServerState, Stream, close_streams, engine_errors, generate, merged
 from radixserve.server.tool_calls import ToolCall, ToolStream
 
@@ -33,10 +34,16 @@ class Turn:
     reason: str
     usage: Usage
     stop_string: str | None = None  # the stop string that ended it, if one did
+    reasoning: str | None = None  # a thinking model's reasoning (reasoning.py), apart from the text
 
 
 @dataclass
 class TextDelta:
+    text: str
+
+
+@dataclass
+class ReasoningDelta:
     text: str
 
 
@@ -59,22 +66,24 @@ class TurnStream:
     streams: list[Stream]
     turn: Turn | None = field(default=None)
 
-    async def events(self) -> AsyncIterator[TextDelta | CallDone]:
+    async def events(self) -> AsyncIterator[TextDelta | ReasoningDelta | CallDone]:
         split = ToolStream(self.shape.parser) if self.shape.parser is not None else None
+        think = _think_split(self.state, self.job)
         acc: GenerateOutput | None = None
         async with contextlib.aclosing(merged(self.streams)) as chunks:
             async for _, c in chunks:
                 acc = accumulate(acc, c)
                 done = finish_reason(c.meta_info.finish_reason) is not None
-                if split is None:
-                    if c.text:
-                        yield TextDelta(c.text)
-                    continue
-                for ev in split.feed(c.text) + (split.finish() if done else []):
-                    if ev.call is not None:
-                        yield CallDone(ev.call, ev.index)
-                    elif ev.content:
-                        yield TextDelta(ev.content)
+                for kind, text in _pieces(think, c.text, done):
+                    if kind == "reasoning":
+                        yield ReasoningDelta(text)
+                    elif split is None:
+                        yield TextDelta(text)
+                    else:
+                        for ev in split.feed(text):
+                            yield CallDone(ev.call, ev.index) if ev.call is not None else TextDelta(ev.content)
+                for ev in split.finish() if split is not None and done else []:
+                    yield CallDone(ev.call, ev.index) if ev.call is not None else TextDelta(ev.content)
         assert acc is not None
         self.turn = _turn(self.state, self.job, self.shape, acc)
 
@@ -123,15 +132,31 @@ def client_names(names: dict[str, str]) -> Iterator[None]:
 _HEAD = re.compile(r"^([a-z_]+)")
 
 
+def _pieces(think: ThinkSplit | None, text: str, done: bool) -> list[tuple[str, str]]:
+    """A chunk's text as ("reasoning" | "content", text) pieces, none empty."""
+    pieces = [("content", text)] if think is None else think.feed(text) + (think.finish() if done else [])
+    return [p for p in pieces if p[1]]
+
+
+def _think_split(state: ServerState, job: Job) -> ThinkSplit | None:
+    tok = state.engine.tokenizer
+    if not thinks(tok):
+        return None
+    ids = job.calls[0].input_ids
+    return ThinkSplit(opened_by(tok, ids) if isinstance(ids, list) else False)
+
+
 def _turn(state: ServerState, job: Job, shape: Structure, out: GenerateOutput) -> Turn:
     reason = finish_reason(out.finish_reason) or "stop"
-    content, calls = (out.text, []) if shape.parser is None else shape.parser.parse(out.text)
+    think = _think_split(state, job)
+    reasoning, answer = ("", out.text) if think is None else split_reasoning(out.text, think)
+    content, calls = (answer, []) if shape.parser is None else shape.parser.parse(answer)
     if calls and reason == "stop":
         reason = "tool_calls"
     observe_and_remember(state, job, [out], chat=True)
     fin = out.finish_reason
     matched = fin.matched if fin is not None and fin.stopped_on_string else None
-    return Turn(content, calls, reason, usage([out], 1), matched)  # type: ignore[arg-type]
+    return Turn(content, calls, reason, usage([out], 1), matched, reasoning or None)  # type: ignore[arg-type]
 
 
 def cache_written(state: ServerState, prompt_tokens: int, cached_tokens: int) -> int:
