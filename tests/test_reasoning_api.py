@@ -82,3 +82,31 @@ def test_messages_thinking_block_whole_and_streamed(thinking_server: BackgroundS
     assert data[2]["type"] == "content_block_start" and data[2]["content_block"]["type"] == "thinking"
     thought = "".join(d["delta"]["thinking"] for d in data if d.get("delta", {}).get("type") == "thinking_delta")
     assert thought == m["content"][0]["thinking"]
+
+
+def test_thinking_turned_off_gives_an_answer(thinking_server: BackgroundServer) -> None:
+    """Anthropic's thinking.type disabled and OpenAI's reasoning.effort none reach the template as enable_thinking
+    false: it closes the block itself, so the output is all answer."""
+    client = openai.OpenAI(base_url=thinking_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    r = client.responses.create(model="default", input="Hi", max_output_tokens=5, reasoning={"effort": "none"})
+    assert [o.type for o in r.output] == ["message"]
+    body = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
+    m = httpx.post(thinking_server.url + "/v1/messages", json={**body, "thinking": {"type": "disabled"}}, timeout=60)
+    assert [b["type"] for b in m.json()["content"]] == ["text"], m.text
+    on = {"type": "enabled", "budget_tokens": 1024}
+    m = httpx.post(thinking_server.url + "/v1/messages", json={**body, "thinking": on}, timeout=60)
+    assert [b["type"] for b in m.json()["content"]] == ["thinking"], m.text
+
+
+def test_chat_completions_take_chat_template_kwargs(thinking_server: BackgroundServer) -> None:
+    client = openai.OpenAI(base_url=thinking_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    lengths = [
+        client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=1,
+            extra_body={"chat_template_kwargs": {"enable_thinking": on}},
+        ).usage.prompt_tokens
+        for on in (True, False)
+    ]
+    assert lengths[1] > lengths[0]  # off: the template writes the closed block `<think>\n\n</think>\n\n` itself

@@ -262,7 +262,7 @@ async def prompt_ids(
     shape = structure(req, state.engine.tokenizer)
     salt = cache_salt(request, req.cache_salt)
     with engine_errors("messages"):
-        ids = await asyncio.to_thread(state.prompts.build, messages, salt, shape.tools)
+        ids = await asyncio.to_thread(state.prompts.build, messages, salt, shape.tools, req.chat_template_kwargs)
     return ids, shape, salt
 
 

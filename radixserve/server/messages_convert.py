@@ -125,6 +125,15 @@ def _tool_choice(req: PromptFields) -> str | NamedToolChoice | None:
     return named
 
 
+def _thinking(req: PromptFields) -> dict[str, Any] | None:
+    """`thinking` as thinking templates take it (Qwen3's enable_thinking); without it, the template's default."""
+    if req.thinking is None:
+        return None
+    if req.thinking.type not in ("enabled", "disabled", "adaptive"):
+        raise bad_request(f"thinking type must be enabled or disabled, got {req.thinking.type!r}", "thinking.type")
+    return {"enable_thinking": req.thinking.type != "disabled"}
+
+
 def chat_request(req: PromptFields) -> ChatCompletionRequest:
     """The chat request for the prompt fields; the sampling fields too when `req` is a MessagesRequest."""
     parallel = None if req.tool_choice is None else not req.tool_choice.disable_parallel_tool_use
@@ -134,6 +143,7 @@ def chat_request(req: PromptFields) -> ChatCompletionRequest:
         tools=_tools(req),
         tool_choice=_tool_choice(req),
         parallel_tool_calls=parallel,
+        chat_template_kwargs=_thinking(req),
     )
     if not isinstance(req, MessagesRequest):
         return chat

@@ -4,6 +4,7 @@ back to output items (and to the assistant message a stored conversation continu
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import msgspec
 
@@ -135,6 +136,12 @@ def _format(req: ResponsesRequest) -> ResponseFormat | None:
     )
 
 
+def _thinking(req: ResponsesRequest) -> dict[str, Any] | None:
+    """`reasoning.effort` as thinking templates take it (Qwen3's enable_thinking): "none" turns thinking off."""
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    return None if effort is None else {"enable_thinking": effort != "none"}
+
+
 def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> ChatCompletionRequest:
     """The chat request for this turn: `instructions` (never carried over from a previous response, as OpenAI does)
     as the system message, then the conversation."""
@@ -158,6 +165,7 @@ def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> Chat
         tools=_tools(req),
         tool_choice=_tool_choice(req),
         parallel_tool_calls=req.parallel_tool_calls,
+        chat_template_kwargs=_thinking(req),
     )
 
 
