@@ -110,3 +110,10 @@ def test_chat_completions_take_chat_template_kwargs(thinking_server: BackgroundS
         for on in (True, False)
     ]
     assert lengths[1] > lengths[0]  # off: the template writes the closed block `<think>\n\n</think>\n\n` itself
+
+
+@pytest.mark.parametrize("kwargs", [{"messages": []}, {"tools": 1}, {"add_generation_prompt": False}, {"x": {"y": 1}}])
+def test_bad_chat_template_kwargs_are_400(thinking_server: BackgroundServer, kwargs: dict) -> None:
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "chat_template_kwargs": kwargs}
+    r = httpx.post(thinking_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == (200 if "x" in kwargs else 400), r.text  # a variable the template ignores is harmless

@@ -72,6 +72,8 @@ from radixserve.tokenizer import Tokenizer
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 # Engine grammar fields as the client named them: a bad schema in response_format is reported there.
 GRAMMAR_RENAMES = {"json_schema": "response_format", "ebnf": "tools"}
+# Template variables the request sets through its own fields; chat_template_kwargs may not set them again.
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt"})
 
 
 @dataclass
@@ -259,6 +261,9 @@ async def prompt_ids(
             )
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+    reserved = RESERVED_TEMPLATE_VARS & set(req.chat_template_kwargs or {})
+    if reserved:
+        raise bad_request(f"chat_template_kwargs may not set {sorted(reserved)}", param="chat_template_kwargs")
     shape = structure(req, state.engine.tokenizer)
     salt = cache_salt(request, req.cache_salt)
     with engine_errors("messages"):
