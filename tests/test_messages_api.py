@@ -87,6 +87,19 @@ def test_sdk_second_turn_reads_the_cache(anthropic_python: str, server: Backgrou
     assert second["cache_read_input_tokens"] > 0
     whole = sum(first[k] for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
     assert second["cache_read_input_tokens"] >= whole - 4  # the whole first prompt, to within a page
+    assert first["cache_creation"]["ephemeral_5m_input_tokens"] == first["cache_creation_input_tokens"]
+
+
+def test_cache_control_ttl_is_reported_where_the_writes_go(http: httpx.Client) -> None:
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    system = [{"type": "text", "text": "You answer questions about rivers, briefly.", "cache_control": hour}]
+    body = {"model": "default", "system": system, "messages": USER, "max_tokens": 2}
+    u = http.post("/v1/messages", json=body).json()["usage"]
+    assert u["cache_creation"] == {
+        "ephemeral_5m_input_tokens": 0,
+        "ephemeral_1h_input_tokens": u["cache_creation_input_tokens"],
+    }
+    assert u["cache_creation_input_tokens"] > 0
 
 
 def test_sdk_errors_are_anthropic_exceptions(anthropic_python: str, server: BackgroundServer) -> None:
@@ -153,6 +166,8 @@ BAD = [
     ({"messages": USER, "max_tokens": 4, "tool_choice": {"type": "tool"}}, "tool_choice.name"),
     ({"messages": USER, "max_tokens": 4, "tool_choice": {"type": "any"}}, "tool_choice"),
     ({"messages": USER, "max_tokens": 4, "top_k": -5}, "top_k"),
+    ({"messages": USER, "max_tokens": 4, "cache_control": {"type": "ephemeral", "ttl": "2d"}}, "cache_control"),
+    ({"messages": USER, "max_tokens": 4, "thinking": {"type": "sometimes"}}, "thinking.type"),
     ({"messages": USER, "max_tokens": 10**9}, "max_tokens"),
     ({"messages": USER, "max_tokens": 4, "temperature": "hot"}, "temperature"),
 ]

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from radixserve.server.errors import AnthropicError, AnthropicErrorBody, ApiError, anthropic_type
 from radixserve.server.messages_convert import (
     NAMES,
+    cache_ttl,
     chat_request,
     content_blocks,
     new_id,
@@ -25,6 +26,7 @@ from radixserve.server.messages_protocol import (
     BlockDelta,
     BlockStart,
     BlockStop,
+    CacheCreation,
     CountTokensRequest,
     InputJsonDelta,
     MessageDelta,
@@ -57,22 +59,23 @@ from radixserve.server.turns import (
 )
 
 
-def _usage(state: ServerState, prompt: int, cached: int, output: int) -> MessageUsage:
+def _usage(state: ServerState, ttl: str, prompt: int, cached: int, output: int) -> MessageUsage:
     written = cache_written(state, prompt, cached)
-    return MessageUsage(prompt - cached - written, output, written, cached)
+    by_ttl = CacheCreation(0 if ttl == "1h" else written, written if ttl == "1h" else 0)
+    return MessageUsage(prompt - cached - written, output, written, cached, by_ttl)
 
 
 async def create_message(request: Request) -> Response:
     state = server_state(request)
     req = await read_json(request, MessagesRequest)
-    chat = chat_request(req)
+    chat, ttl = chat_request(req), cache_ttl(req)
     rid = new_id("msg")
     if req.stream:
-        return EventStream(_events(state, rid, await open_turn(request, state, chat, rid, NAMES)))
+        return EventStream(_events(state, rid, ttl, await open_turn(request, state, chat, rid, NAMES)))
     turn = await run_turn(request, state, chat, rid, NAMES)
     reason, sequence = stop_reason(turn)
     u = turn.usage
-    use = _usage(state, u.prompt_tokens, u.prompt_tokens_details.cached_tokens, u.completion_tokens)
+    use = _usage(state, ttl, u.prompt_tokens, u.prompt_tokens_details.cached_tokens, u.completion_tokens)
     body = MessageResponse(rid, state.model_name, content_blocks(turn), reason, sequence, use)
     return Response(state.json.encode(body), media_type="application/json")
 
@@ -126,12 +129,12 @@ class _Blocks:
         return out
 
 
-async def _events(state: ServerState, rid: str, opened: TurnStream) -> AsyncIterator[bytes]:
+async def _events(state: ServerState, rid: str, ttl: str, opened: TurnStream) -> AsyncIterator[bytes]:
     """message_start, ping, then per block content_block_start / _delta / _stop (text_delta for text,
     thinking_delta for reasoning, input_json_delta for a tool's input), message_delta with the stop reason and usage, message_stop; an `error`
     event if the engine fails mid-stream (the status line is sent already)."""
     first = opened.streams[0].first.meta_info
-    usage = _usage(state, first.prompt_tokens, first.cached_tokens, 0)
+    usage = _usage(state, ttl, first.prompt_tokens, first.cached_tokens, 0)
     blocks = _Blocks(state)
     try:
         yield _sse(state, MessageStart(MessageResponse(rid, state.model_name, [], None, None, usage)))
@@ -153,6 +156,6 @@ async def _events(state: ServerState, rid: str, opened: TurnStream) -> AsyncIter
     assert turn is not None
     reason, sequence = stop_reason(turn)
     u = turn.usage
-    use = _usage(state, u.prompt_tokens, u.prompt_tokens_details.cached_tokens, u.completion_tokens)
+    use = _usage(state, ttl, u.prompt_tokens, u.prompt_tokens_details.cached_tokens, u.completion_tokens)
     yield _sse(state, MessageDelta(StopDelta(reason, sequence), use))
     yield _sse(state, MessageStop())

@@ -10,6 +10,7 @@ from typing import Any
 from radixserve.server.errors import bad_request
 from radixserve.server.messages_protocol import (
     Block,
+    CacheControl,
     ContentBlock,
     MessagesRequest,
     PromptFields,
@@ -136,6 +137,7 @@ def _thinking(req: PromptFields) -> dict[str, Any] | None:
 
 def chat_request(req: PromptFields) -> ChatCompletionRequest:
     """The chat request for the prompt fields; the sampling fields too when `req` is a MessagesRequest."""
+    cache_ttl(req)  # a bad cache_control is refused on every endpoint
     parallel = None if req.tool_choice is None else not req.tool_choice.disable_parallel_tool_use
     chat = ChatCompletionRequest(
         model=req.model,
@@ -165,6 +167,29 @@ def _output_format(req: MessagesRequest) -> ResponseFormat | None:
     if fmt.type != "json_schema" or fmt.schema is None:
         raise bad_request("output_config.format must be {type: json_schema, schema}", param="output_config.format")
     return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(name="output", schema=fmt.schema))
+
+
+def _controls(req: PromptFields) -> list[CacheControl]:
+    """Every cache_control of the request: on the request, system blocks, message blocks (tool results' too), tools."""
+    blocks = [b for m in req.messages if not isinstance(m.content, str) for b in m.content]
+    blocks += [c for b in blocks if isinstance(b.content, list) for c in b.content]
+    blocks += req.system if isinstance(req.system, list) else []
+    found = [b.cache_control for b in blocks] + [t.cache_control for t in req.tools or []]
+    found.append(req.cache_control if isinstance(req, MessagesRequest) else None)
+    return [c for c in found if c is not None]
+
+
+def cache_ttl(req: PromptFields) -> str:
+    """The longest cache_control ttl the request asks for ("5m" unless one says "1h"), to report what it wrote under;
+    the radix cache keeps pages by its own LRU (the retention issue gives ttls their effect)."""
+    ttls = set()
+    for c in _controls(req):
+        if c.type != "ephemeral" or c.ttl not in (None, "5m", "1h"):
+            raise bad_request(
+                f"cache_control must be ephemeral with ttl 5m or 1h, got {c.type!r} {c.ttl!r}", "cache_control"
+            )
+        ttls.add(c.ttl)
+    return "1h" if "1h" in ttls else "5m"
 
 
 def tool_input(call: ToolCall) -> Any:

@@ -136,6 +136,13 @@ class ThinkingBlock(msgspec.Struct, tag_field="type", tag="thinking"):
 ContentBlock = ThinkingBlock | TextBlock | ToolUseBlock
 
 
+class CacheCreation(msgspec.Struct):
+    """The tokens written to the cache, under the `cache_control` ttl the request asked for."""
+
+    ephemeral_5m_input_tokens: int
+    ephemeral_1h_input_tokens: int
+
+
 class MessageUsage(msgspec.Struct):
     """input_tokens counts the prompt tokens neither read from nor written to the cache, as Anthropic counts them."""
 
@@ -143,6 +150,7 @@ class MessageUsage(msgspec.Struct):
     output_tokens: int
     cache_creation_input_tokens: int
     cache_read_input_tokens: int
+    cache_creation: CacheCreation
 
 
 class MessageResponse(msgspec.Struct):
