@@ -73,6 +73,11 @@ ENDPOINTS = {
     ("POST", "/abort_request"): {"rid": "nothing-running"},
     ("GET", "/metrics"): None,
     ("GET", "/openapi.json"): None,
+    ("POST", "/v1/responses"): {"input": "hi", "max_output_tokens": 2},
+    ("GET", "/v1/responses/{response_id}"): None,  # the response the key just stored
+    ("DELETE", "/v1/responses/{response_id}"): None,
+    ("POST", "/v1/messages"): {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    ("POST", "/v1/messages/count_tokens"): {"model": "default", "messages": [{"role": "user", "content": "hi"}]},
 }
 
 
@@ -101,13 +106,17 @@ def test_every_endpoint_by_role(server: BackgroundServer, engine: Engine) -> Non
     cached(server, "bob")  # another tenant with counters of its own
     for who in (None, "alice", "admin"):
         with client(server, who) as c:
+            stored = "none"
             for (method, path), body in ENDPOINTS.items():
                 wait_idle(engine)
-                r = c.request(method, path, json=body)
+                r = c.request(method, path.replace("{response_id}", stored), json=body)
                 if who is None and path != "/health":
-                    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+                    err = r.json()["error"]  # OpenAI's envelope has a code; Anthropic's (/v1/messages) a type
+                    assert r.status_code == 401 and err["type"] == "authentication_error", (path, r.text)
+                    assert err.get("code", "invalid_api_key") == "invalid_api_key", (path, r.text)
                     continue
                 assert r.status_code == 200, (who, path, r.text)
+                stored = r.json()["id"] if path == "/v1/responses" else stored
                 if who is not None:
                     check_view(path, who, r)
 

@@ -12,7 +12,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixserve.server import abort_api, cache_api, chat_api, native_api, openai_api, server_info
+from radixserve.server import (
+    abort_api,
+    cache_api,
+    chat_api,
+    messages_api,
+    native_api,
+    openai_api,
+    responses_api,
+    server_info,
+)
 from radixserve.server.auth import ApiKeyAuth
 from radixserve.server.chat_prompt import ChatPromptBuilder
 from radixserve.server.dashboard import Explorer, dashboard_routes
@@ -20,6 +29,7 @@ from radixserve.server.errors import ApiError, api_error_handler, http_exception
 from radixserve.server.metrics import RequestCounter, ServerMetrics
 from radixserve.server.openapi import openapi_document
 from radixserve.server.quotas import QuotaBook, QuotaGate
+from radixserve.server.response_store import ResponseStore
 from radixserve.server.serving import ClientGone, ServerState
 from radixserve.server.tenants import KeyRing
 from radixserve.server.timeouts import BodyTimeout, BodyTimeoutMiddleware, body_timeout_handler
@@ -84,6 +94,11 @@ def build_app(
     routes = [
         Route("/v1/chat/completions", chat_api.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai_api.completions, methods=["POST"]),
+        Route("/v1/responses", responses_api.create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_api.get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses_api.delete_response, methods=["DELETE"]),
+        Route("/v1/messages", messages_api.create_message, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages_api.count_tokens, methods=["POST"]),
         Route("/v1/models", openai_api.models, methods=["GET"]),
         Route("/generate", native_api.generate_endpoint, methods=["POST"]),
         Route("/tokenize", native_api.tokenize, methods=["POST"]),
@@ -121,6 +136,7 @@ def build_app(
     }
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.server = state
+    app.state.responses = ResponseStore()  # stored /v1/responses (bounds and TTL in response_store.py)
     app.state.explorer = Explorer(engine, auth_required=keys is not None)
     app.state.tracer = tracer
     return app

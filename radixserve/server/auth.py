@@ -1,4 +1,4 @@
-"""API keys: every endpoint but /health needs `Authorization: Bearer <key>`; each key is its own cache namespace.
+"""API keys: every endpoint but /health needs `Authorization: Bearer <key>` (or `x-api-key: <key>`); each key is its own cache namespace.
 
 The middleware puts the request's Principal (radixserve/server/tenants.py: name, role, namespace, limits) in
 scope["state"]["principal"]; handlers read it with `principal_of(request)`. Without keys every request is OPEN
@@ -36,8 +36,10 @@ class ApiKeyAuth:
 
     def _principal(self, scope: Scope) -> Principal | None:
         assert self.keys is not None
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        scheme, _, token = header.partition(b" ")
+        headers = dict(scope["headers"])
+        if b"authorization" not in headers and b"x-api-key" in headers:  # how the anthropic SDK sends its key
+            return self.keys.lookup(headers[b"x-api-key"].strip())
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         if scheme.lower() != b"bearer":
             return None
         return self.keys.lookup(token.strip())
@@ -60,7 +62,7 @@ class ApiKeyAuth:
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-            await error_response(err)(scope, receive, send)
+            await error_response(err, scope["path"])(scope, receive, send)
             return
         state["principal"] = principal
         state["tenant"] = principal.namespace

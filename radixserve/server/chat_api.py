@@ -73,6 +73,8 @@ from radixserve.tokenizer import Tokenizer
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 # Engine grammar fields as the client named them: a bad schema in response_format is reported there.
 GRAMMAR_RENAMES = {"json_schema": "response_format", "ebnf": "tools"}
+# Template variables the request sets through its own fields; chat_template_kwargs may not set them again.
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt"})
 
 
 @dataclass
@@ -250,9 +252,10 @@ def _reason(fin: FinishReason | None, called: bool) -> str | None:
 # ---------------------------------------------------------------- the endpoint
 
 
-async def chat_completions(request: Request) -> Response:
-    state = server_state(request)
-    req = await read_json(request, ChatCompletionRequest)
+async def prompt_ids(
+    request: Request, state: ServerState, req: ChatCompletionRequest
+) -> tuple[list[int], Structure, str]:
+    """The chat request's prompt ids (template, tools and remembered answers), its structure and cache namespace."""
     check_model(state, req.model)
     messages = chat_messages(req.messages)
     if req.top_logprobs is not None:
@@ -262,16 +265,27 @@ async def chat_completions(request: Request) -> Response:
             )
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+    reserved = RESERVED_TEMPLATE_VARS & set(req.chat_template_kwargs or {})
+    if reserved:
+        raise bad_request(f"chat_template_kwargs may not set {sorted(reserved)}", param="chat_template_kwargs")
     shape = structure(req, state.engine.tokenizer)
     salt = cache_salt(request, req.cache_salt)
     with engine_errors("messages"):
-        ids = await asyncio.to_thread(state.prompts.build, messages, salt, shape.tools)
+        ids = await asyncio.to_thread(state.prompts.build, messages, salt, shape.tools, req.chat_template_kwargs)
+    return ids, shape, salt
+
+
+async def prepare_chat(
+    request: Request, state: ServerState, req: ChatCompletionRequest, rid: str
+) -> tuple[Job, Structure]:
+    """Validate a chat request and build its engine call: the one path into the engine for Chat Completions and the
+    APIs converted to it (Responses, Messages)."""
+    ids, shape, salt = await prompt_ids(request, state, req)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_dict(req, max_tokens(limit, max_param, len(ids), state, None, "messages"), max_param)
     params.update(shape.grammar)
     await admit(state, req.n)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
     call = GenerateRequest(
         input_ids=ids,
         sampling_params=params,
@@ -283,7 +297,14 @@ async def chat_completions(request: Request) -> Response:
     )
     if req.pin:
         await pin_first(state, [{"input_ids": ids}], salt, "messages")
-    job = Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, GRAMMAR_RENAMES)
+    return Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, dict(GRAMMAR_RENAMES)), shape
+
+
+async def chat_completions(request: Request) -> Response:
+    state = server_state(request)
+    req = await read_json(request, ChatCompletionRequest)
+    job, shape = await prepare_chat(request, state, req, f"chatcmpl-{uuid.uuid4().hex}")
+    rid, [call], max_param = job.rid, job.calls, job.max_param
     created = int(time.time())
     if req.stream:
         streams = await start_streams(request, state, job, "messages")

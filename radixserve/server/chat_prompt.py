@@ -75,11 +75,13 @@ class ChatPromptBuilder:
         messages: list[dict[str, Any]],
         namespace: str,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Prompt ids for `messages` (string contents) and `tools` plus the generation prompt; ValueError from the
-        template."""
+        """Prompt ids for `messages` (string contents) and `tools` plus the generation prompt; template_kwargs are
+        the template's own variables (e.g. enable_thinking); ValueError from the template."""
         tok = self.tokenizer
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+        extra = template_kwargs or {}
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools, **extra)
         spliced: list[tuple[int, array]] = []  # (message index, generated ids)
         with self._lock:
             for i, m in enumerate(messages):
@@ -94,7 +96,7 @@ class ChatPromptBuilder:
         marked = [dict(m) for m in messages]
         for n, (i, _) in enumerate(spliced):
             marked[i]["content"] = _SENTINEL.format(n)
-        parts = _SENTINEL_RE.split(tok.apply_chat_template(marked, add_generation_prompt=True, tools=tools))
+        parts = _SENTINEL_RE.split(tok.apply_chat_template(marked, add_generation_prompt=True, tools=tools, **extra))
         texts, order = parts[0::2], [int(k) for k in parts[1::2]]
         contents = [messages[i]["content"] for i, _ in spliced]
         if order != list(range(len(spliced))) or _join(texts, contents) != text:

@@ -56,18 +56,58 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
-def error_response(err: ApiError) -> Response:
-    """The JSON response for an ApiError."""
-    body = ErrorBody(ErrorDetail(err.message, err.type, err.param, err.code))
+def error_response(err: ApiError, path: str = "") -> Response:
+    """The JSON response for an ApiError, in the envelope of the API that `path` belongs to (Anthropic's for
+    /v1/messages, OpenAI's everywhere else)."""
+    if path.startswith(ANTHROPIC_PREFIX):
+        body: msgspec.Struct = AnthropicErrorBody(AnthropicError(anthropic_type(err.status), _with_param(err)))
+    else:
+        body = ErrorBody(ErrorDetail(err.message, err.type, err.param, err.code))
     return Response(
         msgspec.json.encode(body), status_code=err.status, headers=err.headers, media_type="application/json"
     )
 
 
+# ---------------------------------------------------------------- Anthropic's envelope
+
+ANTHROPIC_PREFIX = "/v1/messages"
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors); another 5xx is an api_error.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+class AnthropicError(msgspec.Struct):
+    type: str
+    message: str
+
+
+class AnthropicErrorBody(msgspec.Struct):
+    error: AnthropicError
+    type: str = "error"
+
+
+def anthropic_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def _with_param(err: ApiError) -> str:
+    """Anthropic's envelope has no `param`: the field goes into the message (as Anthropic writes `messages.0: ...`)."""
+    return f"{err.param}: {err.message}" if err.param and not err.message.startswith(err.param) else err.message
+
+
 async def api_error_handler(request: Request, exc: Exception) -> Response:
     """Starlette exception handler for ApiError."""
     assert isinstance(exc, ApiError)
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
@@ -77,7 +117,7 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     kind = "not_found_error" if status == 404 else "invalid_request_error"
     headers = getattr(exc, "headers", None)  # a 405's Allow: the methods the route takes
     return error_response(
-        ApiError(status, f"{detail}: {request.method} {request.url.path}", type=kind, headers=headers)
+        ApiError(status, f"{detail}: {request.method} {request.url.path}", type=kind, headers=headers), request.url.path
     )
 
 
@@ -86,7 +126,7 @@ async def internal_error_handler(request: Request, exc: Exception) -> Response:
     exception's text stays in the log: it may hold another request's data)."""
     error_id = uuid.uuid4().hex[:12]
     log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
-    return error_response(ApiError(500, f"internal error (id {error_id})", type="internal_error"))
+    return error_response(ApiError(500, f"internal error (id {error_id})", type="internal_error"), request.url.path)
 
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")

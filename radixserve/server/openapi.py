@@ -14,7 +14,8 @@ import msgspec
 
 from radixserve.server.cache_view import MAX_DEPTH, MAX_NODES
 from radixserve.server.dashboard import WhyMissRequest
-from radixserve.server.errors import ErrorBody
+from radixserve.server.errors import AnthropicErrorBody, ErrorBody
+from radixserve.server.messages_protocol import CountTokensRequest, MessagesRequest
 from radixserve.server.protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -24,6 +25,7 @@ from radixserve.server.protocol import (
     PinRequest,
     TokenizeRequest,
 )
+from radixserve.server.responses_protocol import ResponsesRequest
 
 JSON, SSE, TEXT, HTML = "application/json", "text/event-stream", "text/plain", "text/html"
 ERROR_STATUSES = ("400", "401", "403", "404", "408", "409", "413", "429", "500", "503", "504")
@@ -42,6 +44,8 @@ class Operation:
     media: tuple[str, ...] = (JSON,)  # of the 200 answer
     query: tuple[dict[str, Any], ...] = ()
     admin: str | None = None  # what only an admin key (or no keys configured) may do here
+    error: type = ErrorBody  # the error envelope: OpenAI's, or Anthropic's under /v1/messages
+    path_params: tuple[str, ...] = ()
 
 
 NAMESPACE = _query("namespace", {"type": "string"}, "a namespace to show (a user key: only its own)")
@@ -49,6 +53,26 @@ FLUSH_KEY = _query("key", {"type": "string"}, "flush only this key's namespaces 
 OPERATIONS = (
     Operation("post", "/v1/chat/completions", "Create a chat completion (OpenAI-compatible)", ChatCompletionRequest),
     Operation("post", "/v1/completions", "Create a completion (OpenAI-compatible)", CompletionRequest, (JSON, SSE)),
+    Operation("post", "/v1/responses", "Create a response (OpenAI Responses API)", ResponsesRequest, (JSON, SSE)),
+    Operation(
+        "get", "/v1/responses/{response_id}", "A stored response (OpenAI Responses API)", path_params=("response_id",)
+    ),
+    Operation("delete", "/v1/responses/{response_id}", "Delete a stored response", path_params=("response_id",)),
+    Operation(
+        "post",
+        "/v1/messages",
+        "Create a message (Anthropic Messages API)",
+        MessagesRequest,
+        (JSON, SSE),
+        error=AnthropicErrorBody,
+    ),
+    Operation(
+        "post",
+        "/v1/messages/count_tokens",
+        "Count a message's prompt tokens (Anthropic Messages API)",
+        CountTokensRequest,
+        error=AnthropicErrorBody,
+    ),
     Operation("get", "/v1/models", "The served model"),
     Operation("post", "/generate", "Generate (SGLang-native)", GenerateBody, (JSON, SSE)),
     Operation("post", "/tokenize", "Token ids of a prompt", TokenizeRequest),
@@ -101,23 +125,24 @@ TOKEN_ID_LISTS = ((DetokenizeRequest, "tokens"), (PinRequest, "input_ids"), (Why
 
 def openapi_document(title: str, version: str, vocab_size: int) -> dict[str, Any]:
     bodies = list(dict.fromkeys(op.body for op in OPERATIONS if op.body is not None))
-    schemas, components = msgspec.json.schema_components(
-        [*bodies, ErrorBody], ref_template="#/components/schemas/{name}"
-    )
-    refs = dict(zip([*bodies, ErrorBody], schemas))
+    types = [*bodies, ErrorBody, AnthropicErrorBody]
+    schemas, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    refs = dict(zip(types, schemas))
     _constrain(components, vocab_size)
-    errors = {s: {"description": "an error", "content": {JSON: {"schema": refs[ErrorBody]}}} for s in ERROR_STATUSES}
     paths: dict[str, Any] = {}
     for op in OPERATIONS:
+        errors = {s: {"description": "an error", "content": {JSON: {"schema": refs[op.error]}}} for s in ERROR_STATUSES}
+        op_id = op.path.strip("/").replace("/", "_").replace(".", "_").replace("{", "").replace("}", "")
         spec: dict[str, Any] = {
             "summary": op.summary,
-            "operationId": f"{op.method}_{op.path.strip('/').replace('/', '_').replace('.', '_')}",
+            "operationId": f"{op.method}_{op_id}",
             "responses": {"200": _answer(op), **errors},
         }
         if op.body is not None:
             spec["requestBody"] = {"required": True, "content": {JSON: {"schema": refs[op.body]}}}
-        if op.query:
-            spec["parameters"] = list(op.query)
+        params = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in op.path_params]
+        if op.query or params:
+            spec["parameters"] = [*params, *op.query]
         if op.admin is not None:
             spec["description"] = f"Admin only: {op.admin}. A user key sees or changes its own namespaces."
             spec["x-admin-only"] = op.admin

@@ -141,6 +141,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's own variables, e.g. enable_thinking (vLLM's)
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

@@ -167,7 +167,7 @@ class QuotaGate:
             self.book.check_tokens(who)
             receive = await self._slot(who, receive)
         except ApiError as err:
-            await error_response(err)(scope, receive, send)
+            await error_response(err, scope["path"])(scope, receive, send)
             return
         if receive is None:
             return  # the client left while waiting for a slot

@@ -71,4 +71,4 @@ class BodyTimeoutMiddleware:
 
 
 async def body_timeout_handler(request: Any, exc: Exception) -> Any:
-    return error_response(ApiError(408, str(exc), code="body_timeout"))
+    return error_response(ApiError(408, str(exc), code="body_timeout"), request.url.path)

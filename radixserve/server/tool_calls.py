@@ -54,7 +54,7 @@ class HermesToolFormat:
         `truncated` (generation ended by length): a call cut off before its end marker is dropped, not content."""
         calls: list[ToolCall] = []
         if truncated:  # cut off inside the start marker itself: that was a call beginning too
-            text = text[: len(text) - _partial_suffix(text, self.start)]
+            text = text[: len(text) - partial_suffix(text, self.start)]
         content, rest = text, ""
         pos = text.find(self.start)
         if pos < 0:
@@ -151,7 +151,7 @@ class ToolStream:
                     self.after_call = False
                 pos = self.buf.find(self.fmt.start)
                 if pos < 0:
-                    keep = _partial_suffix(self.buf, self.fmt.start)
+                    keep = partial_suffix(self.buf, self.fmt.start)
                     cut = len(self.buf) - keep
                     if cut:
                         events.append(StreamEvent(content=self.buf[:cut]))
@@ -176,7 +176,7 @@ class ToolStream:
     def finish(self, truncated: bool = False) -> list[StreamEvent]:
         """What is left at the end; `truncated` (ended by length): a call cut off inside its markers is dropped."""
         rest, self.buf = self.buf, ""
-        if truncated and (self.in_call or (rest and _partial_suffix(rest, self.fmt.start) == len(rest))):
+        if truncated and (self.in_call or (rest and partial_suffix(rest, self.fmt.start) == len(rest))):
             return []
         if self.bare:
             call = self.fmt.bare_call(rest)
@@ -186,7 +186,7 @@ class ToolStream:
         return [StreamEvent(content=rest)] if rest else []
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest suffix of text that is a proper prefix of marker."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:n]):
