@@ -10,12 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import openai
 import pytest
 from pydantic import BaseModel, Field
 
 from engine_checks import engine_left_at_rest
 from radixserve import Engine
+from radixserve.constrained.grammar import GrammarMatcher, built
 from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
 
@@ -260,6 +262,38 @@ def test_truncated_calls_are_dropped_by_the_parser(engine: Engine) -> None:
     stream = ToolStream(fmt)
     events = stream.feed(text) + stream.finish(truncated=True)
     assert "".join(e.content for e in events) == "Sure. " and sum(e.call is not None for e in events) == 1
+
+
+def test_response_format_with_tools_in_auto_leaves_a_call_open(engine: Engine) -> None:
+    """Issue 35: with tools, tool_choice auto and response_format, the whole turn was held to the schema, so no
+    call could ever start (openai-agents' Agent(output_type=..., tools=...) never called). Now the grammar takes a
+    call or an answer in the schema, and nothing else."""
+    from radixserve.server.chat_api import structure
+    from radixserve.server.protocol import ChatCompletionRequest
+
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "x"}],
+        "tools": TOOLS,
+        "tool_choice": "auto",
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}}},
+        },
+    }
+    req = msgspec.convert(body, ChatCompletionRequest)
+    grammar = structure(req, engine.tokenizer).grammar["ebnf"]
+    compiled = built(engine.grammars.compile("ebnf", grammar))
+    vocab = engine.model_info()["vocab_size"]
+
+    def accepts(text: str) -> bool:
+        m = GrammarMatcher(compiled, vocab)
+        return all(m.accept(t) for t in engine.tokenizer.encode(text)) and m.ll.is_accepting()
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
+    assert accepts(call)
+    assert accepts('{"ok": true}')
+    assert not accepts("free text")
 
 
 def test_rebase_refs_points_local_refs_at_the_embedded_schema() -> None:

@@ -221,7 +221,12 @@ def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
     if choice == "none" or fmt is None:
         return Structure(_response_format(req), tools, None)
     if choice == "auto":
-        return Structure(_response_format(req), tools, fmt)
+        answer = _response_format(req).get("json_schema")
+        if answer is None or tools is None:
+            return Structure(_response_format(req), tools, fmt)
+        # As OpenAI: response_format shapes the final text answer only; the turn may still call a tool instead.
+        grammar = fmt.grammar(tools, None, req.parallel_tool_calls is not False, answer=answer)
+        return Structure({"ebnf": grammar}, tools, fmt)
     assert tools is not None
     grammar = fmt.grammar(tools, None if choice == "required" else choice, req.parallel_tool_calls is not False)
     return Structure({"ebnf": grammar}, tools, fmt)

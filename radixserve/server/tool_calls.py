@@ -93,7 +93,9 @@ class HermesToolFormat:
         args = obj.get("arguments", obj.get("parameters", {}))
         return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
-    def grammar(self, tools: list[dict[str, Any]], choice: str | None, parallel: bool = True) -> str:
+    def grammar(
+        self, tools: list[dict[str, Any]], choice: str | None, parallel: bool = True, answer: dict | None = None
+    ) -> str:
         """A Lark grammar (llguidance's dialect) for one call of `choice` (a function name), or for one call of any
         tool (`choice` None: tool_choice "required"), or several with `parallel`. Markers that are single tokens in the vocabulary
         are named by id, so the grammar matches the token the model emits, not its spelling."""
@@ -115,7 +117,12 @@ class HermesToolFormat:
         schema = dict(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}, **{"x-guidance": JSON_OPTIONS})
         call = f'{self._marker(self.start)} "\\n" body "\\n" {self._marker(self.end)}'
         repeat = ' ("\\n" call)*' if choice is None and parallel else ""
-        return f"start: call{repeat}\ncall: {call}\nbody: %json {json.dumps(schema)}\n"
+        rules = f"call: {call}\nbody: %json {json.dumps(schema)}\n"
+        if answer is None:
+            return f"start: call{repeat}\n" + rules
+        # `answer`: the schema of a text answer (response_format), applied to that answer only, a call staying open
+        answer_schema = json.dumps(dict(answer, **{"x-guidance": JSON_OPTIONS}))
+        return f"start: call{repeat} | answer\n" + rules + f"answer: %json {answer_schema}\n"
 
     def _marker(self, text: str) -> str:
         tid = self.tokenizer.token_to_id(text)
