@@ -62,6 +62,7 @@ def test_every_pair_of_settings_gives_the_reference_tokens(row: int, models: lis
 
 
 @pytest.mark.matrix
+@pytest.mark.slow  # also out of `-m "not slow"`, which replaces the default `-m "not matrix"`
 def test_the_whole_product(models: list[Path]) -> None:
     report = run_matrix(product(), models)
     assert not report["failures"], report["failures"]
