@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
+from radixserve.errors import RequestFailedError
 from radixserve.io import GenerateOutput
 from radixserve.server.errors import ApiError
 from radixserve.server.chat_api import Structure, prepare_chat, prompt_ids
 from radixserve.server.openai_api import Job, accumulate, finish_reason, observe_and_remember, start_streams, usage
 from radixserve.server.protocol import ChatCompletionRequest, Usage
 from radixserve.server.reasoning import ThinkSplit, opened_by, split_reasoning, thinks
-from radixserve.server.serving import ServerState, Stream, close_streams, engine_errors, generate, merged
+from radixserve.server.serving import ServerState, Stream, close_streams, engine_errors, generate, in_band, merged
 from radixserve.server.tool_calls import ToolCall, ToolStream
 
 
@@ -72,8 +73,11 @@ class TurnStream:
         acc: GenerateOutput | None = None
         async with contextlib.aclosing(merged(self.streams)) as chunks:
             async for _, c in chunks:
+                fin = c.meta_info.finish_reason
+                if fin is not None and fin.type == "error":  # failed in the engine: in-band, never its message
+                    raise in_band(RequestFailedError(c.meta_info.id))
                 acc = accumulate(acc, c)
-                done = finish_reason(c.meta_info.finish_reason) is not None
+                done = finish_reason(fin) is not None
                 for kind, text in _pieces(think, c.text, done):
                     if kind == "reasoning":
                         yield ReasoningDelta(text)
