@@ -15,7 +15,6 @@ import argparse
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 import torch
 
+import kernels.cpu as cpu_kernels
 from benchmarks.gpu.common import TINY, write_random_checkpoint
 from benchmarks.stall import run
 from radixserve import Engine
@@ -75,10 +75,8 @@ def main() -> None:
     args = ap.parse_args()
     model = model_with_real_vocabulary()
     passes = [one_pass(model, args.bombs.split(","), args.baseline_runs) for _ in range(args.repeats)]
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
     print(
-        f"machine: {platform.node()}, CPU {model_name}, torch {torch.__version__} "
+        f"machine: {platform.node()}, CPU {cpu_kernels.cpu_model()} {' '.join(cpu_kernels.kind_flags())}, torch {torch.__version__} "
         f"({torch.backends.cpu.get_cpu_capability()}), {time.strftime('%Y-%m-%d %H:%M')}, {args.repeats} passes"
     )
     print("| case | largest gap ms, median of passes | above the baseline's median ms | each pass ms | answered |")

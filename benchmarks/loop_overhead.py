@@ -183,6 +183,14 @@ def main() -> None:
                 row = {"tree": label, **_child(str(Path(tree).resolve()), job)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    import torch
+
+    import kernels.cpu as cpu_kernels
+
+    print(
+        f"\nmachine: CPU {cpu_kernels.cpu_model()} ({' '.join(cpu_kernels.kind_flags())}), torch {torch.__version__} "
+        f"({torch.backends.cpu.get_cpu_capability()}), {time.strftime('%Y-%m-%d %H:%M')}, trees {args.trees}"
+    )
     cols = ["tree", "setting", "batch", "steps", "loop_ms", "worker_ms", "output_ms", "wall_ms"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:

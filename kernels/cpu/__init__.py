@@ -40,6 +40,19 @@ def cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (the platform's processor name elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 # The flags that decide radixserve's CPU kind and these kernels' paths: what the benchmarks print with their figures.
 KIND_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
 
