@@ -1,6 +1,7 @@
 """Tenants over HTTP: every endpoint x no key / user / admin; per-namespace flush; a rid reused by another tenant
 (with a real disconnect) aborts nothing of the first; per-key quotas (429 + Retry-After, OpenAI-style body, counters
-per key name in /metrics); request timeouts and priorities as request fields."""
+per key name in /metrics), on every route that runs the model and while other keys stream; request timeouts and
+priorities as request fields."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ KEYS = {
     "solo": "sk-solo-0004 name=solo role=user max_concurrent=1 max_queued=0",
     "queue": "sk-queue-0005 name=queue role=user max_concurrent=1 max_queued=1",
     "tpm": "sk-tpm-0006 name=tpm role=user tokens_per_minute=40",
+    "busy": "sk-busy-0007 name=busy role=user max_concurrent=1 max_queued=0",
+    "tpm2": "sk-tpm2-0008 name=tpm2 role=user tokens_per_minute=40",
 }
 TEXT = "Hello, world! How are you today? I'm fine, thanks. And the fox?"
 # Long enough to hold its slot through the tests below: the tiny model decodes ~1,500 tokens/s on a quiet 2-core CPU.
@@ -233,6 +236,56 @@ def test_tokens_per_minute(server: BackgroundServer) -> None:
         assert int(r.headers["Retry-After"]) <= 60
     assert metric(server, 'radixserve_key_tokens_total{key="tpm"}') >= 40
     assert metric(server, 'radixserve_key_rejected_total{key="tpm",quota="tokens_per_minute"}') == 1
+
+
+# A request of `n` tokens for each route that runs the model.
+GENERATING = {
+    "/v1/chat/completions": lambda n: {"messages": [{"role": "user", "content": "hi"}], "max_tokens": n},
+    "/v1/completions": lambda n: {"prompt": "hi", "max_tokens": n},
+    "/generate": lambda n: {"text": "hi", "sampling_params": {"max_new_tokens": n}},
+    "/v1/responses": lambda n: {"input": "hi", "max_output_tokens": n},
+    "/v1/messages": lambda n: {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": n},
+}
+
+
+def rate_limited(path: str, r: httpx.Response, code: str) -> None:
+    if path.startswith("/v1/messages"):  # Anthropic's envelope has no code: the message names the quota
+        assert r.status_code == 429 and r.headers["Retry-After"].isdigit(), r.text
+        body = r.json()
+        assert body["type"] == "error" and body["error"]["type"] == "rate_limit_error", body
+    else:
+        error_of(r, code)
+
+
+def test_quotas_hold_on_every_generation_route_under_load(server: BackgroundServer, engine: Engine) -> None:
+    """While other keys stream on every route, a key at its concurrency limit is refused on each route that runs
+    the model (the Responses and Messages routes included), and the others finish."""
+    with ThreadPoolExecutor(len(GENERATING) * 2) as pool, Streaming(server, "busy"):
+        load = [
+            pool.submit(lambda p=path, b=body(40), w=who: client(server, w).post(p, json=b))
+            for path, body in GENERATING.items()
+            for who in ("alice", "bob")
+        ]
+        with client(server, "busy") as busy:
+            for path, body in GENERATING.items():
+                rate_limited(path, busy.post(path, json=body(2)), "too_many_concurrent_requests")
+        assert all(f.result().status_code == 200 for f in load), [f.result().text for f in load]
+    assert metric(server, 'radixserve_key_rejected_total{key="busy",quota="max_queued"}') == len(GENERATING)
+    wait_idle(engine)
+
+
+def test_tokens_per_minute_counts_every_route(server: BackgroundServer) -> None:
+    """Tokens spent through /v1/messages count against the key's minute on the other routes, and back."""
+    with client(server, "tpm2") as c:
+        long_turn = {**GENERATING["/v1/messages"](2), "messages": [{"role": "user", "content": TEXT}]}
+        r = c.post("/v1/messages", json=long_turn)
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]  # Anthropic's input_tokens leave out the tokens read from or written to the cache
+        spent = sum(usage[k] for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+        assert spent + usage["output_tokens"] >= 40, r.text
+        for path, body in GENERATING.items():
+            rate_limited(path, c.post(path, json=body(2)), "tokens_per_minute_exceeded")
+    assert metric(server, 'radixserve_key_tokens_total{key="tpm2"}') >= 40
 
 
 def test_a_waiting_client_that_leaves_gives_up_its_place(server: BackgroundServer, engine: Engine) -> None:

@@ -31,7 +31,8 @@ from radixserve.server.errors import ApiError, error_response
 from radixserve.server.tenants import Principal
 
 WINDOW_S = 60.0
-GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+# Every route that runs the model (count_tokens and the stored-response reads do not).
+GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/generate"})
 PREFIX = "radixserve_key_"
 
 # The token meter of the request being handled (None outside the gate: nothing is charged).
