@@ -1,13 +1,14 @@
 """The engine loop's own cost per decode step, measured on a CPU with the null model (radixserve/model/null.py).
 
-    python -m benchmarks.loop_overhead [--batches 64,256] [--trees before=PATH,after=.] [--profile DIR]
+    python -m benchmarks.loop_overhead [--batches 64,256] [--prompt-lens 64,2048] [--trees before=PATH,after=.]
+                                       [--profile DIR]
 
 Each measurement runs in a child process on a tree (a checkout; `.` is this one), alternating trees per setting so
 that a noisy machine hits both alike. A child starts an Engine on a tiny model folder with `null_model=True`
 (every step returns fixed logits of the model's shape at once: no layer runs), overlap scheduling on (the loop
-thread schedules and processes, the step worker executes), submits `batch` requests of a 64-token prompt and lets
-them reach steady decode; then, over a window, it reads each engine thread's CPU time (psutil) and counts the
-steps. Reported per decode step: the loop thread's, the step worker's and the output stage's CPU milliseconds,
+thread schedules and processes, the step worker executes), submits `batch` requests of a 64-token prompt (or of
+each `--prompt-lens`: the context every step's page table covers) and lets them reach steady decode; then, over a
+window, it reads each engine thread's CPU time (psutil) and counts the steps. Reported per decode step: the loop thread's, the step worker's and the output stage's CPU milliseconds,
 and the wall time. The vocabulary is the tiny tokenizer's (512): logits-sized tensor work is device work on a GPU,
 and kept small here so that what is measured is the host path.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-PROMPT_LEN, NEW_TOKENS = 64, 4096
+NEW_TOKENS = 4096
 THREADS = {"loop": "radixserve-loop", "worker": "radixserve-step", "output": "radixserve-output"}
 
 
@@ -47,11 +49,11 @@ def _thread_cpu() -> dict[str, float]:
     return out
 
 
-def _requests(setting: str, batch: int) -> list[tuple[list[int], dict[str, Any]]]:
+def _requests(setting: str, batch: int, prompt_len: int) -> list[tuple[list[int], dict[str, Any]]]:
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
     reqs = []
     for i in range(batch):
-        ids = [3 + (7 * i + 13 * j) % 500 for j in range(PROMPT_LEN)]
+        ids = [3 + (7 * i + 13 * j) % 500 for j in range(prompt_len)]
         p = dict(params)
         if setting == "mix" and i % 4 == 1:
             p["regex"] = "(a|b|c)+"
@@ -87,7 +89,9 @@ def _submit(eng: Any, setting: str, reqs: list[tuple[list[int], dict[str, Any]]]
     return thread
 
 
-def measure(model: Path, setting: str, batch: int, window: float, profile: Path | None) -> dict[str, Any]:
+def measure(
+    model: Path, setting: str, batch: int, window: float, profile: Path | None, prompt_len: int = 64
+) -> dict[str, Any]:
     """One setting in this process (a child): CPU ms per decode step of each engine thread, and wall ms."""
     from radixserve import Engine
 
@@ -97,12 +101,12 @@ def measure(model: Path, setting: str, batch: int, window: float, profile: Path 
         null_model=True,
         dtype="float32",
         max_running_requests=batch,
-        max_total_tokens=batch * (PROMPT_LEN + NEW_TOKENS + 64),
+        max_total_tokens=batch * (prompt_len + NEW_TOKENS + 64),
         overlap_schedule=not spec,
         speculative="ngram" if spec else "off",
     )
     try:
-        _submit(eng, setting, _requests(setting, batch))
+        _submit(eng, setting, _requests(setting, batch, prompt_len))
         # Steady decode: nothing waits and every request has a few tokens out (its prefill is done).
         while (m := eng.metrics())["num_waiting"] or m["generation_tokens_total"] < 8 * batch:
             time.sleep(0.05)
@@ -118,7 +122,7 @@ def measure(model: Path, setting: str, batch: int, window: float, profile: Path 
             raise RuntimeError("requests ended inside the window: raise NEW_TOKENS")
     finally:
         eng.shutdown()
-    row = {"setting": setting, "batch": batch, "steps": n, "wall_ms": wall * 1e3 / max(n, 1)}
+    row = {"setting": setting, "batch": batch, "prompt": prompt_len, "steps": n, "wall_ms": wall * 1e3 / max(n, 1)}
     row |= {f"{k}_ms": (cpu1[k] - cpu0[k]) * 1e3 / max(n, 1) for k in THREADS}
     return row
 
@@ -151,13 +155,16 @@ def _child(tree: str, args: dict[str, Any]) -> dict[str, Any]:
 def measure_json(arg: str) -> str:
     a = json.loads(arg)
     profile = Path(a["profile"]) if a.get("profile") else None
-    return json.dumps(measure(Path(a["model"]), a["setting"], a["batch"], a["window"], profile))
+    return json.dumps(measure(Path(a["model"]), a["setting"], a["batch"], a["window"], profile, a["prompt_len"]))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="64,256")
     ap.add_argument("--settings", default="plain,stream,mix,spec")
+    ap.add_argument(
+        "--prompt-lens", default="64", help="prompt tokens per request, a list: the context each step reads"
+    )
     ap.add_argument("--trees", default="after=.", help="label=path,...: checkouts to compare (alternated)")
     ap.add_argument("--window", type=float, default=3.0)
     ap.add_argument("--profile", type=Path, default=None, help="write a cProfile of batch 64 plain per tree here")
@@ -173,16 +180,17 @@ def main() -> None:
         build_tokenizer(model)
     trees = dict(t.split("=", 1) for t in args.trees.split(","))
     rows = []
-    for batch in map(int, args.batches.split(",")):
-        for setting in args.settings.split(","):
-            for label, tree in trees.items():
-                job = {"model": str(model), "setting": setting, "batch": batch, "window": args.window}
-                if args.profile is not None and batch == 64 and setting == "plain":
-                    args.profile.mkdir(parents=True, exist_ok=True)
-                    job["profile"] = str((args.profile / f"loop_profile_{label}.txt").resolve())
-                row = {"tree": label, **_child(str(Path(tree).resolve()), job)}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    lens, batches, settings = (a.split(",") for a in (args.prompt_lens, args.batches, args.settings))
+    for prompt_len, batch, setting in itertools.product(map(int, lens), map(int, batches), settings):
+        for label, tree in trees.items():
+            job = {"model": str(model), "setting": setting, "batch": batch, "window": args.window}
+            job["prompt_len"] = prompt_len
+            if args.profile is not None and batch == 64 and setting == "plain" and prompt_len == 64:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                job["profile"] = str((args.profile / f"loop_profile_{label}.txt").resolve())
+            row = {"tree": label, **_child(str(Path(tree).resolve()), job)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     import torch
 
     import kernels.cpu as cpu_kernels
@@ -191,7 +199,7 @@ def main() -> None:
         f"\nmachine: CPU {cpu_kernels.cpu_model()} ({' '.join(cpu_kernels.kind_flags())}), torch {torch.__version__} "
         f"({torch.backends.cpu.get_cpu_capability()}), {time.strftime('%Y-%m-%d %H:%M')}, trees {args.trees}"
     )
-    cols = ["tree", "setting", "batch", "steps", "loop_ms", "worker_ms", "output_ms", "wall_ms"]
+    cols = ["tree", "setting", "batch", "prompt", "steps", "loop_ms", "worker_ms", "output_ms", "wall_ms"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")

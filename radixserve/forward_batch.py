@@ -67,10 +67,13 @@ class ForwardBatch:
         page_size: int,
         logits_rows: list[int],
         device: torch.device | str = "cpu",
+        page_table: torch.Tensor | None = None,
     ) -> "ForwardBatch":
         """Pack per-request new tokens, their KV offsets and page tables into tensors.
 
         `page_tables[i]` must cover prefix_lens[i] + len(token_chunks[i]) tokens; `logits_rows` index the packed rows.
+        `page_table`, if given, is those lists already padded into one int32 tensor (the scheduler keeps it across
+        steps, see scheduler/page_rows.py); otherwise it is built from them.
         """
         extend = [len(c) for c in token_chunks]
         seq = [p + e for p, e in zip(prefix_lens, extend)]
@@ -87,6 +90,10 @@ class ForwardBatch:
                 loc.append(pt[t // page_size] * page_size + t % page_size)
         indptr = torch.zeros(len(extend) + 1, dtype=torch.int32)
         indptr[1:] = torch.cumsum(torch.tensor(extend, dtype=torch.int32), 0)
+        if page_table is None:
+            # one tensor from padded rows: a tensor per row cost more than the rest of the build
+            rows = [list(pt) + [0] * (max_pages - len(pt)) for pt in page_tables]
+            page_table = torch.tensor(rows, dtype=torch.int32).reshape(len(page_tables), max_pages)
         return ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
             positions=torch.tensor(pos, dtype=torch.int64, device=device),
@@ -95,10 +102,7 @@ class ForwardBatch:
             extend_lens=torch.tensor(extend, dtype=torch.int32),
             seq_lens=torch.tensor(seq, dtype=torch.int32),
             qo_indptr=indptr,
-            # one tensor from padded rows: a tensor per row cost more than the rest of the build
-            page_table=torch.tensor([list(pt) + [0] * (max_pages - len(pt)) for pt in page_tables], dtype=torch.int32)
-            .reshape(len(page_tables), max_pages)
-            .to(device),
+            page_table=page_table.to(device),
             page_size=page_size,
             logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
         )

@@ -9,6 +9,7 @@ from typing import Any
 
 from radixserve.constrained.grammar import GrammarMatcher
 from radixserve.io import FinishReason
+from radixserve.page_list import PageList, PageListField
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling_params import SamplingParams
 
@@ -46,7 +47,7 @@ class Req:
     grammar: GrammarMatcher | None = None  # constrained decoding: which tokens may come next
 
     output_ids: list[int] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)
+    pages: PageList = PageListField()  # type: ignore[assignment]  # any list assigned is kept as a PageList
     kv_len: int = 0
     num_tree_pages: int = 0
     node: Any = None  # the radix-tree node this request holds a lock on

@@ -23,6 +23,7 @@ from radixserve.step import Draft, ScheduledBatch
 from radixserve.scheduler.fairness import FairShare, preemptible, victim_key
 from radixserve.scheduler.admission import Admission
 from radixserve.scheduler.output import StepProcessor
+from radixserve.scheduler.page_rows import PageRows
 from radixserve.scheduler.pages import PageKeeping
 from radixserve.scheduler.partial_reuse import PartialReuse
 
@@ -121,6 +122,7 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
         self.finishing: list[Req] = []
         self.updates: list[ReqUpdate] = []  # for the output stage (see StepProcessor.take_updates)
         self._free_slots = list(range(cfg.max_running_requests - 1, -1, -1))
+        self._page_rows = PageRows(cfg.max_running_requests)
         self.stats = SchedulerStats()
         self.fair = FairShare(cfg.chunked_prefill_size) if cfg.fair_share else None
         self.new_token_ratio = cfg.init_new_token_ratio
@@ -335,7 +337,10 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
             row += n
         # Built on the CPU: the loop thread never touches the device (the runner copies the batch over, see
         # ForwardBatch.to), so scheduling step N+1 never waits behind step N's kernels.
-        fb = ForwardBatch.build(token_chunks, prefix_lens, tables, self.cfg.page_size, logit_rows)
+        page_table = self._page_rows.gather([r.slot for r in reqs], [r.pages for r in reqs])
+        fb = ForwardBatch.build(
+            token_chunks, prefix_lens, tables, self.cfg.page_size, logit_rows, page_table=page_table
+        )
         batch = ScheduledBatch(
             reqs,
             [chunks[id(r)] for r in reqs],
