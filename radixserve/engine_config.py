@@ -50,6 +50,9 @@ class EngineConfig:
     enable_jump_forward: bool = True  # constrained decoding appends the tokens a grammar forces without sampling
     tp: int = 1  # tensor parallel ranks: tp - 1 workers share each layer (radixserve/distributed.py)
     null_model: bool = False  # benchmarks and tests: no weights, fixed logits at once (radixserve/model/null.py)
+    # a request's tokens and logprobs independent of the cache, the batch, chunking and speculation (CPU, int8
+    # weights; radixserve/model/deterministic.py)
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():
@@ -136,6 +139,7 @@ class EngineConfig:
             ),
             ("tp", _int(self.tp) and self.tp >= 1, "must be an integer >= 1"),
             ("null_model", isinstance(self.null_model, bool), "must be True or False"),
+            ("deterministic", isinstance(self.deterministic, bool), "must be True or False"),
         ]
 
     @classmethod

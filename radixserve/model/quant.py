@@ -136,6 +136,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)
         self._scales: dict[torch.dtype, torch.Tensor] = {}
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        # --deterministic (radixserve/model/deterministic.py): every row count runs the kernel's one batch-invariant
+        # path, so a row's output does not depend on the other rows of the step.
+        self.batch_invariant = False
 
     @classmethod
     def from_packed(
@@ -167,8 +170,9 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, shape[-1])
         k_pad = self.codes.shape[1] * _PACK_COLS
         ops = cpu_kernels.ops()
-        if ops is not None and x2.shape[0] < INT8_KERNEL_ROWS and x.dtype in (torch.float32, torch.bfloat16):
-            y = ops.int8_linear(x2, self.codes, self.scale, self.bias, self.out_features)
+        small = x2.shape[0] < INT8_KERNEL_ROWS or self.batch_invariant
+        if ops is not None and small and x.dtype in (torch.float32, torch.bfloat16):
+            y = ops.int8_linear(x2, self.codes, self.scale, self.bias, self.out_features, self.batch_invariant)
             return y.reshape(*shape[:-1], self.out_features)
         if k_pad != self.in_features:
             x2 = F.pad(x2, (0, k_pad - self.in_features))
