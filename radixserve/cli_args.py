@@ -106,9 +106,11 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--deterministic",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="a request's tokens and logprobs never depend on cache hits, the other requests in a step, the "
-        "chunk size or speculation: batch-invariant kernels (CPU, int8 weights; slower prefill, see README)",
+        "chunk size or speculation: batch-invariant kernels (default: on where it can run, i.e. on CPU with int8 "
+        "weights, the default there; --deterministic refuses other settings)",
     )
     p.add_argument(
         "--null-model",

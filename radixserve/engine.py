@@ -91,11 +91,11 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         if self.device.type == "cuda" and self.device.index is None:  # pin it: each thread binds this same device
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.attention_backend = c.attention_backend or default_attention_backend(self.device, _DTYPES[dtype])
-        why_not = (
-            refusal(self.device.type, self.attention_backend, self.quantization, c.tp) if c.deterministic else None
-        )
-        if why_not is not None:
+        why_not = refusal(self.device.type, self.attention_backend, self.quantization, c.tp)
+        if c.deterministic and why_not is not None:
             raise ParamError("deterministic", why_not)
+        # Unset: on wherever it can run (it costs nothing measurable there: benchmarks/RESULTS.md, issue 39).
+        self.deterministic = why_not is None if c.deterministic is None else c.deterministic
         self.tokenizer = Tokenizer.from_dir(self.model_path)
         # Applied to what a request leaves unset (see radixserve/model/sampling_defaults.py).
         self.sampling_defaults = load_sampling_defaults(self.model_path) if c.sampling_defaults == "model" else {}
@@ -133,7 +133,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             quantization=self.cpu_choice.quantization,
             tp=self.tp,
             null_model=c.null_model,
-            deterministic=c.deterministic,
+            deterministic=self.deterministic,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is

@@ -118,7 +118,18 @@ def test_same_answer_with_ngram_speculation(model: Path, alone: tuple, make_engi
 def test_without_the_mode_the_batch_changes_the_answer(model: Path, make_engine: Callable) -> None:
     """The control: the default kernels give this prompt other logprobs in a batch of 48 than alone (the int8
     linears take another path from 48 rows on, attention another per chunk), so the tests above can fail."""
-    eng = make_engine(model, speculative="off", **DEFAULTS)
+    eng = make_engine(model, speculative="off", deterministic=False, **DEFAULTS)
     solo = target_answers(eng, [], 0)[0]
     eng.flush_cache()
     assert target_answers(eng, others(47), 16)[0] != solo
+
+
+def test_on_by_default_where_it_can_run_refused_where_it_cannot(tiny_model_dir: Path, make_engine: Callable) -> None:
+    from radixserve.errors import ParamError
+
+    assert make_engine(tiny_model_dir, **DEFAULTS).model_info()["deterministic"] is True  # CPU, int8
+    assert make_engine(tiny_model_dir, dtype="float32").model_info()["deterministic"] is False  # no quantization
+    with pytest.raises(ParamError, match="int8 weights"):
+        make_engine(tiny_model_dir, dtype="float32", deterministic=True)
+    with pytest.raises(ParamError, match="torch attention backend"):
+        make_engine(tiny_model_dir, attention_backend="triton", quantization="int8", deterministic=True)

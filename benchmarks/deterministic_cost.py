@@ -1,0 +1,94 @@
+"""The cost of `--deterministic` (issue 39) on the default model at the default CPU dtype and quantization.
+
+Two engines in one process, the default one and `Engine(deterministic=True)`, measured interleaved on the same
+prompts (this machine is shared; read the ratios): decode tokens/s at 1 and 8 streams (64-token prompts of real
+code, greedy, ignore_eos) and prefill tokens/s of a 1024-token prompt (time to first token, cache flushed).
+Speculation is off in both, so the figures are the kernels' alone. Prints a markdown table and appends it to
+benchmarks/RESULTS.md (unless --no-record).
+
+    .venv/bin/python -m benchmarks.deterministic_cost [--repeats 1] [--new-tokens 32] [--no-record]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as radixserve/__init__.py sets it, before torch loads
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import statistics  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from benchmarks.cpu_speed import BATCH, DECODE_PROMPT_LEN, PREFILL_LEN, Ours, git_commit, machine  # noqa: E402
+from benchmarks.cpu_speed import source_tokens  # noqa: E402
+from kernels.cpu import kind_flags  # noqa: E402
+from radixserve import Engine  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("default", "deterministic")
+
+
+def measure(repeats: int, new_tokens: int) -> tuple[dict[tuple[str, str], list[float]], str]:
+    """tokens/s by (mode, case) over `repeats` interleaved rounds; and the dtype/quantization the engines chose."""
+    engines = {m: Engine(deterministic=m == "deterministic", speculative="off") for m in MODES}
+    ours = {m: Ours(e) for m, e in engines.items()}
+    ids = source_tokens(engines["default"].encode, PREFILL_LEN + BATCH * DECODE_PROMPT_LEN)
+    prompts = [ids[PREFILL_LEN + i * DECODE_PROMPT_LEN :][:DECODE_PROMPT_LEN] for i in range(BATCH)]
+    cases = {
+        "decode1": lambda o: o.decode(prompts[:1], new_tokens),
+        "decode8": lambda o: o.decode(prompts, new_tokens),
+        "prefill": lambda o: PREFILL_LEN / o.prefill(ids[:PREFILL_LEN]),
+    }
+    for o in ours.values():  # warm-up: first-call allocations and thread start-up
+        o.decode(prompts[:2], 4)
+    res: dict[tuple[str, str], list[float]] = {(m, c): [] for m in MODES for c in cases}
+    for rep in range(repeats):
+        for c, case in cases.items():
+            for m in MODES:
+                res[(m, c)].append(case(ours[m]))
+        print(f"round {rep + 1}: " + ", ".join(f"{m} {c} {res[(m, c)][-1]:.1f}" for c in cases for m in MODES))
+    chose = f"{engines['default'].dtype_name}, {engines['default'].quantization}"
+    for e in engines.values():
+        e.shutdown()
+    return res, chose
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds of every measurement")
+    ap.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per decode request")
+    ap.add_argument("--no-record", action="store_true", help="print only; do not append to benchmarks/RESULTS.md")
+    args = ap.parse_args()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    res, chose = measure(args.repeats, args.new_tokens)
+    names = {
+        "decode1": "decode, 1 stream (tokens/s)",
+        "decode8": f"decode, {BATCH} streams (tokens/s, all requests)",
+        "prefill": f"prefill, {PREFILL_LEN}-token prompt (tokens/s)",
+    }
+    lines = ["| measure | default | --deterministic | change |", "|---|---|---|---|"]
+    for c, name in names.items():
+        base, det = (statistics.median(res[(m, c)]) for m in MODES)
+        lines.append(f"| {name} | {base:.1f} | {det:.1f} | {100 * (det / base - 1):+.1f}% |")
+    table = "\n".join(lines)
+    print(table)
+    if args.no_record:
+        return
+    section = (
+        f"\n## The cost of --deterministic (issue 39)\n\n"
+        f"- Date: {started:%Y-%m-%d %H:%M} UTC. Machine: {machine()}; CPU flags: {' '.join(kind_flags())}; shared "
+        f"with other jobs.\n"
+        f"- Commit: {git_commit()}. Command: `.venv/bin/python -m benchmarks.deterministic_cost --repeats "
+        f"{args.repeats} --new-tokens {args.new_tokens}`\n"
+        f"- Model: the default (Qwen2.5-Coder-0.5B-Instruct), `Engine` defaults ({chose}) with speculation off, "
+        f"medians of {args.repeats} interleaved round(s); decode: {args.new_tokens} greedy tokens per request after "
+        f"{DECODE_PROMPT_LEN}-token prompts.\n\n{table}\n"
+    )
+    with (ROOT / "benchmarks" / "RESULTS.md").open("a") as f:  # append only: other benchmarks add their own
+        f.write(section)
+    print("appended to benchmarks/RESULTS.md")
+
+
+if __name__ == "__main__":
+    main()
