@@ -90,16 +90,20 @@ class TorchAttentionBackend(AttentionBackend):
         ext = batch.extend_lens.long()
         req = torch.repeat_interleave(torch.arange(ext.numel()), ext)
         within = torch.arange(int(ext.sum())) - torch.repeat_interleave(batch.qo_indptr[:-1].long(), ext)
-        seq_lens = batch.prefix_lens.long()[req] + within + 1
+        return self._op_rows(batch, req, batch.prefix_lens.long()[req] + within + 1, None)
+
+    @staticmethod
+    def _op_rows(batch: ForwardBatch, reqs: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor | None) -> _Group:
+        """Rows of the CPU decode op: row j queries keys 0 .. seq_lens[j] - 1 of request reqs[j]."""
         longest = int(seq_lens.max()) if seq_lens.numel() else 0
-        num_pages = (longest + batch.page_size - 1) // batch.page_size
-        table = batch.page_table[req, :num_pages].to(torch.int32).contiguous()
+        pages = (longest + batch.page_size - 1) // batch.page_size
+        table = batch.page_table[reqs, :pages].to(torch.int32).contiguous()
         return _Group(
-            rows=None,
+            rows=rows,
             pad_index=None,
             pages=table,  # unused: the op reads `table`
             bias=None,
-            num_reqs=int(req.numel()),
+            num_reqs=int(reqs.numel()),
             q_len=1,
             causal=False,
             table=table,
@@ -116,20 +120,9 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> _Group:
         ps = batch.page_size
         device = batch.page_table.device
-        num_pages = (int(batch.seq_lens[reqs].max()) + ps - 1) // ps
         if q_len == 1 and self.cpu_ops is not None:
-            table = batch.page_table[reqs, :num_pages].to(torch.int32).contiguous()
-            return _Group(
-                rows=None if rows is None else rows.to(device),
-                pad_index=None,
-                pages=table,  # unused: the op reads `table`
-                bias=None,
-                num_reqs=int(reqs.numel()),
-                q_len=1,
-                causal=False,
-                table=table,
-                seq_lens=batch.seq_lens[reqs].to(torch.int32).contiguous(),
-            )
+            return self._op_rows(batch, reqs, batch.seq_lens[reqs], None if rows is None else rows.to(device))
+        num_pages = (int(batch.seq_lens[reqs].max()) + ps - 1) // ps
         # Query i of request r sits at position prefix_lens[r] + i and sees keys 0 .. prefix_lens[r] + i.
         # Padded queries (i >= extend_len) see only real-or-stale finite keys; their output is discarded.
         prefix = batch.prefix_lens[reqs].long()
