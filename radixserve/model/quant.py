@@ -5,7 +5,8 @@ quarter) is what makes batch-1 decode faster.
 
 - int8: symmetric, one scale per output channel, codes packed for our kernel (kernels/cpu/int8_linear.cpp; see
   `pack_int8` and Int8Linear). Its 1-2-row path keeps activations in float32; from 3 rows on the AVX-512 VNNI path
-  rounds them to int8 per block of 32 columns (as llama.cpp does), INT8_ACT_TOL below.
+  rounds them to int8 per block of 32 columns (as llama.cpp does), INT8_ACT_TOL below. In deterministic mode
+  (radixserve/model/deterministic.py) every row count, 1 row and prefill included, takes the VNNI path.
 - int4: asymmetric, one (scale, zero) per group of 32/64/128 input columns; `torch._weight_int4pack_mm_for_cpu(x,
   packed, group, scale_zeros [K/group, N, 2])` with packed = `torch._convert_weight_to_int4pack_for_cpu(q, 1)`.
   The op's formula (tinygemm's) is w = (q - 8) * scale + zero with q in 0..15, so a symmetric format (GGUF Q4_0)
