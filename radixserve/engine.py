@@ -16,7 +16,7 @@ import torch
 
 from radixserve.errors import ParamError
 from radixserve.model.cpu_select import choose
-from radixserve.model.deterministic import refusal
+from radixserve.model.deterministic import on_by_default, refusal
 from radixserve.model.resolve import resolve_model
 from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.engine_cache import CacheSurface, Checkpointer, attach_tier, close_tier
@@ -94,8 +94,9 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         why_not = refusal(self.device.type, self.attention_backend, self.quantization, c.tp)
         if c.deterministic and why_not is not None:
             raise ParamError("deterministic", why_not)
-        # Unset: on wherever it can run (it costs nothing measurable there: benchmarks/RESULTS.md, issue 39).
-        self.deterministic = why_not is None if c.deterministic is None else c.deterministic
+        # Unset: on where it can run and was measured to cost nothing (radixserve/model/deterministic.py).
+        auto = why_not is None and on_by_default(self.device.type)
+        self.deterministic = auto if c.deterministic is None else c.deterministic
         self.tokenizer = Tokenizer.from_dir(self.model_path)
         # Applied to what a request leaves unset (see radixserve/model/sampling_defaults.py).
         self.sampling_defaults = load_sampling_defaults(self.model_path) if c.sampling_defaults == "model" else {}

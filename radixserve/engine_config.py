@@ -51,7 +51,8 @@ class EngineConfig:
     tp: int = 1  # tensor parallel ranks: tp - 1 workers share each layer (radixserve/distributed.py)
     null_model: bool = False  # benchmarks and tests: no weights, fixed logits at once (radixserve/model/null.py)
     # a request's tokens and logprobs independent of the cache, the batch, chunking and speculation
-    # (radixserve/model/deterministic.py); None: on where it can run (CPU with int8 weights: the default there)
+    # (radixserve/model/deterministic.py); None: on where it can run and costs nothing (the default CPU setting on
+    # AVX-512 BF16 without AMX), else off
     deterministic: bool | None = None
 
     def __post_init__(self) -> None:

@@ -124,10 +124,16 @@ def test_without_the_mode_the_batch_changes_the_answer(model: Path, make_engine:
     assert target_answers(eng, others(47), 16)[0] != solo
 
 
-def test_on_by_default_where_it_can_run_refused_where_it_cannot(tiny_model_dir: Path, make_engine: Callable) -> None:
+def test_on_by_default_where_measured_refused_where_it_cannot_run(
+    tiny_model_dir: Path, make_engine: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from radixserve.errors import ParamError
+    from radixserve.model import cpu_select
 
-    assert make_engine(tiny_model_dir, **DEFAULTS).model_info()["deterministic"] is True  # CPU, int8
+    for kind, on in (("AVX512_BF16", True), ("AMX", False), ("AVX2", False)):
+        monkeypatch.setattr(cpu_select, "cpu_kind", lambda kind=kind: kind)
+        assert make_engine(tiny_model_dir, **DEFAULTS).model_info()["deterministic"] is on, kind
+    assert make_engine(tiny_model_dir, deterministic=True, **DEFAULTS).model_info()["deterministic"] is True  # AVX2
     assert make_engine(tiny_model_dir, dtype="float32").model_info()["deterministic"] is False  # no quantization
     with pytest.raises(ParamError, match="int8 weights"):
         make_engine(tiny_model_dir, dtype="float32", deterministic=True)

@@ -15,6 +15,11 @@ is a function of that row alone:
 - norms and rotary embedding: already per row (kernels/cpu/norm_rope.cpp), as are the elementwise ops and the
   sampler (radixserve/sampling/sampler.py: seeded rows draw from their own generator and never draft).
 
+On by default (`on_by_default`) only on the CPU kind where its cost was measured and found to be none
+(benchmarks/RESULTS.md, issue 39: AVX-512 BF16 without AMX, where the batch-invariant VNNI path replaces a bf16
+dense prefill of about its speed). With AMX tiles the dense prefill it replaces is much faster, and on AVX2 the
+invariant path is the float one: there it stays a flag until measured.
+
 Hence the conditions `refusal` checks: the CPU kernels built, int8 weights (the dense float matmul is oneDNN's,
 whose blocking we do not control), the torch attention backend on CPU (Triton and FlashInfer have no
 batch-invariant mode here) and one rank (tensor parallelism's all-reduce adds partial sums in rank order).
@@ -27,6 +32,7 @@ from torch import nn
 import kernels.cpu as cpu_kernels
 from radixserve.attention.base import AttentionBackend
 from radixserve.attention.torch_backend import TorchAttentionBackend
+from radixserve.model import cpu_select
 from radixserve.model.llama import Linear
 from radixserve.model.quant import Int4Linear, Int8Linear
 
@@ -47,6 +53,11 @@ def refusal(device_type: str, attention_backend: str, quantization: str, tp: int
     if cpu_kernels.ops() is None:
         return "deterministic mode needs the CPU kernels (kernels/cpu; RADIXSERVE_CPU_KERNELS=0 or no compiler)"
     return None
+
+
+def on_by_default(device_type: str) -> bool:
+    """Whether an engine that leaves `deterministic` unset runs it (where `refusal` allows): see the module."""
+    return device_type == "cpu" and cpu_select.cpu_kind() == "AVX512_BF16"
 
 
 def make_deterministic(model: nn.Module, attn: AttentionBackend) -> int:
