@@ -51,7 +51,7 @@ def measure(repeats: int, new_tokens: int) -> tuple[dict[tuple[str, str], list[f
             for m in MODES:
                 res[(m, c)].append(case(ours[m]))
         print(f"round {rep + 1}: " + ", ".join(f"{m} {c} {res[(m, c)][-1]:.1f}" for c in cases for m in MODES))
-    chose = f"{engines['default'].dtype_name}, {engines['default'].quantization}"
+    chose = f"{engines['off'].dtype_name}, {engines['off'].quantization}"
     for e in engines.values():
         e.shutdown()
     return res, chose
