@@ -19,14 +19,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as radixserve/__init__.py
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import statistics  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-from benchmarks.cpu_speed import BATCH, DECODE_PROMPT_LEN, PREFILL_LEN, Ours, git_commit, machine  # noqa: E402
+from benchmarks.cpu_speed import BATCH, DECODE_PROMPT_LEN, PREFILL_LEN, Ours  # noqa: E402
 from benchmarks.cpu_speed import source_tokens  # noqa: E402
-from kernels.cpu import kind_flags  # noqa: E402
+from benchmarks.deterministic_linears import record  # noqa: E402
 from radixserve import Engine  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 MODES = ("off", "deterministic")
 LONG_PREFILL = 4096
 
@@ -90,19 +88,14 @@ def main() -> None:
     print(table)
     if args.no_record:
         return
-    section = (
-        f"\n## The cost of --deterministic (issue 39)\n\n"
-        f"- Date: {started:%Y-%m-%d %H:%M} UTC. Machine: {machine()}; CPU flags: {' '.join(kind_flags())}; shared "
-        f"with other jobs.\n"
-        f"- Commit: {git_commit()}. Command: `.venv/bin/python -m benchmarks.deterministic_cost --repeats "
-        f"{args.repeats} --new-tokens {args.new_tokens}`\n"
+    record(
+        "## The cost of --deterministic (issue 39)",
+        started,
+        f"benchmarks.deterministic_cost --repeats {args.repeats} --new-tokens {args.new_tokens}",
         f"- Model: the default (Qwen2.5-Coder-0.5B-Instruct), `Engine` defaults ({chose}) with speculation off, "
         f"{args.repeats} interleaved round(s); decode: {args.new_tokens} greedy tokens per request after "
-        f"{DECODE_PROMPT_LEN}-token prompts.\n\n{table}\n"
+        f"{DECODE_PROMPT_LEN}-token prompts.\n\n{table}",
     )
-    with (ROOT / "benchmarks" / "RESULTS.md").open("a") as f:  # append only: other benchmarks add their own
-        f.write(section)
-    print("appended to benchmarks/RESULTS.md")
 
 
 if __name__ == "__main__":

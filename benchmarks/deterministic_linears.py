@@ -71,6 +71,18 @@ def measure(passes: int) -> dict[tuple[int, bool], float]:
     return best
 
 
+def record(heading: str, started: datetime.datetime, command: str, body: str) -> None:
+    """Append a section (heading, date, machine and CPU flags, commit, command, body) to benchmarks/RESULTS.md."""
+    section = (
+        f"\n{heading}\n\n- Date: {started:%Y-%m-%d %H:%M} UTC. Machine: {machine()}; CPU flags: "
+        f"{' '.join(kind_flags())}; shared with other jobs.\n"
+        f"- Commit: {git_commit()}. Command: `.venv/bin/python -m {command}`\n{body}\n"
+    )
+    with (ROOT / "benchmarks" / "RESULTS.md").open("a") as f:  # append only: other benchmarks add their own
+        f.write(section)
+    print("appended to benchmarks/RESULTS.md")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--passes", type=int, default=20, help="interleaved passes per row count (best of them)")
@@ -87,16 +99,12 @@ def main() -> None:
     print(table)
     if args.no_record:
         return
-    section = (
-        f"\n### The int8 linears alone, best of interleaved passes (issue 39)\n\n"
-        f"- Date: {started:%Y-%m-%d %H:%M} UTC. Machine: {machine()}; CPU flags: {' '.join(kind_flags())}; shared "
-        f"with other jobs.\n"
-        f"- Commit: {git_commit()}. Command: `.venv/bin/python -m benchmarks.deterministic_linears --passes "
-        f"{args.passes}`\n\n{table}\n"
+    record(
+        "### The int8 linears alone, best of interleaved passes (issue 39)",
+        started,
+        f"benchmarks.deterministic_linears --passes {args.passes}",
+        f"\n{table}",
     )
-    with (ROOT / "benchmarks" / "RESULTS.md").open("a") as f:  # append only: other benchmarks add their own
-        f.write(section)
-    print("appended to benchmarks/RESULTS.md")
 
 
 if __name__ == "__main__":
