@@ -1,9 +1,10 @@
 """The feature matrix (issue 32): one fixed workload under combinations of settings, every output compared with one
 reference run. In float32 with no quantization every combination must give the reference's tokens exactly and its
-logprobs within 1e-4. int8 combinations must run cleanly (no error, no leak, invariants hold) and their divergence
-from the int8 single-rank run is reported, not asserted: our int8 kernels take a different path by the number of
-rows in a step (1-2, 3-47, 48+), so a row's sums depend on the step's shape and tokens drift; batch-invariant
-kernels are issue 39's.
+logprobs within 1e-4. The deterministic leg (issue 39: `deterministic=True`, bf16 activations, int8 weights, the
+default CPU setting where bf16 hardware exists) must give its reference's tokens and logprobs bit for bit, with no
+near-tie exemption. int8 combinations without the mode must run cleanly (no error, no leak, invariants hold) and
+their divergence from the int8 single-rank run is reported, not asserted: there our int8 kernels take a different
+path by the number of rows in a step (1-2, 3-47, 48+), so a row's sums depend on the step's shape and tokens drift.
 
     python -m benchmarks.matrix --out /tmp/matrix.json [--pairwise] [--limit N]
 
@@ -37,6 +38,7 @@ FACTORS: dict[str, list[Any]] = {
     "cpu_kernels": [True, False],
     "backend": ["torch", "triton"],
     "quantization": ["none", "int8"],
+    "deterministic": [False, True],
 }
 REFERENCE = {name: values[0] for name, values in FACTORS.items()}
 LOGPROB_TOL = 1e-4
@@ -44,17 +46,34 @@ LOGPROB_TOL = 1e-4
 
 def allowed(combo: dict[str, Any]) -> bool:
     """Combinations the engine refuses, by design: n-gram drafts need overlap off (radixserve/speculative/mode.py);
-    int8 weights do not run under tensor parallelism yet (their row-parallel sum is not built: docs/parallel.md)."""
+    int8 weights do not run under tensor parallelism yet (their row-parallel sum is not built: docs/parallel.md);
+    deterministic mode needs int8 weights, the CPU kernels, the torch backend and one rank
+    (radixserve/model/deterministic.py). `combo` may name only some factors."""
     if combo.get("speculative") == "ngram" and combo.get("overlap") is True:
         return False
-    return not (combo.get("quantization") == "int8" and combo.get("tp", 1) > 1)
+    if combo.get("quantization") == "int8" and combo.get("tp", 1) > 1:
+        return False
+    return not combo.get("deterministic") or (
+        combo.get("quantization", "int8") == "int8"
+        and combo.get("cpu_kernels", True)
+        and combo.get("backend", "torch") == "torch"
+        and combo.get("tp", 1) == 1
+    )
+
+
+def tolerance(combo: dict[str, Any]) -> float | None:
+    """How far `combo`'s logprobs may be from its reference's (its tokens must be equal), or None when the
+    comparison is only reported: int8 without deterministic mode."""
+    if combo["deterministic"]:
+        return 0.0
+    return LOGPROB_TOL if combo["quantization"] == "none" else None
 
 
 def product() -> list[dict[str, Any]]:
-    """Every allowed combination of the float32 torch-backend settings, less the ones that cannot differ from
-    another (partial-page reuse at page size 1, where no page is partial; tiers without the radix cache, which they
-    hang under), then the covering array's rows with the Triton interpreter or int8 weights (a subset, as the
-    interpreter takes a minute a model)."""
+    """Every allowed combination of the float32 torch-backend settings and of the deterministic leg's, less the
+    ones that cannot differ from another (partial-page reuse at page size 1, where no page is partial; tiers without
+    the radix cache, which they hang under), then the covering array's rows with the Triton interpreter or int8
+    weights without the mode (a subset, as the interpreter takes a minute a model)."""
     names = list(FACTORS)
     combos = [dict(zip(names, values)) for values in itertools.product(*FACTORS.values())]
     core = [
@@ -62,11 +81,14 @@ def product() -> list[dict[str, Any]]:
         for c in combos
         if allowed(c)
         and c["backend"] == "torch"
-        and c["quantization"] == "none"
+        and (c["quantization"] == "none" or c["deterministic"])
         and not (c["page_size"] == 1 and not c["partial"])
         and not (not c["radix"] and c["tier"] != "off")
     ]
-    return core + [r for r in pairwise() if r["backend"] != "torch" or r["quantization"] != "none"]
+    rest = [
+        r for r in pairwise() if r["backend"] != "torch" or (r["quantization"] != "none" and not r["deterministic"])
+    ]
+    return core + rest
 
 
 def pairwise() -> list[dict[str, Any]]:
@@ -130,10 +152,15 @@ def compare(got: Any, want: Any, tol: float, where: str = "") -> list[str]:
 
 def reference_of(combo: dict[str, Any]) -> dict[str, Any]:
     """The run `combo` is compared with: the float32 reference, or the int8 single-rank run for int8 weights (same
-    cpu kernel setting: without them int8 runs a pure-torch path of other roundings)."""
+    cpu kernel setting: without them int8 runs a pure-torch path of other roundings; same deterministic setting)."""
     if combo["quantization"] == "none":
         return dict(REFERENCE)
-    return {**REFERENCE, "quantization": combo["quantization"], "cpu_kernels": combo["cpu_kernels"]}
+    return {
+        **REFERENCE,
+        "quantization": combo["quantization"],
+        "cpu_kernels": combo["cpu_kernels"],
+        "deterministic": combo["deterministic"],
+    }
 
 
 def run_matrix(combos: list[dict[str, Any]], models: list[Path]) -> dict[str, Any]:
@@ -150,13 +177,14 @@ def run_matrix(combos: list[dict[str, Any]], models: list[Path]) -> dict[str, An
         try:
             if key not in refs:
                 refs[key] = run_combo(ref, [model])
-            diffs = compare(run_combo(combo, [model]), refs[key], LOGPROB_TOL)
+            tol = tolerance(combo)
+            diffs = compare(run_combo(combo, [model]), refs[key], LOGPROB_TOL if tol is None else tol)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             report["failures"][json.dumps(combo)] = [repr(exc)[-2000:]]
-            diffs = []
+            diffs, tol = [], None
         report["seconds"].append(time.perf_counter() - t1)
         if diffs:
-            report["int8_notes" if combo["quantization"] == "int8" else "failures"][json.dumps(combo)] = diffs[:20]
+            report["int8_notes" if tol is None else "failures"][json.dumps(combo)] = diffs[:20]
         ok = json.dumps(combo) not in report["failures"]
         print(f"[{i + 1}/{len(combos)}] {'ok' if ok else 'FAILED'} {model.name} {combo}", flush=True)
     report["wall_s"] = time.perf_counter() - t0
@@ -179,7 +207,7 @@ def main() -> None:
     args.out.write_text(json.dumps(report, indent=1))
     print(
         f"{report['combinations']} combinations in {report['wall_s']:.0f} s, {len(report['failures'])} failed, "
-        f"{len(report['int8_notes'])} int8 combinations diverged from their int8 reference"
+        f"{len(report['int8_notes'])} int8 combinations without --deterministic diverged from their int8 reference"
     )
 
 

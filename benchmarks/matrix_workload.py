@@ -31,7 +31,9 @@ def engine_kwargs(settings: dict[str, Any], tier_dir: Path) -> dict[str, Any]:
     """The Engine arguments of one combination (see benchmarks/matrix.py FACTORS)."""
     tier = settings["tier"]
     return {
-        "dtype": "float32",
+        # the deterministic leg at the default CPU setting of bf16 hardware: bf16 activations, int8 weights
+        "dtype": "bfloat16" if settings["deterministic"] else "float32",
+        "deterministic": settings["deterministic"],
         "tp": settings["tp"],
         "page_size": settings["page_size"],
         "enable_partial_page_reuse": settings["partial"],

@@ -16,6 +16,7 @@ import torch
 
 from radixserve.errors import ParamError
 from radixserve.model.cpu_select import choose
+from radixserve.model.deterministic import on_by_default, refusal
 from radixserve.model.resolve import resolve_model
 from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.engine_cache import CacheSurface, Checkpointer, attach_tier, close_tier
@@ -90,6 +91,12 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         if self.device.type == "cuda" and self.device.index is None:  # pin it: each thread binds this same device
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.attention_backend = c.attention_backend or default_attention_backend(self.device, _DTYPES[dtype])
+        why_not = refusal(self.device.type, self.attention_backend, self.quantization, c.tp)
+        if c.deterministic and why_not is not None:
+            raise ParamError("deterministic", why_not)
+        # Unset: on where it can run and was measured to cost nothing (radixserve/model/deterministic.py).
+        auto = why_not is None and on_by_default(self.device.type)
+        self.deterministic = auto if c.deterministic is None else c.deterministic
         self.tokenizer = Tokenizer.from_dir(self.model_path)
         # Applied to what a request leaves unset (see radixserve/model/sampling_defaults.py).
         self.sampling_defaults = load_sampling_defaults(self.model_path) if c.sampling_defaults == "model" else {}
@@ -127,6 +134,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             quantization=self.cpu_choice.quantization,
             tp=self.tp,
             null_model=c.null_model,
+            deterministic=self.deterministic,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is

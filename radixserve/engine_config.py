@@ -50,6 +50,10 @@ class EngineConfig:
     enable_jump_forward: bool = True  # constrained decoding appends the tokens a grammar forces without sampling
     tp: int = 1  # tensor parallel ranks: tp - 1 workers share each layer (radixserve/distributed.py)
     null_model: bool = False  # benchmarks and tests: no weights, fixed logits at once (radixserve/model/null.py)
+    # a request's tokens and logprobs independent of the cache, the batch, chunking and speculation
+    # (radixserve/model/deterministic.py); None: on where it can run and costs nothing (the default CPU setting on
+    # AVX-512 BF16 without AMX), else off
+    deterministic: bool | None = None
 
     def __post_init__(self) -> None:
         for name, ok, why in self._checks():
@@ -136,6 +140,11 @@ class EngineConfig:
             ),
             ("tp", _int(self.tp) and self.tp >= 1, "must be an integer >= 1"),
             ("null_model", isinstance(self.null_model, bool), "must be True or False"),
+            (
+                "deterministic",
+                self.deterministic is None or isinstance(self.deterministic, bool),
+                "must be True, False or None",
+            ),
         ]
 
     @classmethod

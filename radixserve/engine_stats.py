@@ -102,4 +102,5 @@ class EngineStats:
             "tp": self.config.tp,
             "sampling_defaults": dict(self.sampling_defaults),
             "speculative": self.speculative.reason,
+            "deterministic": self.deterministic,
         }

@@ -83,6 +83,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "0.25",
         "--otlp-endpoint",
         "http://127.0.0.1:4318",
+        "--no-deterministic",
     ]
     assert main(argv) == 0
     ((args, kwargs),) = calls
@@ -126,11 +127,13 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "max_pinned_share": 0.25,
         "tp": 1,
         "null_model": False,
+        "deterministic": False,
     }
     from radixserve import Engine
 
     with Engine(**engine_kwargs) as eng:  # every key is one the Engine takes
         assert eng.model_info()["page_size"] == 1 and eng.model_info()["quantization"] == "int8"
+        assert eng.model_info()["deterministic"] is False
 
 
 def test_generate_prints_the_greedy_answer(tiny_model_dir: Path, make_engine: Callable, capsys) -> None:

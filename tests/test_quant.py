@@ -204,7 +204,8 @@ def test_int8_pack_round_trip():
 @pytest.mark.parametrize("march", ["haswell", "x86-64"])
 def test_int8_kernel_paths_for_other_cpus(tmp_path, march):
     """The kernel's AVX2 (haswell) and plain C++ (x86-64) builds, compiled here and run in a fresh process (one
-    library per process registers the ops), against the float32 matmul; this CPU runs the AVX-512 path in-process."""
+    library per process registers the ops), against the float32 matmul and batch-invariant in deterministic mode;
+    this CPU runs the AVX-512 path in-process."""
     if cpu_kernels.ops() is None:
         pytest.skip("no C++ toolchain: the CPU kernels cannot be built")
     code = (
@@ -219,6 +220,10 @@ def test_int8_kernel_paths_for_other_cpus(tmp_path, march):
         "    ref = x @ dequantize_int8(*lin.int8_weight()).T\n"
         "    err = ((lin(x) - ref).norm() / ref.norm()).item()\n"
         "    assert err < 1e-5, (rows, err)\n"
+        "lin.batch_invariant = True\n"  # deterministic mode: a row's output whatever the step's row count
+        "x = torch.randn(60, 200).bfloat16()\n"
+        "full = lin(x)\n"
+        "assert all(torch.equal(lin(x[:m]), full[:m]) for m in (1, 2, 3, 48)), 'not batch-invariant'\n"
     )
     env = {**os.environ, "RADIXSERVE_CPU_MARCH": march}
     root = Path(__file__).resolve().parents[1]

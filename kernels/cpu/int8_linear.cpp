@@ -9,7 +9,10 @@
 // - AVX-512 VNNI, 3+ rows: x is quantized to int8 per block of 32 columns (scale = absmax / 127, as llama.cpp quantizes
 //   activations for its Q8_0 dot products); vpdpbusd multiplies 64 uint8 codes by 64 int8 activations at once.
 //   The codes' +128 adds 128 * sum(xq) * xscale per block, the same for every row: subtracted once per row.
-//   1-2 rows take the float path below with 16 lanes (as fast there: the codes' bytes bound it).
+//   1-2 rows take the float path below with 16 lanes (as fast there: the codes' bytes bound it), except in
+//   batch-invariant mode (--deterministic), where every row count takes the VNNI path: a row's sums are then the
+//   same ops in the same order whatever else is in the step (each row is quantized alone, each output's 64-column
+//   dot products are added in K order; the tiling and the threads only pick which row and block run when).
 // - AVX2 + FMA: float32 activations, codes widened to float (no rounding of x).
 // - otherwise: the same in plain C++.
 #include <ATen/ATen.h>
@@ -43,13 +46,15 @@ constexpr int64_t kSerialBytes = int64_t{2} << 20;
 
 // Blocks of 8 rows split between the spin pool's threads (spin_pool.h; RADIXSERVE_SPIN_POOL=0: torch's OpenMP
 // threads instead), or inline when the matrix is small.
+// M rows of x count as one pass over the codes per 16 rows: a 512-row step over a small matrix is still worth the
+// threads.
 template <typename F>
-void for_blocks(int64_t NB, int64_t K, const F& f) {
+void for_blocks(int64_t NB, int64_t K, int64_t M, const F& f) {
   static const bool spin_pool = [] {
     const char* v = std::getenv("RADIXSERVE_SPIN_POOL");
     return v == nullptr || std::string(v) != "0";
   }();
-  if (NB * kRows * K < kSerialBytes)
+  if (NB * kRows * K * ((M + 15) / 16) < kSerialBytes)
     f(int64_t{0}, NB);
   else if (spin_pool)
     radixserve::SpinPool::get().run(NB, f);
@@ -136,10 +141,28 @@ inline void fma_block(const uint8_t* w, int64_t K, const float* x, const float* 
     for (int i = 0; i < kRows; i++) y[m * ldy + i] = _mm512_reduce_add_ps(acc[m][i]) * scale[i];
 }
 
-void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t NB, const float* scale, float* y) {
+// Many rows (prefill) go through the codes in tiles: kRowTile quantized rows against kTileBytes of codes, both
+// held in L2, rather than every row against every block (the rows of a 512-token step at K = 4864 are 2.5 MB).
+constexpr int64_t kRowTile = 64;
+constexpr int64_t kTileBytes = 256 << 10;
+
+// Rows m0 .. m1 - 1 against blocks b0 .. b1 - 1, pairs of rows at a time (each row's arithmetic is the same in
+// vnni_block<2> and <1>: the pairing only shares the loads of the codes).
+void vnni_rows(const uint8_t* w, int64_t K, const QuantRow* rows, const float* scale, float* y, int64_t N, int64_t b0,
+               int64_t b1, int64_t m0, int64_t m1) {
+  for (int64_t b = b0; b < b1; b++) {
+    const uint8_t* wb = w + b * kRows * K;
+    int64_t m = m0;
+    for (; m + 2 <= m1; m += 2) vnni_block<2>(wb, K, rows + m, scale + b * kRows, y + m * N + b * kRows, N);
+    if (m < m1) vnni_block<1>(wb, K, rows + m, scale + b * kRows, y + m * N + b * kRows, N);
+  }
+}
+
+void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t NB, const float* scale, float* y,
+                 bool invariant) {
   const int64_t N = NB * kRows;
-  if (M <= 2) {
-    for_blocks(NB, K, [&](int64_t b0, int64_t b1) {
+  if (M <= 2 && !invariant) {
+    for_blocks(NB, K, M, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; b++) {
         const uint8_t* wb = w + b * kRows * K;
         if (M == 2)
@@ -153,18 +176,18 @@ void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
   std::vector<int8_t> xq(M * K);
   std::vector<float> xs(M * K / kXBlock * 8);
   std::vector<QuantRow> rows(M);
-  for (int64_t m = 0; m < M; m++) {
-    int8_t* q = xq.data() + m * K;
-    float* s = xs.data() + m * K / kXBlock * 8;
-    rows[m] = {q, s, quantize_row(x + m * K, K, q, s)};
-  }
-  for_blocks(NB, K, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; b++) {
-      const uint8_t* wb = w + b * kRows * K;
-      int64_t m = 0;
-      for (; m + 2 <= M; m += 2) vnni_block<2>(wb, K, rows.data() + m, scale + b * kRows, y + m * N + b * kRows, N);
-      if (m < M) vnni_block<1>(wb, K, rows.data() + m, scale + b * kRows, y + m * N + b * kRows, N);
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {  // each row alone: the split changes no value
+    for (int64_t m = r0; m < r1; m++) {
+      int8_t* q = xq.data() + m * K;
+      float* s = xs.data() + m * K / kXBlock * 8;
+      rows[m] = {q, s, quantize_row(x + m * K, K, q, s)};
     }
+  });
+  const int64_t tile_blocks = std::max<int64_t>(1, kTileBytes / (kRows * K));
+  for_blocks(NB, K, M, [&](int64_t b0, int64_t b1) {
+    for (int64_t t0 = b0; t0 < b1; t0 += tile_blocks)
+      for (int64_t m0 = 0; m0 < M; m0 += kRowTile)
+        vnni_rows(w, K, rows.data(), scale, y, N, t0, std::min(b1, t0 + tile_blocks), m0, std::min(M, m0 + kRowTile));
   });
 }
 
@@ -193,9 +216,11 @@ inline void fma_block(const uint8_t* w, int64_t K, const float* x, const float* 
   for (int i = 0; i < kRows; i++) y[i] = hsum(acc[i]) * scale[i];
 }
 
-void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t NB, const float* scale, float* y) {
+// Every row count takes the same per-row loop here, so the path is batch-invariant already (`invariant` unused).
+void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t NB, const float* scale, float* y,
+                 bool /*invariant*/) {
   const int64_t N = NB * kRows;
-  for_blocks(NB, K, [&](int64_t b0, int64_t b1) {
+  for_blocks(NB, K, M, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; b++)
       for (int64_t m = 0; m < M; m++)
         fma_block(w + b * kRows * K, K, x + m * K, scale + b * kRows, y + m * N + b * kRows);
@@ -204,9 +229,11 @@ void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
 
 #else
 
-void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t NB, const float* scale, float* y) {
+// Every row count takes the same per-row loop here, so the path is batch-invariant already (`invariant` unused).
+void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t NB, const float* scale, float* y,
+                 bool /*invariant*/) {
   const int64_t N = NB * kRows;
-  for_blocks(NB, K, [&](int64_t b0, int64_t b1) {
+  for_blocks(NB, K, M, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; b++)
       for (int64_t m = 0; m < M; m++) {
         float acc[kRows] = {0};
@@ -225,8 +252,9 @@ void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
 // y = x (codes * scale)^T + bias for a few rows: x float32 or bfloat16 [M, K_in] (K_in <= K, zero-padded here),
 // y [M, out_features] in x's dtype. Conversions, padding and the bias are done here rather than as separate torch
 // ops: at ~100 linears per decode step, each extra op cost ~15 us of dispatch (measured), 1.5 ms a step.
+// batch_invariant: one path for every row count (see the top of the file), for any number of rows.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
-                       const std::optional<at::Tensor>& bias, int64_t out_features) {
+                       const std::optional<at::Tensor>& bias, int64_t out_features, bool batch_invariant) {
   check_packed(packed);
   const int64_t NB = packed.size(0), K = packed.size(1) * kCols, N = NB * kRows, M = x.size(0), K_in = x.size(1);
   TORCH_CHECK(x.dim() == 2 && K_in <= K && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
@@ -245,12 +273,17 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   if (M == 0) return out;  // a step whose rows all skip the LM head
   std::vector<float> y(M * N);
   auto run = [&](const auto* xp, auto* o) {  // the same for float32 and bfloat16 x
-    for (int64_t m = 0; m < M; m++)
-      for (int64_t k = 0; k < K_in; k++) xf[m * K + k] = static_cast<float>(xp[m * K_in + k]);
-    linear_rows(xf.data(), M, K, packed.data_ptr<uint8_t>(), NB, scale.data_ptr<float>(), y.data());
-    for (int64_t m = 0; m < M; m++)
-      for (int64_t n = 0; n < out_features; n++)
-        o[m * out_features + n] = static_cast<std::remove_pointer_t<decltype(o)>>(y[m * N + n] + b[n]);
+    // Row by row, on the threads only for prefill-sized steps (a decode step's rows are not worth waking them).
+    at::parallel_for(0, M, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t m = r0; m < r1; m++)
+        for (int64_t k = 0; k < K_in; k++) xf[m * K + k] = static_cast<float>(xp[m * K_in + k]);
+    });
+    linear_rows(xf.data(), M, K, packed.data_ptr<uint8_t>(), NB, scale.data_ptr<float>(), y.data(), batch_invariant);
+    at::parallel_for(0, M, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t m = r0; m < r1; m++)
+        for (int64_t n = 0; n < out_features; n++)
+          o[m * out_features + n] = static_cast<std::remove_pointer_t<decltype(o)>>(y[m * N + n] + b[n]);
+    });
   };
   if (x.scalar_type() == at::kFloat)
     run(xc.data_ptr<float>(), out.data_ptr<float>());
@@ -262,7 +295,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
-  m.def("int8_linear(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int out_features) -> Tensor");
+  m.def(
+      "int8_linear(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int out_features, "
+      "bool batch_invariant=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {

@@ -6,7 +6,9 @@ tensors are built once in `plan` and reused by every layer.
 
 On CPU the decode group runs our fused C++ op instead (kernels/cpu/decode_attention.cpp: it reads K/V in place
 from the pool's pages, no gather copy) when the CPU kernels are built and the pool is float32 or bfloat16;
-RADIXSERVE_CPU_KERNELS=0 keeps everything on the SDPA path.
+RADIXSERVE_CPU_KERNELS=0 keeps everything on the SDPA path. In deterministic mode (radixserve/model/deterministic.py)
+every token, prompt or decode, is a row of that op over keys 0 .. its position, so a row's result does not depend
+on how its prompt was chunked or how much of it came from the cache.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class TorchAttentionBackend(AttentionBackend):
     """Paged causal attention with `torch.nn.functional.scaled_dot_product_attention`; runs on any device."""
 
     use_cpu_kernels = True  # False: the decode group takes the SDPA path even where the C++ op is available
+    deterministic = False  # True: every token attends as a decode row (set by make_deterministic, needs the op)
 
     def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None) -> None:
         super().__init__(pool, num_heads, head_dim, scale)
@@ -58,6 +61,9 @@ class TorchAttentionBackend(AttentionBackend):
         self.out_cache_loc = batch.out_cache_loc
         self.num_kv_heads = self.pool.k_buffers[0].shape[2]
         self.cpu_ops = self._ops if self.use_cpu_kernels else None
+        if self.deterministic:
+            self.groups = [self._token_rows(batch)]
+            return
         ext = batch.extend_lens.long()
         decode = torch.nonzero(ext == 1).flatten()
         extend = torch.nonzero(ext > 1).flatten()
@@ -76,6 +82,34 @@ class TorchAttentionBackend(AttentionBackend):
             pad_index = torch.repeat_interleave(torch.arange(extend.numel()) * q_len, lens) + within
             self.groups.append(self._group(batch, extend, q_len, rows, pad_index))
 
+    def _token_rows(self, batch: ForwardBatch) -> _Group:
+        """One decode-op row per packed token: token i of request r attends over keys 0 .. prefix_lens[r] + i, read
+        from r's pages (its own K/V is stored before the op runs)."""
+        if self.cpu_ops is None:
+            raise RuntimeError("deterministic attention needs the CPU decode_attention op")
+        ext = batch.extend_lens.long()
+        req = torch.repeat_interleave(torch.arange(ext.numel()), ext)
+        within = torch.arange(int(ext.sum())) - torch.repeat_interleave(batch.qo_indptr[:-1].long(), ext)
+        return self._op_rows(batch, req, batch.prefix_lens.long()[req] + within + 1, None)
+
+    @staticmethod
+    def _op_rows(batch: ForwardBatch, reqs: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor | None) -> _Group:
+        """Rows of the CPU decode op: row j queries keys 0 .. seq_lens[j] - 1 of request reqs[j]."""
+        longest = int(seq_lens.max()) if seq_lens.numel() else 0
+        pages = (longest + batch.page_size - 1) // batch.page_size
+        table = batch.page_table[reqs, :pages].to(torch.int32).contiguous()
+        return _Group(
+            rows=rows,
+            pad_index=None,
+            pages=table,  # unused: the op reads `table`
+            bias=None,
+            num_reqs=int(reqs.numel()),
+            q_len=1,
+            causal=False,
+            table=table,
+            seq_lens=seq_lens.to(torch.int32).contiguous(),
+        )
+
     def _group(
         self,
         batch: ForwardBatch,
@@ -86,20 +120,9 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> _Group:
         ps = batch.page_size
         device = batch.page_table.device
-        num_pages = (int(batch.seq_lens[reqs].max()) + ps - 1) // ps
         if q_len == 1 and self.cpu_ops is not None:
-            table = batch.page_table[reqs, :num_pages].to(torch.int32).contiguous()
-            return _Group(
-                rows=None if rows is None else rows.to(device),
-                pad_index=None,
-                pages=table,  # unused: the op reads `table`
-                bias=None,
-                num_reqs=int(reqs.numel()),
-                q_len=1,
-                causal=False,
-                table=table,
-                seq_lens=batch.seq_lens[reqs].to(torch.int32).contiguous(),
-            )
+            return self._op_rows(batch, reqs, batch.seq_lens[reqs], None if rows is None else rows.to(device))
+        num_pages = (int(batch.seq_lens[reqs].max()) + ps - 1) // ps
         # Query i of request r sits at position prefix_lens[r] + i and sees keys 0 .. prefix_lens[r] + i.
         # Padded queries (i >= extend_len) see only real-or-stale finite keys; their output is discarded.
         prefix = batch.prefix_lens[reqs].long()

@@ -11,7 +11,8 @@ decode or prefill much slower. int8 on every x86 kind: steps of fewer than 48 ro
 speculative verify) run our kernel (kernels/cpu/int8_linear.cpp: AVX-512 VNNI, else AVX2 FMA), which reads the
 int8 codes once per step at close to the memory bandwidth, half of bf16's bytes and a quarter of float32's;
 larger steps widen the codes a cache-sized slice at a time for the dense matmul in the activations' dtype
-(RESULTS.md, issue 14 fourth pass). int4 decodes from fewer bytes but fails the perplexity bar, so it stays an
+(RESULTS.md, issue 14 fourth pass), except in deterministic mode (radixserve/model/deterministic.py; on by default
+on AVX512_BF16), where every step runs the kernel's one batch-invariant path. int4 decodes from fewer bytes but fails the perplexity bar, so it stays an
 explicit choice. Activations: bf16 where the CPU has bf16 hardware (AMX, AVX512_BF16), float32 elsewhere.
 """
 

@@ -5,7 +5,8 @@ quarter) is what makes batch-1 decode faster.
 
 - int8: symmetric, one scale per output channel, codes packed for our kernel (kernels/cpu/int8_linear.cpp; see
   `pack_int8` and Int8Linear). Its 1-2-row path keeps activations in float32; from 3 rows on the AVX-512 VNNI path
-  rounds them to int8 per block of 32 columns (as llama.cpp does), INT8_ACT_TOL below.
+  rounds them to int8 per block of 32 columns (as llama.cpp does), INT8_ACT_TOL below. In deterministic mode
+  (radixserve/model/deterministic.py) every row count, 1 row and prefill included, takes the VNNI path.
 - int4: asymmetric, one (scale, zero) per group of 32/64/128 input columns; `torch._weight_int4pack_mm_for_cpu(x,
   packed, group, scale_zeros [K/group, N, 2])` with packed = `torch._convert_weight_to_int4pack_for_cpu(q, 1)`.
   The op's formula (tinygemm's) is w = (q - 8) * scale + zero with q in 0..15, so a symmetric format (GGUF Q4_0)
@@ -136,6 +137,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)
         self._scales: dict[torch.dtype, torch.Tensor] = {}
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        # --deterministic (radixserve/model/deterministic.py): every row count runs the kernel's one batch-invariant
+        # path, so a row's output does not depend on the other rows of the step.
+        self.batch_invariant = False
 
     @classmethod
     def from_packed(
@@ -167,8 +171,9 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, shape[-1])
         k_pad = self.codes.shape[1] * _PACK_COLS
         ops = cpu_kernels.ops()
-        if ops is not None and x2.shape[0] < INT8_KERNEL_ROWS and x.dtype in (torch.float32, torch.bfloat16):
-            y = ops.int8_linear(x2, self.codes, self.scale, self.bias, self.out_features)
+        small = x2.shape[0] < INT8_KERNEL_ROWS or self.batch_invariant
+        if ops is not None and small and x.dtype in (torch.float32, torch.bfloat16):
+            y = ops.int8_linear(x2, self.codes, self.scale, self.bias, self.out_features, self.batch_invariant)
             return y.reshape(*shape[:-1], self.out_features)
         if k_pad != self.in_features:
             x2 = F.pad(x2, (0, k_pad - self.in_features))

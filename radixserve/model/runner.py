@@ -96,6 +96,7 @@ class ModelRunner:
         quantization: str = "none",
         tp: TPGroup | None = None,
         null_model: bool = False,
+        deterministic: bool = False,
     ) -> None:
         self.device = device
         self.tp = tp  # tensor parallel: this rank's shard of the model and of every KV head (radixserve/distributed.py)
@@ -120,6 +121,10 @@ class ModelRunner:
             raise ValueError(f"max_total_tokens={max_total_tokens} is less than one page of {page_size} tokens")
         self.pool = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
         self.attn = make_backend(attention_backend, self.pool, cfg, max_running_requests)
+        if deterministic:  # batch-invariant linears and attention (radixserve/model/deterministic.py)
+            from radixserve.model.deterministic import make_deterministic
+
+            make_deterministic(self.model, self.attn)
         # Token ids sampled by the latest step, by request slot: the next step's decode inputs may name them before
         # the CPU has seen them (overlapped scheduling). Steps execute in order, so a slot is written before read.
         self.future_ids = torch.zeros(max_running_requests, dtype=torch.int64, device=device)

@@ -1,0 +1,141 @@
+"""Deterministic mode (issue 39) on the tiny checkpoints at the default CPU dtype and quantization: one prompt's
+tokens and logprobs, greedy and seeded, bit for bit the same alone, inside a batch of 8 and of 48 mixed-length
+prompts, with its prefix cached in whole pages or up to a partial page, with chunks of 64 instead of 512, and with
+n-gram speculation; then the same comparison without the mode, which must find a difference (else these tests
+could not fail)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import kernels.cpu as cpu_kernels
+from radixserve.model.quant import Int8Linear
+
+pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="deterministic mode needs the CPU kernels")
+
+GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+SEEDED = {"max_new_tokens": 12, "temperature": 0.9, "top_p": 0.95, "seed": 11, "ignore_eos": True}
+DEFAULTS = dict(dtype="auto", quantization="auto", max_total_tokens=12288, max_running_requests=64)
+Answer = tuple[list[int], list[float]]
+
+
+def target_prompt() -> list[int]:
+    """150 tokens (9 pages of 16 and 6 more) with a repeated passage, so the n-gram drafter has drafts to verify."""
+    rng = random.Random(5)
+    passage = [rng.randrange(3, 500) for _ in range(40)]
+    return [rng.randrange(3, 500) for _ in range(30)] + passage + [rng.randrange(3, 500) for _ in range(40)] + passage
+
+
+def others(count: int) -> list[list[int]]:
+    """`count` other prompts of mixed lengths (3 to ~200 tokens)."""
+    rng = random.Random(count)
+    return [[rng.randrange(3, 500) for _ in range(rng.choice((3, 9, 17, 40, 77, 130, 201)))] for _ in range(count)]
+
+
+def answers(eng: Any, prompts: list[list[int]], params: dict[str, Any]) -> list[Answer]:
+    outs = eng.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
+    outs = outs if isinstance(outs, list) else [outs]
+    return [(o["output_ids"], [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]) for o in outs]
+
+
+def target_answers(eng: Any, batch: list[list[int]], at: int) -> tuple[Answer, Answer]:
+    """The target's greedy and seeded answers when it sits at index `at` of `batch` (the rest greedy / seeded too)."""
+    prompts = batch[:at] + [target_prompt()] + batch[at:]
+    return answers(eng, prompts, GREEDY)[at], answers(eng, prompts, SEEDED)[at]
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def model(request: pytest.FixtureRequest, tiny_model_factory: Callable[..., Path]) -> Path:
+    """Qwen2 (QKV bias, tied head) and Qwen3 (QK-norm)."""
+    return tiny_model_factory(request.param)
+
+
+@pytest.fixture(scope="module")
+def alone(model: Path) -> tuple[Answer, Answer]:
+    """The target alone on a fresh deterministic engine: chunks of 512, no cache hit, no speculation."""
+    from radixserve import Engine
+
+    eng = Engine(model=model, deterministic=True, speculative="off", **DEFAULTS)
+    try:
+        return target_answers(eng, [], 0)
+    finally:
+        eng.shutdown()
+
+
+def test_rows_of_the_int8_kernel_do_not_depend_on_the_step() -> None:
+    torch.manual_seed(0)
+    for n, k in ((96, 64), (200, 448)):
+        lin = Int8Linear.from_float(torch.randn(n, k), torch.randn(n))
+        lin.batch_invariant = True
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(600, k).to(dtype)
+            full = lin(x)
+            for m in (1, 2, 3, 47, 48, 100):
+                assert torch.equal(lin(x[:m]), full[:m]), (n, k, dtype, m)
+            assert torch.equal(lin(x[301:302]), full[301:302])
+
+
+@pytest.mark.parametrize("size", [8, 48])
+def test_same_answer_alone_and_in_a_batch(size: int, model: Path, alone: tuple, make_engine: Callable) -> None:
+    eng = make_engine(model, deterministic=True, speculative="off", **DEFAULTS)
+    assert target_answers(eng, others(size - 1), size // 3) == alone
+
+
+def test_same_answer_from_whole_cached_pages_and_a_partial_page(
+    model: Path, alone: tuple, make_engine: Callable
+) -> None:
+    eng = make_engine(model, deterministic=True, speculative="off", page_size=16, **DEFAULTS)
+    target = target_prompt()
+    for shared in (128, 133):  # 8 whole pages; then 8 pages and 5 rows of a partial one (copied)
+        eng.flush_cache()
+        eng.generate(input_ids=target[:shared] + [7, 8, 9], sampling_params={"max_new_tokens": 1})
+        before = eng.cache_stats()
+        assert target_answers(eng, [], 0) == alone
+        after = eng.cache_stats()
+        assert after["hit_tokens"] - before["hit_tokens"] >= shared
+    assert after["partial_page_hit_tokens"] > 0, after
+    assert target_answers(eng, [], 0) == alone  # all but its last token cached, by the requests just above
+
+
+def test_same_answer_with_chunks_of_64(model: Path, alone: tuple, make_engine: Callable) -> None:
+    eng = make_engine(model, deterministic=True, speculative="off", chunked_prefill_size=64, **DEFAULTS)
+    assert target_answers(eng, others(7), 2) == alone
+
+
+def test_same_answer_with_ngram_speculation(model: Path, alone: tuple, make_engine: Callable) -> None:
+    eng = make_engine(model, deterministic=True, speculative="ngram", **DEFAULTS)
+    assert target_answers(eng, [], 0) == alone
+    assert target_answers(eng, others(7), 5) == alone
+    assert eng.cache_stats()["spec_verify_steps"] > 0
+
+
+def test_without_the_mode_the_batch_changes_the_answer(model: Path, make_engine: Callable) -> None:
+    """The control: the default kernels give this prompt other logprobs in a batch of 48 than alone (the int8
+    linears take another path from 48 rows on, attention another per chunk), so the tests above can fail."""
+    eng = make_engine(model, speculative="off", deterministic=False, **DEFAULTS)
+    solo = target_answers(eng, [], 0)[0]
+    eng.flush_cache()
+    assert target_answers(eng, others(47), 16)[0] != solo
+
+
+def test_on_by_default_where_measured_refused_where_it_cannot_run(
+    tiny_model_dir: Path, make_engine: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radixserve.errors import ParamError
+    from radixserve.model import cpu_select
+
+    for kind, on in (("AVX512_BF16", True), ("AMX", False), ("AVX2", False)):
+        monkeypatch.setattr(cpu_select, "cpu_kind", lambda kind=kind: kind)
+        assert make_engine(tiny_model_dir, **DEFAULTS).model_info()["deterministic"] is on, kind
+    assert make_engine(tiny_model_dir, deterministic=True, **DEFAULTS).model_info()["deterministic"] is True  # AVX2
+    assert make_engine(tiny_model_dir, dtype="float32").model_info()["deterministic"] is False  # no quantization
+    with pytest.raises(ParamError, match="int8 weights"):
+        make_engine(tiny_model_dir, dtype="float32", deterministic=True)
+    with pytest.raises(ParamError, match="torch attention backend"):
+        make_engine(tiny_model_dir, attention_backend="triton", quantization="int8", deterministic=True)
