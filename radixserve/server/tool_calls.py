@@ -23,6 +23,40 @@ class ToolCall:
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
 
+class CallList:
+    """The calls of one turn as the client gets them. A small model asked for calls may go on calling (the same city
+    again, or the same call over and over) until max_tokens; so the list ends at the first call that repeats an
+    earlier one exactly (it and all after it are dropped), and after the first call when parallel calls are off.
+    Whole and streamed parsing share this rule, so both return the same calls."""
+
+    def __init__(self, parallel: bool) -> None:
+        self.parallel = parallel
+        self.calls: list[ToolCall] = []
+        self.closed = False
+        self._seen: set[tuple[str, str]] = set()
+
+    def add(self, call: ToolCall) -> bool:
+        """Take the call if the list is still open; False (and the list closes) if it repeats an earlier one."""
+        if self.closed:
+            return False
+        key = (call.name, _canonical(call.arguments))
+        if key in self._seen:
+            self.closed = True
+            return False
+        self._seen.add(key)
+        self.calls.append(call)
+        self.closed = not self.parallel
+        return True
+
+
+def _canonical(arguments: str) -> str:
+    """Arguments compared by value: the same object written with other spacing or key order is the same call."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True)
+    except json.JSONDecodeError:
+        return arguments
+
+
 @dataclass
 class StreamEvent:
     """What a streamed piece of text turned out to be: plain content, or one complete tool call (index-th)."""
@@ -38,9 +72,10 @@ class HermesToolFormat:
     start = "<tool_call>"
     end = "</tool_call>"
 
-    def __init__(self, tokenizer: Tokenizer, names: frozenset[str] = frozenset()) -> None:
+    def __init__(self, tokenizer: Tokenizer, names: frozenset[str] = frozenset(), parallel: bool = True) -> None:
         self.tokenizer = tokenizer
         self.names = names  # the request's tool names: a bare call of one of them counts too (see bare_call)
+        self.parallel = parallel  # parallel_tool_calls: false ends the list after its first call (CallList)
 
     def bare_call(self, text: str) -> ToolCall | None:
         """Small Qwen2.5 models often answer a call as the bare JSON object, without the markers: the whole output
@@ -51,8 +86,9 @@ class HermesToolFormat:
 
     def parse(self, text: str, truncated: bool = False) -> tuple[str | None, list[ToolCall]]:
         """(content before the first call, or None if empty; the calls). A block that does not parse stays text;
-        `truncated` (generation ended by length): a call cut off before its end marker is dropped, not content."""
-        calls: list[ToolCall] = []
+        `truncated` (generation ended by length): a call cut off before its end marker is dropped, not content.
+        Once the call list closes (CallList), the rest of the text is dropped: generation was stopped there."""
+        calls = CallList(self.parallel)
         if truncated:  # cut off inside the start marker itself: that was a call beginning too
             text = text[: len(text) - partial_suffix(text, self.start)]
         content, rest = text, ""
@@ -62,7 +98,7 @@ class HermesToolFormat:
             return (None, [bare]) if bare is not None else (text, [])
         content, rest = text[:pos], text[pos:]
         leftover = []
-        while rest:
+        while rest and not calls.closed:
             if not rest.startswith(self.start):
                 nxt = rest.find(self.start)
                 leftover.append(rest if nxt < 0 else rest[:nxt])
@@ -77,10 +113,10 @@ class HermesToolFormat:
             if call is None:
                 leftover.append(rest[: end + len(self.end)])
             else:
-                calls.append(call)
+                calls.add(call)
             rest = rest[end + len(self.end) :]
         text_out = (content + "".join(s for s in leftover if s.strip())).strip()
-        return (text_out or None), calls
+        return (text_out or None), calls.calls
 
     @staticmethod
     def parse_block(body: str) -> ToolCall | None:
@@ -116,7 +152,10 @@ class HermesToolFormat:
             )
         schema = dict(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}, **{"x-guidance": JSON_OPTIONS})
         call = f'{self._marker(self.start)} "\\n" body "\\n" {self._marker(self.end)}'
-        repeat = ' ("\\n" call)*' if choice is None and parallel else ""
+        # After each complete call the model may end: also after the newline that would begin another one (with the
+        # call marker then the only text left, jump-forward would force a next call, and small models went on
+        # calling, city after city, until max_tokens).
+        repeat = ' ("\\n" call)* "\\n"?' if choice is None and parallel else ""
         rules = f"call: {call}\nbody: %json {json.dumps(schema)}\n"
         if answer is None:
             return f"start: call{repeat}\n" + rules
@@ -140,9 +179,21 @@ class ToolStream:
         self.after_call = False  # the newline that separates two calls is no content
         self.bare = False  # the output began with "{": held back whole, it may be a bare call (see bare_call)
         self.started = False
-        self.count = 0
+        self.calls = CallList(fmt.parallel)
+
+    @property
+    def count(self) -> int:
+        """Calls emitted so far."""
+        return len(self.calls.calls)
+
+    @property
+    def closed(self) -> bool:
+        """The call list has ended: nothing more will be emitted, and generation may stop."""
+        return self.calls.closed
 
     def feed(self, text: str) -> list[StreamEvent]:
+        if self.closed:
+            return []
         self.buf += text
         if not self.started and self.buf.strip():
             self.started, self.bare = True, self.buf.lstrip().startswith("{") and bool(self.fmt.names)
@@ -174,21 +225,24 @@ class ToolStream:
             call = self.fmt.parse_block(block[len(self.fmt.start) : -len(self.fmt.end)])
             if call is None:
                 events.append(StreamEvent(content=block))
-            else:
-                events.append(StreamEvent(call=call, index=self.count))
-                self.count += 1
+            elif self.calls.add(call):
+                events.append(StreamEvent(call=call, index=self.count - 1))
             self.buf = self.buf[end + len(self.fmt.end) :]
             self.in_call, self.after_call = False, call is not None
+            if self.closed:
+                self.buf = ""
+                return events
 
     def finish(self, truncated: bool = False) -> list[StreamEvent]:
         """What is left at the end; `truncated` (ended by length): a call cut off inside its markers is dropped."""
         rest, self.buf = self.buf, ""
+        if self.closed:
+            return []
         if truncated and (self.in_call or (rest and partial_suffix(rest, self.fmt.start) == len(rest))):
             return []
         if self.bare:
             call = self.fmt.bare_call(rest)
-            if call is not None:
-                self.count += 1
+            if call is not None and self.calls.add(call):
                 return [StreamEvent(call=call, index=0)]
         return [StreamEvent(content=rest)] if rest else []
 
@@ -201,12 +255,14 @@ def partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def tool_format(tokenizer: Tokenizer, names: frozenset[str] = frozenset()) -> HermesToolFormat | None:
+def tool_format(
+    tokenizer: Tokenizer, names: frozenset[str] = frozenset(), parallel: bool = True
+) -> HermesToolFormat | None:
     """The tool-call format of the model's chat template (for a request with tools of these names), or None when
     its template writes no tool calls."""
     template = tokenizer.select_chat_template(tools=True)
     if isinstance(template, str) and HermesToolFormat.start in template:
-        return HermesToolFormat(tokenizer, names)
+        return HermesToolFormat(tokenizer, names, parallel)
     return None
 
 

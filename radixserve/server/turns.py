@@ -17,6 +17,7 @@ from starlette.requests import Request
 from radixserve.errors import RequestFailedError
 from radixserve.io import GenerateOutput
 from radixserve.server.errors import ApiError
+from radixserve.server.call_stop import CallWatch, collect, end_at_calls
 from radixserve.server.chat_api import Structure, prepare_chat, prompt_ids
 from radixserve.server.openai_api import Job, accumulate, finish_reason, observe_and_remember, start_streams, usage
 from radixserve.server.protocol import ChatCompletionRequest, Usage
@@ -88,6 +89,9 @@ class TurnStream:
                             yield CallDone(ev.call, ev.index) if ev.call is not None else TextDelta(ev.content)
                 for ev in split.finish() if split is not None and done else []:
                     yield CallDone(ev.call, ev.index) if ev.call is not None else TextDelta(ev.content)
+                if split is not None and split.closed and not done:  # its call list closed: stop there
+                    acc = end_at_calls(self.state, self.streams[0], acc)
+                    break
         assert acc is not None
         self.turn = _turn(self.state, self.job, self.shape, acc)
 
@@ -106,7 +110,10 @@ async def run_turn(
         job, shape = await prepare_chat(request, state, req, rid)
         job.renames.update(names)
         with engine_errors("messages", {"max_new_tokens": job.max_param, **job.renames}):
-            [[out]] = await generate(request, state, job.calls)
+            if shape.parser is None:
+                [[out]] = await generate(request, state, job.calls)
+            else:  # read as a stream, to stop where the call list closes (call_stop.py), as a streamed turn does
+                [out] = await collect(request, state, job, [CallWatch(shape.parser, _think_split(state, job))])
     return _turn(state, job, shape, out)
 
 

@@ -1,0 +1,134 @@
+"""What a chat turn's output becomes for the client: the assistant message (content or tool calls, parsed from the
+model's own format), its logprobs, and the chat.completion.chunk stream, whose tool calls stop where the call list
+closes (call_stop.py)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from radixserve.io import FinishReason, GenerateOutput, OutputMeta
+from radixserve.server.call_stop import CallWatch, end_at_calls
+from radixserve.server.openai_api import (
+    Job,
+    accumulate,
+    finish_reason,
+    folded,
+    observe_and_remember,
+    usage,
+)
+from radixserve.server.protocol import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    ChatResponseMessage,
+    DeltaToolCall,
+    ResponseFunction,
+    ResponseToolCall,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from radixserve.server.serving import ServerState, Stream, merged, sse
+from radixserve.server.tool_calls import HermesToolFormat, ToolCall
+from radixserve.tokenizer import Tokenizer
+
+
+def chat_logprobs(tok: Tokenizer, meta: OutputMeta) -> ChatLogprobs:
+    lps = meta.output_token_logprobs or []
+    tops = meta.output_top_logprobs or [[] for _ in lps]
+    content = []
+    for (lp, tid), top in zip(lps, tops):
+        # The token's own bytes: a piece of a multi-byte character has no text of its own (OpenAI's `bytes` field).
+        alts = [TopLogprob(tok.token_to_str(t), v, list(tok.token_bytes(t))) for v, t in top or []]
+        content.append(TokenLogprob(tok.token_to_str(tid), lp, list(tok.token_bytes(tid)), alts))
+    return ChatLogprobs(content)
+
+
+def response_message(
+    text: str, parser: HermesToolFormat | None, truncated: bool = False
+) -> tuple[ChatResponseMessage, bool]:
+    """The assistant message for generated text, and whether it holds tool calls. `truncated` (ended by length): a
+    call cut off part way is dropped, never returned as content (the complete calls before it are kept)."""
+    if parser is None:
+        return ChatResponseMessage("assistant", text), False
+    content, calls = parser.parse(text, truncated)
+    if not calls:
+        return ChatResponseMessage("assistant", content if truncated else text), False
+    return ChatResponseMessage("assistant", content, [_response_call(c) for c in calls]), True
+
+
+def _response_call(c: ToolCall) -> ResponseToolCall:
+    return ResponseToolCall(c.id, ResponseFunction(c.name, c.arguments))
+
+
+def chat_reason(fin: FinishReason | None, called: bool) -> str | None:
+    reason = finish_reason(fin)
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def _call_deltas(i: int, call: ToolCall, index: int) -> list[ChatChunkChoice]:
+    """A tool call as OpenAI streams it: its id, type and name with empty arguments, then the arguments."""
+    head = DeltaToolCall(index, ResponseFunction(call.name, ""), call.id, "function")
+    return [
+        ChatChunkChoice(i, ChatDelta(tool_calls=[head])),
+        ChatChunkChoice(i, ChatDelta(tool_calls=[DeltaToolCall(index, ResponseFunction(arguments=call.arguments))])),
+    ]
+
+
+async def chat_events(
+    state: ServerState,
+    job: Job,
+    streams: list[Stream],
+    created: int,
+    logprobs: bool,
+    include_usage: bool,
+    parser: HermesToolFormat | None,
+) -> AsyncIterator[bytes]:
+    """chat.completion.chunk events (openai_api.guarded_events adds [DONE] and errors): a role delta per choice,
+    content and tool-call deltas, a finish chunk. A choice whose call list closes ends there with `tool_calls` (its engine request aborted)."""
+    tok = state.engine.tokenizer
+    acc: list[GenerateOutput | None] = [None] * len(streams)
+    watches = [CallWatch(parser) if parser is not None else None for _ in streams]
+
+    def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> bytes:
+        return sse(state, ChatCompletionChunk(job.rid, created, state.model_name, choices, use))
+
+    for i in range(len(streams)):
+        yield chunk([ChatChunkChoice(i, ChatDelta(role="assistant", content=""))])
+    async with contextlib.aclosing(merged(streams)) as events:
+        async for i, c in events:
+            watch = watches[i]
+            if watch is not None and watch.closed:
+                continue  # ended at its calls already: what follows is the abort's chunk
+            acc[i] = out = accumulate(acc[i], c)
+            meta = c.meta_info
+            reason = finish_reason(meta.finish_reason)
+            lp = chat_logprobs(tok, meta) if logprobs and meta.output_token_logprobs else None
+            if watch is None:
+                if c.text or lp is not None:
+                    yield chunk([ChatChunkChoice(i, ChatDelta(content=c.text), None, lp)])
+            else:
+                for choice in _split_deltas(i, watch, c.text, reason):
+                    yield chunk([choice])
+                if watch.closed and reason is None:
+                    acc[i], reason = end_at_calls(state, streams[i], out), "stop"
+            if reason is not None:
+                called = watch is not None and watch.split.count > 0
+                yield chunk([ChatChunkChoice(i, ChatDelta(), "tool_calls" if called and reason == "stop" else reason)])
+    if include_usage:
+        yield chunk([], usage(folded(acc), job.n))
+    observe_and_remember(state, job, folded(acc), chat=True)
+
+
+def _split_deltas(i: int, watch: CallWatch, text: str, reason: str | None) -> list[ChatChunkChoice]:
+    """Choice i's content and tool-call deltas for a piece of its text (and what was held back, if it ended)."""
+    pieces = watch.feed(text) + (watch.split.finish(reason == "length") if reason is not None else [])
+    out = []
+    for ev in pieces:
+        if ev.call is not None:
+            out.extend(_call_deltas(i, ev.call, ev.index))
+        elif ev.content:
+            out.append(ChatChunkChoice(i, ChatDelta(content=ev.content)))
+    return out
