@@ -48,6 +48,7 @@ from radixserve.server.serving import (
     server_state,
 )
 from radixserve.server.tool_calls import HermesToolFormat, tool_format
+from radixserve.server.tool_grammar import call_grammar, lazy_grammar
 from radixserve.tokenizer import Tokenizer
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -190,15 +191,14 @@ def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
         raise bad_request("this model's chat template has no tool-call format", param="tools")
     if choice == "none" or fmt is None:
         return Structure(_response_format(req), tools, None)
+    assert tools is not None
     if choice == "auto":
         answer = _response_format(req).get("json_schema")
-        if answer is None or tools is None:
-            return Structure(_response_format(req), tools, fmt)
+        if answer is None:  # free text, but a call that starts is held to a declared tool (lazy grammar)
+            return Structure({"ebnf": lazy_grammar(fmt, tools, parallel)}, tools, fmt)
         # As OpenAI: response_format shapes the final text answer only; the turn may still call a tool instead.
-        grammar = fmt.grammar(tools, None, parallel, answer=answer)
-        return Structure({"ebnf": grammar}, tools, fmt)
-    assert tools is not None
-    grammar = fmt.grammar(tools, None if choice == "required" else choice, parallel)
+        return Structure({"ebnf": call_grammar(fmt, tools, None, parallel, answer=answer)}, tools, fmt)
+    grammar = call_grammar(fmt, tools, None if choice == "required" else choice, parallel)
     return Structure({"ebnf": grammar}, tools, fmt)
 
 

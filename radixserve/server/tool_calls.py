@@ -1,5 +1,5 @@
-"""Tool calls in the model's own format: parsing them out of generated text (whole or streamed), and the grammar that
-makes a model call a tool when `tool_choice` asks for one.
+"""Tool calls in the model's own format: parsing them out of generated text, whole or streamed (the grammars that
+hold a model to its tools are tool_grammar.py's).
 
 One parser per chat template family, chosen from the template's text. Qwen2.5 (and Hermes-style templates, the
 test models' among them) write each call as `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
-from radixserve.constrained.grammar import JSON_OPTIONS
 from radixserve.tokenizer import Tokenizer
 
 
@@ -74,49 +72,19 @@ class HermesToolFormat:
 
     def __init__(self, tokenizer: Tokenizer, names: frozenset[str] = frozenset(), parallel: bool = True) -> None:
         self.tokenizer = tokenizer
-        self.names = names  # the request's tool names: a bare call of one of them counts too (see bare_call)
+        self.names = names  # the request's tool names: a JSON call outside the markers counts if it names one
         self.parallel = parallel  # parallel_tool_calls: false ends the list after its first call (CallList)
 
-    def bare_call(self, text: str) -> ToolCall | None:
-        """Small Qwen2.5 models often answer a call as the bare JSON object, without the markers: the whole output
-        is then a call if it parses as one and names one of the request's tools."""
-        body = text.strip()
-        call = self.parse_block(body) if body.startswith("{") and body.endswith("}") else None
-        return call if call is not None and call.name in self.names else None
-
     def parse(self, text: str, truncated: bool = False) -> tuple[str | None, list[ToolCall]]:
-        """(content before the first call, or None if empty; the calls). A block that does not parse stays text;
-        `truncated` (generation ended by length): a call cut off before its end marker is dropped, not content.
-        Once the call list closes (CallList), the rest of the text is dropped: generation was stopped there."""
-        calls = CallList(self.parallel)
-        if truncated:  # cut off inside the start marker itself: that was a call beginning too
-            text = text[: len(text) - partial_suffix(text, self.start)]
-        content, rest = text, ""
-        pos = text.find(self.start)
-        if pos < 0:
-            bare = self.bare_call(text)
-            return (None, [bare]) if bare is not None else (text, [])
-        content, rest = text[:pos], text[pos:]
-        leftover = []
-        while rest and not calls.closed:
-            if not rest.startswith(self.start):
-                nxt = rest.find(self.start)
-                leftover.append(rest if nxt < 0 else rest[:nxt])
-                rest = "" if nxt < 0 else rest[nxt:]
-                continue
-            end = rest.find(self.end)
-            if end < 0:
-                if not truncated:
-                    leftover.append(rest)
-                break
-            call = self.parse_block(rest[len(self.start) : end])
-            if call is None:
-                leftover.append(rest[: end + len(self.end)])
-            else:
-                calls.add(call)
-            rest = rest[end + len(self.end) :]
-        text_out = (content + "".join(s for s in leftover if s.strip())).strip()
-        return (text_out or None), calls.calls
+        """(the content, or None if empty; the calls) of a whole output, read as ToolStream reads it streamed, so
+        both find the same calls. Without calls (and not cut off), the content is the text as it is.
+        `truncated` (generation ended by length): a call cut off part way is dropped, not content."""
+        stream = ToolStream(self)
+        events = stream.feed(text) + stream.finish(truncated)
+        calls = [e.call for e in events if e.call is not None]
+        if not calls and not truncated:
+            return text, []
+        return "".join(e.content for e in events).strip() or None, calls
 
     @staticmethod
     def parse_block(body: str) -> ToolCall | None:
@@ -129,56 +97,20 @@ class HermesToolFormat:
         args = obj.get("arguments", obj.get("parameters", {}))
         return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
-    def grammar(
-        self, tools: list[dict[str, Any]], choice: str | None, parallel: bool = True, answer: dict | None = None
-    ) -> str:
-        """A Lark grammar (llguidance's dialect) for one call of `choice` (a function name), or for one call of any
-        tool (`choice` None: tool_choice "required"), or several with `parallel`. Markers that are single tokens in the vocabulary
-        are named by id, so the grammar matches the token the model emits, not its spelling."""
-        chosen = [t["function"] for t in tools if choice is None or t["function"]["name"] == choice]
-        schemas = []
-        for i, fn in enumerate(chosen):
-            params = fn.get("parameters") or {"type": "object", "properties": {}}
-            # The parameters sit under the wrapper's properties.arguments: their own "#/..." refs ($defs of nested
-            # pydantic models, "#" for recursion) must point there, not at the wrapper's root.
-            where = "#/properties/arguments" if len(chosen) == 1 else f"#/anyOf/{i}/properties/arguments"
-            schemas.append(
-                {
-                    "type": "object",
-                    "properties": {"name": {"const": fn["name"]}, "arguments": rebase_refs(params, where)},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": False,
-                }
-            )
-        schema = dict(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}, **{"x-guidance": JSON_OPTIONS})
-        call = f'{self._marker(self.start)} "\\n" body "\\n" {self._marker(self.end)}'
-        # After each complete call the model may end: also after the newline that would begin another one (with the
-        # call marker then the only text left, jump-forward would force a next call, and small models went on
-        # calling, city after city, until max_tokens).
-        repeat = ' ("\\n" call)* "\\n"?' if choice is None and parallel else ""
-        rules = f"call: {call}\nbody: %json {json.dumps(schema)}\n"
-        if answer is None:
-            return f"start: call{repeat}\n" + rules
-        # `answer`: the schema of a text answer (response_format), applied to that answer only, a call staying open
-        answer_schema = json.dumps(dict(answer, **{"x-guidance": JSON_OPTIONS}))
-        return f"start: call{repeat} | answer\n" + rules + f"answer: %json {answer_schema}\n"
-
-    def _marker(self, text: str) -> str:
-        tid = self.tokenizer.token_to_id(text)
-        return f"<[{tid}]>" if tid is not None else json.dumps(text)
-
 
 class ToolStream:
-    """Splits streamed text into content deltas and complete tool calls: text that may begin a call marker is held
-    back until it is known not to; a call is emitted when its end marker arrives (`finish` flushes what is left)."""
+    """Splits streamed text into content deltas and complete tool calls. A call is the model's marked block, or a
+    JSON object that names one of the request's tools (what small models write instead: bare, one after another,
+    or in a ```json fence, which then is no content either). Text that may begin either is held back until it is
+    known not to; a call is emitted once complete (`finish` flushes what is left)."""
 
     def __init__(self, fmt: HermesToolFormat) -> None:
         self.fmt = fmt
-        self.buf = ""
-        self.in_call = False
-        self.after_call = False  # the newline that separates two calls is no content
-        self.bare = False  # the output began with "{": held back whole, it may be a bare call (see bare_call)
-        self.started = False
+        self.buf = ""  # text read but not yet emitted
+        self.mode = "text"  # text | marked (inside the markers) | json (an object that may be a call) | fence
+        self.fence = ""  # a fence's opening line held back: no content if a call follows it
+        self.close_fence = False  # a call came out of a fence: the fence's closing ``` is no content
+        self.after_call = False  # the whitespace that separates two calls is no content
         self.calls = CallList(fmt.parallel)
 
     @property
@@ -192,59 +124,148 @@ class ToolStream:
         return self.calls.closed
 
     def feed(self, text: str) -> list[StreamEvent]:
-        if self.closed:
-            return []
-        self.buf += text
-        if not self.started and self.buf.strip():
-            self.started, self.bare = True, self.buf.lstrip().startswith("{") and bool(self.fmt.names)
-        if self.bare:
-            return []
         events: list[StreamEvent] = []
-        while True:
-            if not self.in_call:
-                if self.after_call:
-                    self.buf = self.buf.lstrip("\n")
-                    if not self.buf:
-                        return events
-                    self.after_call = False
-                pos = self.buf.find(self.fmt.start)
-                if pos < 0:
-                    keep = partial_suffix(self.buf, self.fmt.start)
-                    cut = len(self.buf) - keep
-                    if cut:
-                        events.append(StreamEvent(content=self.buf[:cut]))
-                    self.buf = self.buf[cut:]
-                    return events
-                if pos:
-                    events.append(StreamEvent(content=self.buf[:pos]))
-                self.buf, self.in_call = self.buf[pos:], True
-            end = self.buf.find(self.fmt.end)
-            if end < 0:
-                return events
-            block = self.buf[: end + len(self.fmt.end)]
-            call = self.fmt.parse_block(block[len(self.fmt.start) : -len(self.fmt.end)])
-            if call is None:
-                events.append(StreamEvent(content=block))
-            elif self.calls.add(call):
-                events.append(StreamEvent(call=call, index=self.count - 1))
-            self.buf = self.buf[end + len(self.fmt.end) :]
-            self.in_call, self.after_call = False, call is not None
-            if self.closed:
-                self.buf = ""
-                return events
+        self.buf += text
+        step = {"text": self._text, "marked": self._marked, "json": self._json, "fence": self._fence}
+        while not self.closed and step[self.mode](events):
+            pass
+        if self.closed:
+            self.buf = ""
+        return events
 
     def finish(self, truncated: bool = False) -> list[StreamEvent]:
-        """What is left at the end; `truncated` (ended by length): a call cut off inside its markers is dropped."""
-        rest, self.buf = self.buf, ""
+        """What is left at the end; `truncated` (ended by length): a call cut off part way is dropped."""
+        rest, fence, self.buf, self.fence = self.buf, self.fence, "", ""
         if self.closed:
             return []
-        if truncated and (self.in_call or (rest and partial_suffix(rest, self.fmt.start) == len(rest))):
+        if truncated and (self.mode in ("marked", "json") or partial_suffix(rest, self.fmt.start) == len(rest) > 0):
             return []
-        if self.bare:
-            call = self.fmt.bare_call(rest)
-            if call is not None and self.calls.add(call):
-                return [StreamEvent(call=call, index=0)]
-        return [StreamEvent(content=rest)] if rest else []
+        if self.close_fence and FENCE.startswith(rest.strip()):
+            return []
+        return [StreamEvent(content=fence + rest)] if fence + rest else []
+
+    def _emit(self, events: list[StreamEvent], text: str) -> None:
+        if text:
+            events.append(StreamEvent(content=text))
+
+    def _call(self, events: list[StreamEvent], call: ToolCall) -> None:
+        if self.calls.add(call):
+            events.append(StreamEvent(call=call, index=self.count - 1))
+        self.after_call = True
+
+    def _text(self, events: list[StreamEvent]) -> bool:
+        """Free text: emit it up to where a call (or a fence around one) may begin."""
+        if self.after_call or self.close_fence:
+            self.buf = self.buf.lstrip()
+            if not self.buf or (self.close_fence and FENCE.startswith(self.buf) and self.buf != FENCE):
+                return False
+            if self.close_fence and self.buf.startswith(FENCE):
+                self.buf = self.buf[len(FENCE) :]
+            self.after_call = self.close_fence = False
+            return True
+        starts = {"marked": self.buf.find(self.fmt.start)}
+        if self.fmt.names:  # JSON calls count only when they name a declared tool
+            starts.update(json=self.buf.find("{"), fence=self.buf.find(FENCE))
+        found = [(pos, mode) for mode, pos in starts.items() if pos >= 0]
+        if not found:
+            held = max(
+                partial_suffix(self.buf, m) for m in ([self.fmt.start, FENCE] if self.fmt.names else [self.fmt.start])
+            )
+            cut = len(self.buf) - held
+            self._emit(events, self.buf[:cut])
+            self.buf = self.buf[cut:]
+            return False
+        pos, self.mode = min(found)
+        self._emit(events, self.buf[:pos])
+        self.buf = self.buf[pos:]
+        return True
+
+    def _marked(self, events: list[StreamEvent]) -> bool:
+        """Inside the model's markers: a call once the end marker arrives (any name: the model's own format)."""
+        end = self.buf.find(self.fmt.end)
+        if end < 0:
+            return False
+        block, self.buf, self.mode = self.buf[: end + len(self.fmt.end)], self.buf[end + len(self.fmt.end) :], "text"
+        call = self.fmt.parse_block(block[len(self.fmt.start) : -len(self.fmt.end)])
+        if call is None:
+            self._emit(events, block)
+        else:
+            self._call(events, call)
+        return True
+
+    def _fence(self, events: list[StreamEvent]) -> bool:
+        """A fence's opening line: held while a JSON object may follow it, content otherwise."""
+        line_end = self.buf.find("\n")
+        if line_end < 0:
+            if len(self.buf) <= MAX_FENCE_LINE:
+                return False
+            line_end = len(self.buf) - 1
+        head, after = self.buf[: line_end + 1], self.buf[line_end + 1 :]
+        body = after.lstrip()
+        if head[len(FENCE) :].strip() in ("", "json") and not body:
+            return False
+        if head[len(FENCE) :].strip() in ("", "json") and body.startswith("{"):
+            self.fence, self.buf, self.mode = head + after[: len(after) - len(body)], body, "json"
+            return True
+        self._emit(events, head)
+        self.buf, self.mode = after, "text"
+        return True
+
+    def _json(self, events: list[StreamEvent]) -> bool:
+        """An object in free text: a call if it opens as one and names a declared tool, content otherwise."""
+        head = json_head(self.buf)
+        if head is None:
+            return False
+        end = object_end(self.buf) if head else 1
+        if end is None:
+            return False
+        obj, self.buf, self.mode = self.buf[:end], self.buf[end:], "text"
+        call = self.fmt.parse_block(obj) if head else None
+        if call is not None and call.name in self.fmt.names:
+            self._call(events, call)
+            self.close_fence = bool(self.fence)
+        else:
+            self._emit(events, self.fence + obj)
+        self.fence = ""
+        return True
+
+
+FENCE = "```"
+MAX_FENCE_LINE = 16  # a fence's opening line longer than this (with no newline yet) names no JSON: content
+
+
+def json_head(text: str) -> bool | None:
+    """Whether text that starts with "{" opens a call object (`{"name": "`, whitespace allowed between, as the lazy
+    grammar's trigger in tool_grammar.py), None while it cannot yet tell."""
+    rest = text[1:]
+    for piece in ('"name"', ":", '"'):
+        rest = rest.lstrip(" \t\n")
+        if not rest:
+            return None
+        if not rest.startswith(piece):
+            return None if piece.startswith(rest) else False
+        rest = rest[len(piece) :]
+    return True
+
+
+def object_end(text: str) -> int | None:
+    """The index just past the JSON object that opens text (at "{"), by its brackets outside strings; None while it
+    has not closed."""
+    depth, in_string, escaped = 0, False, False
+    for i, ch in enumerate(text):
+        if escaped:
+            escaped = False
+        elif in_string:
+            escaped, in_string = ch == "\\", ch != '"'
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
 
 
 def partial_suffix(text: str, marker: str) -> int:
@@ -264,17 +285,3 @@ def tool_format(
     if isinstance(template, str) and HermesToolFormat.start in template:
         return HermesToolFormat(tokenizer, names, parallel)
     return None
-
-
-def rebase_refs(schema: Any, base: str) -> Any:
-    """A copy of `schema` whose local `$ref`s ("#", "#/$defs/X", ...) are resolved from `base` (a JSON pointer
-    fragment where the schema is embedded in a larger document) instead of the document's root."""
-    if isinstance(schema, list):
-        return [rebase_refs(s, base) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: rebase_refs(v, base) for k, v in schema.items()}
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-        out["$ref"] = base + ref[1:]
-    return out
