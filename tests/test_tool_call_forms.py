@@ -16,20 +16,9 @@ from radixserve.server.chat_api import structure
 from radixserve.server.protocol import ChatCompletionRequest
 from radixserve.server.tool_calls import ToolStream, tool_format
 from server_fixtures import engine  # noqa: F401 - fixture
+from tool_templates import WEATHER
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 12}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-OSLO = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+OSLO = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}'
 FORMS = [  # (text, content, cities called)
     (
         '```json\n{\n    "name": "get_weather",\n    "arguments": {\n        "city": "Paris"\n    }\n}\n```',

@@ -18,7 +18,7 @@ from radixserve.io import FinishReason, GenerateOutput
 from radixserve.server.openai_api import Job, accumulate, folded, start_streams
 from radixserve.server.reasoning import ThinkSplit
 from radixserve.server.serving import ServerState, Stream, abort_all, close_streams, merged, unless_disconnected
-from radixserve.server.tool_calls import HermesToolFormat, StreamEvent, ToolStream
+from radixserve.server.tool_calls import ToolFormat, StreamEvent, ToolStream
 
 # How a turn stopped at its closed call list ends: as if the model had stopped there (no stop token matched).
 CALLS_ENDED = FinishReason("stop", None)
@@ -28,7 +28,7 @@ class CallWatch:
     """One output's reader: takes its text as it streams (its answer only, past any reasoning) and says when its
     call list has closed."""
 
-    def __init__(self, parser: HermesToolFormat, think: ThinkSplit | None = None) -> None:
+    def __init__(self, parser: ToolFormat, think: ThinkSplit | None = None) -> None:
         self.split = ToolStream(parser)
         self.think = think
 

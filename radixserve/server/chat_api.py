@@ -47,7 +47,8 @@ from radixserve.server.serving import (
     scheduling,
     server_state,
 )
-from radixserve.server.tool_calls import HermesToolFormat, tool_format
+from radixserve.server.reasoning import ThinkSplit, think_split
+from radixserve.server.tool_calls import ToolFormat, tool_format
 from radixserve.server.tool_grammar import call_grammar, lazy_grammar
 from radixserve.tokenizer import Tokenizer
 
@@ -65,7 +66,7 @@ class Structure:
 
     grammar: dict[str, Any]
     tools: list[dict[str, Any]] | None
-    parser: HermesToolFormat | None
+    parser: ToolFormat | None
 
 
 # ---------------------------------------------------------------- messages, tools, response_format
@@ -259,6 +260,10 @@ async def chat_completions(request: Request) -> Response:
     job, shape = await prepare_chat(request, state, req, f"chatcmpl-{uuid.uuid4().hex}")
     rid, [call], max_param = job.rid, job.calls, job.max_param
     created = int(time.time())
+
+    def thinking() -> ThinkSplit | None:  # a fresh reasoning splitter per output (None: the model does not think)
+        return think_split(state.reasoning_parser, state.engine.tokenizer, call.input_ids)
+
     if req.stream:
         streams = await start_streams(request, state, job, "messages")
         include_usage = req.stream_options is not None and req.stream_options.include_usage
@@ -269,11 +274,11 @@ async def chat_completions(request: Request) -> Response:
         if shape.parser is None:
             [outs] = await generate(request, state, [call])
         else:  # read as a stream, to stop where the call list closes (call_stop.py), as a streamed answer does
-            outs = await collect(request, state, job, [CallWatch(shape.parser) for _ in range(job.n)])
+            outs = await collect(request, state, job, [CallWatch(shape.parser, thinking()) for _ in range(job.n)])
     choices = []
     for i, o in enumerate(outs):
         truncated = o.finish_reason is not None and o.finish_reason.type == "length"
-        message, called = response_message(o.text, shape.parser, truncated)
+        message, called = response_message(o.text, shape.parser, truncated, thinking())
         choices.append(
             ChatChoice(
                 i,

@@ -31,7 +31,8 @@ from radixserve.server.protocol import (
     Usage,
 )
 from radixserve.server.serving import ServerState, Stream, merged, sse
-from radixserve.server.tool_calls import HermesToolFormat, ToolCall
+from radixserve.server.reasoning import ThinkSplit, pieces, split_reasoning, think_split
+from radixserve.server.tool_calls import ToolFormat, StreamEvent, ToolCall
 from radixserve.tokenizer import Tokenizer
 
 
@@ -47,16 +48,21 @@ def chat_logprobs(tok: Tokenizer, meta: OutputMeta) -> ChatLogprobs:
 
 
 def response_message(
-    text: str, parser: HermesToolFormat | None, truncated: bool = False
+    text: str, parser: ToolFormat | None, truncated: bool = False, think: ThinkSplit | None = None
 ) -> tuple[ChatResponseMessage, bool]:
     """The assistant message for generated text, and whether it holds tool calls. `truncated` (ended by length): a
-    call cut off part way is dropped, never returned as content (the complete calls before it are kept)."""
+    call cut off part way is dropped, never returned as content (the complete calls before it are kept). `think`:
+    the reasoning before the answer goes to reasoning_content."""
+    reasoning, answer = ("", text) if think is None else split_reasoning(text, think)
+    message = ChatResponseMessage("assistant", answer, reasoning_content=reasoning or None)
     if parser is None:
-        return ChatResponseMessage("assistant", text), False
-    content, calls = parser.parse(text, truncated)
-    if not calls:
-        return ChatResponseMessage("assistant", content if truncated else text), False
-    return ChatResponseMessage("assistant", content, [_response_call(c) for c in calls]), True
+        return message, False
+    content, calls = parser.parse(answer, truncated)
+    if calls:
+        message.content, message.tool_calls = content, [_response_call(c) for c in calls]
+    elif truncated:
+        message.content = content
+    return message, bool(calls)
 
 
 def _response_call(c: ToolCall) -> ResponseToolCall:
@@ -84,12 +90,14 @@ async def chat_events(
     created: int,
     logprobs: bool,
     include_usage: bool,
-    parser: HermesToolFormat | None,
+    parser: ToolFormat | None,
 ) -> AsyncIterator[bytes]:
     """chat.completion.chunk events (openai_api.guarded_events adds [DONE] and errors): a role delta per choice,
-    content and tool-call deltas, a finish chunk. A choice whose call list closes ends there with `tool_calls` (its engine request aborted)."""
+    reasoning, content and tool-call deltas, a finish chunk. A choice whose call list closes ends there with
+    `tool_calls` (its engine request aborted)."""
     tok = state.engine.tokenizer
     acc: list[GenerateOutput | None] = [None] * len(streams)
+    thinks = [think_split(state.reasoning_parser, tok, job.calls[0].input_ids) for _ in streams]
     watches = [CallWatch(parser) if parser is not None else None for _ in streams]
 
     def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> bytes:
@@ -106,14 +114,10 @@ async def chat_events(
             meta = c.meta_info
             reason = finish_reason(meta.finish_reason)
             lp = chat_logprobs(tok, meta) if logprobs and meta.output_token_logprobs else None
-            if watch is None:
-                if c.text or lp is not None:
-                    yield chunk([ChatChunkChoice(i, ChatDelta(content=c.text), None, lp)])
-            else:
-                for choice in _split_deltas(i, watch, c.text, reason):
-                    yield chunk([choice])
-                if watch.closed and reason is None:
-                    acc[i], reason = end_at_calls(state, streams[i], out), "stop"
+            for choice in _deltas(i, thinks[i], watch, c.text, reason, lp):
+                yield chunk([choice])
+            if watch is not None and watch.closed and reason is None:
+                acc[i], reason = end_at_calls(state, streams[i], out), "stop"
             if reason is not None:
                 called = watch is not None and watch.split.count > 0
                 yield chunk([ChatChunkChoice(i, ChatDelta(), "tool_calls" if called and reason == "stop" else reason)])
@@ -122,11 +126,31 @@ async def chat_events(
     observe_and_remember(state, job, folded(acc), chat=True)
 
 
-def _split_deltas(i: int, watch: CallWatch, text: str, reason: str | None) -> list[ChatChunkChoice]:
-    """Choice i's content and tool-call deltas for a piece of its text (and what was held back, if it ended)."""
-    pieces = watch.feed(text) + (watch.split.finish(reason == "length") if reason is not None else [])
+def _deltas(
+    i: int, think: ThinkSplit | None, watch: CallWatch | None, text: str, reason: str | None, lp: ChatLogprobs | None
+) -> list[ChatChunkChoice]:
+    """Choice i's deltas for a piece of its text (and what was held back, once it has ended): reasoning, content,
+    tool calls; the piece's logprobs go with the first of them."""
     out = []
-    for ev in pieces:
+    for kind, piece in pieces(think, text, reason is not None):
+        if kind == "reasoning":
+            out.append(ChatChunkChoice(i, ChatDelta(reasoning_content=piece)))
+        elif watch is None:
+            out.append(ChatChunkChoice(i, ChatDelta(content=piece)))
+        else:
+            out.extend(_event_deltas(i, watch.feed(piece)))
+    if watch is not None and reason is not None:
+        out.extend(_event_deltas(i, watch.split.finish(reason == "length")))
+    if lp is not None:
+        if not out:
+            out.append(ChatChunkChoice(i, ChatDelta(content="")))
+        out[0].logprobs = lp
+    return out
+
+
+def _event_deltas(i: int, events: list[StreamEvent]) -> list[ChatChunkChoice]:
+    out = []
+    for ev in events:
         if ev.call is not None:
             out.extend(_call_deltas(i, ev.call, ev.index))
         elif ev.content:

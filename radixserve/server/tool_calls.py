@@ -1,8 +1,8 @@
 """Tool calls in the model's own format: parsing them out of generated text, whole or streamed (the grammars that
 hold a model to its tools are tool_grammar.py's).
 
-One parser per chat template family, chosen from the template's text. Qwen2.5 (and Hermes-style templates, the
-test models' among them) write each call as `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
+One format per chat template family (Family), chosen by the marker the template's text writes: Qwen2.5/Qwen3 and
+Hermes-style `<tool_call>` blocks, Llama 3.x JSON objects, Mistral's `[TOOL_CALLS]` array.
 """
 
 from __future__ import annotations
@@ -64,16 +64,45 @@ class StreamEvent:
     index: int = 0
 
 
-class HermesToolFormat:
-    """`<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`, one block per call (Qwen2.5, Hermes)."""
+@dataclass(frozen=True)
+class Family:
+    """How one family of chat templates writes tool calls: the marker before a call (or before the list of calls),
+    the marker after each call ("" where the JSON's own end closes it), the key of the arguments, and whether the
+    calls come as one JSON array after the marker."""
 
-    start = "<tool_call>"
-    end = "</tool_call>"
+    name: str
+    start: str
+    end: str
+    key: str = "arguments"
+    listed: bool = False
+    signs: tuple[str, ...] = ()  # text in a template that marks the family, besides its start marker
 
-    def __init__(self, tokenizer: Tokenizer, names: frozenset[str] = frozenset(), parallel: bool = True) -> None:
+
+# Qwen2.5, Qwen3 and Hermes-style templates (the test models' among them): one marked block per call.
+HERMES = Family("hermes", "<tool_call>", "</tool_call>")
+# Llama 3.1-3.3: a bare JSON object (its "parameters" key), or one after <|python_tag|>.
+LLAMA3 = Family("llama3", "<|python_tag|>", "", key="parameters", signs=('"parameters": ',))
+# Mistral: [TOOL_CALLS] and then a JSON array of all the turn's calls.
+MISTRAL = Family("mistral", "[TOOL_CALLS]", "", listed=True)
+FAMILIES = (MISTRAL, HERMES, LLAMA3)  # each found by its marker in the template's text, in this order
+
+
+class ToolFormat:
+    """A family's tool-call format, for one request: its tool names (a JSON call outside the markers counts if it
+    names one of them) and whether it may call several tools."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        names: frozenset[str] = frozenset(),
+        parallel: bool = True,
+        family: Family = HERMES,
+    ) -> None:
         self.tokenizer = tokenizer
-        self.names = names  # the request's tool names: a JSON call outside the markers counts if it names one
+        self.names = names
         self.parallel = parallel  # parallel_tool_calls: false ends the list after its first call (CallList)
+        self.family = family
+        self.start, self.end = family.start, family.end
 
     def parse(self, text: str, truncated: bool = False) -> tuple[str | None, list[ToolCall]]:
         """(the content, or None if empty; the calls) of a whole output, read as ToolStream reads it streamed, so
@@ -88,14 +117,29 @@ class HermesToolFormat:
 
     @staticmethod
     def parse_block(body: str) -> ToolCall | None:
+        """One call object's JSON text as a call (its arguments under "arguments" or "parameters"), or None."""
         try:
             obj = json.loads(body)
         except json.JSONDecodeError:
             return None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return _call(obj)
+
+    def parse_marked(self, value: str) -> list[ToolCall] | None:
+        """The calls in the JSON after a marker with no end marker of its own (an array of them where the family
+        lists its calls), or None if it holds none."""
+        try:
+            obj = json.loads(value)
+        except json.JSONDecodeError:
             return None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+        calls = [_call(o) for o in (obj if self.family.listed and isinstance(obj, list) else [obj])]
+        return [c for c in calls if c is not None] if calls and None not in calls else None
+
+
+def _call(obj: object) -> ToolCall | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
 
 class ToolStream:
@@ -104,10 +148,11 @@ class ToolStream:
     or in a ```json fence, which then is no content either). Text that may begin either is held back until it is
     known not to; a call is emitted once complete (`finish` flushes what is left)."""
 
-    def __init__(self, fmt: HermesToolFormat) -> None:
+    def __init__(self, fmt: ToolFormat) -> None:
         self.fmt = fmt
         self.buf = ""  # text read but not yet emitted
-        self.mode = "text"  # text | marked (inside the markers) | json (an object that may be a call) | fence
+        # text | marked (after a marker) | listed (in an array of calls) | json (an object that may be a call) | fence
+        self.mode = "text"
         self.fence = ""  # a fence's opening line held back: no content if a call follows it
         self.close_fence = False  # a call came out of a fence: the fence's closing ``` is no content
         self.after_call = False  # the whitespace that separates two calls is no content
@@ -126,7 +171,13 @@ class ToolStream:
     def feed(self, text: str) -> list[StreamEvent]:
         events: list[StreamEvent] = []
         self.buf += text
-        step = {"text": self._text, "marked": self._marked, "json": self._json, "fence": self._fence}
+        step = {
+            "text": self._text,
+            "marked": self._marked,
+            "listed": self._listed,
+            "json": self._json,
+            "fence": self._fence,
+        }
         while not self.closed and step[self.mode](events):
             pass
         if self.closed:
@@ -138,7 +189,9 @@ class ToolStream:
         rest, fence, self.buf, self.fence = self.buf, self.fence, "", ""
         if self.closed:
             return []
-        if truncated and (self.mode in ("marked", "json") or partial_suffix(rest, self.fmt.start) == len(rest) > 0):
+        if truncated and (
+            self.mode in ("marked", "listed", "json") or partial_suffix(rest, self.fmt.start) == len(rest) > 0
+        ):
             return []
         if self.close_fence and FENCE.startswith(rest.strip()):
             return []
@@ -181,7 +234,9 @@ class ToolStream:
         return True
 
     def _marked(self, events: list[StreamEvent]) -> bool:
-        """Inside the model's markers: a call once the end marker arrives (any name: the model's own format)."""
+        """After the model's marker: its calls once complete (any name: the model's own format)."""
+        if not self.fmt.end:
+            return self._marked_json(events)
         end = self.buf.find(self.fmt.end)
         if end < 0:
             return False
@@ -189,6 +244,49 @@ class ToolStream:
         call = self.fmt.parse_block(block[len(self.fmt.start) : -len(self.fmt.end)])
         if call is None:
             self._emit(events, block)
+        else:
+            self._call(events, call)
+        return True
+
+    def _marked_json(self, events: list[StreamEvent]) -> bool:
+        """A marker whose JSON (an object, or the family's array of calls) closes the call by its own end."""
+        after = self.buf[len(self.fmt.start) :]
+        body = after.lstrip()
+        if not body:
+            return False
+        if self.fmt.family.listed and body[0] == "[":  # each call as soon as its object closes (see _listed)
+            self.buf, self.mode = body[1:], "listed"
+            return True
+        end = value_end(body) if body[0] == "{" else 0
+        if end is None:
+            return False
+        calls = self.fmt.parse_marked(body[:end]) if end else None
+        self.mode = "text"
+        if calls is None:  # no call after all: the marker (and what follows it) is text
+            self._emit(events, self.fmt.start)
+            self.buf = after
+            return True
+        self.buf = body[end:]
+        for call in calls:
+            self._call(events, call)
+        return True
+
+    def _listed(self, events: list[StreamEvent]) -> bool:
+        """Inside the family's array of calls: each call once its object closes, so that the list rule (CallList)
+        can end it part way, and a list cut off keeps its complete calls."""
+        body = self.buf.lstrip(" \t\n,")
+        self.buf = body
+        if not body:
+            return False
+        if body[0] != "{":  # the array's end (or something that is no call: text from here)
+            self.buf, self.mode = body[1:] if body[0] == "]" else body, "text"
+            return True
+        end = value_end(body)
+        if end is None:
+            return False
+        call, self.buf = self.fmt.parse_block(body[:end]), body[end:]
+        if call is None:
+            self._emit(events, body[:end])
         else:
             self._call(events, call)
         return True
@@ -216,7 +314,7 @@ class ToolStream:
         head = json_head(self.buf)
         if head is None:
             return False
-        end = object_end(self.buf) if head else 1
+        end = value_end(self.buf) if head else 1
         if end is None:
             return False
         obj, self.buf, self.mode = self.buf[:end], self.buf[end:], "text"
@@ -248,9 +346,9 @@ def json_head(text: str) -> bool | None:
     return True
 
 
-def object_end(text: str) -> int | None:
-    """The index just past the JSON object that opens text (at "{"), by its brackets outside strings; None while it
-    has not closed."""
+def value_end(text: str) -> int | None:
+    """The index just past the JSON object or array that opens text (at "{" or "["), by its brackets outside
+    strings; None while it has not closed."""
     depth, in_string, escaped = 0, False, False
     for i, ch in enumerate(text):
         if escaped:
@@ -276,12 +374,11 @@ def partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def tool_format(
-    tokenizer: Tokenizer, names: frozenset[str] = frozenset(), parallel: bool = True
-) -> HermesToolFormat | None:
+def tool_format(tokenizer: Tokenizer, names: frozenset[str] = frozenset(), parallel: bool = True) -> ToolFormat | None:
     """The tool-call format of the model's chat template (for a request with tools of these names), or None when
     its template writes no tool calls."""
     template = tokenizer.select_chat_template(tools=True)
-    if isinstance(template, str) and HermesToolFormat.start in template:
-        return HermesToolFormat(tokenizer, names, parallel)
+    for family in FAMILIES if isinstance(template, str) else ():
+        if any(sign in template for sign in (family.start, *family.signs)):
+            return ToolFormat(tokenizer, names, parallel, family)
     return None

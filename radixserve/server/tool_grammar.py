@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from radixserve.constrained.grammar import JSON_OPTIONS
-from radixserve.server.tool_calls import HermesToolFormat
+from radixserve.server.tool_calls import ToolFormat
 
 # Free text (any bytes; special tokens are not text, so a marker that is one cannot hide in it).
 TEXT = "TEXT: /(.|\\n)*/\n"
@@ -26,32 +26,54 @@ def _json(schema: dict[str, Any]) -> str:
     return "%json " + json.dumps(dict(schema, **{"x-guidance": JSON_OPTIONS}))
 
 
-def _wrapped(fns: list[dict[str, Any]]) -> dict[str, Any]:
-    """The schema of a call object {"name": ..., "arguments": {...}} of any of these functions."""
+def _wrapped(fns: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The schema of a call object {"name": ..., key: {...}} of any of these functions."""
     schemas = []
     for i, fn in enumerate(fns):
         params = fn.get("parameters") or {"type": "object", "properties": {}}
-        # The parameters sit under the wrapper's properties.arguments: their own "#/..." refs ($defs of nested
+        # The parameters sit under the wrapper's properties.<key>: their own "#/..." refs ($defs of nested
         # pydantic models, "#" for recursion) must point there, not at the wrapper's root.
-        where = "#/properties/arguments" if len(fns) == 1 else f"#/anyOf/{i}/properties/arguments"
+        where = f"#/properties/{key}" if len(fns) == 1 else f"#/anyOf/{i}/properties/{key}"
         schemas.append(
             {
                 "type": "object",
-                "properties": {"name": {"const": fn["name"]}, "arguments": rebase_refs(params, where)},
-                "required": ["name", "arguments"],
+                "properties": {"name": {"const": fn["name"]}, key: rebase_refs(params, where)},
+                "required": ["name", key],
                 "additionalProperties": False,
             }
         )
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
 
 
-def _marker(fmt: HermesToolFormat, text: str) -> str:
+def _marker(fmt: ToolFormat, text: str) -> str:
     tid = fmt.tokenizer.token_to_id(text)
     return f"<[{tid}]>" if tid is not None else json.dumps(text)
 
 
+def _after_marker(fmt: ToolFormat, many: bool) -> str:
+    """The Lark for what follows the family's marker, `body` being one call object: one call with its end marker,
+    a bare object, or (where the family lists its calls) an array of them, of one call unless `many`."""
+    family = fmt.family
+    if family.listed:
+        return '"[" body (", " body)* "]"' if many else '"[" body "]"'
+    return f'"\\n" body "\\n" {_marker(fmt, family.end)}' if family.end else "body"
+
+
+def _calls(fmt: ToolFormat, many: bool) -> str:
+    """The Lark for a turn of calls as the family writes them; `many` lets the model write more than one."""
+    family = fmt.family
+    if family.listed:
+        return f"{_marker(fmt, family.start)} {_after_marker(fmt, many)}"
+    # Where no end marker closes a call, the model writes the bare object (Llama 3.x's JSON tool calling).
+    one = f"{_marker(fmt, family.start)} {_after_marker(fmt, many)}" if family.end else "body"
+    # After each complete call the model may end: also after the newline that would begin another one (with the
+    # call marker then the only text left, jump-forward would force a next call, and small models went on
+    # calling, city after city, until max_tokens).
+    return f'call ("\\n" call)* "\\n"?\ncall: {one}' if many else f"call\ncall: {one}"
+
+
 def call_grammar(
-    fmt: HermesToolFormat,
+    fmt: ToolFormat,
     tools: list[dict[str, Any]],
     choice: str | None,
     parallel: bool = True,
@@ -60,38 +82,34 @@ def call_grammar(
     """One call of `choice` (a function name), or of any tool (`choice` None: tool_choice "required"), or several
     with `parallel`; with `answer` (a response_format schema, tool_choice auto) a text answer in it instead."""
     chosen = [t["function"] for t in tools if choice is None or t["function"]["name"] == choice]
-    call = f'{_marker(fmt, fmt.start)} "\\n" body "\\n" {_marker(fmt, fmt.end)}'
-    # After each complete call the model may end: also after the newline that would begin another one (with the
-    # call marker then the only text left, jump-forward would force a next call, and small models went on
-    # calling, city after city, until max_tokens).
-    repeat = ' ("\\n" call)* "\\n"?' if choice is None and parallel else ""
-    rules = f"call: {call}\nbody: {_json(_wrapped(chosen))}\n"
+    rules = f"calls: {_calls(fmt, choice is None and parallel)}\nbody: {_json(_wrapped(chosen, fmt.family.key))}\n"
     if answer is None:
-        return f"start: call{repeat}\n" + rules
+        return "start: calls\n" + rules
     # `answer`: the schema of a text answer (response_format), applied to that answer only, a call staying open
-    return f"start: call{repeat} | answer\n" + rules + f"answer: {_json(answer)}\n"
+    return "start: calls | answer\n" + rules + f"answer: {_json(answer)}\n"
 
 
-def lazy_grammar(fmt: HermesToolFormat, tools: list[dict[str, Any]], parallel: bool = True) -> str:
+def lazy_grammar(fmt: ToolFormat, tools: list[dict[str, Any]], parallel: bool = True) -> str:
     """tool_choice auto: free text, in which each call (by the model's marker, or a JSON object that opens with
     `{"name": "`) is held to a declared tool from its first character on."""
     fns = [t["function"] for t in tools]
-    start = _marker(fmt, fmt.start)
+    key = fmt.family.key
+    start, after = _marker(fmt, fmt.start), _after_marker(fmt, parallel)
     if start.startswith("<["):  # a special token: free text cannot spell it, so it needs no lazy head
-        tagged = f'TEXT {start} "\\n" body "\\n" {_marker(fmt, fmt.end)}'
+        tagged = f"TEXT {start} {after}"
     else:
-        tagged = f'tag_head "\\n" body "\\n" {_marker(fmt, fmt.end)}\ntag_head[lazy]: TEXT {start}'
-    # After the trigger `{"name": "`: a declared name, then that tool's arguments (the parser also reads
-    # "parameters", but the grammar holds the model to one spelling).
+        tagged = f"tag_head {after}\ntag_head[lazy]: TEXT {start}"
+    # After the trigger `{"name": "`: a declared name, then that tool's arguments (the parser also reads the other
+    # key, but the grammar holds the model to its family's).
     tails = " | ".join(f"json_{i}" for i in range(len(fns)))
     per_tool = ""
     for i, fn in enumerate(fns):
-        rest_of_name = json.dumps(f'{fn["name"]}", "arguments": ')  # the name's closing quote, the arguments' key
+        rest_of_name = json.dumps(f'{fn["name"]}", "{key}": ')  # the name's closing quote, the arguments' key
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         per_tool += f'json_{i}: {rest_of_name} args_{i} "}}"\nargs_{i}: {_json(params)}\n'
     many = "*" if parallel else "?"
     return (
-        f"start: (tagged | bare){many} TEXT\n{TEXT}tagged: {tagged}\nbody: {_json(_wrapped(fns))}\n"
+        f"start: (tagged | bare){many} TEXT\n{TEXT}tagged: {tagged}\nbody: {_json(_wrapped(fns, key))}\n"
         f"bare: json_head ({tails})\njson_head[lazy]: TEXT {JSON_TRIGGER}\n{per_tool}"
     )
 
