@@ -15,9 +15,13 @@ import pytest
 
 from engine_checks import engine_left_at_rest
 from radixserve import Engine
+from radixserve.constrained.grammar import GrammarMatcher, built
 from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
+from radixserve.server.chat_output import response_message
 from radixserve.server.reasoning import ThinkSplit, split_reasoning
+from radixserve.server.tool_calls import tool_format
+from radixserve.server.tool_grammar import after_reasoning, call_grammar
 
 OPEN_THINK = "{{- '<|im_start|>assistant\\n<think>\\n' if enable_thinking is not defined or enable_thinking else "
 CLOSED_THINK = "'<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}"
@@ -150,3 +154,24 @@ def test_reasoning_parser_none_leaves_the_output_whole(thinking_engine: Engine) 
         assert _chat(client, stream=True) == (None, content)
     with pytest.raises(ValueError, match="reasoning_parser"):
         build_app(thinking_engine, reasoning_parser="r1")
+
+
+def test_a_required_call_comes_after_the_reasoning_the_template_opened(thinking_engine: Engine) -> None:
+    """Qwen3's template opens `<think>` for the model: a call grammar that began at the first token forced the call
+    into the reasoning block (where it is no call). Now the reasoning runs free until `</think>`, then the call."""
+    tools = [{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
+    fmt = tool_format(thinking_engine.tokenizer, frozenset({"ping"}))
+    assert fmt is not None
+    grammar = after_reasoning(call_grammar(fmt, tools, None), fmt)
+    call = '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+    matcher = GrammarMatcher(
+        built(thinking_engine.grammars.compile("ebnf", grammar)), thinking_engine.model_info()["vocab_size"]
+    )
+    assert all(matcher.accept(t) for t in thinking_engine.tokenizer.encode("plan</think>\n\n" + call))
+    assert matcher.ll.is_accepting()
+    message, called = response_message("plan</think>\n\n" + call, fmt, think=ThinkSplit(inside=True))
+    assert called and message.reasoning_content == "plan" and message.tool_calls[0].function.name == "ping"
+    with BackgroundServer(build_app(thinking_engine)) as srv:  # random weights: the reasoning is all it writes
+        body = {"messages": [{"role": "user", "content": "Ping."}], "tools": tools, "tool_choice": "required"}
+        r = httpx.post(srv.url + "/v1/chat/completions", json={**body, "max_tokens": 8}, timeout=60).json()
+    assert not r["choices"][0]["message"]["reasoning_content"].startswith("<tool")  # (the grammar forced it there)

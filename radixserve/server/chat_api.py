@@ -49,7 +49,7 @@ from radixserve.server.serving import (
 )
 from radixserve.server.reasoning import ThinkSplit, think_split
 from radixserve.server.tool_calls import ToolFormat, tool_format
-from radixserve.server.tool_grammar import call_grammar, lazy_grammar
+from radixserve.server.tool_grammar import after_reasoning, call_grammar, lazy_grammar
 from radixserve.tokenizer import Tokenizer
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -67,6 +67,7 @@ class Structure:
     grammar: dict[str, Any]
     tools: list[dict[str, Any]] | None
     parser: ToolFormat | None
+    calls_first: bool = False  # the grammar makes the output begin with its calls (tool_choice required or named)
 
 
 # ---------------------------------------------------------------- messages, tools, response_format
@@ -198,9 +199,9 @@ def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
         if answer is None:  # free text, but a call that starts is held to a declared tool (lazy grammar)
             return Structure({"ebnf": lazy_grammar(fmt, tools, parallel)}, tools, fmt)
         # As OpenAI: response_format shapes the final text answer only; the turn may still call a tool instead.
-        return Structure({"ebnf": call_grammar(fmt, tools, None, parallel, answer=answer)}, tools, fmt)
+        return Structure({"ebnf": call_grammar(fmt, tools, None, parallel, answer=answer)}, tools, fmt, True)
     grammar = call_grammar(fmt, tools, None if choice == "required" else choice, parallel)
-    return Structure({"ebnf": grammar}, tools, fmt)
+    return Structure({"ebnf": grammar}, tools, fmt, True)
 
 
 # ---------------------------------------------------------------- the endpoint
@@ -226,6 +227,10 @@ async def prompt_ids(
     salt = cache_salt(request, req.cache_salt)
     with engine_errors("messages"):
         ids = await asyncio.to_thread(state.prompts.build, messages, salt, shape.tools, req.chat_template_kwargs)
+    think = think_split(state.reasoning_parser, state.engine.tokenizer, ids)
+    if shape.calls_first and shape.parser is not None and think is not None and think.state == "reasoning":
+        # The template opened a reasoning block (Qwen3): the calls come after the model closes it.
+        shape.grammar = {"ebnf": after_reasoning(shape.grammar["ebnf"], shape.parser)}
     return ids, shape, salt
 
 

@@ -18,6 +18,7 @@ from radixserve.server.tool_calls import ToolFormat
 
 # Free text (any bytes; special tokens are not text, so a marker that is one cannot hide in it).
 TEXT = "TEXT: /(.|\\n)*/\n"
+THINK_END = "</think>"  # how reasoning models close their block (reasoning.py)
 # What starts a JSON call in free text, as the lazy grammar and the parser (tool_calls.json_head) both read it.
 JSON_TRIGGER = '/\\{[ \\t\\n]*"name"[ \\t\\n]*:[ \\t\\n]*"/'
 
@@ -112,6 +113,17 @@ def lazy_grammar(fmt: ToolFormat, tools: list[dict[str, Any]], parallel: bool = 
         f"start: (tagged | bare){many} TEXT\n{TEXT}tagged: {tagged}\nbody: {_json(_wrapped(fns, key))}\n"
         f"bare: json_head ({tails})\njson_head[lazy]: TEXT {JSON_TRIGGER}\n{per_tool}"
     )
+
+
+def after_reasoning(grammar: str, fmt: ToolFormat) -> str:
+    """`grammar` (one of call_grammar's), after the reasoning block the prompt opened: free text until the model
+    closes it (with its `</think>`, a token of its own where the vocabulary has one), then blank space."""
+    assert grammar.startswith("start: "), grammar[:40]
+    end = _marker(fmt, THINK_END)
+    thought = f"thought: THOUGHT {end}" if end.startswith("<[") else f"thought[lazy]: THOUGHT {end}"
+    rules = f"{thought}\nTHOUGHT: /(.|\\n)*/\nGAP: /[ \\t\\n]*/\n"
+    head, rest = grammar.split("\n", 1)
+    return f"start: thought GAP ({head[len('start: ') :]})\n{rules}{rest}"
 
 
 def rebase_refs(schema: Any, base: str) -> Any:
