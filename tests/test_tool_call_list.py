@@ -106,3 +106,29 @@ def test_a_model_that_repeats_its_call_is_stopped_there(client: openai.OpenAI, e
         content = r.choices[0].message.content or ""
     assert [c.function.name for c in calls] == ["ping"] and reasons == ["tool_calls"] and content == ""
     assert used is not None and used.completion_tokens < 250  # two calls (~100 tiny tokens), not max_tokens (400)
+
+
+def test_an_echo_of_the_call_just_answered_is_no_new_call(engine: Engine) -> None:
+    """The default model, given a call's result, writes the call again and then the result: read as a new call, it
+    sent agents round the same call forever. An echo of a call whose result the request sends back is dropped."""
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": '{"temperature_c": 21}'},
+        ],
+        "tools": [WEATHER],
+    }
+    fmt = structure(msgspec.convert(body, ChatCompletionRequest), engine.tokenizer).parser
+    assert fmt is not None
+    text = '{"name": "get_weather", "arguments": {"city":"Paris"}}\n{"temperature_c": 21}'
+    assert fmt.parse(text) == ('{"temperature_c": 21}', [])
+    stream = ToolStream(fmt)
+    events = [e for i in range(0, len(text), 3) for e in stream.feed(text[i : i + 3])] + stream.finish()
+    assert "".join(e.content for e in events) == '{"temperature_c": 21}' and not any(e.call for e in events)
+    assert [c.name for c in fmt.parse(_call("Rome"))[1]] == ["get_weather"]  # another call is a call
+    new_turn = {**body, "messages": [*body["messages"], {"role": "user", "content": "And again?"}]}
+    fresh = structure(msgspec.convert(new_turn, ChatCompletionRequest), engine.tokenizer).parser
+    assert fresh is not None and fresh.parse(text)[1]  # after a new user message it may call again

@@ -48,7 +48,7 @@ from radixserve.server.serving import (
     server_state,
 )
 from radixserve.server.reasoning import ThinkSplit, think_split
-from radixserve.server.tool_calls import ToolFormat, tool_format
+from radixserve.server.tool_calls import ToolFormat, call_key, tool_format
 from radixserve.server.tool_grammar import after_reasoning, call_grammar, lazy_grammar
 from radixserve.tokenizer import Tokenizer
 
@@ -166,6 +166,16 @@ def _tool_choice(req: ChatCompletionRequest) -> str | None:
     return choice.function.name
 
 
+def _answered(messages: list[ChatMessage]) -> frozenset[tuple[str, str]]:
+    """The calls of the last assistant turn, when only their results follow it (tool_calls.CallList)."""
+    for m in reversed(messages):
+        if m.role == "assistant":
+            return frozenset(call_key(c.function.name, c.function.arguments) for c in m.tool_calls or [])
+        if m.role != "tool":
+            break
+    return frozenset()
+
+
 def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
     """The grammar, template tools and output parser a chat request asks for (400 naming the field if it cannot)."""
     for i, t in enumerate(req.tools or []):
@@ -188,7 +198,8 @@ def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
         for t in req.tools or []
     ] or None
     parallel = req.parallel_tool_calls is not False
-    fmt = tool_format(tok, frozenset(t.function.name for t in req.tools or []), parallel) if tools else None
+    names = frozenset(t.function.name for t in req.tools or [])
+    fmt = tool_format(tok, names, parallel, _answered(req.messages)) if tools else None
     if tools and fmt is None:
         raise bad_request("this model's chat template has no tool-call format", param="tools")
     if choice == "none" or fmt is None:

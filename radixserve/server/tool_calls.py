@@ -11,6 +11,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
+from radixserve.server.json_scan import json_head, value_end
 from radixserve.tokenizer import Tokenizer
 
 
@@ -25,19 +26,28 @@ class CallList:
     """The calls of one turn as the client gets them. A small model asked for calls may go on calling (the same city
     again, or the same call over and over) until max_tokens; so the list ends at the first call that repeats an
     earlier one exactly (it and all after it are dropped), and after the first call when parallel calls are off.
-    Whole and streamed parsing share this rule, so both return the same calls."""
+    A call that repeats one the conversation's last assistant turn made, whose result has come back (`answered`),
+    is dropped alone: small models echo the call before answering from its result, and reading the echo as a new
+    call sent agents round the same call forever. Whole and streamed parsing share these rules, so both return the
+    same calls."""
 
-    def __init__(self, parallel: bool) -> None:
+    def __init__(self, parallel: bool, answered: frozenset[tuple[str, str]] = frozenset()) -> None:
         self.parallel = parallel
+        self.answered = answered
         self.calls: list[ToolCall] = []
         self.closed = False
+        self.echoes = 0  # answered calls dropped
         self._seen: set[tuple[str, str]] = set()
 
     def add(self, call: ToolCall) -> bool:
-        """Take the call if the list is still open; False (and the list closes) if it repeats an earlier one."""
+        """Take the call if the list is still open; False if it is an echo, or (and the list closes) if it repeats
+        an earlier one."""
         if self.closed:
             return False
-        key = (call.name, _canonical(call.arguments))
+        key = call_key(call.name, call.arguments)
+        if key in self.answered:
+            self.echoes += 1
+            return False
         if key in self._seen:
             self.closed = True
             return False
@@ -45,6 +55,12 @@ class CallList:
         self.calls.append(call)
         self.closed = not self.parallel
         return True
+
+
+def call_key(name: str, arguments: str) -> tuple[str, str]:
+    """What makes two calls the same call: the name, and the arguments by value (other spacing or key order is
+    the same object)."""
+    return name, _canonical(arguments)
 
 
 def _canonical(arguments: str) -> str:
@@ -97,9 +113,11 @@ class ToolFormat:
         names: frozenset[str] = frozenset(),
         parallel: bool = True,
         family: Family = HERMES,
+        answered: frozenset[tuple[str, str]] = frozenset(),
     ) -> None:
         self.tokenizer = tokenizer
         self.names = names
+        self.answered = answered  # call_key()s of the calls whose results the request sends back (CallList)
         self.parallel = parallel  # parallel_tool_calls: false ends the list after its first call (CallList)
         self.family = family
         self.start, self.end = family.start, family.end
@@ -111,7 +129,7 @@ class ToolFormat:
         stream = ToolStream(self)
         events = stream.feed(text) + stream.finish(truncated)
         calls = [e.call for e in events if e.call is not None]
-        if not calls and not truncated:
+        if not calls and not truncated and not stream.calls.echoes:
             return text, []
         return "".join(e.content for e in events).strip() or None, calls
 
@@ -156,7 +174,7 @@ class ToolStream:
         self.fence = ""  # a fence's opening line held back: no content if a call follows it
         self.close_fence = False  # a call came out of a fence: the fence's closing ``` is no content
         self.after_call = False  # the whitespace that separates two calls is no content
-        self.calls = CallList(fmt.parallel)
+        self.calls = CallList(fmt.parallel, fmt.answered)
 
     @property
     def count(self) -> int:
@@ -332,40 +350,6 @@ FENCE = "```"
 MAX_FENCE_LINE = 16  # a fence's opening line longer than this (with no newline yet) names no JSON: content
 
 
-def json_head(text: str) -> bool | None:
-    """Whether text that starts with "{" opens a call object (`{"name": "`, whitespace allowed between, as the lazy
-    grammar's trigger in tool_grammar.py), None while it cannot yet tell."""
-    rest = text[1:]
-    for piece in ('"name"', ":", '"'):
-        rest = rest.lstrip(" \t\n")
-        if not rest:
-            return None
-        if not rest.startswith(piece):
-            return None if piece.startswith(rest) else False
-        rest = rest[len(piece) :]
-    return True
-
-
-def value_end(text: str) -> int | None:
-    """The index just past the JSON object or array that opens text (at "{" or "["), by its brackets outside
-    strings; None while it has not closed."""
-    depth, in_string, escaped = 0, False, False
-    for i, ch in enumerate(text):
-        if escaped:
-            escaped = False
-        elif in_string:
-            escaped, in_string = ch == "\\", ch != '"'
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
-
-
 def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest suffix of text that is a proper prefix of marker."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
@@ -374,11 +358,16 @@ def partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def tool_format(tokenizer: Tokenizer, names: frozenset[str] = frozenset(), parallel: bool = True) -> ToolFormat | None:
-    """The tool-call format of the model's chat template (for a request with tools of these names), or None when
-    its template writes no tool calls."""
+def tool_format(
+    tokenizer: Tokenizer,
+    names: frozenset[str] = frozenset(),
+    parallel: bool = True,
+    answered: frozenset[tuple[str, str]] = frozenset(),
+) -> ToolFormat | None:
+    """The tool-call format of the model's chat template (for a request with tools of these names, sending back the
+    results of the `answered` calls), or None when its template writes no tool calls."""
     template = tokenizer.select_chat_template(tools=True)
     for family in FAMILIES if isinstance(template, str) else ():
         if any(sign in template for sign in (family.start, *family.signs)):
-            return ToolFormat(tokenizer, names, parallel, family)
+            return ToolFormat(tokenizer, names, parallel, family, answered)
     return None

@@ -19,7 +19,7 @@ from radixserve.server.tool_calls import ToolFormat
 # Free text (any bytes; special tokens are not text, so a marker that is one cannot hide in it).
 TEXT = "TEXT: /(.|\\n)*/\n"
 THINK_END = "</think>"  # how reasoning models close their block (reasoning.py)
-# What starts a JSON call in free text, as the lazy grammar and the parser (tool_calls.json_head) both read it.
+# What starts a JSON call in free text, as the lazy grammar and the parser (json_scan.json_head) both read it.
 JSON_TRIGGER = '/\\{[ \\t\\n]*"name"[ \\t\\n]*:[ \\t\\n]*"/'
 
 
