@@ -132,3 +132,31 @@ def test_an_echo_of_the_call_just_answered_is_no_new_call(engine: Engine) -> Non
     new_turn = {**body, "messages": [*body["messages"], {"role": "user", "content": "And again?"}]}
     fresh = structure(msgspec.convert(new_turn, ChatCompletionRequest), engine.tokenizer).parser
     assert fresh is not None and fresh.parse(text)[1]  # after a new user message it may call again
+
+
+def test_streamed_and_whole_answers_carry_the_same_calls(client: openai.OpenAI, engine: Engine) -> None:
+    """Both read the engine's stream and stop at the same place, each of n samples alone."""
+    kw: dict[str, Any] = dict(
+        model="default",
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        max_tokens=300,
+        temperature=0,
+        n=2,
+        logit_bias={str(t): -100 for t in engine.tokenizer.eos_token_ids},  # calls until one repeats or it ends
+    )
+    whole = client.chat.completions.create(**kw)
+    streamed: dict[int, dict[int, list[str]]] = {}
+    reasons: dict[int, str] = {}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for choice in chunk.choices:
+            for d in choice.delta.tool_calls or []:
+                parts = streamed.setdefault(choice.index, {}).setdefault(d.index, ["", ""])
+                parts[0] += d.function.name or ""
+                parts[1] += d.function.arguments or ""
+            reasons[choice.index] = choice.finish_reason or reasons.get(choice.index, "")
+    for choice in whole.choices:
+        calls = [[c.function.name, c.function.arguments] for c in choice.message.tool_calls or []]
+        assert calls and calls == list(streamed[choice.index].values())
+        assert choice.finish_reason == reasons[choice.index]
