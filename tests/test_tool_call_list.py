@@ -80,20 +80,27 @@ def test_required_lets_the_model_end_after_each_call(engine: Engine) -> None:
     assert not _accepting(engine, single.grammar["ebnf"], _call("Oslo") + "\n" + _call("Rome"))
 
 
+def _never_ending(engine: Engine, ask: str, tool: dict, **extra: Any) -> dict[str, Any]:
+    """A greedy tool_choice required request whose model may not end the turn (end of sequence biased away)."""
+    bias = {str(t): -100 for t in engine.tokenizer.eos_token_ids}
+    messages = [{"role": "user", "content": ask}]
+    return dict(
+        model="default",
+        messages=messages,
+        tools=[tool],
+        tool_choice="required",
+        temperature=0,
+        logit_bias=bias,
+        **extra,
+    )
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_model_that_repeats_its_call_is_stopped_there(client: openai.OpenAI, engine: Engine, stream: bool) -> None:
     """A bias against end of sequence keeps the model from ending, so the grammar makes it call `ping` again and
     again, the same call each time: the turn ends at the first repeat with that one call (it ran to max_tokens with
     dozens of them)."""
-    kw: dict[str, Any] = dict(
-        model="default",
-        messages=[{"role": "user", "content": "Ping."}],
-        tools=[PING],
-        tool_choice="required",
-        max_tokens=400,
-        temperature=0,
-        logit_bias={str(t): -100 for t in engine.tokenizer.eos_token_ids},
-    )
+    kw = _never_ending(engine, "Ping.", PING, max_tokens=400)
     if stream:
         chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
         calls = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or [] if d.id]
@@ -136,16 +143,7 @@ def test_an_echo_of_the_call_just_answered_is_no_new_call(engine: Engine) -> Non
 
 def test_streamed_and_whole_answers_carry_the_same_calls(client: openai.OpenAI, engine: Engine) -> None:
     """Both read the engine's stream and stop at the same place, each of n samples alone."""
-    kw: dict[str, Any] = dict(
-        model="default",
-        messages=[{"role": "user", "content": "Weather?"}],
-        tools=[WEATHER],
-        tool_choice="required",
-        max_tokens=300,
-        temperature=0,
-        n=2,
-        logit_bias={str(t): -100 for t in engine.tokenizer.eos_token_ids},  # calls until one repeats or it ends
-    )
+    kw = _never_ending(engine, "Weather?", WEATHER, max_tokens=300, n=2)  # calls until one repeats or it ends
     whole = client.chat.completions.create(**kw)
     streamed: dict[int, dict[int, list[str]]] = {}
     reasons: dict[int, str] = {}
