@@ -279,6 +279,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="a streamed /generate sends only the new text, output_ids and output logprobs in each event "
         "(default: all of them so far, as SGLang's server does)",
     )
+    from radixserve.server.reasoning import REASONING_PARSERS  # no torch
+
+    serve.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=REASONING_PARSERS,
+        help="split a thinking model's <think> reasoning from its answer (reasoning_content, a reasoning item, a "
+        "thinking block): auto where the chat template writes </think>, always for qwen3 and deepseek-r1, never "
+        "for none (default: %(default)s)",
+    )
 
     chat = sub.add_parser("chat", help="chat with the model in the terminal")
     _add_engine_args(chat)

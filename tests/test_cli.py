@@ -84,6 +84,8 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "--otlp-endpoint",
         "http://127.0.0.1:4318",
         "--no-deterministic",
+        "--reasoning-parser",
+        "qwen3",
     ]
     assert main(argv) == 0
     ((args, kwargs),) = calls
@@ -98,6 +100,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "grace_period_s": 30.0,
         "otlp_endpoint": "http://127.0.0.1:4318",
         "incremental_streaming_output": False,
+        "reasoning_parser": "qwen3",
     }
     assert engine_kwargs == {
         "model": str(tiny_model_dir),

@@ -14,9 +14,14 @@ import openai
 import pytest
 
 from engine_checks import engine_left_at_rest
+from radixserve import Engine
+from radixserve.constrained.grammar import GrammarMatcher, built
 from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
+from radixserve.server.chat_output import response_message
 from radixserve.server.reasoning import ThinkSplit, split_reasoning
+from radixserve.server.tool_calls import tool_format
+from radixserve.server.tool_grammar import after_reasoning, call_grammar
 
 OPEN_THINK = "{{- '<|im_start|>assistant\\n<think>\\n' if enable_thinking is not defined or enable_thinking else "
 CLOSED_THINK = "'<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}"
@@ -43,7 +48,7 @@ def test_split_in_any_pieces(text: str, inside: bool, reasoning: str, answer: st
 
 
 @pytest.fixture(scope="module")
-def thinking_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
+def thinking_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     model = tmp_path_factory.mktemp("thinking") / "model"
     shutil.copytree(tiny_model_dir, model)
     config_path = model / "tokenizer_config.json"
@@ -53,10 +58,13 @@ def thinking_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
     )
     assert "</think>" in config["chat_template"]
     config_path.write_text(json.dumps(config))
-    with (
-        engine_left_at_rest(model, dtype="float32", max_total_tokens=4096) as eng,
-        BackgroundServer(build_app(eng)) as srv,
-    ):
+    with engine_left_at_rest(model, dtype="float32", max_total_tokens=4096) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def thinking_server(thinking_engine: Engine) -> Iterator[BackgroundServer]:
+    with BackgroundServer(build_app(thinking_engine)) as srv:
         yield srv
 
 
@@ -117,3 +125,53 @@ def test_bad_chat_template_kwargs_are_400(thinking_server: BackgroundServer, kwa
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "chat_template_kwargs": kwargs}
     r = httpx.post(thinking_server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == (200 if "x" in kwargs else 400), r.text  # a variable the template ignores is harmless
+
+
+def _chat(client: openai.OpenAI, stream: bool) -> tuple[str | None, str | None]:
+    """(reasoning_content, content) of a short greedy chat answer, whole or joined from the stream's deltas."""
+    kw = dict(model="default", messages=[{"role": "user", "content": "Think."}], max_tokens=5, temperature=0)
+    if not stream:
+        message = client.chat.completions.create(**kw).choices[0].message
+        return getattr(message, "reasoning_content", None), message.content
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+    reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    return reasoning or None, "".join(d.content or "" for d in deltas)
+
+
+def test_chat_completions_reasoning_content_whole_and_streamed(thinking_server: BackgroundServer) -> None:
+    """Chat Completions had no reasoning field: a thinking model's reasoning came back as its answer."""
+    client = openai.OpenAI(base_url=thinking_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    reasoning, content = _chat(client, stream=False)
+    assert reasoning and not content  # 5 tokens: the block the template opened never closed
+    assert _chat(client, stream=True) == (reasoning, "")
+
+
+def test_reasoning_parser_none_leaves_the_output_whole(thinking_engine: Engine) -> None:
+    with BackgroundServer(build_app(thinking_engine, reasoning_parser="none")) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        reasoning, content = _chat(client, stream=False)
+        assert reasoning is None and content
+        assert _chat(client, stream=True) == (None, content)
+    with pytest.raises(ValueError, match="reasoning_parser"):
+        build_app(thinking_engine, reasoning_parser="r1")
+
+
+def test_a_required_call_comes_after_the_reasoning_the_template_opened(thinking_engine: Engine) -> None:
+    """Qwen3's template opens `<think>` for the model: a call grammar that began at the first token forced the call
+    into the reasoning block (where it is no call). Now the reasoning runs free until `</think>`, then the call."""
+    tools = [{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
+    fmt = tool_format(thinking_engine.tokenizer, frozenset({"ping"}))
+    assert fmt is not None
+    grammar = after_reasoning(call_grammar(fmt, tools, None), fmt)
+    call = '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+    matcher = GrammarMatcher(
+        built(thinking_engine.grammars.compile("ebnf", grammar)), thinking_engine.model_info()["vocab_size"]
+    )
+    assert all(matcher.accept(t) for t in thinking_engine.tokenizer.encode("plan</think>\n\n" + call))
+    assert matcher.ll.is_accepting()
+    message, called = response_message("plan</think>\n\n" + call, fmt, think=ThinkSplit(inside=True))
+    assert called and message.reasoning_content == "plan" and message.tool_calls[0].function.name == "ping"
+    with BackgroundServer(build_app(thinking_engine)) as srv:  # random weights: the reasoning is all it writes
+        body = {"messages": [{"role": "user", "content": "Ping."}], "tools": tools, "tool_choice": "required"}
+        r = httpx.post(srv.url + "/v1/chat/completions", json={**body, "max_tokens": 8}, timeout=60).json()
+    assert not r["choices"][0]["message"]["reasoning_content"].startswith("<tool")  # (the grammar forced it there)

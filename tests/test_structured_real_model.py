@@ -133,3 +133,38 @@ def test_tool_call_round_trip_on_the_real_model(client: openai.OpenAI, stream: b
     final = client.chat.completions.create(messages=messages, **kw)
     assert final.choices[0].finish_reason == "stop" and "21" in final.choices[0].message.content
     assert final.usage.prompt_tokens_details.cached_tokens > 0  # the tool turn extends the cached conversation
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_with_parallel_calls_ends_after_the_call_asked_for(client: openai.OpenAI, stream: bool) -> None:
+    """Issue 35: with tool_choice required and parallel calls allowed (every agent library's default), the model
+    called Paris, London, Berlin, Madrid, ... until max_tokens. Now it may end after any call, and does."""
+    kw = dict(model="default", tools=TOOLS, tool_choice="required", max_tokens=200, temperature=0)
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    if stream:
+        args: dict[int, str] = {}
+        reason = None
+        for chunk in client.chat.completions.create(messages=messages, stream=True, **kw):
+            for d in chunk.choices[0].delta.tool_calls or []:
+                args[d.index] = args.get(d.index, "") + (d.function.arguments or "")
+            reason = chunk.choices[0].finish_reason or reason
+        cities = [json.loads(a)["city"] for a in args.values()]
+    else:
+        r = client.chat.completions.create(messages=messages, **kw)
+        reason = r.choices[0].finish_reason
+        cities = [json.loads(c.function.arguments)["city"] for c in r.choices[0].message.tool_calls or []]
+    assert reason == "tool_calls" and cities == ["Paris"]
+
+
+def test_auto_reads_the_call_the_model_writes_as_fenced_json(client: openai.OpenAI) -> None:
+    """Issue 35: asked plainly, the default model writes its call as a ```json block, which came back as text."""
+    r = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+        tools=TOOLS,
+        max_tokens=100,
+        temperature=0,
+    )
+    calls = r.choices[0].message.tool_calls or []
+    assert r.choices[0].finish_reason == "tool_calls" and not r.choices[0].message.content
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]

@@ -297,7 +297,7 @@ def test_response_format_with_tools_in_auto_leaves_a_call_open(engine: Engine) -
 
 
 def test_rebase_refs_points_local_refs_at_the_embedded_schema() -> None:
-    from radixserve.server.tool_calls import rebase_refs
+    from radixserve.server.tool_grammar import rebase_refs
 
     schema = {"$defs": {"N": {"properties": {"next": {"$ref": "#"}}}}, "items": {"$ref": "#/$defs/N"}}
     out = rebase_refs(schema, "#/anyOf/1/properties/arguments")

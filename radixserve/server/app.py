@@ -29,6 +29,7 @@ from radixserve.server.errors import ApiError, api_error_handler, http_exception
 from radixserve.server.metrics import RequestCounter, ServerMetrics
 from radixserve.server.openapi import openapi_document
 from radixserve.server.quotas import QuotaBook, QuotaGate
+from radixserve.server.reasoning import REASONING_PARSERS
 from radixserve.server.response_store import ResponseStore
 from radixserve.server.serving import ClientGone, ServerState
 from radixserve.server.tenants import KeyRing
@@ -60,15 +61,19 @@ def build_app(
     otlp_endpoint: str | None = None,
     tracer_provider: Any = None,
     incremental_streaming_output: bool = False,
+    reasoning_parser: str = "auto",
 ) -> Starlette:
     """The HTTP app over `engine`. api_key: a KeyRing, or `--api-key`-style entries (a str may hold several,
     separated by commas; admin unless an entry says `role=user`; one cache namespace each); None: no keys (an empty
     key is an error). max_queued_requests bounds the waiting queue (429 past it); the app's ServerState is at
     app.state.server. otlp_endpoint (or an OpenTelemetry tracer_provider, for tests) turns request spans on
     (app.state.tracer). incremental_streaming_output: /generate streams send deltas (SGLang's flag; default: the text
-    so far in every event, as SGLang)."""
+    so far in every event, as SGLang). reasoning_parser: which outputs have their `<think>` reasoning split from the
+    answer (reasoning.REASONING_PARSERS)."""
     if max_queued_requests is not None and max_queued_requests < 0:
         raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
+    if reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {reasoning_parser!r}")
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     info = engine.model_info()
@@ -90,6 +95,7 @@ def build_app(
         prompts=ChatPromptBuilder(engine.tokenizer),
         keys=keys,
         incremental_streaming_output=incremental_streaming_output,
+        reasoning_parser=reasoning_parser,
     )
     routes = [
         Route("/v1/chat/completions", chat_api.chat_completions, methods=["POST"]),

@@ -5,28 +5,25 @@ model's own format (radixserve/server/tool_calls.py), whole or streamed as OpenA
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixserve.io import FinishReason, GenerateOutput, GenerateRequest, OutputMeta
+from radixserve.io import GenerateRequest
 from radixserve.server.cache_api import pin_first
-from radixserve.server.errors import ApiError, bad_request
+from radixserve.server.call_stop import CallWatch, collect
+from radixserve.server.chat_output import chat_events, chat_logprobs, chat_reason, response_message
+from radixserve.server.errors import bad_request
 from radixserve.server.openai_api import (
     MAX_TOP_LOGPROBS,
     Job,
-    accumulate,
     check_model,
-    error_event,
-    finish_reason,
-    folded,
+    guarded_events,
     max_tokens,
     observe_and_remember,
     sampling_dict,
@@ -35,39 +32,24 @@ from radixserve.server.openai_api import (
 )
 from radixserve.server.protocol import (
     ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatDelta,
-    ChatLogprobs,
     ChatMessage,
-    ChatResponseMessage,
-    DeltaToolCall,
-    ResponseFunction,
-    ResponseToolCall,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
 )
 from radixserve.server.serving import (
-    SSE_DONE,
     EventStream,
     ServerState,
-    Stream,
     admit,
     cache_salt,
-    close_streams,
     engine_errors,
     generate,
-    in_band,
-    merged,
     read_json,
     scheduling,
     server_state,
-    sse,
 )
-from radixserve.server.tool_calls import HermesToolFormat, ToolCall, ToolStream, tool_format
+from radixserve.server.reasoning import ThinkSplit, think_split
+from radixserve.server.tool_calls import ToolFormat, call_key, tool_format
+from radixserve.server.tool_grammar import after_reasoning, call_grammar, lazy_grammar
 from radixserve.tokenizer import Tokenizer
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -84,18 +66,8 @@ class Structure:
 
     grammar: dict[str, Any]
     tools: list[dict[str, Any]] | None
-    parser: HermesToolFormat | None
-
-
-def chat_logprobs(tok: Tokenizer, meta: OutputMeta) -> ChatLogprobs:
-    lps = meta.output_token_logprobs or []
-    tops = meta.output_top_logprobs or [[] for _ in lps]
-    content = []
-    for (lp, tid), top in zip(lps, tops):
-        # The token's own bytes: a piece of a multi-byte character has no text of its own (OpenAI's `bytes` field).
-        alts = [TopLogprob(tok.token_to_str(t), v, list(tok.token_bytes(t))) for v, t in top or []]
-        content.append(TokenLogprob(tok.token_to_str(tid), lp, list(tok.token_bytes(tid)), alts))
-    return ChatLogprobs(content)
+    parser: ToolFormat | None
+    calls_first: bool = False  # the grammar makes the output begin with its calls (tool_choice required or named)
 
 
 # ---------------------------------------------------------------- messages, tools, response_format
@@ -194,6 +166,16 @@ def _tool_choice(req: ChatCompletionRequest) -> str | None:
     return choice.function.name
 
 
+def _answered(messages: list[ChatMessage]) -> frozenset[tuple[str, str]]:
+    """The calls of the last assistant turn, when only their results follow it (tool_calls.CallList)."""
+    for m in reversed(messages):
+        if m.role == "assistant":
+            return frozenset(call_key(c.function.name, c.function.arguments) for c in m.tool_calls or [])
+        if m.role != "tool":
+            break
+    return frozenset()
+
+
 def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
     """The grammar, template tools and output parser a chat request asks for (400 naming the field if it cannot)."""
     for i, t in enumerate(req.tools or []):
@@ -215,43 +197,22 @@ def structure(req: ChatCompletionRequest, tok: Tokenizer) -> Structure:
         }
         for t in req.tools or []
     ] or None
-    fmt = tool_format(tok, frozenset(t.function.name for t in req.tools or [])) if tools else None
+    parallel = req.parallel_tool_calls is not False
+    names = frozenset(t.function.name for t in req.tools or [])
+    fmt = tool_format(tok, names, parallel, _answered(req.messages)) if tools else None
     if tools and fmt is None:
         raise bad_request("this model's chat template has no tool-call format", param="tools")
     if choice == "none" or fmt is None:
         return Structure(_response_format(req), tools, None)
+    assert tools is not None
     if choice == "auto":
         answer = _response_format(req).get("json_schema")
-        if answer is None or tools is None:
-            return Structure(_response_format(req), tools, fmt)
+        if answer is None:  # free text, but a call that starts is held to a declared tool (lazy grammar)
+            return Structure({"ebnf": lazy_grammar(fmt, tools, parallel)}, tools, fmt)
         # As OpenAI: response_format shapes the final text answer only; the turn may still call a tool instead.
-        grammar = fmt.grammar(tools, None, req.parallel_tool_calls is not False, answer=answer)
-        return Structure({"ebnf": grammar}, tools, fmt)
-    assert tools is not None
-    grammar = fmt.grammar(tools, None if choice == "required" else choice, req.parallel_tool_calls is not False)
-    return Structure({"ebnf": grammar}, tools, fmt)
-
-
-def response_message(
-    text: str, parser: HermesToolFormat | None, truncated: bool = False
-) -> tuple[ChatResponseMessage, bool]:
-    """The assistant message for generated text, and whether it holds tool calls. `truncated` (ended by length): a
-    call cut off part way is dropped, never returned as content (the complete calls before it are kept)."""
-    if parser is None:
-        return ChatResponseMessage("assistant", text), False
-    content, calls = parser.parse(text, truncated)
-    if not calls:
-        return ChatResponseMessage("assistant", content if truncated else text), False
-    return ChatResponseMessage("assistant", content, [_response_call(c) for c in calls]), True
-
-
-def _response_call(c: ToolCall) -> ResponseToolCall:
-    return ResponseToolCall(c.id, ResponseFunction(c.name, c.arguments))
-
-
-def _reason(fin: FinishReason | None, called: bool) -> str | None:
-    reason = finish_reason(fin)
-    return "tool_calls" if called and reason == "stop" else reason
+        return Structure({"ebnf": call_grammar(fmt, tools, None, parallel, answer=answer)}, tools, fmt, True)
+    grammar = call_grammar(fmt, tools, None if choice == "required" else choice, parallel)
+    return Structure({"ebnf": grammar}, tools, fmt, True)
 
 
 # ---------------------------------------------------------------- the endpoint
@@ -277,6 +238,10 @@ async def prompt_ids(
     salt = cache_salt(request, req.cache_salt)
     with engine_errors("messages"):
         ids = await asyncio.to_thread(state.prompts.build, messages, salt, shape.tools, req.chat_template_kwargs)
+    think = think_split(state.reasoning_parser, state.engine.tokenizer, ids)
+    if shape.calls_first and shape.parser is not None and think is not None and think.state == "reasoning":
+        # The template opened a reasoning block (Qwen3): the calls come after the model closes it.
+        shape.grammar = {"ebnf": after_reasoning(shape.grammar["ebnf"], shape.parser)}
     return ids, shape, salt
 
 
@@ -311,90 +276,33 @@ async def chat_completions(request: Request) -> Response:
     job, shape = await prepare_chat(request, state, req, f"chatcmpl-{uuid.uuid4().hex}")
     rid, [call], max_param = job.rid, job.calls, job.max_param
     created = int(time.time())
+
+    def thinking() -> ThinkSplit | None:  # a fresh reasoning splitter per output (None: the model does not think)
+        return think_split(state.reasoning_parser, state.engine.tokenizer, call.input_ids)
+
     if req.stream:
         streams = await start_streams(request, state, job, "messages")
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return EventStream(chat_events(state, job, streams, created, req.logprobs, include_usage, shape.parser))
+        events = chat_events(state, job, streams, created, req.logprobs, include_usage, shape.parser)
+        return EventStream(guarded_events(state, job, streams, events))
 
     with engine_errors("messages", {"max_new_tokens": max_param, **GRAMMAR_RENAMES}):
-        [outs] = await generate(request, state, [call])
+        if shape.parser is None:
+            [outs] = await generate(request, state, [call])
+        else:  # read as a stream, to stop where the call list closes (call_stop.py), as a streamed answer does
+            outs = await collect(request, state, job, [CallWatch(shape.parser, thinking()) for _ in range(job.n)])
     choices = []
     for i, o in enumerate(outs):
         truncated = o.finish_reason is not None and o.finish_reason.type == "length"
-        message, called = response_message(o.text, shape.parser, truncated)
+        message, called = response_message(o.text, shape.parser, truncated, thinking())
         choices.append(
             ChatChoice(
                 i,
                 message,
-                _reason(o.finish_reason, called),
+                chat_reason(o.finish_reason, called),
                 chat_logprobs(state.engine.tokenizer, o.meta_info) if req.logprobs else None,
             )
         )
     observe_and_remember(state, job, outs, chat=True)
     body = ChatCompletionResponse(rid, created, state.model_name, choices, usage(outs, job.n))
     return Response(state.json.encode(body), media_type="application/json")
-
-
-def _call_deltas(i: int, call: ToolCall, index: int) -> list[ChatChunkChoice]:
-    """A tool call as OpenAI streams it: its id, type and name with empty arguments, then the arguments."""
-    head = DeltaToolCall(index, ResponseFunction(call.name, ""), call.id, "function")
-    return [
-        ChatChunkChoice(i, ChatDelta(tool_calls=[head])),
-        ChatChunkChoice(i, ChatDelta(tool_calls=[DeltaToolCall(index, ResponseFunction(arguments=call.arguments))])),
-    ]
-
-
-async def chat_events(
-    state: ServerState,
-    job: Job,
-    streams: list[Stream],
-    created: int,
-    logprobs: bool,
-    include_usage: bool,
-    parser: HermesToolFormat | None,
-) -> AsyncIterator[bytes]:
-    """SSE of chat.completion.chunk objects: a role delta per choice, content and tool-call deltas, a finish chunk,
-    [DONE]."""
-    tok = state.engine.tokenizer
-    acc: list[GenerateOutput | None] = [None] * len(streams)
-    splits = [ToolStream(parser) if parser is not None else None for _ in streams]
-
-    def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> bytes:
-        return sse(state, ChatCompletionChunk(job.rid, created, state.model_name, choices, use))
-
-    try:
-        for i in range(len(streams)):
-            yield chunk([ChatChunkChoice(i, ChatDelta(role="assistant", content=""))])
-        async with contextlib.aclosing(merged(streams)) as events:
-            async for i, c in events:
-                acc[i] = accumulate(acc[i], c)
-                meta = c.meta_info
-                reason = finish_reason(meta.finish_reason)
-                lp = chat_logprobs(tok, meta) if logprobs and meta.output_token_logprobs else None
-                split = splits[i]
-                if split is None:
-                    if c.text or lp is not None:
-                        yield chunk([ChatChunkChoice(i, ChatDelta(content=c.text), None, lp)])
-                else:
-                    pieces = split.feed(c.text) + (split.finish(reason == "length") if reason is not None else [])
-                    for ev in pieces:
-                        if ev.call is not None:
-                            for choice in _call_deltas(i, ev.call, ev.index):
-                                yield chunk([choice])
-                        elif ev.content:
-                            yield chunk([ChatChunkChoice(i, ChatDelta(content=ev.content))])
-                if reason is not None:
-                    called = split is not None and split.count > 0
-                    yield chunk(
-                        [ChatChunkChoice(i, ChatDelta(), "tool_calls" if called and reason == "stop" else reason)]
-                    )
-        if include_usage:
-            yield chunk([], usage(folded(acc), job.n))
-        observe_and_remember(state, job, folded(acc), chat=True)
-    except ApiError as err:
-        yield error_event(state, err)
-    except Exception as exc:  # mid-stream: tell the client in-band, the status line is gone
-        yield error_event(state, in_band(exc, job.renames))
-    finally:
-        await close_streams(state.engine, streams)
-    yield SSE_DONE

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -198,7 +199,16 @@ def accumulate(acc: GenerateOutput | None, chunk: StreamChunk) -> GenerateOutput
     counts in meta_info are cumulative already."""
     if acc is None:
         return GenerateOutput(chunk.text, list(chunk.output_ids), chunk.meta_info)
-    return GenerateOutput(acc.text + chunk.text, acc.output_ids + chunk.output_ids, chunk.meta_info)
+    meta, before = chunk.meta_info, acc.meta_info
+    if before.output_token_logprobs:  # a chunk's output logprobs are its own tokens': the whole output has them all
+        meta = msgspec.structs.replace(
+            meta,
+            output_token_logprobs=before.output_token_logprobs + (meta.output_token_logprobs or []),
+            output_top_logprobs=(before.output_top_logprobs or []) + (meta.output_top_logprobs or [])
+            if before.output_top_logprobs is not None or meta.output_top_logprobs is not None
+            else None,
+        )
+    return GenerateOutput(acc.text + chunk.text, acc.output_ids + chunk.output_ids, meta)
 
 
 def folded(acc: list[GenerateOutput | None]) -> list[GenerateOutput]:
@@ -291,7 +301,8 @@ async def completions(request: Request) -> Response:
     if req.stream:
         streams = await start_streams(request, state, job, "prompt")
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return EventStream(completion_events(state, job, streams, created, texts, req.echo, want_lp, include_usage))
+        events = completion_events(state, job, streams, created, texts, req.echo, want_lp, include_usage)
+        return EventStream(guarded_events(state, job, streams, events))
 
     with engine_errors("prompt", {"max_new_tokens": "max_tokens"}):
         results = await generate(request, state, calls)
@@ -324,28 +335,38 @@ async def completion_events(
     def chunk(choices: list[CompletionChoice], use: Usage | None = None) -> bytes:
         return sse(state, CompletionResponse(job.rid, created, state.model_name, choices, use))
 
+    async with contextlib.aclosing(merged(streams)) as events:
+        async for i, c in events:
+            first = acc[i] is None
+            acc[i] = accumulate(acc[i], c)
+            meta = c.meta_info
+            text = c.text
+            if echo and first:
+                text = (texts[i // job.n] or "") + text
+            lp = None
+            if logprobs:
+                lp = completion_logprobs(tok, meta, echo and first, offsets[i])
+                offsets[i] += sum(len(s) for s in lp.tokens)
+            reason = finish_reason(meta.finish_reason)
+            if text or lp is not None or reason is not None:
+                yield chunk([CompletionChoice(i, text, reason, lp)])
+    if include_usage:
+        yield chunk([], usage(folded(acc), job.n))
+    observe_and_remember(state, job, folded(acc), chat=False)
+
+
+async def guarded_events(
+    state: ServerState, job: Job, streams: list[Stream], events: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """An SSE body's events, then [DONE]: an error part way becomes an error event (the status line is gone by
+    then), and the engine streams are closed however the body ends."""
     try:
-        async with contextlib.aclosing(merged(streams)) as events:
-            async for i, c in events:
-                first = acc[i] is None
-                acc[i] = accumulate(acc[i], c)
-                meta = c.meta_info
-                text = c.text
-                if echo and first:
-                    text = (texts[i // job.n] or "") + text
-                lp = None
-                if logprobs:
-                    lp = completion_logprobs(tok, meta, echo and first, offsets[i])
-                    offsets[i] += sum(len(s) for s in lp.tokens)
-                reason = finish_reason(meta.finish_reason)
-                if text or lp is not None or reason is not None:
-                    yield chunk([CompletionChoice(i, text, reason, lp)])
-        if include_usage:
-            yield chunk([], usage(folded(acc), job.n))
-        observe_and_remember(state, job, folded(acc), chat=False)
+        async with contextlib.aclosing(events) as body:  # type: ignore[type-var]
+            async for event in body:
+                yield event
     except ApiError as err:
         yield error_event(state, err)
-    except Exception as exc:  # mid-stream: tell the client in-band, the status line is gone
+    except Exception as exc:
         yield error_event(state, in_band(exc, job.renames))
     finally:
         await close_streams(state.engine, streams)

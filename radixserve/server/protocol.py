@@ -264,6 +264,7 @@ class ChatResponseMessage(msgspec.Struct):
     role: str
     content: str | None
     tool_calls: list[ResponseToolCall] | None = None
+    reasoning_content: str | None = None  # a thinking model's reasoning (vLLM's and DeepSeek's field)
 
 
 class ChatChoice(msgspec.Struct):
@@ -293,6 +294,7 @@ class ChatDelta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):

@@ -12,6 +12,9 @@ from radixserve.server.tool_calls import partial_suffix
 from radixserve.tokenizer import Tokenizer
 
 START, END = "<think>", "</think>"
+# --reasoning-parser: "auto" splits reasoning where the chat template writes `</think>`; the named families (whose
+# templates may not show it) always split; "none" never does, so the output is all answer.
+REASONING_PARSERS = ("auto", "qwen3", "deepseek-r1", "none")
 
 
 def thinks(tokenizer: Tokenizer) -> bool:
@@ -24,6 +27,19 @@ def opened_by(tokenizer: Tokenizer, prompt_ids: list[int]) -> bool:
     """Whether the prompt ends inside a reasoning block (the template opened it for the model)."""
     tail = tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
     return tail.rstrip().endswith(START)
+
+
+def think_split(parser: str, tokenizer: Tokenizer, prompt_ids: object) -> ThinkSplit | None:
+    """A fresh splitter for one output of a prompt (its ids), or None when this server splits no reasoning."""
+    if parser == "none" or (parser == "auto" and not thinks(tokenizer)):
+        return None
+    return ThinkSplit(opened_by(tokenizer, prompt_ids) if isinstance(prompt_ids, list) else False)
+
+
+def pieces(think: ThinkSplit | None, text: str, done: bool) -> list[tuple[str, str]]:
+    """A piece of output as ("reasoning" | "content", text) pieces, none empty (`done`: the output has ended)."""
+    out = [("content", text)] if think is None else think.feed(text) + (think.finish() if done else [])
+    return [p for p in out if p[1]]
 
 
 class ThinkSplit:

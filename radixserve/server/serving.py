@@ -54,6 +54,7 @@ class ServerState:
     keys: KeyRing | None = None  # None: no keys, every request is the operator's (tenants.OPEN)
     draining: bool = False  # set on SIGTERM: admit nothing new, let running requests finish
     incremental_streaming_output: bool = False  # a /generate stream's events hold only what is new (else all so far)
+    reasoning_parser: str = "auto"  # --reasoning-parser (reasoning.REASONING_PARSERS)
     live: LiveRequests = field(default_factory=LiveRequests)  # running /generate requests, for /abort_request
     json: msgspec.json.Encoder = field(default_factory=msgspec.json.Encoder)
 

@@ -1,8 +1,8 @@
-"""Tool calls in the model's own format: parsing them out of generated text (whole or streamed), and the grammar that
-makes a model call a tool when `tool_choice` asks for one.
+"""Tool calls in the model's own format: parsing them out of generated text, whole or streamed (the grammars that
+hold a model to its tools are tool_grammar.py's).
 
-One parser per chat template family, chosen from the template's text. Qwen2.5 (and Hermes-style templates, the
-test models' among them) write each call as `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
+One format per chat template family (Family), chosen by the marker the template's text writes: Qwen2.5/Qwen3 and
+Hermes-style `<tool_call>` blocks, Llama 3.x JSON objects, Mistral's `[TOOL_CALLS]` array.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
-from radixserve.constrained.grammar import JSON_OPTIONS
+from radixserve.server.json_scan import json_head, value_end
 from radixserve.tokenizer import Tokenizer
 
 
@@ -21,6 +20,55 @@ class ToolCall:
     name: str
     arguments: str  # JSON text, as OpenAI sends it
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+
+class CallList:
+    """The calls of one turn as the client gets them. A small model asked for calls may go on calling (the same city
+    again, or the same call over and over) until max_tokens; so the list ends at the first call that repeats an
+    earlier one exactly (it and all after it are dropped), and after the first call when parallel calls are off.
+    A call that repeats one the conversation's last assistant turn made, whose result has come back (`answered`),
+    is dropped alone: small models echo the call before answering from its result, and reading the echo as a new
+    call sent agents round the same call forever. Whole and streamed parsing share these rules, so both return the
+    same calls."""
+
+    def __init__(self, parallel: bool, answered: frozenset[tuple[str, str]] = frozenset()) -> None:
+        self.parallel = parallel
+        self.answered = answered
+        self.calls: list[ToolCall] = []
+        self.closed = False
+        self.echoes = 0  # answered calls dropped
+        self._seen: set[tuple[str, str]] = set()
+
+    def add(self, call: ToolCall) -> bool:
+        """Take the call if the list is still open; False if it is an echo, or (and the list closes) if it repeats
+        an earlier one."""
+        if self.closed:
+            return False
+        key = call_key(call.name, call.arguments)
+        if key in self.answered:
+            self.echoes += 1
+            return False
+        if key in self._seen:
+            self.closed = True
+            return False
+        self._seen.add(key)
+        self.calls.append(call)
+        self.closed = not self.parallel
+        return True
+
+
+def call_key(name: str, arguments: str) -> tuple[str, str]:
+    """What makes two calls the same call: the name, and the arguments by value (other spacing or key order is
+    the same object)."""
+    return name, _canonical(arguments)
+
+
+def _canonical(arguments: str) -> str:
+    """Arguments compared by value: the same object written with other spacing or key order is the same call."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True)
+    except json.JSONDecodeError:
+        return arguments
 
 
 @dataclass
@@ -32,165 +80,274 @@ class StreamEvent:
     index: int = 0
 
 
-class HermesToolFormat:
-    """`<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`, one block per call (Qwen2.5, Hermes)."""
+@dataclass(frozen=True)
+class Family:
+    """How one family of chat templates writes tool calls: the marker before a call (or before the list of calls),
+    the marker after each call ("" where the JSON's own end closes it), the key of the arguments, and whether the
+    calls come as one JSON array after the marker."""
 
-    start = "<tool_call>"
-    end = "</tool_call>"
+    name: str
+    start: str
+    end: str
+    key: str = "arguments"
+    listed: bool = False
+    signs: tuple[str, ...] = ()  # text in a template that marks the family, besides its start marker
 
-    def __init__(self, tokenizer: Tokenizer, names: frozenset[str] = frozenset()) -> None:
+
+# Qwen2.5, Qwen3 and Hermes-style templates (the test models' among them): one marked block per call.
+HERMES = Family("hermes", "<tool_call>", "</tool_call>")
+# Llama 3.1-3.3: a bare JSON object (its "parameters" key), or one after <|python_tag|>.
+LLAMA3 = Family("llama3", "<|python_tag|>", "", key="parameters", signs=('"parameters": ',))
+# Mistral: [TOOL_CALLS] and then a JSON array of all the turn's calls.
+MISTRAL = Family("mistral", "[TOOL_CALLS]", "", listed=True)
+FAMILIES = (MISTRAL, HERMES, LLAMA3)  # each found by its marker in the template's text, in this order
+
+
+class ToolFormat:
+    """A family's tool-call format, for one request: its tool names (a JSON call outside the markers counts if it
+    names one of them) and whether it may call several tools."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        names: frozenset[str] = frozenset(),
+        parallel: bool = True,
+        family: Family = HERMES,
+        answered: frozenset[tuple[str, str]] = frozenset(),
+    ) -> None:
         self.tokenizer = tokenizer
-        self.names = names  # the request's tool names: a bare call of one of them counts too (see bare_call)
-
-    def bare_call(self, text: str) -> ToolCall | None:
-        """Small Qwen2.5 models often answer a call as the bare JSON object, without the markers: the whole output
-        is then a call if it parses as one and names one of the request's tools."""
-        body = text.strip()
-        call = self.parse_block(body) if body.startswith("{") and body.endswith("}") else None
-        return call if call is not None and call.name in self.names else None
+        self.names = names
+        self.answered = answered  # call_key()s of the calls whose results the request sends back (CallList)
+        self.parallel = parallel  # parallel_tool_calls: false ends the list after its first call (CallList)
+        self.family = family
+        self.start, self.end = family.start, family.end
 
     def parse(self, text: str, truncated: bool = False) -> tuple[str | None, list[ToolCall]]:
-        """(content before the first call, or None if empty; the calls). A block that does not parse stays text;
-        `truncated` (generation ended by length): a call cut off before its end marker is dropped, not content."""
-        calls: list[ToolCall] = []
-        if truncated:  # cut off inside the start marker itself: that was a call beginning too
-            text = text[: len(text) - partial_suffix(text, self.start)]
-        content, rest = text, ""
-        pos = text.find(self.start)
-        if pos < 0:
-            bare = self.bare_call(text)
-            return (None, [bare]) if bare is not None else (text, [])
-        content, rest = text[:pos], text[pos:]
-        leftover = []
-        while rest:
-            if not rest.startswith(self.start):
-                nxt = rest.find(self.start)
-                leftover.append(rest if nxt < 0 else rest[:nxt])
-                rest = "" if nxt < 0 else rest[nxt:]
-                continue
-            end = rest.find(self.end)
-            if end < 0:
-                if not truncated:
-                    leftover.append(rest)
-                break
-            call = self.parse_block(rest[len(self.start) : end])
-            if call is None:
-                leftover.append(rest[: end + len(self.end)])
-            else:
-                calls.append(call)
-            rest = rest[end + len(self.end) :]
-        text_out = (content + "".join(s for s in leftover if s.strip())).strip()
-        return (text_out or None), calls
+        """(the content, or None if empty; the calls) of a whole output, read as ToolStream reads it streamed, so
+        both find the same calls. Without calls (and not cut off), the content is the text as it is.
+        `truncated` (generation ended by length): a call cut off part way is dropped, not content."""
+        stream = ToolStream(self)
+        events = stream.feed(text) + stream.finish(truncated)
+        calls = [e.call for e in events if e.call is not None]
+        if not calls and not truncated and not stream.calls.echoes:
+            return text, []
+        return "".join(e.content for e in events).strip() or None, calls
 
     @staticmethod
     def parse_block(body: str) -> ToolCall | None:
+        """One call object's JSON text as a call (its arguments under "arguments" or "parameters"), or None."""
         try:
             obj = json.loads(body)
         except json.JSONDecodeError:
             return None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return _call(obj)
+
+    def parse_marked(self, value: str) -> list[ToolCall] | None:
+        """The calls in the JSON after a marker with no end marker of its own (an array of them where the family
+        lists its calls), or None if it holds none."""
+        try:
+            obj = json.loads(value)
+        except json.JSONDecodeError:
             return None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+        calls = [_call(o) for o in (obj if self.family.listed and isinstance(obj, list) else [obj])]
+        return [c for c in calls if c is not None] if calls and None not in calls else None
 
-    def grammar(
-        self, tools: list[dict[str, Any]], choice: str | None, parallel: bool = True, answer: dict | None = None
-    ) -> str:
-        """A Lark grammar (llguidance's dialect) for one call of `choice` (a function name), or for one call of any
-        tool (`choice` None: tool_choice "required"), or several with `parallel`. Markers that are single tokens in the vocabulary
-        are named by id, so the grammar matches the token the model emits, not its spelling."""
-        chosen = [t["function"] for t in tools if choice is None or t["function"]["name"] == choice]
-        schemas = []
-        for i, fn in enumerate(chosen):
-            params = fn.get("parameters") or {"type": "object", "properties": {}}
-            # The parameters sit under the wrapper's properties.arguments: their own "#/..." refs ($defs of nested
-            # pydantic models, "#" for recursion) must point there, not at the wrapper's root.
-            where = "#/properties/arguments" if len(chosen) == 1 else f"#/anyOf/{i}/properties/arguments"
-            schemas.append(
-                {
-                    "type": "object",
-                    "properties": {"name": {"const": fn["name"]}, "arguments": rebase_refs(params, where)},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": False,
-                }
-            )
-        schema = dict(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}, **{"x-guidance": JSON_OPTIONS})
-        call = f'{self._marker(self.start)} "\\n" body "\\n" {self._marker(self.end)}'
-        repeat = ' ("\\n" call)*' if choice is None and parallel else ""
-        rules = f"call: {call}\nbody: %json {json.dumps(schema)}\n"
-        if answer is None:
-            return f"start: call{repeat}\n" + rules
-        # `answer`: the schema of a text answer (response_format), applied to that answer only, a call staying open
-        answer_schema = json.dumps(dict(answer, **{"x-guidance": JSON_OPTIONS}))
-        return f"start: call{repeat} | answer\n" + rules + f"answer: %json {answer_schema}\n"
 
-    def _marker(self, text: str) -> str:
-        tid = self.tokenizer.token_to_id(text)
-        return f"<[{tid}]>" if tid is not None else json.dumps(text)
+def _call(obj: object) -> ToolCall | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
 
 class ToolStream:
-    """Splits streamed text into content deltas and complete tool calls: text that may begin a call marker is held
-    back until it is known not to; a call is emitted when its end marker arrives (`finish` flushes what is left)."""
+    """Splits streamed text into content deltas and complete tool calls. A call is the model's marked block, or a
+    JSON object that names one of the request's tools (what small models write instead: bare, one after another,
+    or in a ```json fence, which then is no content either). Text that may begin either is held back until it is
+    known not to; a call is emitted once complete (`finish` flushes what is left)."""
 
-    def __init__(self, fmt: HermesToolFormat) -> None:
+    def __init__(self, fmt: ToolFormat) -> None:
         self.fmt = fmt
-        self.buf = ""
-        self.in_call = False
-        self.after_call = False  # the newline that separates two calls is no content
-        self.bare = False  # the output began with "{": held back whole, it may be a bare call (see bare_call)
-        self.started = False
-        self.count = 0
+        self.buf = ""  # text read but not yet emitted
+        # text | marked (after a marker) | listed (in an array of calls) | json (an object that may be a call) | fence
+        self.mode = "text"
+        self.fence = ""  # a fence's opening line held back: no content if a call follows it
+        self.close_fence = False  # a call came out of a fence: the fence's closing ``` is no content
+        self.after_call = False  # the whitespace that separates two calls is no content
+        self.calls = CallList(fmt.parallel, fmt.answered)
+
+    @property
+    def count(self) -> int:
+        """Calls emitted so far."""
+        return len(self.calls.calls)
+
+    @property
+    def closed(self) -> bool:
+        """The call list has ended: nothing more will be emitted, and generation may stop."""
+        return self.calls.closed
 
     def feed(self, text: str) -> list[StreamEvent]:
-        self.buf += text
-        if not self.started and self.buf.strip():
-            self.started, self.bare = True, self.buf.lstrip().startswith("{") and bool(self.fmt.names)
-        if self.bare:
-            return []
         events: list[StreamEvent] = []
-        while True:
-            if not self.in_call:
-                if self.after_call:
-                    self.buf = self.buf.lstrip("\n")
-                    if not self.buf:
-                        return events
-                    self.after_call = False
-                pos = self.buf.find(self.fmt.start)
-                if pos < 0:
-                    keep = partial_suffix(self.buf, self.fmt.start)
-                    cut = len(self.buf) - keep
-                    if cut:
-                        events.append(StreamEvent(content=self.buf[:cut]))
-                    self.buf = self.buf[cut:]
-                    return events
-                if pos:
-                    events.append(StreamEvent(content=self.buf[:pos]))
-                self.buf, self.in_call = self.buf[pos:], True
-            end = self.buf.find(self.fmt.end)
-            if end < 0:
-                return events
-            block = self.buf[: end + len(self.fmt.end)]
-            call = self.fmt.parse_block(block[len(self.fmt.start) : -len(self.fmt.end)])
-            if call is None:
-                events.append(StreamEvent(content=block))
-            else:
-                events.append(StreamEvent(call=call, index=self.count))
-                self.count += 1
-            self.buf = self.buf[end + len(self.fmt.end) :]
-            self.in_call, self.after_call = False, call is not None
+        self.buf += text
+        step = {
+            "text": self._text,
+            "marked": self._marked,
+            "listed": self._listed,
+            "json": self._json,
+            "fence": self._fence,
+        }
+        while not self.closed and step[self.mode](events):
+            pass
+        if self.closed:
+            self.buf = ""
+        return events
 
     def finish(self, truncated: bool = False) -> list[StreamEvent]:
-        """What is left at the end; `truncated` (ended by length): a call cut off inside its markers is dropped."""
-        rest, self.buf = self.buf, ""
-        if truncated and (self.in_call or (rest and partial_suffix(rest, self.fmt.start) == len(rest))):
+        """What is left at the end; `truncated` (ended by length): a call cut off part way is dropped."""
+        rest, fence, self.buf, self.fence = self.buf, self.fence, "", ""
+        if self.closed:
             return []
-        if self.bare:
-            call = self.fmt.bare_call(rest)
-            if call is not None:
-                self.count += 1
-                return [StreamEvent(call=call, index=0)]
-        return [StreamEvent(content=rest)] if rest else []
+        if truncated and (
+            self.mode in ("marked", "listed", "json") or partial_suffix(rest, self.fmt.start) == len(rest) > 0
+        ):
+            return []
+        if self.close_fence and FENCE.startswith(rest.strip()):
+            return []
+        return [StreamEvent(content=fence + rest)] if fence + rest else []
+
+    def _emit(self, events: list[StreamEvent], text: str) -> None:
+        if text:
+            events.append(StreamEvent(content=text))
+
+    def _call(self, events: list[StreamEvent], call: ToolCall) -> None:
+        if self.calls.add(call):
+            events.append(StreamEvent(call=call, index=self.count - 1))
+        self.after_call = True
+
+    def _text(self, events: list[StreamEvent]) -> bool:
+        """Free text: emit it up to where a call (or a fence around one) may begin."""
+        if self.after_call or self.close_fence:
+            self.buf = self.buf.lstrip()
+            if not self.buf or (self.close_fence and FENCE.startswith(self.buf) and self.buf != FENCE):
+                return False
+            if self.close_fence and self.buf.startswith(FENCE):
+                self.buf = self.buf[len(FENCE) :]
+            self.after_call = self.close_fence = False
+            return True
+        starts = {"marked": self.buf.find(self.fmt.start)}
+        if self.fmt.names:  # JSON calls count only when they name a declared tool
+            starts.update(json=self.buf.find("{"), fence=self.buf.find(FENCE))
+        found = [(pos, mode) for mode, pos in starts.items() if pos >= 0]
+        if not found:
+            held = max(
+                partial_suffix(self.buf, m) for m in ([self.fmt.start, FENCE] if self.fmt.names else [self.fmt.start])
+            )
+            cut = len(self.buf) - held
+            self._emit(events, self.buf[:cut])
+            self.buf = self.buf[cut:]
+            return False
+        pos, self.mode = min(found)
+        self._emit(events, self.buf[:pos])
+        self.buf = self.buf[pos:]
+        return True
+
+    def _marked(self, events: list[StreamEvent]) -> bool:
+        """After the model's marker: its calls once complete (any name: the model's own format)."""
+        if not self.fmt.end:
+            return self._marked_json(events)
+        end = self.buf.find(self.fmt.end)
+        if end < 0:
+            return False
+        block, self.buf, self.mode = self.buf[: end + len(self.fmt.end)], self.buf[end + len(self.fmt.end) :], "text"
+        call = self.fmt.parse_block(block[len(self.fmt.start) : -len(self.fmt.end)])
+        if call is None:
+            self._emit(events, block)
+        else:
+            self._call(events, call)
+        return True
+
+    def _marked_json(self, events: list[StreamEvent]) -> bool:
+        """A marker whose JSON (an object, or the family's array of calls) closes the call by its own end."""
+        after = self.buf[len(self.fmt.start) :]
+        body = after.lstrip()
+        if not body:
+            return False
+        if self.fmt.family.listed and body[0] == "[":  # each call as soon as its object closes (see _listed)
+            self.buf, self.mode = body[1:], "listed"
+            return True
+        end = value_end(body) if body[0] == "{" else 0
+        if end is None:
+            return False
+        calls = self.fmt.parse_marked(body[:end]) if end else None
+        self.mode = "text"
+        if calls is None:  # no call after all: the marker (and what follows it) is text
+            self._emit(events, self.fmt.start)
+            self.buf = after
+            return True
+        self.buf = body[end:]
+        for call in calls:
+            self._call(events, call)
+        return True
+
+    def _listed(self, events: list[StreamEvent]) -> bool:
+        """Inside the family's array of calls: each call once its object closes, so that the list rule (CallList)
+        can end it part way, and a list cut off keeps its complete calls."""
+        body = self.buf.lstrip(" \t\n,")
+        self.buf = body
+        if not body:
+            return False
+        if body[0] != "{":  # the array's end (or something that is no call: text from here)
+            self.buf, self.mode = body[1:] if body[0] == "]" else body, "text"
+            return True
+        end = value_end(body)
+        if end is None:
+            return False
+        call, self.buf = self.fmt.parse_block(body[:end]), body[end:]
+        if call is None:
+            self._emit(events, body[:end])
+        else:
+            self._call(events, call)
+        return True
+
+    def _fence(self, events: list[StreamEvent]) -> bool:
+        """A fence's opening line: held while a JSON object may follow it, content otherwise."""
+        line_end = self.buf.find("\n")
+        if line_end < 0:
+            if len(self.buf) <= MAX_FENCE_LINE:
+                return False
+            line_end = len(self.buf) - 1
+        head, after = self.buf[: line_end + 1], self.buf[line_end + 1 :]
+        body = after.lstrip()
+        if head[len(FENCE) :].strip() in ("", "json") and not body:
+            return False
+        if head[len(FENCE) :].strip() in ("", "json") and body.startswith("{"):
+            self.fence, self.buf, self.mode = head + after[: len(after) - len(body)], body, "json"
+            return True
+        self._emit(events, head)
+        self.buf, self.mode = after, "text"
+        return True
+
+    def _json(self, events: list[StreamEvent]) -> bool:
+        """An object in free text: a call if it opens as one and names a declared tool, content otherwise."""
+        head = json_head(self.buf)
+        if head is None:
+            return False
+        end = value_end(self.buf) if head else 1
+        if end is None:
+            return False
+        obj, self.buf, self.mode = self.buf[:end], self.buf[end:], "text"
+        call = self.fmt.parse_block(obj) if head else None
+        if call is not None and call.name in self.fmt.names:
+            self._call(events, call)
+            self.close_fence = bool(self.fence)
+        else:
+            self._emit(events, self.fence + obj)
+        self.fence = ""
+        return True
+
+
+FENCE = "```"
+MAX_FENCE_LINE = 16  # a fence's opening line longer than this (with no newline yet) names no JSON: content
 
 
 def partial_suffix(text: str, marker: str) -> int:
@@ -201,24 +358,16 @@ def partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def tool_format(tokenizer: Tokenizer, names: frozenset[str] = frozenset()) -> HermesToolFormat | None:
-    """The tool-call format of the model's chat template (for a request with tools of these names), or None when
-    its template writes no tool calls."""
+def tool_format(
+    tokenizer: Tokenizer,
+    names: frozenset[str] = frozenset(),
+    parallel: bool = True,
+    answered: frozenset[tuple[str, str]] = frozenset(),
+) -> ToolFormat | None:
+    """The tool-call format of the model's chat template (for a request with tools of these names, sending back the
+    results of the `answered` calls), or None when its template writes no tool calls."""
     template = tokenizer.select_chat_template(tools=True)
-    if isinstance(template, str) and HermesToolFormat.start in template:
-        return HermesToolFormat(tokenizer, names)
+    for family in FAMILIES if isinstance(template, str) else ():
+        if any(sign in template for sign in (family.start, *family.signs)):
+            return ToolFormat(tokenizer, names, parallel, family, answered)
     return None
-
-
-def rebase_refs(schema: Any, base: str) -> Any:
-    """A copy of `schema` whose local `$ref`s ("#", "#/$defs/X", ...) are resolved from `base` (a JSON pointer
-    fragment where the schema is embedded in a larger document) instead of the document's root."""
-    if isinstance(schema, list):
-        return [rebase_refs(s, base) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: rebase_refs(v, base) for k, v in schema.items()}
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-        out["$ref"] = base + ref[1:]
-    return out

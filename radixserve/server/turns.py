@@ -17,10 +17,11 @@ from starlette.requests import Request
 from radixserve.errors import RequestFailedError
 from radixserve.io import GenerateOutput
 from radixserve.server.errors import ApiError
+from radixserve.server.call_stop import CallWatch, collect, end_at_calls
 from radixserve.server.chat_api import Structure, prepare_chat, prompt_ids
 from radixserve.server.openai_api import Job, accumulate, finish_reason, observe_and_remember, start_streams, usage
 from radixserve.server.protocol import ChatCompletionRequest, Usage
-from radixserve.server.reasoning import ThinkSplit, opened_by, split_reasoning, thinks
+from radixserve.server.reasoning import ThinkSplit, pieces, split_reasoning, think_split
 from radixserve.server.serving import ServerState, Stream, close_streams, engine_errors, generate, in_band, merged
 from radixserve.server.tool_calls import ToolCall, ToolStream
 
@@ -78,7 +79,7 @@ class TurnStream:
                     raise in_band(RequestFailedError(c.meta_info.id))
                 acc = accumulate(acc, c)
                 done = finish_reason(fin) is not None
-                for kind, text in _pieces(think, c.text, done):
+                for kind, text in pieces(think, c.text, done):
                     if kind == "reasoning":
                         yield ReasoningDelta(text)
                     elif split is None:
@@ -88,6 +89,9 @@ class TurnStream:
                             yield CallDone(ev.call, ev.index) if ev.call is not None else TextDelta(ev.content)
                 for ev in split.finish() if split is not None and done else []:
                     yield CallDone(ev.call, ev.index) if ev.call is not None else TextDelta(ev.content)
+                if split is not None and split.closed and not done:  # its call list closed: stop there
+                    acc = end_at_calls(self.state, self.streams[0], acc)
+                    break
         assert acc is not None
         self.turn = _turn(self.state, self.job, self.shape, acc)
 
@@ -106,7 +110,10 @@ async def run_turn(
         job, shape = await prepare_chat(request, state, req, rid)
         job.renames.update(names)
         with engine_errors("messages", {"max_new_tokens": job.max_param, **job.renames}):
-            [[out]] = await generate(request, state, job.calls)
+            if shape.parser is None:
+                [[out]] = await generate(request, state, job.calls)
+            else:  # read as a stream, to stop where the call list closes (call_stop.py), as a streamed turn does
+                [out] = await collect(request, state, job, [CallWatch(shape.parser, _think_split(state, job))])
     return _turn(state, job, shape, out)
 
 
@@ -136,18 +143,8 @@ def client_names(names: dict[str, str]) -> Iterator[None]:
 _HEAD = re.compile(r"^([a-z_]+)")
 
 
-def _pieces(think: ThinkSplit | None, text: str, done: bool) -> list[tuple[str, str]]:
-    """A chunk's text as ("reasoning" | "content", text) pieces, none empty."""
-    pieces = [("content", text)] if think is None else think.feed(text) + (think.finish() if done else [])
-    return [p for p in pieces if p[1]]
-
-
 def _think_split(state: ServerState, job: Job) -> ThinkSplit | None:
-    tok = state.engine.tokenizer
-    if not thinks(tok):
-        return None
-    ids = job.calls[0].input_ids
-    return ThinkSplit(opened_by(tok, ids) if isinstance(ids, list) else False)
+    return think_split(state.reasoning_parser, state.engine.tokenizer, job.calls[0].input_ids)
 
 
 def _turn(state: ServerState, job: Job, shape: Structure, out: GenerateOutput) -> Turn:
