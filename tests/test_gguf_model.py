@@ -61,3 +61,24 @@ def test_gguf_model_matches_the_converted_float_model(arch, tiny_model_factory, 
 def test_gguf_quantization_needs_a_gguf_source(tiny_model_factory):
     with pytest.raises(ValueError, match="not converted from one"):
         load_model(tiny_model_factory("qwen2"), torch.float32, quantization="gguf")
+
+
+def test_tensor_table_equals_gguf_py(tiny_model_factory, tmp_path):
+    """The fast header walk (radixserve/gguf/tensor_table.py) finds every tensor gguf-py finds, with its bytes."""
+    import gguf
+    import numpy as np
+    from test_gguf import write_gguf
+
+    from radixserve.gguf.tensor_table import read_tensor_table
+
+    path = write_gguf(tmp_path / "tiny.gguf", "llama", tiny_model_factory("llama"), TYPES)
+    table = read_tensor_table(path)
+    reader = gguf.GGUFReader(path, "r")
+    assert table.architecture == "llama" and set(table.tensors) == {t.name for t in reader.tensors}
+    for t in reader.tensors:
+        ours = table.tensors[t.name]
+        assert ours.type == t.tensor_type and ours.shape == tuple(int(d) for d in reversed(t.shape.tolist()))
+        assert np.array_equal(ours.data, np.asarray(t.data).view(np.uint8).reshape(-1))
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00\x05")
+    with pytest.raises(ValueError):
+        read_tensor_table(tmp_path / "bad.gguf")

@@ -30,6 +30,10 @@ struct Format {
   int64_t bytes;    // per block
 };
 
+constexpr int64_t format_bytes(int64_t type) {
+  return type == kQ4_0 ? 18 : type == kQ5_0 ? 22 : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+}
+
 inline Format format_of(int64_t type) {
   switch (type) {
     case kQ4_0: return {32, 18};
@@ -58,60 +62,69 @@ inline __m256i low4(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0
 inline __m256i high4(__m256i v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
 #endif
 
-// 32 codes of ggml's 16-byte nibble packing: low nibbles are codes 0..15, high nibbles codes 16..31.
-inline void nibbles32(const uint8_t* qs, uint8_t* u) {
-  for (int j = 0; j < 16; j++) {
-    u[j] = qs[j] & 0x0F;
-    u[j + 16] = qs[j] >> 4;
-  }
-}
-
 inline void sub_pair(float a, float b, float* as, float* bs) {  // one scale for a block of 32 = two of 16
   as[0] = as[1] = a;
   bs[0] = bs[1] = b;
 }
 
-inline void unpack_q4_0(const uint8_t* blk, uint8_t* u, float* a, float* b) {
-  const float d = fp16(blk);
-  nibbles32(blk + 2, u);
-  sub_pair(d, 8 * d, a, b);
+// The formats of 32 weights per block with one fp16 d: codes u and the offset in steps of d (w = d (u - zero)).
+struct Block32 {
+  int64_t bytes, zero;
+};
+constexpr Block32 kQ4_0Block{18, 8}, kQ5_0Block{22, 16}, kQ8_0Block{34, 128};
+
+#if defined(__AVX2__)
+// A block's 32 codes in one register (gguf_linear.cpp's fused decode reads them from here, the unpacking stores
+// them): Q4_0 / Q5_0 pack codes 0..15 in low nibbles, 16..31 in high ones; Q5_0's fifth bits are the uint32 qh.
+inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return low4(_mm256_set_m128i(_mm_srli_epi16(v, 4), v));
 }
 
-inline void unpack_q5_0(const uint8_t* blk, uint8_t* u, float* a, float* b) {
-  const float d = fp16(blk);
-  uint32_t qh;
-  std::memcpy(&qh, blk + 2, 4);  // bit j: the fifth bit of code j
+template <int64_t Type>
+inline __m256i codes32(const uint8_t* blk) {
+  if constexpr (Type == kQ8_0) return _mm256_xor_si256(load32(blk + 2), _mm256_set1_epi8(static_cast<char>(0x80)));
+  if constexpr (Type == kQ4_0) return nibbles32(blk + 2);
+  uint32_t qh;  // Q5_0; bit j: the fifth bit of code j
+  std::memcpy(&qh, blk + 2, 4);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
-  const __m128i lo = _mm_and_si128(qs, _mm_set1_epi8(0x0F));
-  const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0x0F));
   const __m256i fifth = _mm256_maskz_mov_epi8(static_cast<__mmask32>(qh), _mm256_set1_epi8(16));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(u), _mm256_or_si256(_mm256_set_m128i(hi, lo), fifth));
-#elif defined(__AVX2__)
+#else
   // Bit j of qh to byte j: byte j takes qh's byte j / 8 (shuffle), tests its bit j % 8 (and + compare).
   const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
                                              _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
                                                                0x0101010101010101, 0x0000000000000000));
   const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
   const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
-  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs);
-  store32(u, _mm256_or_si256(low4(both), fifth));
-#else
-  nibbles32(blk + 6, u);
-  for (int j = 0; j < 32; j++) u[j] |= static_cast<uint8_t>(((qh >> j) & 1u) << 4);
 #endif
-  sub_pair(d, 16 * d, a, b);
+  return _mm256_or_si256(nibbles32(blk + 6), fifth);
 }
+#endif
 
-inline void unpack_q8_0(const uint8_t* blk, uint8_t* u, float* a, float* b) {
+template <int64_t Type>
+inline void unpack_block32(const uint8_t* blk, uint8_t* u, float* a, float* b) {
+  constexpr Block32 f = Type == kQ8_0 ? kQ8_0Block : Type == kQ5_0 ? kQ5_0Block : kQ4_0Block;
   const float d = fp16(blk);
 #if defined(__AVX2__)
-  store32(u, _mm256_xor_si256(load32(blk + 2), _mm256_set1_epi8(static_cast<char>(0x80))));  // q -> q + 128
+  store32(u, codes32<Type>(blk));
 #else
-  for (int j = 0; j < 32; j++) u[j] = blk[2 + j] ^ 0x80;  // int8 q -> uint8 q + 128
+  for (int j = 0; j < 16; j++) {
+    if constexpr (Type == kQ8_0) {
+      u[j] = blk[2 + j] ^ 0x80;  // int8 q -> uint8 q + 128
+      u[j + 16] = blk[18 + j] ^ 0x80;
+    } else {
+      const uint8_t* qs = blk + f.bytes - 16;
+      u[j] = qs[j] & 0x0F;
+      u[j + 16] = qs[j] >> 4;
+    }
+  }
+  if constexpr (Type == kQ5_0) {
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    for (int j = 0; j < 32; j++) u[j] |= static_cast<uint8_t>(((qh >> j) & 1u) << 4);
+  }
 #endif
-  sub_pair(d, 128 * d, a, b);
+  sub_pair(d, f.zero * d, a, b);
 }
 
 // Q4_K: fp16 d, fp16 dmin, 12 bytes of eight 6-bit (scale, min) pairs, 128 bytes of codes: 32-byte chunk j holds
@@ -180,9 +193,9 @@ void unpack_blocks(const uint8_t* row, int64_t K, uint8_t* u, float* a, float* b
 // One row of K weights (K / format.weights blocks at `row`) into u[K], a[K / 16], b[K / 16].
 inline void unpack_row(int64_t type, const uint8_t* row, int64_t K, uint8_t* u, float* a, float* b) {
   switch (type) {
-    case kQ4_0: return unpack_blocks<32, 18, unpack_q4_0>(row, K, u, a, b);
-    case kQ5_0: return unpack_blocks<32, 22, unpack_q5_0>(row, K, u, a, b);
-    case kQ8_0: return unpack_blocks<32, 34, unpack_q8_0>(row, K, u, a, b);
+    case kQ4_0: return unpack_blocks<32, 18, unpack_block32<kQ4_0>>(row, K, u, a, b);
+    case kQ5_0: return unpack_blocks<32, 22, unpack_block32<kQ5_0>>(row, K, u, a, b);
+    case kQ8_0: return unpack_blocks<32, 34, unpack_block32<kQ8_0>>(row, K, u, a, b);
     case kQ4_K: return unpack_blocks<256, 144, unpack_q4_k>(row, K, u, a, b);
     default: return unpack_blocks<256, 210, unpack_q6_k>(row, K, u, a, b);
   }

@@ -6,82 +6,47 @@
 // activations per 64 columns (AVX-512 VNNI vpdpbusd; AVX2 widens to int16 and uses vpmaddwd; plain C++ otherwise),
 // scaled per lane by a * x_scale in float, minus sum_j b_j * x_scale_j * (sum of the activation codes of block j).
 // The tile stays in L1/L2 while all rows pass over it, so a prefill reads each weight byte once, like a decode step.
+// On VNNI, formats with a fixed zero point take it out inside the integer dot product instead (zero_shift), and
+// decode steps (at most kRowBlock rows) on 32-weight blocks skip the tile: codes go from the blocks to registers.
 //
 // Batch invariance: the result for row m depends only on x[m] and the weights. Every row takes the same quantization,
 // the same unpacking and the same sequence of float operations whatever the step's row count or how the rows are
-// grouped (rows are blocked in registers by kRowBlock, each with its own accumulator), so a token's logits do not
-// change with the batch it runs in. What does differ is the instruction set: each build is invariant on its own.
+// grouped (rows are blocked in registers by kRowBlock, each with its own accumulator; the fused decode runs the same
+// `chunk` as the tiles), so a token's logits do not change with the batch it runs in (tests/test_gguf_kernels.py).
+// What does differ is the instruction set: each build is invariant on its own.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "gguf_activations.h"
 #include "gguf_blocks.h"
 #include "spin_pool.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 using radixserve::gguf::format_of;
+using radixserve::gguf::kChunk;
+using radixserve::gguf::kXBlock;
+using radixserve::gguf::quantize_block;
+using radixserve::gguf::quantize_rows;
+using radixserve::gguf::QuantX;
 using radixserve::gguf::kSub;
 using radixserve::gguf::unpack_row;
 
-constexpr int64_t kXBlock = 32;   // activations per int8 scale (ggml's q8_0 block)
-constexpr int64_t kChunk = 64;    // columns per vpdpbusd: 16 int32 lanes of 4 bytes
 constexpr int64_t kTile = 16;     // weight rows unpacked at a time: 16 x 4864 codes = 76 KiB, within L2
 constexpr int64_t kRowBlock = 4;  // activation rows sharing one load of the codes
 // Bytes ahead of the row being unpacked that are prefetched: unpacking stalled on each cache line of the blocks
 // (measured: half the time of a Q8_0 LM head on one load), the hardware prefetcher alone does not run far enough.
 constexpr int64_t kPrefetch = 4096;
 constexpr int64_t kSerialBytes = int64_t{1} << 20;  // below this many block bytes one thread does the whole call
-
-inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
-// The activations as the dot products read them. K64: K padded to 64 with zero codes; S: per-16 entries padded to
-// a multiple of 16 (zero), so the offset term's loop has no tail.
-struct QuantX {
-  int64_t K64, S;
-  std::vector<int8_t> q;       // [M][K64]
-  std::vector<float> lane;     // [M][K64 / 4]: the scale of the block each group of 4 codes belongs to
-  std::vector<float> scale16;  // [M][S]: the scale per 16 columns
-  std::vector<float> corr;     // [M][S]: scale * (sum of the 16 codes), what the offsets b multiply
-};
-
-// ggml's q8_0 rounding: q = nearest-even(x * (127 / absmax)), scale = absmax / 127 (0 for an all-zero block).
-void quantize_block(const float* x, int8_t* q, float& scale) {
-  float amax = 0.f;
-  for (int j = 0; j < kXBlock; j++) amax = std::max(amax, std::fabs(x[j]));
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  scale = amax / 127.f;
-  for (int j = 0; j < kXBlock; j++) q[j] = static_cast<int8_t>(std::clamp(std::nearbyint(x[j] * inv), -127.f, 127.f));
-}
-
-QuantX quantize_rows(const float* x, int64_t M, int64_t K) {
-  QuantX xq{round_up(K, kChunk), round_up(round_up(K, kChunk) / kSub, 16), {}, {}, {}, {}};
-  xq.q.assign(M * xq.K64, 0);
-  xq.lane.assign(M * xq.K64 / 4, 0.f);
-  xq.scale16.assign(M * xq.S, 0.f);
-  xq.corr.assign(M * xq.S, 0.f);
-  for (int64_t m = 0; m < M; m++) {
-    int8_t* q = xq.q.data() + m * xq.K64;
-    for (int64_t blk = 0; blk < K / kXBlock; blk++) {
-      float s;
-      quantize_block(x + m * K + blk * kXBlock, q + blk * kXBlock, s);
-      std::fill_n(xq.lane.data() + m * xq.K64 / 4 + blk * 8, 8, s);
-      for (int h = 0; h < 2; h++) {
-        int sum = 0;
-        for (int j = 0; j < 16; j++) sum += q[blk * kXBlock + h * 16 + j];
-        xq.scale16[m * xq.S + blk * 2 + h] = s;
-        xq.corr[m * xq.S + blk * 2 + h] = s * static_cast<float>(sum);
-      }
-    }
-  }
-  return xq;
-}
 
 // One weight row unpacked (gguf_blocks.h), padded like the activations.
 struct RowView {
@@ -111,24 +76,109 @@ inline float offsets(const float* b, const float* corr, int64_t S) {
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 
-// y[r] for RB activation rows starting at m0 against one weight row.
-template <int RB>
-inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+// Codes around a fixed zero point (w = a (u - zero), zero = 2^Shift: Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128) take the
+// zero out in the integer dot product: vpdpbusd starts from -zero * (sum of the lane's 4 activation codes), exact in
+// int32, so no float offsets remain. Q4_K's minima are per sub-block floats (Shift < 0): the offsets term serves them.
+constexpr int zero_shift(int64_t type) {
+  return type == radixserve::gguf::kQ4_0   ? 3
+         : type == radixserve::gguf::kQ5_0 ? 4
+         : type == radixserve::gguf::kQ6_K ? 5
+         : type == radixserve::gguf::kQ8_0 ? 7
+                                           : -1;
+}
+
+// One 64-column chunk c of one weight row (codes u, a per 16 in a4) into the accumulators of RB activation rows.
+// The fused decode below and the tiles run this same sequence, so their results are equal bit for bit.
+template <int RB, int Shift>
+inline void chunk(__m512i u, __m128 a4, const QuantX& x, int64_t m0, int64_t c, __m512* acc) {
   const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);  // a per 16 -> lanes
+  const __m512 a = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(a4));
+  for (int r = 0; r < RB; r++) {
+    const int64_t m = m0 + r;
+    __m512i dot = _mm512_setzero_si512();
+    if constexpr (Shift >= 0) dot = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum4[m * x.K64 / 4 + c * 16]), Shift);
+    dot = _mm512_dpbusd_epi32(dot, u, _mm512_loadu_si512(&x.q[m * x.K64 + c * kChunk]));
+    const __m512 s = _mm512_mul_ps(a, _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + c * 16]));
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[r]);
+  }
+}
+
+template <int RB, int Shift>
+inline void finish(const __m512* acc, const float* b, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  for (int r = 0; r < RB; r++) {
+    y[r * ldy] = _mm512_reduce_add_ps(acc[r]);
+    if constexpr (Shift < 0) y[r * ldy] -= offsets(b, &x.corr[(m0 + r) * x.S], x.S);
+  }
+}
+
+// y[r] for RB activation rows starting at m0 against one unpacked weight row.
+template <int RB, int Shift>
+inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   __m512 acc[RB];
   for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < x.K64 / kChunk; c++) {
-    const __m512i u = _mm512_loadu_si512(w.u + c * kChunk);
-    const __m512 a = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(w.a + c * 4)));
-    for (int r = 0; r < RB; r++) {
-      const int64_t m = m0 + r;
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(&x.q[m * x.K64 + c * kChunk]));
-      const __m512 s = _mm512_mul_ps(a, _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + c * 16]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[r]);
-    }
+  for (int64_t c = 0; c < x.K64 / kChunk; c++)
+    chunk<RB, Shift>(_mm512_loadu_si512(w.u + c * kChunk), _mm_loadu_ps(w.a + c * 4), x, m0, c, acc);
+  finish<RB, Shift>(acc, w.b, x, m0, y, ldy);
+}
+
+template <int Shift>
+void dot_all(const RowView& w, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  int64_t m = 0;
+  for (; m + kRowBlock <= M; m += kRowBlock) dot_rows<kRowBlock, Shift>(w, x, m, y + m * ldy, ldy);
+  for (; m < M; m++) dot_rows<1, Shift>(w, x, m, y + m * ldy, ldy);
+}
+
+// Every activation row against one unpacked weight row of `type`.
+inline void dot_all(int64_t type, const RowView& w, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  switch (zero_shift(type)) {
+    case 3: return dot_all<3>(w, x, M, y, ldy);
+    case 4: return dot_all<4>(w, x, M, y, ldy);
+    case 5: return dot_all<5>(w, x, M, y, ldy);
+    case 7: return dot_all<7>(w, x, M, y, ldy);
+    default: return dot_all<-1>(w, x, M, y, ldy);
   }
-  for (int r = 0; r < RB; r++)
-    y[r * ldy] = _mm512_reduce_add_ps(acc[r]) - offsets(w.b, &x.corr[(m0 + r) * x.S], x.S);
+}
+
+// Decode (at most kRowBlock rows) on 32-weight blocks: codes and scales straight from the blocks into registers, no
+// trip through the tile buffer (which cost as much as the dot product itself).
+template <int64_t Type, int RB>
+void fused_rows(const uint8_t* row, const QuantX& x, float* y, int64_t ldy) {
+  constexpr int64_t bytes = radixserve::gguf::format_bytes(Type);
+  __m512 acc[RB];
+  for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < x.K64 / kChunk; c++, row += 2 * bytes) {
+    // Both blocks' fp16 d converted at once into (d0, d0, d1, d1): the same floats as the tiles' a per 16.
+    uint16_t h0, h1;
+    std::memcpy(&h0, row, 2);
+    std::memcpy(&h1, row + bytes, 2);
+    const __m128 a4 = _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, h1, h1, h0, h0));
+    const __m256i u0 = radixserve::gguf::codes32<Type>(row), u1 = radixserve::gguf::codes32<Type>(row + bytes);
+    const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(u0), u1, 1);
+    chunk<RB, zero_shift(Type)>(u, a4, x, 0, c, acc);
+  }
+  finish<RB, zero_shift(Type)>(acc, nullptr, x, 0, y, ldy);
+}
+
+template <int64_t Type>
+void fused_row(const uint8_t* row, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  switch (M) {
+    case 1: return fused_rows<Type, 1>(row, x, y, ldy);
+    case 2: return fused_rows<Type, 2>(row, x, y, ldy);
+    case 3: return fused_rows<Type, 3>(row, x, y, ldy);
+    default: return fused_rows<Type, 4>(row, x, y, ldy);
+  }
+}
+
+// Whether `fused_row` serves this call: 32-weight blocks, whole 64-column chunks, one register block of rows.
+inline bool fused(int64_t type, int64_t M, int64_t K) {
+  const bool block32 = type == radixserve::gguf::kQ8_0 || type == radixserve::gguf::kQ5_0 || type == radixserve::gguf::kQ4_0;
+  return block32 && M <= kRowBlock && K % kChunk == 0;
+}
+
+inline void fused_row(int64_t type, const uint8_t* row, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  if (type == radixserve::gguf::kQ8_0) return fused_row<radixserve::gguf::kQ8_0>(row, x, M, y, ldy);
+  if (type == radixserve::gguf::kQ5_0) return fused_row<radixserve::gguf::kQ5_0>(row, x, M, y, ldy);
+  return fused_row<radixserve::gguf::kQ4_0>(row, x, M, y, ldy);
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -174,6 +224,18 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 
 #endif
 
+#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
+// Without VNNI every call takes the tiles (AVX2 and plain C++ are correct, not tuned).
+inline bool fused(int64_t, int64_t, int64_t) { return false; }
+inline void fused_row(int64_t, const uint8_t*, const QuantX&, int64_t, float*, int64_t) {}
+
+inline void dot_all(int64_t, const RowView& w, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  int64_t m = 0;
+  for (; m + kRowBlock <= M; m += kRowBlock) dot_rows<kRowBlock>(w, x, m, y + m * ldy, ldy);
+  for (; m < M; m++) dot_rows<1>(w, x, m, y + m * ldy, ldy);
+}
+#endif
+
 // The weight rows of one call: the parts of a fused projection (q, k, v may each have their own block type),
 // stacked in order along the output.
 struct Part {
@@ -195,17 +257,21 @@ struct Tiles {
     for (int64_t t = t0; t < t1; t++) {
       const Part& p = parts[index[t].first];
       const int64_t r0 = index[t].second, rows = std::min(kTile, p.rows - r0);
+      if (fused(p.type, M, K)) {
+        for (int64_t r = 0; r < rows; r++) {
+          const uint8_t* row = p.data + (r0 + r) * p.row_bytes;
+          for (int64_t off = 0; off < p.row_bytes; off += 64) __builtin_prefetch(row + kPrefetch + off);
+          fused_row(p.type, row, x, M, y + p.first + r0 + r, N);
+        }
+        continue;
+      }
       for (int64_t r = 0; r < rows; r++) {
         const uint8_t* next = p.data + (r0 + r) * p.row_bytes + kPrefetch;
         for (int64_t off = 0; off < p.row_bytes; off += 64) __builtin_prefetch(next + off);
         unpack_row(p.type, p.data + (r0 + r) * p.row_bytes, K, &u[r * x.K64], &a[r * x.S], &b[r * x.S]);
       }
       for (int64_t r = 0; r < rows; r++) {
-        const RowView w{&u[r * x.K64], &a[r * x.S], &b[r * x.S]};
-        float* out = y + p.first + r0 + r;
-        int64_t m = 0;
-        for (; m + kRowBlock <= M; m += kRowBlock) dot_rows<kRowBlock>(w, x, m, out + m * N, N);
-        for (; m < M; m++) dot_rows<1>(w, x, m, out + m * N, N);
+        dot_all(p.type, RowView{&u[r * x.K64], &a[r * x.S], &b[r * x.S]}, x, M, y + p.first + r0 + r, N);
       }
     }
   }
@@ -244,16 +310,27 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
   if (M == 0) return out;
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const QuantX xq = quantize_rows(xf.data_ptr<float>(), M, K);
-  at::Tensor y = x.scalar_type() == at::kFloat ? out : at::empty({M, N}, x.options().dtype(at::kFloat));
-  float* yp = y.data_ptr<float>();
+  std::vector<float> y(M * N);
   const int64_t T = static_cast<int64_t>(tiles.index.size());
-  auto work = [&](int64_t t0, int64_t t1) { tiles.run(xq, M, K, t0, t1, yp, N); };
+  auto work = [&](int64_t t0, int64_t t1) { tiles.run(xq, M, K, t0, t1, y.data(), N); };
   if (bytes < kSerialBytes)
     work(0, T);
   else
     radixserve::SpinPool::get().run(T, work);
-  if (bias) y.add_(bias->to(at::kFloat).view({1, N}));
-  if (x.scalar_type() != at::kFloat) out.copy_(y);
+  // The bias and the cast in one loop here: separate torch ops cost ~10 us of dispatch each, ~100 linears a step.
+  std::vector<float> b(N, 0.f);
+  if (bias) {
+    const at::Tensor bc = bias->to(at::kFloat).contiguous();
+    std::copy_n(bc.data_ptr<float>(), N, b.data());
+  }
+  auto store = [&](auto* o) {
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t n = 0; n < N; n++) o[m * N + n] = static_cast<std::remove_pointer_t<decltype(o)>>(y[m * N + n] + b[n]);
+  };
+  if (x.scalar_type() == at::kFloat)
+    store(out.data_ptr<float>());
+  else
+    store(out.data_ptr<at::BFloat16>());
   return out;
 }
 

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from radixserve.config import ModelConfig
-from radixserve.gguf.reader import PERMUTED_ARCHITECTURES, GGUFFile, hf_tensor_name, unpermute_rows
+from radixserve.gguf.reader import PERMUTED_ARCHITECTURES, hf_tensor_name, unpermute_rows
+from radixserve.gguf.tensor_table import TensorTable, read_tensor_table
 from radixserve.model.gguf_linear import BlockPart, GGUFEmbedding, GGUFLinear
 from radixserve.model.llama import LlamaForCausalLM
 from radixserve.model.rope import RotaryEmbedding
@@ -33,29 +35,30 @@ _FUSED = {
 class _Tensors:
     """The GGUF's tensors by name: quantized ones as BlockParts over the memory map, float ones as tensors."""
 
-    def __init__(self, f: GGUFFile, config: ModelConfig) -> None:
-        self.by_name = {t.name: t for t in f.reader.tensors}
-        self.permuted = f.architecture in PERMUTED_ARCHITECTURES
+    def __init__(self, table: TensorTable, config: ModelConfig) -> None:
+        self.by_name = table.tensors
+        self.permuted = table.architecture in PERMUTED_ARCHITECTURES
         self.config = config
 
     def part(self, name: str) -> BlockPart:
         t = self.by_name[name]
-        rows = int(t.shape[-1])  # GGUF shapes are innermost-first
-        raw = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
+        raw = t.data.reshape(t.shape[0], -1)
         if self.permuted and ".attn_q." in name:
             raw = np.ascontiguousarray(unpermute_rows(raw, self.config.num_heads))
         elif self.permuted and ".attn_k." in name:
             raw = np.ascontiguousarray(unpermute_rows(raw, self.config.num_kv_heads))
         with warnings.catch_warnings():  # the map is read-only; nothing writes to these tensors
             warnings.simplefilter("ignore", UserWarning)
-            return BlockPart(torch.from_numpy(raw), t.tensor_type)
+            return BlockPart(torch.from_numpy(raw), t.type)
 
     def floats(self, name: str) -> torch.Tensor | None:
         """A float tensor (norm weight, bias) as float32, or None if the file has no such tensor."""
         t = self.by_name.get(name)
         if t is None:
             return None
-        w = np.asarray(t.data, dtype=np.float32).reshape(-1)
+        if t.type != GGMLQuantizationType.F32:
+            raise ValueError(f"GGUF tensor {name} is {t.type.name}; norms and biases are read as F32")
+        w = t.data.view(np.float32)
         if self.permuted and (".attn_q.bias" in name or ".attn_k.bias" in name):
             heads = self.config.num_heads if ".attn_q." in name else self.config.num_kv_heads
             w = unpermute_rows(w, heads)
@@ -88,8 +91,7 @@ def _assign_floats(model: LlamaForCausalLM, tensors: _Tensors, dtype: torch.dtyp
 def load_gguf_model(gguf_path: str | Path, config: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
     """The model over the file's blocks, activations in `dtype` (float32 or bfloat16); ValueError for a tensor
     whose block type has no kernel."""
-    f = GGUFFile.open(gguf_path)
-    tensors = _Tensors(f, config)
+    tensors = _Tensors(read_tensor_table(gguf_path), config)
     with torch.device("meta"):  # a skeleton: every weight is replaced below
         model = LlamaForCausalLM(config, dtype)
     hidden = config.hidden_size
