@@ -57,6 +57,8 @@ class GGUFLinear(nn.Module):
         self.parts = parts
         self.in_features, self.out_features = in_features, sum(p.rows for p in parts)
         self._blocks = [p.blocks for p in parts]
+        for i, p in enumerate(parts):  # buffers (not saved): what the model holds shows in model.buffers()
+            self.register_buffer(f"blocks{i}", p.blocks, persistent=False)
         self._types = [int(p.type) for p in parts]
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
         self._dense: torch.Tensor | None = None
@@ -88,6 +90,7 @@ class GGUFEmbedding(nn.Module):
             raise ValueError(f"GGUF block type {part.type.name} has no kernel (see gguf_blocks.h)")
         self.part, self.dtype = part, dtype
         self.num_embeddings = part.rows
+        self.register_buffer("blocks", part.blocks, persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
