@@ -35,7 +35,6 @@ namespace {
 using radixserve::gguf::format_of;
 using radixserve::gguf::kChunk;
 using radixserve::gguf::kXBlock;
-using radixserve::gguf::quantize_block;
 using radixserve::gguf::quantize_rows;
 using radixserve::gguf::QuantX;
 using radixserve::gguf::kSub;
@@ -128,14 +127,64 @@ void dot_all(const RowView& w, const QuantX& x, int64_t M, float* y, int64_t ldy
   for (; m < M; m++) dot_rows<1, Shift>(w, x, m, y + m * ldy, ldy);
 }
 
-// Every activation row against one unpacked weight row of `type`.
-inline void dot_all(int64_t type, const RowView& w, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+// 4 weight rows x 2 activation rows in registers: each activation load serves 4 weight rows, each code load 2
+// activation rows (prefill was bound by reloading the activations' codes, scales and sums for every weight row).
+// Every (activation row, weight row) pair runs `chunk`'s sequence, so the result is the same as one at a time.
+template <int Shift>
+inline void dot_4x2(const RowView* w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc[2][4];
+  for (auto& row : acc)
+    for (auto& v : row) v = _mm512_setzero_ps();
+  for (int64_t c = 0; c < x.K64 / kChunk; c++) {
+    __m512i u[4];
+    __m512 a[4];
+    for (int j = 0; j < 4; j++) {
+      u[j] = _mm512_loadu_si512(w[j].u + c * kChunk);
+      a[j] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(w[j].a + c * 4)));
+    }
+    for (int r = 0; r < 2; r++) {
+      // The same integers and floats as `chunk` reads from nsum4 and lane, made from the codes and the per-16
+      // scales here: 128 bytes fewer to stream per chunk and row, which bounded a prefill.
+      const int64_t m = m0 + r;
+      const __m512i q = _mm512_loadu_si512(&x.q[m * x.K64 + c * kChunk]);
+      __m512i init = _mm512_setzero_si512();
+      if constexpr (Shift >= 0) {
+        const __m512i sum4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
+        init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum4, Shift));
+      }
+      const __m512 lane =
+          _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(&x.scale16[m * x.S + c * 4])));
+      for (int j = 0; j < 4; j++) {
+        const __m512i dot = _mm512_dpbusd_epi32(init, u[j], q);
+        acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a[j], lane), acc[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < 2; r++)
+    for (int j = 0; j < 4; j++) finish<1, Shift>(&acc[r][j], w[j].b, x, m0 + r, y + r * ldy + j, ldy);
+}
+
+// Every activation row against `rows` unpacked weight rows (a tile): 4 x 2 register blocks, the rest one by one.
+template <int Shift>
+void dot_tile(const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    int64_t m = 0;
+    for (; m + 2 <= M; m += 2) dot_4x2<Shift>(w + r, x, m, y + m * ldy + r, ldy);
+    for (; m < M; m++)
+      for (int j = 0; j < 4; j++) dot_rows<1, Shift>(w[r + j], x, m, y + m * ldy + r + j, ldy);
+  }
+  for (; r < rows; r++) dot_all<Shift>(w[r], x, M, y + r, ldy);
+}
+
+inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
   switch (zero_shift(type)) {
-    case 3: return dot_all<3>(w, x, M, y, ldy);
-    case 4: return dot_all<4>(w, x, M, y, ldy);
-    case 5: return dot_all<5>(w, x, M, y, ldy);
-    case 7: return dot_all<7>(w, x, M, y, ldy);
-    default: return dot_all<-1>(w, x, M, y, ldy);
+    case 3: return dot_tile<3>(w, rows, x, M, y, ldy);
+    case 4: return dot_tile<4>(w, rows, x, M, y, ldy);
+    case 5: return dot_tile<5>(w, rows, x, M, y, ldy);
+    case 7: return dot_tile<7>(w, rows, x, M, y, ldy);
+    default: return dot_tile<-1>(w, rows, x, M, y, ldy);
   }
 }
 
@@ -229,10 +278,12 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 inline bool fused(int64_t, int64_t, int64_t) { return false; }
 inline void fused_row(int64_t, const uint8_t*, const QuantX&, int64_t, float*, int64_t) {}
 
-inline void dot_all(int64_t, const RowView& w, const QuantX& x, int64_t M, float* y, int64_t ldy) {
-  int64_t m = 0;
-  for (; m + kRowBlock <= M; m += kRowBlock) dot_rows<kRowBlock>(w, x, m, y + m * ldy, ldy);
-  for (; m < M; m++) dot_rows<1>(w, x, m, y + m * ldy, ldy);
+inline void dot_tile(int64_t, const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t m = 0;
+    for (; m + kRowBlock <= M; m += kRowBlock) dot_rows<kRowBlock>(w[r], x, m, y + m * ldy + r, ldy);
+    for (; m < M; m++) dot_rows<1>(w[r], x, m, y + m * ldy + r, ldy);
+  }
 }
 #endif
 
@@ -270,9 +321,9 @@ struct Tiles {
         for (int64_t off = 0; off < p.row_bytes; off += 64) __builtin_prefetch(next + off);
         unpack_row(p.type, p.data + (r0 + r) * p.row_bytes, K, &u[r * x.K64], &a[r * x.S], &b[r * x.S]);
       }
-      for (int64_t r = 0; r < rows; r++) {
-        dot_all(p.type, RowView{&u[r * x.K64], &a[r * x.S], &b[r * x.S]}, x, M, y + p.first + r0 + r, N);
-      }
+      RowView views[kTile];
+      for (int64_t r = 0; r < rows; r++) views[r] = {&u[r * x.K64], &a[r * x.S], &b[r * x.S]};
+      dot_tile(p.type, views, rows, x, M, y + p.first + r0, N);
     }
   }
 };
@@ -334,56 +385,12 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
   return out;
 }
 
-// The weights of `blocks` [N, bytes] (all rows, or rows `ids`) as float32 [rows, K]: w = a u - b, rounded once.
-// Serves the tests (against gguf-py's dequantizers) and the embedding lookup of a GGUF's token table.
-at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, const std::optional<at::Tensor>& ids) {
-  const auto f = format_of(type);
-  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
-              "blocks must be uint8 [N, bytes]");
-  TORCH_CHECK(blocks.size(1) % f.bytes == 0, "row bytes are not whole blocks");
-  const int64_t K = blocks.size(1) / f.bytes * f.weights;
-  const at::Tensor rows = ids ? ids->to(at::kLong).contiguous() : at::arange(blocks.size(0), at::kLong);
-  const int64_t R = rows.numel();
-  at::Tensor out = at::empty({R, K}, blocks.options().dtype(at::kFloat));
-  const int64_t* idx = rows.data_ptr<int64_t>();
-  const uint8_t* src = blocks.data_ptr<uint8_t>();
-  float* dst = out.data_ptr<float>();
-  for (int64_t i = 0; i < R; i++) TORCH_CHECK(idx[i] >= 0 && idx[i] < blocks.size(0), "row index out of range");
-  at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
-    std::vector<uint8_t> u(K);
-    std::vector<float> a(K / kSub), b(K / kSub);
-    for (int64_t r = r0; r < r1; r++) {
-      unpack_row(type, src + idx[r] * blocks.size(1), K, u.data(), a.data(), b.data());
-      for (int64_t k = 0; k < K; k++) dst[r * K + k] = a[k / kSub] * static_cast<float>(u[k]) - b[k / kSub];
-    }
-  });
-  return out;
-}
-
-// The activation rounding every dot product above starts from: (int8 codes [M, K], float32 scales [M, K / 32]).
-std::tuple<at::Tensor, at::Tensor> gguf_quantize_activations(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) % kXBlock == 0, "x must be [M, K] with K a multiple of ", kXBlock);
-  const int64_t M = x.size(0), K = x.size(1);
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
-  at::Tensor s = at::empty({M, K / kXBlock}, x.options().dtype(at::kFloat));
-  for (int64_t m = 0; m < M; m++)
-    for (int64_t blk = 0; blk < K / kXBlock; blk++)
-      quantize_block(xf.data_ptr<float>() + m * K + blk * kXBlock, q.data_ptr<int8_t>() + m * K + blk * kXBlock,
-                     s.data_ptr<float>()[m * (K / kXBlock) + blk]);
-  return {q, s};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("gguf_linear(Tensor x, Tensor[] blocks, int[] types, Tensor? bias) -> Tensor");
-  m.def("gguf_dequantize(Tensor blocks, int type, Tensor? ids) -> Tensor");
-  m.def("gguf_quantize_activations(Tensor x) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("gguf_linear", &gguf_linear);
-  m.impl("gguf_dequantize", &gguf_dequantize);
-  m.impl("gguf_quantize_activations", &gguf_quantize_activations);
 }
