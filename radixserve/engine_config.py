@@ -37,7 +37,7 @@ class EngineConfig:
     prefill_merge_tokens: int | str | None = "auto"  # "auto": 32 on CPU, no limit on CUDA; None: no limit
     sampling_defaults: str = "model"  # "model": the publisher's values for what a request leaves unset; "none"
     quantization: str = (
-        "auto"  # CPU weight format: auto (chosen by the CPU), none, int8, int4 (radixserve/model/quant.py)
+        "auto"  # CPU weight format: auto (chosen by the CPU), none, int8, int4 (radixserve/model/quant.py), gguf
     )
     speculative: str = "auto"  # n-gram speculative decoding: auto (on for CPU), off, ngram (radixserve/speculative/)
     speculative_max_tokens: int = 8  # most drafted tokens verified per request and step

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-QUANTIZATIONS = ("auto", "none", "int8", "int4")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
 CPU_KINDS = ("AMX", "AVX512_BF16", "AVX512", "AVX2", "DEFAULT")
 
 # kind -> (dtype, quantization, why): the table `choose` reads for "auto".
@@ -56,7 +56,7 @@ CHOICES: dict[str, tuple[str, str, str]] = {
 @dataclass(frozen=True)
 class CpuChoice:
     dtype: str  # float32 | bfloat16 | float16
-    quantization: str  # none | int8 | int4
+    quantization: str  # none | int8 | int4 | gguf
     reason: str
 
 
@@ -89,7 +89,7 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
     if device_type != "cpu":
-        if quantization in ("int8", "int4"):
+        if quantization in ("int8", "int4", "gguf"):
             raise ValueError(
                 f"quantization={quantization!r} is a CPU path (torch's packed CPU ops); use 'none' on GPUs"
             )

@@ -101,7 +101,8 @@ def load_unpacked(
     """The model in `dtype` on `device` filled from the folder's weights, not yet packed; ValueError for a bad
     folder.
 
-    quantization: none, int8 or int4 (CpuChoice.quantization).
+    quantization: none, int8, int4 (CpuChoice.quantization) or gguf: the linears multiply with the blocks of the
+    GGUF the folder was converted from, mapped as they are (no float shard is read, nothing is prepared).
     With `tp`, the model is this rank's shard (radixserve/model/parallel.py) and `model.config` its per-rank
     config; the returned config is the whole model's. A folder radixserve converted keeps a prepared copy of the
     result per (dtype, format) that later loads map instead of rebuilding (radixserve/model/prepared.py)."""
@@ -109,6 +110,8 @@ def load_unpacked(
     if not path.is_dir():
         raise ValueError(f"model path {path} is not a directory")
     config = read_config(path)
+    if quantization == "gguf":
+        return config, _gguf_blocks_model(path, config, dtype, device, tp)
     files = safetensors_files(path)
     shard = None if tp is None else plan_shard(config, tp.size, tp.rank)
     if shard is not None and quantization != "none":  # Int8Linear does not carry the row-parallel sum yet
@@ -135,6 +138,20 @@ def load_unpacked(
     else:
         model = _build(path, config, files, dtype, device, quantization, shard, tp)
     return config, model
+
+
+def _gguf_blocks_model(
+    path: Path, config: ModelConfig, dtype: torch.dtype, device: str | torch.device, tp: TPGroup | None
+) -> LlamaForCausalLM:
+    """The model over the blocks of the GGUF the folder was converted from (radixserve/model/gguf_model.py)."""
+    from radixserve.model.gguf_model import load_gguf_model
+
+    source = converted_source(path)
+    if source is None or not source.is_file():
+        raise ValueError(f"quantization 'gguf' runs a GGUF file's own blocks; {path} was not converted from one")
+    if tp is not None or torch.device(device).type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError("quantization 'gguf' is a CPU path, unsharded, with float32 or bfloat16 activations")
+    return load_gguf_model(source, config, dtype)
 
 
 def _build(
@@ -174,7 +191,7 @@ def pack_loaded(
     defer: on a background thread, each module packing itself first if it runs before the thread reached it
     (radixserve/model/packing.py): the same outputs, and the load returns before the packing is done."""
     # A quantized model has no Linear left for oneDNN to pack (its codes are packed when quantized, and saved so).
-    quantized = quantization in ("int8", "int4")
+    quantized = quantization in ("int8", "int4", "gguf")
     jobs = model.packing_jobs() if not quantized and can_pack(dtype, torch.device(device)) else []
     if defer and jobs:
         model.packing = DeferredPacking(jobs)

@@ -1,0 +1,204 @@
+// GGUF (ggml) block formats, unpacked one weight row at a time into one common form that the dot products of
+// gguf_linear.cpp read: unsigned codes u[k] (uint8) and, per 16 weights, a float scale a and offset b, with
+//     w[k] = a[k / 16] * u[k] - b[k / 16].
+// Every format we read fits it: Q8_0 (u = q + 128, b = 128 d), Q4_0 / Q5_0 (codes 0..15 / 0..31 around 8 / 16),
+// Q4_K (w = d sc q - dmin m per 32), Q6_K (codes 0..63 around 32, an int8 scale per 16). Why one form: the integer
+// dot product of u with the activations' int8 codes (vpdpbusd multiplies unsigned by signed bytes) is then the same
+// code for every format, and the offsets fold into one short float dot product with the activations' block sums.
+// Layouts follow ggml's block structs (ggml-common.h); products a * u are exact in float32 (fp16 d: 11 bits, scales
+// at most 8 bits, codes at most 8 bits), so a * u - b rounds once, as ggml's own dequantizers do.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace radixserve::gguf {
+
+// ggml's type ids (GGMLQuantizationType in gguf-py).
+enum Type : int64_t { kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+
+constexpr int64_t kSub = 16;  // weights per (a, b) pair: the finest scale granularity of the formats (Q6_K)
+
+struct Format {
+  int64_t weights;  // per block
+  int64_t bytes;    // per block
+};
+
+constexpr int64_t format_bytes(int64_t type) {
+  return type == kQ4_0 ? 18 : type == kQ5_0 ? 22 : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+}
+
+inline Format format_of(int64_t type) {
+  switch (type) {
+    case kQ4_0: return {32, 18};
+    case kQ5_0: return {32, 22};
+    case kQ8_0: return {32, 34};
+    case kQ4_K: return {256, 144};
+    case kQ6_K: return {256, 210};
+    default: TORCH_CHECK(false, "GGML block type ", type, " is not supported (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K are)");
+  }
+}
+
+inline float fp16(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);  // one instruction; c10::Half's portable conversion is ~20 (per block: it showed)
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
+}
+
+#if defined(__AVX2__)
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void store32(uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+inline __m256i low4(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+inline __m256i high4(__m256i v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+#endif
+
+inline void sub_pair(float a, float b, float* as, float* bs) {  // one scale for a block of 32 = two of 16
+  as[0] = as[1] = a;
+  bs[0] = bs[1] = b;
+}
+
+// The formats of 32 weights per block with one fp16 d: codes u and the offset in steps of d (w = d (u - zero)).
+struct Block32 {
+  int64_t bytes, zero;
+};
+constexpr Block32 kQ4_0Block{18, 8}, kQ5_0Block{22, 16}, kQ8_0Block{34, 128};
+
+#if defined(__AVX2__)
+// A block's 32 codes in one register (gguf_linear.cpp's fused decode reads them from here, the unpacking stores
+// them): Q4_0 / Q5_0 pack codes 0..15 in low nibbles, 16..31 in high ones; Q5_0's fifth bits are the uint32 qh.
+inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return low4(_mm256_set_m128i(_mm_srli_epi16(v, 4), v));
+}
+
+template <int64_t Type>
+inline __m256i codes32(const uint8_t* blk) {
+  if constexpr (Type == kQ8_0) return _mm256_xor_si256(load32(blk + 2), _mm256_set1_epi8(static_cast<char>(0x80)));
+  if constexpr (Type == kQ4_0) return nibbles32(blk + 2);
+  uint32_t qh;  // Q5_0; bit j: the fifth bit of code j
+  std::memcpy(&qh, blk + 2, 4);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  const __m256i fifth = _mm256_maskz_mov_epi8(static_cast<__mmask32>(qh), _mm256_set1_epi8(16));
+#else
+  // Bit j of qh to byte j: byte j takes qh's byte j / 8 (shuffle), tests its bit j % 8 (and + compare).
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                               0x0101010101010101, 0x0000000000000000));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+#endif
+  return _mm256_or_si256(nibbles32(blk + 6), fifth);
+}
+#endif
+
+template <int64_t Type>
+inline void unpack_block32(const uint8_t* blk, uint8_t* u, float* a, float* b) {
+  constexpr Block32 f = Type == kQ8_0 ? kQ8_0Block : Type == kQ5_0 ? kQ5_0Block : kQ4_0Block;
+  const float d = fp16(blk);
+#if defined(__AVX2__)
+  store32(u, codes32<Type>(blk));
+#else
+  for (int j = 0; j < 16; j++) {
+    if constexpr (Type == kQ8_0) {
+      u[j] = blk[2 + j] ^ 0x80;  // int8 q -> uint8 q + 128
+      u[j + 16] = blk[18 + j] ^ 0x80;
+    } else {
+      const uint8_t* qs = blk + f.bytes - 16;
+      u[j] = qs[j] & 0x0F;
+      u[j + 16] = qs[j] >> 4;
+    }
+  }
+  if constexpr (Type == kQ5_0) {
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    for (int j = 0; j < 32; j++) u[j] |= static_cast<uint8_t>(((qh >> j) & 1u) << 4);
+  }
+#endif
+  sub_pair(d, f.zero * d, a, b);
+}
+
+// Q4_K: fp16 d, fp16 dmin, 12 bytes of eight 6-bit (scale, min) pairs, 128 bytes of codes: 32-byte chunk j holds
+// sub-block 2j in its low nibbles and 2j + 1 in its high ones. w = d sc q - dmin m per sub-block of 32.
+inline void unpack_q4_k(const uint8_t* blk, uint8_t* u, float* a, float* b) {
+  const float d = fp16(blk), dmin = fp16(blk + 2);
+  const uint8_t* s = blk + 4;
+  const uint8_t* qs = blk + 16;
+  for (int j = 0; j < 8; j++) {  // ggml's get_scale_min_k4: the top two bits of 4..7 live in bytes 0..7
+    const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    sub_pair(d * sc, dmin * m, a + 2 * j, b + 2 * j);
+  }
+  for (int c = 0; c < 4; c++) {
+#if defined(__AVX2__)
+    const __m256i v = load32(qs + 32 * c);
+    store32(u + 64 * c, low4(v));
+    store32(u + 64 * c + 32, high4(v));
+#else
+    for (int l = 0; l < 32; l++) {
+      u[64 * c + l] = qs[32 * c + l] & 0x0F;
+      u[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+    }
+#endif
+  }
+}
+
+// Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d. Per 128-weight half, weight
+// 32 t + l (t = 0..3, l = 0..31) takes the low nibble of ql[l] (t = 0, 2) or ql[l + 32] (t = 1, 3), high nibble for
+// t >= 2, and bits 2t..2t+1 of qh[l]; scale j belongs to weights 16 j..16 j + 15. w = d sc (q - 32).
+inline void unpack_q6_k(const uint8_t* blk, uint8_t* u, float* a, float* b) {
+  const uint8_t* ql = blk;
+  const uint8_t* qh = blk + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+  const float d = fp16(blk + 208);
+  for (int j = 0; j < 16; j++) {
+    a[j] = d * sc[j];
+    b[j] = 32 * a[j];
+  }
+  for (int half = 0; half < 2; half++, ql += 64, qh += 32, u += 128) {
+#if defined(__AVX2__)
+    const __m256i l0 = load32(ql), l1 = load32(ql + 32), h = load32(qh), two = _mm256_set1_epi8(0x30);
+    store32(u, _mm256_or_si256(low4(l0), _mm256_and_si256(_mm256_slli_epi16(h, 4), two)));
+    store32(u + 32, _mm256_or_si256(low4(l1), _mm256_and_si256(_mm256_slli_epi16(h, 2), two)));
+    store32(u + 64, _mm256_or_si256(high4(l0), _mm256_and_si256(h, two)));
+    store32(u + 96, _mm256_or_si256(high4(l1), _mm256_and_si256(_mm256_srli_epi16(h, 2), two)));
+#else
+    for (int l = 0; l < 32; l++) {
+      u[l] = (ql[l] & 0x0F) | ((qh[l] & 3) << 4);
+      u[l + 32] = (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4);
+      u[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+      u[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+    }
+#endif
+  }
+}
+
+using BlockFn = void (*)(const uint8_t*, uint8_t*, float*, float*);
+
+// The blocks of one row, the block function inlined into its own loop (a switch per block cost measurably).
+template <int64_t Weights, int64_t Bytes, BlockFn Unpack>
+void unpack_blocks(const uint8_t* row, int64_t K, uint8_t* u, float* a, float* b) {
+  for (int64_t i = 0; i < K / Weights; i++) Unpack(row + i * Bytes, u + i * Weights, a + i * Weights / kSub, b + i * Weights / kSub);
+}
+
+// One row of K weights (K / format.weights blocks at `row`) into u[K], a[K / 16], b[K / 16].
+inline void unpack_row(int64_t type, const uint8_t* row, int64_t K, uint8_t* u, float* a, float* b) {
+  switch (type) {
+    case kQ4_0: return unpack_blocks<32, 18, unpack_block32<kQ4_0>>(row, K, u, a, b);
+    case kQ5_0: return unpack_blocks<32, 22, unpack_block32<kQ5_0>>(row, K, u, a, b);
+    case kQ8_0: return unpack_blocks<32, 34, unpack_block32<kQ8_0>>(row, K, u, a, b);
+    case kQ4_K: return unpack_blocks<256, 144, unpack_q4_k>(row, K, u, a, b);
+    default: return unpack_blocks<256, 210, unpack_q6_k>(row, K, u, a, b);
+  }
+}
+
+}  // namespace radixserve::gguf

@@ -1,0 +1,396 @@
+// Linears over GGUF blocks as stored in the file (gguf_blocks.h): y[m, n] = sum_k x[m, k] w[n, k] (+ bias).
+//
+// How: the activations are quantized to int8 per block of 32 (scale = absmax / 127, as ggml's q8_0), then for each
+// tile of kTile weight rows the blocks are unpacked into a small buffer of uint8 codes with a float (a, b) per 16
+// weights, and every activation row is multiplied with the tile: an integer dot product of codes and int8
+// activations per 64 columns (AVX-512 VNNI vpdpbusd; AVX2 widens to int16 and uses vpmaddwd; plain C++ otherwise),
+// scaled per lane by a * x_scale in float, minus sum_j b_j * x_scale_j * (sum of the activation codes of block j).
+// The tile stays in L1/L2 while all rows pass over it, so a prefill reads each weight byte once, like a decode step.
+// On VNNI, formats with a fixed zero point take it out inside the integer dot product instead (zero_shift), and
+// decode steps (at most kRowBlock rows) on 32-weight blocks skip the tile: codes go from the blocks to registers.
+//
+// Batch invariance: the result for row m depends only on x[m] and the weights. Every row takes the same quantization,
+// the same unpacking and the same sequence of float operations whatever the step's row count or how the rows are
+// grouped (rows are blocked in registers by kRowBlock, each with its own accumulator; the fused decode runs the same
+// `chunk` as the tiles), so a token's logits do not change with the batch it runs in (tests/test_gguf_kernels.py).
+// What does differ is the instruction set: each build is invariant on its own.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "gguf_activations.h"
+#include "gguf_blocks.h"
+#include "spin_pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using radixserve::gguf::format_of;
+using radixserve::gguf::kChunk;
+using radixserve::gguf::kXBlock;
+using radixserve::gguf::quantize_rows;
+using radixserve::gguf::QuantX;
+using radixserve::gguf::kSub;
+using radixserve::gguf::unpack_row;
+
+constexpr int64_t kTile = 16;     // weight rows unpacked at a time: 16 x 4864 codes = 76 KiB, within L2
+constexpr int64_t kRowBlock = 4;  // activation rows sharing one load of the codes
+// Bytes ahead of the row being unpacked that are prefetched: unpacking stalled on each cache line of the blocks
+// (measured: half the time of a Q8_0 LM head on one load), the hardware prefetcher alone does not run far enough.
+constexpr int64_t kPrefetch = 4096;
+constexpr int64_t kSerialBytes = int64_t{1} << 20;  // below this many block bytes one thread does the whole call
+
+// One weight row unpacked (gguf_blocks.h), padded like the activations.
+struct RowView {
+  const uint8_t* u;
+  const float* a;
+  const float* b;
+};
+
+// sum_j b[j] * corr[j]: the offsets' share of a row's dot product (S is a multiple of 16).
+inline float offsets(const float* b, const float* corr, int64_t S) {
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < S; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(b + j), _mm512_loadu_ps(corr + j), acc);
+  return _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t j = 0; j < S; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(b + j), _mm256_loadu_ps(corr + j), acc);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+#else
+  float acc = 0.f;
+  for (int64_t j = 0; j < S; j++) acc += b[j] * corr[j];
+  return acc;
+#endif
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+
+// Codes around a fixed zero point (w = a (u - zero), zero = 2^Shift: Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128) take the
+// zero out in the integer dot product: vpdpbusd starts from -zero * (sum of the lane's 4 activation codes), exact in
+// int32, so no float offsets remain. Q4_K's minima are per sub-block floats (Shift < 0): the offsets term serves them.
+constexpr int zero_shift(int64_t type) {
+  return type == radixserve::gguf::kQ4_0   ? 3
+         : type == radixserve::gguf::kQ5_0 ? 4
+         : type == radixserve::gguf::kQ6_K ? 5
+         : type == radixserve::gguf::kQ8_0 ? 7
+                                           : -1;
+}
+
+// One 64-column chunk c of one weight row (codes u, a per 16 in a4) into the accumulators of RB activation rows.
+// The fused decode below and the tiles run this same sequence, so their results are equal bit for bit.
+template <int RB, int Shift>
+inline void chunk(__m512i u, __m128 a4, const QuantX& x, int64_t m0, int64_t c, __m512* acc) {
+  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);  // a per 16 -> lanes
+  const __m512 a = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(a4));
+  for (int r = 0; r < RB; r++) {
+    const int64_t m = m0 + r;
+    __m512i dot = _mm512_setzero_si512();
+    if constexpr (Shift >= 0) dot = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum4[m * x.K64 / 4 + c * 16]), Shift);
+    dot = _mm512_dpbusd_epi32(dot, u, _mm512_loadu_si512(&x.q[m * x.K64 + c * kChunk]));
+    const __m512 s = _mm512_mul_ps(a, _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + c * 16]));
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[r]);
+  }
+}
+
+template <int RB, int Shift>
+inline void finish(const __m512* acc, const float* b, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  for (int r = 0; r < RB; r++) {
+    y[r * ldy] = _mm512_reduce_add_ps(acc[r]);
+    if constexpr (Shift < 0) y[r * ldy] -= offsets(b, &x.corr[(m0 + r) * x.S], x.S);
+  }
+}
+
+// y[r] for RB activation rows starting at m0 against one unpacked weight row.
+template <int RB, int Shift>
+inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  __m512 acc[RB];
+  for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < x.K64 / kChunk; c++)
+    chunk<RB, Shift>(_mm512_loadu_si512(w.u + c * kChunk), _mm_loadu_ps(w.a + c * 4), x, m0, c, acc);
+  finish<RB, Shift>(acc, w.b, x, m0, y, ldy);
+}
+
+template <int Shift>
+void dot_all(const RowView& w, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  int64_t m = 0;
+  for (; m + kRowBlock <= M; m += kRowBlock) dot_rows<kRowBlock, Shift>(w, x, m, y + m * ldy, ldy);
+  for (; m < M; m++) dot_rows<1, Shift>(w, x, m, y + m * ldy, ldy);
+}
+
+// 4 weight rows x 2 activation rows in registers: each activation load serves 4 weight rows, each code load 2
+// activation rows (prefill was bound by reloading the activations' codes, scales and sums for every weight row).
+// Every (activation row, weight row) pair runs `chunk`'s sequence, so the result is the same as one at a time.
+template <int Shift>
+inline void dot_4x2(const RowView* w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc[2][4];
+  for (auto& row : acc)
+    for (auto& v : row) v = _mm512_setzero_ps();
+  for (int64_t c = 0; c < x.K64 / kChunk; c++) {
+    __m512i u[4];
+    __m512 a[4];
+    for (int j = 0; j < 4; j++) {
+      u[j] = _mm512_loadu_si512(w[j].u + c * kChunk);
+      a[j] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(w[j].a + c * 4)));
+    }
+    for (int r = 0; r < 2; r++) {
+      // The same integers and floats as `chunk` reads from nsum4 and lane, made from the codes and the per-16
+      // scales here: 128 bytes fewer to stream per chunk and row, which bounded a prefill.
+      const int64_t m = m0 + r;
+      const __m512i q = _mm512_loadu_si512(&x.q[m * x.K64 + c * kChunk]);
+      __m512i init = _mm512_setzero_si512();
+      if constexpr (Shift >= 0) {
+        const __m512i sum4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
+        init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum4, Shift));
+      }
+      const __m512 lane =
+          _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(&x.scale16[m * x.S + c * 4])));
+      for (int j = 0; j < 4; j++) {
+        const __m512i dot = _mm512_dpbusd_epi32(init, u[j], q);
+        acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a[j], lane), acc[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < 2; r++)
+    for (int j = 0; j < 4; j++) finish<1, Shift>(&acc[r][j], w[j].b, x, m0 + r, y + r * ldy + j, ldy);
+}
+
+// Every activation row against `rows` unpacked weight rows (a tile): 4 x 2 register blocks, the rest one by one.
+template <int Shift>
+void dot_tile(const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    int64_t m = 0;
+    for (; m + 2 <= M; m += 2) dot_4x2<Shift>(w + r, x, m, y + m * ldy + r, ldy);
+    for (; m < M; m++)
+      for (int j = 0; j < 4; j++) dot_rows<1, Shift>(w[r + j], x, m, y + m * ldy + r + j, ldy);
+  }
+  for (; r < rows; r++) dot_all<Shift>(w[r], x, M, y + r, ldy);
+}
+
+inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  switch (zero_shift(type)) {
+    case 3: return dot_tile<3>(w, rows, x, M, y, ldy);
+    case 4: return dot_tile<4>(w, rows, x, M, y, ldy);
+    case 5: return dot_tile<5>(w, rows, x, M, y, ldy);
+    case 7: return dot_tile<7>(w, rows, x, M, y, ldy);
+    default: return dot_tile<-1>(w, rows, x, M, y, ldy);
+  }
+}
+
+// Decode (at most kRowBlock rows) on 32-weight blocks: codes and scales straight from the blocks into registers, no
+// trip through the tile buffer (which cost as much as the dot product itself).
+template <int64_t Type, int RB>
+void fused_rows(const uint8_t* row, const QuantX& x, float* y, int64_t ldy) {
+  constexpr int64_t bytes = radixserve::gguf::format_bytes(Type);
+  __m512 acc[RB];
+  for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < x.K64 / kChunk; c++, row += 2 * bytes) {
+    // Both blocks' fp16 d converted at once into (d0, d0, d1, d1): the same floats as the tiles' a per 16.
+    uint16_t h0, h1;
+    std::memcpy(&h0, row, 2);
+    std::memcpy(&h1, row + bytes, 2);
+    const __m128 a4 = _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, h1, h1, h0, h0));
+    const __m256i u0 = radixserve::gguf::codes32<Type>(row), u1 = radixserve::gguf::codes32<Type>(row + bytes);
+    const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(u0), u1, 1);
+    chunk<RB, zero_shift(Type)>(u, a4, x, 0, c, acc);
+  }
+  finish<RB, zero_shift(Type)>(acc, nullptr, x, 0, y, ldy);
+}
+
+template <int64_t Type>
+void fused_row(const uint8_t* row, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  switch (M) {
+    case 1: return fused_rows<Type, 1>(row, x, y, ldy);
+    case 2: return fused_rows<Type, 2>(row, x, y, ldy);
+    case 3: return fused_rows<Type, 3>(row, x, y, ldy);
+    default: return fused_rows<Type, 4>(row, x, y, ldy);
+  }
+}
+
+// Whether `fused_row` serves this call: 32-weight blocks, whole 64-column chunks, one register block of rows.
+inline bool fused(int64_t type, int64_t M, int64_t K) {
+  const bool block32 = type == radixserve::gguf::kQ8_0 || type == radixserve::gguf::kQ5_0 || type == radixserve::gguf::kQ4_0;
+  return block32 && M <= kRowBlock && K % kChunk == 0;
+}
+
+inline void fused_row(int64_t type, const uint8_t* row, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  if (type == radixserve::gguf::kQ8_0) return fused_row<radixserve::gguf::kQ8_0>(row, x, M, y, ldy);
+  if (type == radixserve::gguf::kQ5_0) return fused_row<radixserve::gguf::kQ5_0>(row, x, M, y, ldy);
+  return fused_row<radixserve::gguf::kQ4_0>(row, x, M, y, ldy);
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+// No vpdpbusd: codes and activations widened to int16, vpmaddwd sums pairs exactly (vpmaddubsw would saturate at
+// 255 * 127 * 2), one (a * scale) per 16 columns.
+template <int RB>
+inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  __m256 acc[RB];
+  for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < x.K64 / kSub; j++) {
+    const __m256i u = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.u + j * kSub)));
+    for (int r = 0; r < RB; r++) {
+      const int64_t m = m0 + r;
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&x.q[m * x.K64 + j * kSub]));
+      const __m256i dot = _mm256_madd_epi16(u, _mm256_cvtepi8_epi16(q));
+      const __m256 s = _mm256_set1_ps(w.a[j] * x.scale16[m * x.S + j]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc[r]);
+    }
+  }
+  for (int r = 0; r < RB; r++) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    y[r * ldy] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h))) - offsets(w.b, &x.corr[(m0 + r) * x.S], x.S);
+  }
+}
+
+#else
+
+template <int RB>
+inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  for (int r = 0; r < RB; r++) {
+    const int64_t m = m0 + r;
+    float acc = 0.f;
+    for (int64_t j = 0; j < x.K64 / kSub; j++) {
+      int32_t dot = 0;
+      for (int64_t l = 0; l < kSub; l++) dot += w.u[j * kSub + l] * x.q[m * x.K64 + j * kSub + l];
+      acc += static_cast<float>(dot) * (w.a[j] * x.scale16[m * x.S + j]);
+    }
+    y[r * ldy] = acc - offsets(w.b, &x.corr[m * x.S], x.S);
+  }
+}
+
+#endif
+
+#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
+// Without VNNI every call takes the tiles (AVX2 and plain C++ are correct, not tuned).
+inline bool fused(int64_t, int64_t, int64_t) { return false; }
+inline void fused_row(int64_t, const uint8_t*, const QuantX&, int64_t, float*, int64_t) {}
+
+inline void dot_tile(int64_t, const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t m = 0;
+    for (; m + kRowBlock <= M; m += kRowBlock) dot_rows<kRowBlock>(w[r], x, m, y + m * ldy + r, ldy);
+    for (; m < M; m++) dot_rows<1>(w[r], x, m, y + m * ldy + r, ldy);
+  }
+}
+#endif
+
+// The weight rows of one call: the parts of a fused projection (q, k, v may each have their own block type),
+// stacked in order along the output.
+struct Part {
+  const uint8_t* data;
+  int64_t type, rows, row_bytes, first;  // first: its first output column
+};
+
+// Unpack tile `t` (kTile rows of the stacked parts, never crossing a part) and multiply every activation row with it.
+struct Tiles {
+  std::vector<Part> parts;
+  std::vector<std::pair<int64_t, int64_t>> index;  // tile -> (part, first row in the part)
+
+  void run(const QuantX& x, int64_t M, int64_t K, int64_t t0, int64_t t1, float* y, int64_t N) const {
+    thread_local std::vector<uint8_t> u;
+    thread_local std::vector<float> a, b;
+    u.assign(kTile * x.K64, 0);  // zero padding: the columns past K contribute nothing
+    a.assign(kTile * x.S, 0.f);
+    b.assign(kTile * x.S, 0.f);
+    for (int64_t t = t0; t < t1; t++) {
+      const Part& p = parts[index[t].first];
+      const int64_t r0 = index[t].second, rows = std::min(kTile, p.rows - r0);
+      if (fused(p.type, M, K)) {
+        for (int64_t r = 0; r < rows; r++) {
+          const uint8_t* row = p.data + (r0 + r) * p.row_bytes;
+          for (int64_t off = 0; off < p.row_bytes; off += 64) __builtin_prefetch(row + kPrefetch + off);
+          fused_row(p.type, row, x, M, y + p.first + r0 + r, N);
+        }
+        continue;
+      }
+      for (int64_t r = 0; r < rows; r++) {
+        const uint8_t* next = p.data + (r0 + r) * p.row_bytes + kPrefetch;
+        for (int64_t off = 0; off < p.row_bytes; off += 64) __builtin_prefetch(next + off);
+        unpack_row(p.type, p.data + (r0 + r) * p.row_bytes, K, &u[r * x.K64], &a[r * x.S], &b[r * x.S]);
+      }
+      RowView views[kTile];
+      for (int64_t r = 0; r < rows; r++) views[r] = {&u[r * x.K64], &a[r * x.S], &b[r * x.S]};
+      dot_tile(p.type, views, rows, x, M, y + p.first + r0, N);
+    }
+  }
+};
+
+Tiles plan(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types, int64_t K, int64_t& N,
+           int64_t& bytes) {
+  TORCH_CHECK(blocks.size() == types.size() && !blocks.empty(), "one block type per tensor of blocks");
+  Tiles tiles;
+  N = bytes = 0;
+  for (size_t i = 0; i < blocks.size(); i++) {
+    const at::Tensor& w = blocks[i];
+    const auto f = format_of(types[i]);
+    TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous(), "blocks must be uint8 [N, bytes]");
+    TORCH_CHECK(K % f.weights == 0 && w.size(1) == K / f.weights * f.bytes, "blocks of type ", types[i],
+                " do not hold rows of ", K, " weights");
+    tiles.parts.push_back({w.data_ptr<uint8_t>(), types[i], w.size(0), w.size(1), N});
+    for (int64_t r = 0; r < w.size(0); r += kTile) tiles.index.emplace_back(i, r);
+    N += w.size(0);
+    bytes += w.numel();
+  }
+  return tiles;
+}
+
+// y = x W^T + bias with W the stacked GGUF blocks: x float32 or bfloat16 [M, K], y [M, N] in x's dtype.
+at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types,
+                       const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "x must be float32 or bfloat16 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % kXBlock == 0, "K must be a multiple of ", kXBlock);
+  int64_t N, bytes;
+  const Tiles tiles = plan(blocks, types, K, N, bytes);
+  TORCH_CHECK(!bias || bias->numel() == N, "bias must have ", N, " values");
+  at::Tensor out = at::empty({M, N}, x.options());
+  if (M == 0) return out;
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const QuantX xq = quantize_rows(xf.data_ptr<float>(), M, K);
+  std::vector<float> y(M * N);
+  const int64_t T = static_cast<int64_t>(tiles.index.size());
+  auto work = [&](int64_t t0, int64_t t1) { tiles.run(xq, M, K, t0, t1, y.data(), N); };
+  if (bytes < kSerialBytes)
+    work(0, T);
+  else
+    radixserve::SpinPool::get().run(T, work);
+  // The bias and the cast in one loop here: separate torch ops cost ~10 us of dispatch each, ~100 linears a step.
+  std::vector<float> b(N, 0.f);
+  if (bias) {
+    const at::Tensor bc = bias->to(at::kFloat).contiguous();
+    std::copy_n(bc.data_ptr<float>(), N, b.data());
+  }
+  auto store = [&](auto* o) {
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t n = 0; n < N; n++) o[m * N + n] = static_cast<std::remove_pointer_t<decltype(o)>>(y[m * N + n] + b[n]);
+  };
+  if (x.scalar_type() == at::kFloat)
+    store(out.data_ptr<float>());
+  else
+    store(out.data_ptr<at::BFloat16>());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixserve, m) {
+  m.def("gguf_linear(Tensor x, Tensor[] blocks, int[] types, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
+  m.impl("gguf_linear", &gguf_linear);
+}

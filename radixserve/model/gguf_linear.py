@@ -1,0 +1,102 @@
+"""Linears and the token embedding over a GGUF file's own quantized blocks (issue 38): no float copy, no requantizing.
+
+A GGUFLinear holds, per stacked part (q, k, v of a fused projection may each have their own block type), the part's
+blocks as a uint8 `[rows, bytes per row]` view of the file's memory map and its ggml type id; kernels/cpu/
+gguf_linear.cpp multiplies with them directly (activations rounded to int8 per block of 32, as llama.cpp does).
+The embedding dequantizes only the looked-up rows. Where the CPU kernels cannot be built, both fall back to
+gguf-py's numpy dequantizer (slow, kept for correctness: the float weight is cached on first use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, quants
+from torch import nn
+
+import kernels.cpu as cpu_kernels
+
+# The block types kernels/cpu/gguf_blocks.h reads.
+KERNEL_TYPES = frozenset(
+    {
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q6_K,
+    }
+)
+
+
+@dataclass(frozen=True)
+class BlockPart:
+    """One tensor's rows as stored in the GGUF: uint8 `[rows, bytes]` and its ggml type."""
+
+    blocks: torch.Tensor
+    type: GGMLQuantizationType
+
+    @property
+    def rows(self) -> int:
+        return self.blocks.shape[0]
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 `[rows, K]` by gguf-py (the reference the kernel tests compare with)."""
+        return torch.from_numpy(np.asarray(quants.dequantize(self.blocks.numpy(), self.type), dtype=np.float32))
+
+
+class GGUFLinear(nn.Module):
+    """y = x W^T + b with W the stacked parts' blocks; returns the activations' dtype (float32 or bfloat16)."""
+
+    def __init__(self, parts: list[BlockPart], in_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        unsupported = sorted({p.type.name for p in parts if p.type not in KERNEL_TYPES})
+        if unsupported:
+            raise ValueError(f"GGUF block types {', '.join(unsupported)} have no kernel (see gguf_blocks.h)")
+        self.parts = parts
+        self.in_features, self.out_features = in_features, sum(p.rows for p in parts)
+        self._blocks = [p.blocks for p in parts]
+        for i, p in enumerate(parts):  # buffers (not saved): what the model holds shows in model.buffers()
+            self.register_buffer(f"blocks{i}", p.blocks, persistent=False)
+        self._types = [int(p.type) for p in parts]
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+        self._dense: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        ops = cpu_kernels.ops()
+        if ops is not None and x.dtype in (torch.float32, torch.bfloat16):
+            y = ops.gguf_linear(x2, self._blocks, self._types, self.bias)
+        else:
+            if self._dense is None:
+                self._dense = torch.cat([p.dequantize() for p in self.parts])
+            y = x2.float() @ self._dense.T
+            y = (y if self.bias is None else y + self.bias).to(x.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        types = "+".join(p.type.name for p in self.parts)
+        return f"in_features={self.in_features}, out_features={self.out_features}, blocks={types}"
+
+
+class GGUFEmbedding(nn.Module):
+    """Token rows dequantized from the GGUF's blocks on lookup, in `dtype`."""
+
+    def __init__(self, part: BlockPart, dtype: torch.dtype) -> None:
+        super().__init__()
+        if part.type not in KERNEL_TYPES:
+            raise ValueError(f"GGUF block type {part.type.name} has no kernel (see gguf_blocks.h)")
+        self.part, self.dtype = part, dtype
+        self.num_embeddings = part.rows
+        self.register_buffer("blocks", part.blocks, persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        ops = cpu_kernels.ops()
+        if ops is not None:
+            rows = ops.gguf_dequantize(self.part.blocks, int(self.part.type), flat)
+        else:
+            rows = BlockPart(self.part.blocks[flat], self.part.type).dequantize()
+        return rows.to(self.dtype).reshape(*ids.shape, -1)

@@ -1,0 +1,84 @@
+"""A model loaded with quantization "gguf" (radixserve/model/gguf_model.py): every projection over the file's own
+blocks, against the float32 model converted from the same file (the same blocks dequantized by gguf-py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from radixserve.model.gguf_linear import GGUFEmbedding, GGUFLinear
+from radixserve.model.loader import load_model
+from radixserve.model.resolve import resolve_model
+
+TYPES = {
+    "attn_q": T.Q5_0,
+    "attn_k": T.Q4_0,
+    "attn_v": T.Q8_0,
+    "attn_output": T.Q5_0,
+    "ffn_gate": T.Q8_0,
+    "ffn_up": T.Q5_0,
+    "ffn_down": T.Q4_0,
+    "token_embd": T.Q8_0,
+    "output": T.Q5_0,
+}
+# The only difference from the float32 model is the kernels' int8 rounding of activations per block of 32
+# (~0.5% of a product on random inputs, tests/test_gguf_kernels.py).
+ACT_TOL = 0.02
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])  # llama: llama.cpp's permuted Q/K rows are undone on the blocks
+def test_gguf_model_matches_the_converted_float_model(arch, tiny_model_factory, tmp_path):
+    from test_gguf import write_gguf
+
+    gguf_path = write_gguf(tmp_path / f"tiny-{arch}.gguf", arch, tiny_model_factory(arch), TYPES)
+    folder = resolve_model(gguf_path, cache_dir=tmp_path / "cache", progress=False)
+    cfg, dense = load_model(folder, torch.float32)
+    _, native = load_model(folder, torch.float32, quantization="gguf")
+    ids = torch.arange(cfg.vocab_size)
+    assert isinstance(native.embed_tokens, GGUFEmbedding)
+    assert torch.equal(native.embed_tokens(ids), dense.embed_tokens(ids))
+    head = native.lm_head if native.lm_head is not None else native.tied_head
+    pairs = [(head, dense.lm_head.weight if dense.lm_head is not None else dense.embed_tokens.weight, None)]
+    for i in range(cfg.num_layers):
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            ref = dense.get_submodule(f"layers.{i}.{name}")
+            pairs.append((native.get_submodule(f"layers.{i}.{name}"), ref.weight, ref.bias))
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            assert torch.equal(
+                native.get_submodule(f"layers.{i}.{norm}").weight, dense.get_submodule(f"layers.{i}.{norm}").weight
+            )
+    torch.manual_seed(0)
+    for lin, weight, bias in pairs:
+        assert isinstance(lin, GGUFLinear)
+        x = torch.randn(5, lin.in_features)
+        ref = x @ weight.T + (0 if bias is None else bias)
+        assert ((lin(x) - ref).norm() / ref.norm()).item() <= ACT_TOL
+        assert lin(x.bfloat16()).dtype == torch.bfloat16
+    assert not any(p.numel() > cfg.hidden_size for p in native.parameters() if p.dim() == 2)  # no float matrix
+
+
+def test_gguf_quantization_needs_a_gguf_source(tiny_model_factory):
+    with pytest.raises(ValueError, match="not converted from one"):
+        load_model(tiny_model_factory("qwen2"), torch.float32, quantization="gguf")
+
+
+def test_tensor_table_equals_gguf_py(tiny_model_factory, tmp_path):
+    """The fast header walk (radixserve/gguf/tensor_table.py) finds every tensor gguf-py finds, with its bytes."""
+    import gguf
+    import numpy as np
+    from test_gguf import write_gguf
+
+    from radixserve.gguf.tensor_table import read_tensor_table
+
+    path = write_gguf(tmp_path / "tiny.gguf", "llama", tiny_model_factory("llama"), TYPES)
+    table = read_tensor_table(path)
+    reader = gguf.GGUFReader(path, "r")
+    assert table.architecture == "llama" and set(table.tensors) == {t.name for t in reader.tensors}
+    for t in reader.tensors:
+        ours = table.tensors[t.name]
+        assert ours.type == t.tensor_type and ours.shape == tuple(int(d) for d in reversed(t.shape.tolist()))
+        assert np.array_equal(ours.data, np.asarray(t.data).view(np.uint8).reshape(-1))
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00\x05")
+    with pytest.raises(ValueError):
+        read_tensor_table(tmp_path / "bad.gguf")
