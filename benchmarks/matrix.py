@@ -37,6 +37,10 @@ FACTORS: dict[str, list[Any]] = {
     "cpu_kernels": [True, False],
     "backend": ["torch", "triton"],
     "quantization": ["none", "int8"],
+    "kv_dtype": [
+        "auto",
+        "int8",
+    ],  # KV pages as the model's dtype (float32 here) or int8 (radixserve/cache/kv_format.py)
 }
 REFERENCE = {name: values[0] for name, values in FACTORS.items()}
 LOGPROB_TOL = 1e-4
@@ -44,8 +48,11 @@ LOGPROB_TOL = 1e-4
 
 def allowed(combo: dict[str, Any]) -> bool:
     """Combinations the engine refuses, by design: n-gram drafts need overlap off (radixserve/speculative/mode.py);
-    int8 weights do not run under tensor parallelism yet (their row-parallel sum is not built: docs/parallel.md)."""
+    int8 weights do not run under tensor parallelism yet (their row-parallel sum is not built: docs/parallel.md);
+    the Triton kernels read float KV pages only (radixserve/attention/triton_backend.py)."""
     if combo.get("speculative") == "ngram" and combo.get("overlap") is True:
+        return False
+    if combo.get("kv_dtype") == "int8" and combo.get("backend") == "triton":
         return False
     return not (combo.get("quantization") == "int8" and combo.get("tp", 1) > 1)
 
@@ -63,10 +70,12 @@ def product() -> list[dict[str, Any]]:
         if allowed(c)
         and c["backend"] == "torch"
         and c["quantization"] == "none"
+        and c["kv_dtype"] == "auto"
         and not (c["page_size"] == 1 and not c["partial"])
         and not (not c["radix"] and c["tier"] != "off")
     ]
-    return core + [r for r in pairwise() if r["backend"] != "torch" or r["quantization"] != "none"]
+    extra = [r for r in pairwise() if r["backend"] != "torch" or r["quantization"] != "none" or r["kv_dtype"] != "auto"]
+    return core + extra
 
 
 def pairwise() -> list[dict[str, Any]]:
@@ -130,10 +139,12 @@ def compare(got: Any, want: Any, tol: float, where: str = "") -> list[str]:
 
 def reference_of(combo: dict[str, Any]) -> dict[str, Any]:
     """The run `combo` is compared with: the float32 reference, or the int8 single-rank run for int8 weights (same
-    cpu kernel setting: without them int8 runs a pure-torch path of other roundings)."""
+    cpu kernel setting: without them int8 runs a pure-torch path of other roundings). int8 KV pages are compared
+    with the reference run on int8 KV pages: quantization changes the logits, so the float32 KV run is no reference."""
+    ref = {**REFERENCE, "kv_dtype": combo["kv_dtype"]}
     if combo["quantization"] == "none":
-        return dict(REFERENCE)
-    return {**REFERENCE, "quantization": combo["quantization"], "cpu_kernels": combo["cpu_kernels"]}
+        return ref
+    return {**ref, "quantization": combo["quantization"], "cpu_kernels": combo["cpu_kernels"]}
 
 
 def run_matrix(combos: list[dict[str, Any]], models: list[Path]) -> dict[str, Any]:

@@ -2,8 +2,11 @@
 //
 // out[r, h] = softmax_t(q[r, h] . K[r, t, h / ratio] * scale) . V[r, t, h / ratio] over t < seq_lens[r], where
 // key t of request r sits in pool page page_table[r, t / page_size], row t % page_size. The pool's per-layer
-// buffers are [num_pages, page_size, kv_heads, head_dim] (radixserve/cache/kv_pool.py), bfloat16 or float32; q is
-// [num_reqs, heads, head_dim] (bfloat16 or float32, rows may be strided), the output has q's dtype.
+// buffers are [num_pages, page_size, kv_heads, row] (radixserve/cache/kv_pool.py): bfloat16 or float32 rows of
+// head_dim, or int8 rows of head_dim values then their float16 scale (2 bytes; radixserve/cache/kv_format.py), read
+// as value * scale; q is [num_reqs, heads, head_dim] (bfloat16 or float32, rows may be strided), the output has q's
+// dtype. An int8 key's scale multiplies its 4 heads' dot products once, a value's scale its softmax weight once: no
+// per-element multiply beyond the widening load.
 //
 // Why: the pure-torch path gathers every request's pages into a contiguous copy (index_select) and then calls SDPA,
 // once per layer; on a CPU decode step that copy plus the per-op overheads cost more than the arithmetic. Here
@@ -21,6 +24,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -49,6 +54,18 @@ struct Rows {
 
 inline float widen(float x) { return x; }
 inline float widen(at::BFloat16 x) { return static_cast<float>(x); }
+inline float widen(int8_t x) { return static_cast<float>(x); }
+
+// The factor a stored row's elements are multiplied by: 1 for float rows, the float16 after the D values for int8.
+template <typename T>
+inline float row_scale(const T*, int64_t) {
+  return 1.f;
+}
+inline float row_scale(const int8_t* row, int64_t D) {
+  at::Half h;
+  std::memcpy(&h, row + D, sizeof(h));  // 2-byte aligned (rows are D + 2 bytes, D even), memcpy all the same
+  return static_cast<float>(h);
+}
 
 // Plain C++: any head_dim. q [g, D] pre-scaled, s scratch [g, len], out [g, D] float32.
 template <typename T>
@@ -56,7 +73,8 @@ void attend_plain(const float* q, int64_t g, int64_t D, const Rows<T>& k, const 
   const int64_t L = k.len;
   std::vector<float> row(D);
   k.each([&](int64_t t, const T* kr) {
-    for (int64_t d = 0; d < D; d++) row[d] = widen(kr[d]);
+    const float sc = row_scale(kr, D);
+    for (int64_t d = 0; d < D; d++) row[d] = widen(kr[d]) * sc;
     for (int64_t h = 0; h < g; h++) {
       float acc = 0;
       for (int64_t d = 0; d < D; d++) acc += q[h * D + d] * row[d];
@@ -73,7 +91,8 @@ void attend_plain(const float* q, int64_t g, int64_t D, const Rows<T>& k, const 
   }
   std::fill(out, out + g * D, 0.f);
   v.each([&](int64_t t, const T* vr) {
-    for (int64_t d = 0; d < D; d++) row[d] = widen(vr[d]);
+    const float sc = row_scale(vr, D);
+    for (int64_t d = 0; d < D; d++) row[d] = widen(vr[d]) * sc;
     for (int64_t h = 0; h < g; h++)
       for (int64_t d = 0; d < D; d++) out[h * D + d] += s[h * L + t] * row[d];
   });
@@ -87,6 +106,9 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const at::BFloat16* p) {  // bfloat16 -> float32 is exact: the 16 bits become the high half
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16(const int8_t* p) {  // exact: |x| <= 127; the row's scale is applied by the caller
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 // exp(x) for the softmax's x <= 0: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, degree-6 Taylor polynomial
@@ -169,7 +191,8 @@ void attend_block(const float* q, const Rows<T>& k, const Rows<T>& v, float* s, 
       if (h < NG)
         for (int c = 0; c < C; c++) dot[h] = _mm512_fmadd_ps(qv[h][c], kv[c], dot[h]);
     }
-    _mm_storeu_ps(s + 4 * t, hsum4(dot[0], dot[1], dot[2], dot[3]));
+    const __m128 d4 = hsum4(dot[0], dot[1], dot[2], dot[3]);
+    _mm_storeu_ps(s + 4 * t, std::is_same_v<T, int8_t> ? _mm_mul_ps(d4, _mm_set1_ps(row_scale(kr, D))) : d4);
   });
   float inv[16];
   _mm512_storeu_ps(inv, softmax4(s, k.len));
@@ -179,8 +202,9 @@ void attend_block(const float* q, const Rows<T>& k, const Rows<T>& v, float* s, 
   v.each([&](int64_t t, const T* vr) {
     __m512 vv[C];
     for (int c = 0; c < C; c++) vv[c] = load16(vr + 16 * c);
+    const float sc = row_scale(vr, D);
     for (int h = 0; h < NG; h++) {
-      const __m512 p = _mm512_set1_ps(s[4 * t + h]);
+      const __m512 p = _mm512_set1_ps(s[4 * t + h] * sc);
       for (int c = 0; c < C; c++) acc[h][c] = _mm512_fmadd_ps(p, vv[c], acc[h][c]);
     }
   });
@@ -228,6 +252,7 @@ template <typename Q, typename T>
 void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const at::Tensor& table,
          const at::Tensor& lens, double scale, at::Tensor& out) {
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), KV = kb.size(2), ps = kb.size(1), G = H / KV;
+  const int64_t W = kb.size(3);  // the stored row: D, or D + 2 for int8
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), P = table.size(1);
   const Q* qp = q.data_ptr<Q>();
   Q* op = out.data_ptr<Q>();
@@ -246,7 +271,7 @@ void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const 
       for (int64_t h = 0; h < G; h++)
         for (int64_t d = 0; d < D; d++) qf[h * D + d] = widen(qp[r * qs0 + (h0 + h) * qs1 + d]) * sc;
       if (L > 0) {
-        const Rows<T> k{kp + kvh * D, tp + r * P, ps, KV * D, L}, v{vp + kvh * D, tp + r * P, ps, KV * D, L};
+        const Rows<T> k{kp + kvh * W, tp + r * P, ps, KV * W, L}, v{vp + kvh * W, tp + r * P, ps, KV * W, L};
         attend(qf.data(), G, D, k, v, s.data(), of.data());
       } else {
         std::fill(of.begin(), of.end(), 0.f);
@@ -266,7 +291,9 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pages, c
               "k_pages / v_pages must be contiguous [num_pages, page_size, kv_heads, head_dim] of one dtype");
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), KV = k_pages.size(2);
   const int64_t num_pages = k_pages.size(0), ps = k_pages.size(1);
-  TORCH_CHECK(k_pages.size(3) == D && KV > 0 && H % KV == 0, "heads must be a multiple of kv_heads, same head_dim");
+  const auto qt = q.scalar_type(), kt = k_pages.scalar_type();
+  TORCH_CHECK(k_pages.size(3) == D + (kt == at::kChar ? 2 : 0) && KV > 0 && H % KV == 0,
+              "heads must be a multiple of kv_heads; pool rows must be head_dim (int8: head_dim + 2, the scale)");
   TORCH_CHECK(page_table.scalar_type() == at::kInt && page_table.dim() == 2 && page_table.size(0) == R &&
                   page_table.is_contiguous(),
               "page_table must be contiguous int32 [num_reqs, pages]");
@@ -282,10 +309,13 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pages, c
     }
   }
   at::Tensor out = at::empty({R, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
-  const auto qt = q.scalar_type(), kt = k_pages.scalar_type();
-  TORCH_CHECK((qt == at::kFloat || qt == at::kBFloat16) && (kt == at::kFloat || kt == at::kBFloat16),
-              "decode_attention: q and the pool must be float32 or bfloat16");
-  if (qt == at::kFloat && kt == at::kFloat)
+  TORCH_CHECK((qt == at::kFloat || qt == at::kBFloat16) && (kt == at::kFloat || kt == at::kBFloat16 || kt == at::kChar),
+              "decode_attention: q must be float32 or bfloat16, the pool float32, bfloat16 or int8");
+  if (kt == at::kChar && qt == at::kFloat)
+    run<float, int8_t>(q, k_pages, v_pages, page_table, seq_lens, scale, out);
+  else if (kt == at::kChar)
+    run<at::BFloat16, int8_t>(q, k_pages, v_pages, page_table, seq_lens, scale, out);
+  else if (qt == at::kFloat && kt == at::kFloat)
     run<float, float>(q, k_pages, v_pages, page_table, seq_lens, scale, out);
   else if (qt == at::kFloat)
     run<float, at::BFloat16>(q, k_pages, v_pages, page_table, seq_lens, scale, out);

@@ -5,8 +5,9 @@ padded to the longest), so a long prefill chunk does not pad every decode token 
 tensors are built once in `plan` and reused by every layer.
 
 On CPU the decode group runs our fused C++ op instead (kernels/cpu/decode_attention.cpp: it reads K/V in place
-from the pool's pages, no gather copy) when the CPU kernels are built and the pool is float32 or bfloat16;
-RADIXSERVE_CPU_KERNELS=0 keeps everything on the SDPA path.
+from the pool's pages, no gather copy) when the CPU kernels are built and the pool is float32, bfloat16 or int8;
+RADIXSERVE_CPU_KERNELS=0 keeps everything on the SDPA path. Quantized pages (int8, fp8_e4m3) are decoded to the
+query's dtype right after the gather, so SDPA sees exactly the dequantized float pages.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ import kernels.cpu
 from radixserve.attention.base import AttentionBackend
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
+
+
+# What the C++ decode op reads: float32, bfloat16 and int8 pages (kernels/cpu/decode_attention.cpp).
+CPU_OP_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 
 
 @dataclass
@@ -49,9 +54,7 @@ class TorchAttentionBackend(AttentionBackend):
     def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None) -> None:
         super().__init__(pool, num_heads, head_dim, scale)
         # Here, not at the first step: a first build of the CPU kernels takes a while (then cached on disk).
-        self._ops = (
-            kernels.cpu.ops() if pool.device.type == "cpu" and pool.dtype in (torch.float32, torch.bfloat16) else None
-        )
+        self._ops = kernels.cpu.ops() if pool.device.type == "cpu" and pool.dtype in CPU_OP_DTYPES else None
 
     def plan(self, batch: ForwardBatch) -> None:
         """Build the gather indices and masks of this step's decode and extend groups."""
@@ -112,7 +115,7 @@ class TorchAttentionBackend(AttentionBackend):
             )
             # Additive, in the pool's dtype: SDPA would otherwise convert a boolean mask in every layer.
             bias = (
-                torch.zeros(mask.shape, dtype=self.pool.dtype)
+                torch.zeros(mask.shape, dtype=self.pool.compute_dtype)
                 .masked_fill_(~mask, float("-inf"))
                 .unsqueeze(1)
                 .to(device)
@@ -146,8 +149,8 @@ class TorchAttentionBackend(AttentionBackend):
             return self.cpu_ops.decode_attention(q, k_pages, v_pages, g.table, g.seq_lens, self.scale)
         n, heads, dim = q.shape
         kv = self.num_kv_heads
-        keys = self._gather(k_pages, g).to(q.dtype)  # [G, KV, P * page_size, D]
-        values = self._gather(v_pages, g).to(q.dtype)
+        keys = self.pool.format.decode(self._gather(k_pages, g), q.dtype)  # [G, KV, P * page_size, D]
+        values = self.pool.format.decode(self._gather(v_pages, g), q.dtype)
         bias = None if g.bias is None else g.bias.to(q.dtype)
         if g.pad_index is None:
             # Decode: the query heads sharing a KV head become that head's queries (q_len = gqa ratio), which is
@@ -167,7 +170,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     @staticmethod
     def _gather(pages: torch.Tensor, g: _Group) -> torch.Tensor:
-        """Pool pages `[num_pages, page_size, KV, D]` -> the group's keys `[G, KV, P * page_size, D]` (strided view)."""
+        """Pool pages `[num_pages, page_size, KV, W]` -> the group's stored rows `[G, KV, P * page_size, W]` (a strided
+        view; W is the row width: head_dim, or head_dim + 2 for int8)."""
         # index_select copies whole pages; advanced indexing (pages[idx]) is ~20x slower on CPU in bf16.
         flat = pages.index_select(0, g.pages)
         return flat.view(g.num_reqs, -1, *pages.shape[2:]).transpose(1, 2)

@@ -28,6 +28,13 @@ class TritonAttentionBackend(AttentionBackend):
                 f"the triton attention backend needs a CUDA device; on {pool.device.type} set TRITON_INTERPRET=1 "
                 "before anything imports `kernels` (interpreter mode is for tests)"
             )
+        if pool.format.quantized:
+            # The kernels load KV rows of head_dim floats; an int8 row ends with its scale and fp8 needs a widening
+            # load neither kernel has yet: refuse rather than read scale bytes as values.
+            raise ValueError(
+                f"the triton attention backend reads float KV pages only; kv_cache_dtype {pool.format.name!r} runs "
+                "on the torch backend (int8, fp8_e4m3) or flashinfer on CUDA (fp8_e4m3)"
+            )
         self.num_kv_heads = pool.k_buffers[0].shape[2]
         if num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of the KV heads ({self.num_kv_heads})")
