@@ -27,7 +27,7 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -62,9 +62,13 @@ inline float row_scale(const T*, int64_t) {
   return 1.f;
 }
 inline float row_scale(const int8_t* row, int64_t D) {
-  at::Half h;
-  std::memcpy(&h, row + D, sizeof(h));  // 2-byte aligned (rows are D + 2 bytes, D even), memcpy all the same
-  return static_cast<float>(h);
+  uint16_t bits;
+  std::memcpy(&bits, row + D, sizeof(bits));  // 2-byte aligned (rows are D + 2 bytes, D even), memcpy all the same
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);  // one instruction; c10::Half's portable conversion is ~10 per key
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
 }
 
 // Plain C++: any head_dim. q [g, D] pre-scaled, s scratch [g, len], out [g, D] float32.
