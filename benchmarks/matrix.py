@@ -48,11 +48,8 @@ LOGPROB_TOL = 1e-4
 
 def allowed(combo: dict[str, Any]) -> bool:
     """Combinations the engine refuses, by design: n-gram drafts need overlap off (radixserve/speculative/mode.py);
-    int8 weights do not run under tensor parallelism yet (their row-parallel sum is not built: docs/parallel.md);
-    the Triton kernels read float KV pages only (radixserve/attention/triton_backend.py)."""
+    int8 weights do not run under tensor parallelism yet (their row-parallel sum is not built: docs/parallel.md)."""
     if combo.get("speculative") == "ngram" and combo.get("overlap") is True:
-        return False
-    if combo.get("kv_dtype") == "int8" and combo.get("backend") == "triton":
         return False
     return not (combo.get("quantization") == "int8" and combo.get("tp", 1) > 1)
 

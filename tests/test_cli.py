@@ -135,7 +135,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
 
     with Engine(**engine_kwargs) as eng:  # every key is one the Engine takes
         assert eng.model_info()["page_size"] == 1 and eng.model_info()["quantization"] == "int8"
-        assert eng.runner.pool.format.name == "int8"
+        assert eng.model_info()["kv_cache_dtype"] == "int8"
 
 
 def test_kv_cache_dtype_choices_are_the_formats() -> None:

@@ -1,7 +1,7 @@
 """Engines on quantized KV pages (issue 40), tiny model: --kv-cache-gb sizes the pool by format (int8 about twice
-bfloat16's tokens at head_dim 64); the disk tier stores int8 pages as they are (greedy output identical with the tier on and off
-under heavy eviction, and a restart hits); int8 KV stays close to float KV; the Triton backend refuses int8 pages
-clearly. Every engine ends at rest (the make_engine fixture)."""
+bfloat16's tokens at head_dim 64); the disk tier stores int8 pages as they are (greedy output identical with the tier
+on and off under heavy eviction); int8 KV stays close to float KV; a backend refuses a format it
+cannot read. Every engine ends at rest (the make_engine fixture)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,9 @@ def test_int8_kv_stays_close_to_float_kv(make_engine, tiny_model_dir) -> None:
     assert agree >= 0.75 * total, (agree, total)
 
 
-def test_triton_refuses_int8_pages_clearly(make_engine, tiny_model_dir) -> None:
-    with pytest.raises(ValueError, match="float KV pages only"):
-        make_engine(tiny_model_dir, attention_backend="triton", **INT8)
+def test_backends_refuse_a_format_they_cannot_read(make_engine, tiny_model_dir) -> None:
+    """fp8 pages are float8 bits held as uint8: the Triton kernels would read integers; FlashInfer needs CUDA."""
+    with pytest.raises(ValueError, match="float and int8 KV pages"):
+        make_engine(tiny_model_dir, attention_backend="triton", kv_cache_dtype="fp8_e4m3", max_total_tokens=64)
+    with pytest.raises(ValueError, match="CUDA"):
+        make_engine(tiny_model_dir, attention_backend="flashinfer", kv_cache_dtype="fp8_e4m3", max_total_tokens=64)
