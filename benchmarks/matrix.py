@@ -44,6 +44,14 @@ FACTORS: dict[str, list[Any]] = {
 }
 REFERENCE = {name: values[0] for name, values in FACTORS.items()}
 LOGPROB_TOL = 1e-4
+# int8 KV pages against the int8-KV reference: a float32 rounding difference upstream (TP's split sums, the Triton
+# kernels' order) can move a K or V value across an int8 rounding boundary, which changes it by a whole step (1/127
+# of its row's largest value), far above float32 rounding; tokens must still be identical. Measured worst: 1.4e-4.
+KV_INT8_LOGPROB_TOL = 1e-3
+
+
+def logprob_tol(combo: dict[str, Any]) -> float:
+    return KV_INT8_LOGPROB_TOL if combo.get("kv_dtype") == "int8" else LOGPROB_TOL
 
 
 def allowed(combo: dict[str, Any]) -> bool:
@@ -158,7 +166,7 @@ def run_matrix(combos: list[dict[str, Any]], models: list[Path]) -> dict[str, An
         try:
             if key not in refs:
                 refs[key] = run_combo(ref, [model])
-            diffs = compare(run_combo(combo, [model]), refs[key], LOGPROB_TOL)
+            diffs = compare(run_combo(combo, [model]), refs[key], logprob_tol(combo))
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             report["failures"][json.dumps(combo)] = [repr(exc)[-2000:]]
             diffs = []
