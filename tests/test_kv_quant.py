@@ -169,3 +169,22 @@ def test_cpu_op_reads_int8_pages_as_their_dequantized_values(head_dim: int, q_dt
     torch.testing.assert_close(got, want, rtol=tol, atol=1e-5)
     with pytest.raises(RuntimeError, match="head_dim \\+ 2"):
         OPS.decode_attention(q, k[..., :-1].contiguous(), v[..., :-1].contiguous(), table, seq_lens, 0.1)
+
+
+@needs_ops
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_cpu_store_writes_the_encoders_bytes(dtype: torch.dtype) -> None:
+    """kernels/cpu/kv_store.cpp (what an int8 pool on CPU stores with) against KVFormat.encode, byte for byte:
+    rows with exact halves (round half to even), zeros, outliers, bfloat16 and float32 inputs."""
+    fmt = KVFormat("int8")
+    x = _rows(n=64).to(dtype)
+    ties = torch.arange(64, dtype=torch.float32) - 31.5  # x.5 values: ties to round half to even
+    ties[0] = 127.0  # scale exactly 1, so every x / scale is its tie
+    x[1, 0] = ties.to(dtype)
+    buf = [torch.zeros(20, 4, KV_HEADS, 66, dtype=torch.int8) for _ in range(2)]
+    loc = torch.randperm(80)[:64]
+    OPS.store_kv_int8(x, -x, buf[0], buf[1], loc)
+    assert torch.equal(buf[0].view(-1, KV_HEADS, 66)[loc], fmt.encode(x))
+    assert torch.equal(buf[1].view(-1, KV_HEADS, 66)[loc], fmt.encode(-x))
+    with pytest.raises(RuntimeError, match="not a pool slot"):
+        OPS.store_kv_int8(x, x, buf[0], buf[1], loc + 80)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import mmap
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -20,6 +21,14 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     nbytes = math.prod(shape) * dtype.itemsize
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # the tensor keeps the mapping alive
     return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
+
+
+def _int8_store_op() -> Any | None:
+    """kernels/cpu/kv_store.cpp's op, or None where the CPU kernels are off or do not build."""
+    import kernels.cpu  # deferred: building the CPU kernels is a cost only int8 pools on CPU pay
+
+    ops = kernels.cpu.ops()
+    return None if ops is None else ops.store_kv_int8
 
 
 class KVPool:
@@ -55,6 +64,9 @@ class KVPool:
         shape = (num_pages, page_size, num_kv_heads, self.format.row_width(head_dim))
         self.k_buffers = [_zeros(shape, self.dtype, self.device) for _ in range(num_layers)]
         self.v_buffers = [_zeros(shape, self.dtype, self.device) for _ in range(num_layers)]
+        # int8 on CPU: our fused quantize-and-store op where the CPU kernels build (bit-identical to the format's
+        # torch encoder, which runs elsewhere): the torch expression is ~20 small ops per layer and step.
+        self._store_int8 = _int8_store_op() if self.format.scaled and self.device.type == "cpu" else None
         # Popping from the end hands out low page ids first, which keeps tests readable.
         self._free: list[int] = list(range(num_pages - 1, 0, -1))
         self._is_free = [False] + [True] * (num_pages - 1)
@@ -99,6 +111,9 @@ class KVPool:
         index_copy_ into the flat slot views: cheaper than advanced indexing (on CPU above all) and free of host
         syncs, so it is also safe inside a CUDA-graph capture."""
         kb, vb = self.k_buffers[layer_id], self.v_buffers[layer_id]
+        if self._store_int8 is not None and k.dtype in (torch.float32, torch.bfloat16):
+            self._store_int8(k, v, kb, vb, loc)
+            return
         kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, self.format.encode(k))
         vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, self.format.encode(v))
 
