@@ -1,5 +1,5 @@
-"""Engines on quantized KV pages (issue 40), tiny model: --kv-cache-gb sizes the pool by format (int8 about twice
-bfloat16's tokens at head_dim 64); the disk tier stores int8 pages as they are (greedy output identical with the tier
+"""Engines on quantized KV pages (issue 40), tiny model: --kv-cache-gb sizes the pool by format (int8 1.78x
+bfloat16's tokens); the disk tier stores int8 pages as they are (greedy output identical with the tier
 on and off under heavy eviction); int8 KV stays close to float KV; a backend refuses a format it
 cannot read. Every engine ends at rest (the make_engine fixture)."""
 
@@ -30,8 +30,8 @@ def test_the_budget_holds_about_twice_the_tokens_in_int8(make_engine, tiny_model
         pool = eng.runner.pool
         sizes[fmt] = pool.capacity * pool.page_size
         assert pool.num_pages * pool.page_size * pool.bytes_per_token <= (1 << 30) * 0.001 + 4 * pool.bytes_per_token
-    hd = eng.runner.config.head_dim  # int8 rows are head_dim bytes + a 2-byte scale; bfloat16 rows 2 * head_dim
-    assert sizes["int8"] / sizes["bfloat16"] == pytest.approx(2 * hd / (hd + 2), rel=0.01), sizes
+    # int8 rows are head_dim bytes and a 2-byte scale per 16; bfloat16 rows 2 * head_dim bytes
+    assert sizes["int8"] / sizes["bfloat16"] == pytest.approx(16 / 9, rel=0.01), sizes
     with pytest.raises(ParamError, match="set one"):
         make_engine(tiny_model_dir, kv_cache_gb=0.001, max_total_tokens=64)
 
@@ -44,10 +44,10 @@ def test_int8_pages_through_the_disk_tier_give_identical_output(make_engine, tin
         assert run(on, ids) == run(off, ids)
     s = on.cache_stats()
     assert s["disk_hit_tokens"] > 0 and s["loaded_pages"] > 0
-    # The explorer's bytes count the int8 format: rows of head_dim bytes and their 2-byte scales.
+    # The explorer's bytes count the int8 format: rows of head_dim bytes and a 2-byte scale per 16.
     pool, cfg = on.runner.pool, on.runner.config
     assert s["device_bytes"] == s["device_pages"] * pool.page_size * pool.bytes_per_token
-    assert pool.bytes_per_token == 2 * cfg.num_layers * cfg.num_kv_heads * (cfg.head_dim + 2)
+    assert pool.bytes_per_token == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim // 8 * 9
 
 
 def test_int8_kv_stays_close_to_float_kv(make_engine, tiny_model_dir) -> None:

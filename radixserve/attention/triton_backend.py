@@ -75,6 +75,8 @@ class TritonAttentionBackend(AttentionBackend):
             out = torch.empty_like(q)
         if q.shape[0] == 0:
             return out
+        if self.pool.format.scaled:  # int8 keys are stored rotated: so is the query (radixserve/cache/kv_format.py)
+            q = self.pool.format.rotate_keys(q).to(q.dtype)
         if self.is_decode:
             return decode_attention(
                 q, k_buf, v_buf, self.page_table, self.seq_lens, out, self.scale, self.num_splits, self.workspace
@@ -82,7 +84,9 @@ class TritonAttentionBackend(AttentionBackend):
         if self.pool.format.scaled:
             # The extend kernel reads the new tokens from k/v, not the pages: give them as the pages hold them, as
             # the torch backend (which reads them back from the pool) and every later step see them.
-            k, v = (self.pool.format.decode(self.pool.format.encode(x), q.dtype) for x in (k, v))
+            fmt = self.pool.format
+            k = fmt.decode(fmt.encode(fmt.rotate_keys(k)), q.dtype)
+            v = fmt.decode(fmt.encode(v), q.dtype)
         return extend_attention(
             q,
             k,

@@ -26,7 +26,7 @@ FORMAT_VERSION = 3  # bump when the page file layout or what a page holds change
 @dataclass(frozen=True)
 class KVLayout:
     """What one page holds: K and V for `num_layers` layers, each `[page_size, num_kv_heads, row_width]` of `dtype`
-    elements, in KV format `kv_dtype` (radixserve/cache/kv_format.py: row_width is head_dim, or head_dim + 2 for
+    elements, in KV format `kv_dtype` (radixserve/cache/kv_format.py: row_width is head_dim, or head_dim * 9 / 8 for
     int8, whose rows carry their scale)."""
 
     num_layers: int
