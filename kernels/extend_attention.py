@@ -145,7 +145,7 @@ def extend_attention(
 
     Request b owns rows qo_indptr[b]:qo_indptr[b+1] (k/v `[T, kv_heads, D]` are their keys and values) and sees
     first its prefix_lens[b] cached tokens through page_table `[B, max_pages]` into k_buf/v_buf
-    `[num_pages, page_size, kv_heads, D]` (or int8 rows of D + 2, scale last: kernels/kv_load.py). Index tensors are int32 on q's device; `max_extend_len` bounds the
+    `[num_pages, page_size, kv_heads, D]` (or int8 rows of D * 9 / 8, scales last: kernels/kv_load.py). Index tensors are int32 on q's device; `max_extend_len` bounds the
     grid; `block_m` is the (token, head) rows per program. Returns `out`.
     """
     _, heads, dim = q.shape
