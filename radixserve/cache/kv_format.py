@@ -3,7 +3,7 @@
 A float format stores the row as is (`head_dim` elements of that dtype). `int8` stores the row quantized
 symmetrically to -127..127 with one scale per 16 values, the scales (float16, 2 int8 bytes each) after the values:
 scales per token, KV head and K/V. A key row is first rotated by the orthonormal Hadamard matrix H (`rotate_keys`):
-with one scale per row, Qwen2.5's keys cost +5.7% perplexity over 4k tokens (its values alone +0.09%); rotated,
+with one scale per row, Qwen2.5's keys cost +5.7% perplexity over 4k tokens (the values barely matter); rotated,
 which spreads any large channel over the whole row, with a scale per 16, the loss measured +0.09%
 (benchmarks/RESULTS.md, issue 40). Readers rotate the query instead of the pages (q . k = (qH) . (kH), H orthogonal),
 and the values are not rotated. Why per token rather than per page: a page fills one token at a time during decode, so a
