@@ -42,6 +42,7 @@ def engine_kwargs(settings: dict[str, Any], tier_dir: Path) -> dict[str, Any]:
         "overlap_schedule": settings["overlap"],
         "attention_backend": settings["backend"],
         "quantization": settings["quantization"],
+        "kv_cache_dtype": settings.get("kv_dtype", "auto"),
         "kv_cache_dir": tier_dir if tier == "disk" else None,
         "kv_cache_host_gb": 0.002 if tier == "host" else 0,  # ~170 pages of 16 tokens of a tiny model
         "max_total_tokens": 384,  # small: the batch part evicts and retracts

@@ -5,11 +5,17 @@
 - greedy agreement with float32 over the first 64 tokens of 20 chat prompts: per prompt, how many leading tokens are
   identical, and how many prompts match for all 64.
 
+A config is `dtype:weights[:kv_cache_dtype]`: `bfloat16:none:int8` keeps bfloat16 weights and stores the KV pages
+in int8 (issue 40), so against `bfloat16:none` it isolates the KV format. `--ppl-tokens 4096 --text A B` scores a
+longer context from several files, concatenated.
+
 Engines are built one after another (only one in memory). Prints a markdown table with the CPU flags. A config
 ending in `+kernel` runs int8's decode kernel at every row count (prefill included), so the perplexity also scores
 the kernel's own rounding of activations (its VNNI path from 3 rows on), which a normal prefill does not take.
 
     .venv/bin/python -m benchmarks.quality [--configs float32:none bfloat16:none bfloat16:int8 bfloat16:int8+kernel]
+    .venv/bin/python -m benchmarks.quality --configs bfloat16:none bfloat16:none:int8 --ppl-tokens 4096 \
+        --text tests/data/perplexity_text.txt README.md docs/DESIGN.md
 """
 
 from __future__ import annotations
@@ -78,12 +84,15 @@ def leading_match(a: list[int], b: list[int]) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="+", default=["float32:none", "bfloat16:none", "bfloat16:int8", "bfloat16:int4"])
+    ap.add_argument("--ppl-tokens", type=int, default=PPL_TOKENS)
+    ap.add_argument("--text", type=Path, nargs="+", default=[TEXT])
     a = ap.parse_args()
+    text = "\n\n".join(p.read_text() for p in a.text)
     print(cpu_flags())
     rows, reference, ppl_ref = [], None, None
     for conf in a.configs:
         t = time.perf_counter()
-        dtype, quant = conf.split(":")
+        dtype, quant, kv = (conf + ":auto").split(":")[:3]
         kernel_everywhere = quant.endswith("+kernel")
         quant = quant.removesuffix("+kernel")
         with contextlib.ExitStack() as stack:
@@ -91,10 +100,13 @@ def main() -> None:
                 rows_before = quant_mod.INT8_KERNEL_ROWS
                 quant_mod.INT8_KERNEL_ROWS = 1 << 30
                 stack.callback(setattr, quant_mod, "INT8_KERNEL_ROWS", rows_before)
-            eng = stack.enter_context(Engine(dtype=dtype, quantization=quant, max_total_tokens=8192))
-            ids = eng.tokenizer.encode(TEXT.read_text(), add_special_tokens=False)[:PPL_TOKENS]
-            if len(ids) < PPL_TOKENS:
-                raise SystemExit(f"{TEXT} has {len(ids)} tokens, fewer than {PPL_TOKENS}")
+            tokens = max(8192, a.ppl_tokens + 512)
+            eng = stack.enter_context(
+                Engine(dtype=dtype, quantization=quant, kv_cache_dtype=kv, max_total_tokens=tokens)
+            )
+            ids = eng.tokenizer.encode(text, add_special_tokens=False)[: a.ppl_tokens]
+            if len(ids) < a.ppl_tokens:
+                raise SystemExit(f"{a.text} hold {len(ids)} tokens, fewer than {a.ppl_tokens}")
             ppl, outs = perplexity(eng, ids), greedy(eng)
         reference = reference or outs
         ppl_ref = ppl_ref or ppl
@@ -105,7 +117,7 @@ def main() -> None:
         )
         print(f"{conf}: {time.perf_counter() - t:.0f} s", flush=True)
     print(
-        f"| dtype:quantization | perplexity ({PPL_TOKENS} tokens) | vs {a.configs[0]} | leading tokens equal to "
+        f"| dtype:quantization[:kv] | perplexity ({a.ppl_tokens} tokens) | vs {a.configs[0]} | leading tokens equal to "
         f"{a.configs[0]} | prompts equal for all {AGREE_TOKENS} | median leading run |"
     )
     print("|---|---|---|---|---|---|")

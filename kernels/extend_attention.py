@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels.common import attention_num_warps, dot_precision, extend_blocks, needs_upcast, next_pow2
+from kernels.kv_load import load_kv_rows
 from kernels.online_softmax import attend_block
 
 
@@ -56,6 +57,7 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -93,17 +95,10 @@ def _extend_kernel(
         mask_n = n < prefix_len
         page = tl.load(PageTable + b * stride_pt + n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
         slot = n % PAGE_SIZE
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(
-            K_buf + (page * stride_bkp + slot * stride_bks + kvh * stride_bkh)[:, None] + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        ).to(q.dtype)
-        v = tl.load(
-            V_buf + (page * stride_bvp + slot * stride_bvs + kvh * stride_bvh)[:, None] + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        ).to(q.dtype)
+        k_row = page * stride_bkp + slot * stride_bks + kvh * stride_bkh
+        v_row = page * stride_bvp + slot * stride_bvs + kvh * stride_bvh
+        k = load_kv_rows(K_buf, k_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALED).to(q.dtype)
+        v = load_kv_rows(V_buf, v_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALED).to(q.dtype)
         m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_PRECISION)
 
     # New tokens: causal, so this block of queries needs keys only up to its last token.
@@ -150,7 +145,7 @@ def extend_attention(
 
     Request b owns rows qo_indptr[b]:qo_indptr[b+1] (k/v `[T, kv_heads, D]` are their keys and values) and sees
     first its prefix_lens[b] cached tokens through page_table `[B, max_pages]` into k_buf/v_buf
-    `[num_pages, page_size, kv_heads, D]`. Index tensors are int32 on q's device; `max_extend_len` bounds the
+    `[num_pages, page_size, kv_heads, D]` (or int8 rows of D * 9 / 8, scales last: kernels/kv_load.py). Index tensors are int32 on q's device; `max_extend_len` bounds the
     grid; `block_m` is the (token, head) rows per program. Returns `out`.
     """
     _, heads, dim = q.shape
@@ -199,6 +194,7 @@ def extend_attention(
         BLOCK_D=next_pow2(dim),
         UPCAST=needs_upcast(_extend_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
+        SCALED=k_buf.dtype == torch.int8,
         num_warps=num_warps or attention_num_warps(dim, q.dtype),
     )
     return out

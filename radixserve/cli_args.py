@@ -47,6 +47,21 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-total-tokens", type=int, default=None, help="KV pool size in tokens (default: from free memory)"
     )
+    p.add_argument(
+        "--kv-cache-gb",
+        type=float,
+        default=None,
+        help="KV pool size as a memory budget in GiB, instead of --max-total-tokens: the tokens it holds follow "
+        "from --kv-cache-dtype",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        # radixserve.cache.kv_format.KV_DTYPES, spelled out: this module imports no torch (tests/test_cli.py checks)
+        choices=["auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3"],
+        help="how KV pages are stored: int8 (a scale per 16 values, keys rotated) holds 1.78x the tokens of bfloat16; "
+        "fp8_e4m3 is for FlashInfer on CUDA (default: %(default)s, the model's dtype)",
+    )
     p.add_argument("--context-length", type=int, default=None, help="cap the context below the model's own")
     p.add_argument(
         "--attention-backend",
@@ -316,6 +331,8 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "device": args.device,
         "page_size": args.page_size,
         "max_total_tokens": args.max_total_tokens,
+        "kv_cache_gb": args.kv_cache_gb,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "context_length": args.context_length,
         "attention_backend": args.attention_backend,
         "chunked_prefill_size": args.chunked_prefill_size,

@@ -110,6 +110,8 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             c.max_running_requests,
             c.context_length,
             self.quantization,
+            c.kv_cache_dtype,
+            c.kv_cache_bytes,
         )
         self.tp = start_tensor_parallel(c.tp, settings)  # tp > 1: workers start (under torchrun ranks > 0 serve, exit)
         self.device = self.tp.device if self.tp is not None else self.device  # under torchrun: LOCAL_RANK's GPU
@@ -135,6 +137,8 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             tp=self.tp,
             null_model=c.null_model,
             deterministic=self.deterministic,
+            kv_cache_dtype=c.kv_cache_dtype,
+            kv_cache_bytes=c.kv_cache_bytes,
         )
         cfg = self.runner.config
         # Positions past max_position_embeddings have no rotary table; attention is full (no sliding window is

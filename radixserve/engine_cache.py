@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Any, cast
 
-from radixserve.cache.kv_pool import KVPool, kv_bytes_per_token
+from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.kv_tier import KVTier, open_tier
 from radixserve.cache.pins import PinError
 from radixserve.cache.radix_cache import RadixCache
@@ -110,9 +110,8 @@ class CacheSurface:
         zeros for a tier that is off."""
         s, cache, pool = self.scheduler.stats, self.scheduler.cache, self.runner.pool
         cfg = self.runner.config
-        page_bytes = (
-            kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool.dtype.itemsize) * pool.page_size
-        )
+        # Whole pages (every KV head, as the tiers store them) in the pool's format: int8 counts its scales.
+        page_bytes = pool.format.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim) * pool.page_size
         tier = cache.tier.snapshot() if cache.tier is not None else dict.fromkeys(TIER_KEYS, 0)
         pinned = len(self.scheduler.pins.pinned_pages(cache)) if isinstance(cache, RadixCache) else 0
         return {

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from radixserve.cache.kv_format import KV_DTYPES
 from radixserve.errors import ParamError
 from radixserve.model.cpu_select import QUANTIZATIONS
 from radixserve.speculative.mode import MODES as SPECULATIVE_MODES
@@ -23,6 +24,8 @@ class EngineConfig:
     device: str = "cpu"
     page_size: int = 16
     max_total_tokens: int | None = None  # KV pool tokens; None: from free memory (CPU: at most 64k)
+    kv_cache_gb: float | None = None  # KV pool as a memory budget in GiB instead (tokens follow from kv_cache_dtype)
+    kv_cache_dtype: str = "auto"  # how KV pages are stored (radixserve/cache/kv_format.py); auto: the model's dtype
     context_length: int | None = None  # None: the model's own
     attention_backend: str | None = None  # None: flashinfer on CUDA (triton for float32), torch elsewhere
     enable_radix_cache: bool = True
@@ -70,6 +73,17 @@ class EngineConfig:
                 self.max_total_tokens is None or (_int(self.max_total_tokens) and self.max_total_tokens >= 1),
                 "must be an integer >= 1 or None",
             ),
+            (
+                "kv_cache_gb",
+                self.kv_cache_gb is None or (_number(self.kv_cache_gb) and self.kv_cache_gb > 0),
+                "must be > 0 or None",
+            ),
+            (
+                "kv_cache_gb",
+                self.kv_cache_gb is None or self.max_total_tokens is None,
+                "and max_total_tokens both size the KV pool: set one",
+            ),
+            ("kv_cache_dtype", self.kv_cache_dtype in KV_DTYPES, f"must be one of {', '.join(KV_DTYPES)}"),
             (
                 "context_length",
                 self.context_length is None or (_int(self.context_length) and self.context_length >= 2),
@@ -146,6 +160,11 @@ class EngineConfig:
                 "must be True, False or None",
             ),
         ]
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """kv_cache_gb in bytes (GiB, as kv_cache_disk_gb), or None."""
+        return None if self.kv_cache_gb is None else int(self.kv_cache_gb * (1 << 30))
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> EngineConfig:

@@ -98,6 +98,7 @@ class EngineStats:
             "dtype": self.dtype_name,
             "quantization": self.quantization,
             "quantization_reason": self.cpu_choice.reason,
+            "kv_cache_dtype": self.runner.pool.format.name,  # auto resolved: how the KV pages are stored
             "attention_backend": self.attention_backend,
             "tp": self.config.tp,
             "sampling_defaults": dict(self.sampling_defaults),

@@ -19,7 +19,7 @@ def startup_summary(engine: Any, url: str | None = None, api_key: bool | str | N
         (
             "KV pool",
             f"{pool.capacity * pool.page_size:,} tokens in {pool.capacity:,} pages of {pool.page_size} "
-            f"({pool_bytes / 2**30:.2f} GiB)",
+            f"({pool_bytes / 2**30:.2f} GiB, {info['kv_cache_dtype']})",
         ),
         ("context", f"{info['context_length']:,} tokens"),
         *(

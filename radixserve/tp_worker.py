@@ -32,6 +32,8 @@ def worker_settings(
     max_running_requests: int,
     context_length: int | None,
     quantization: str,
+    kv_cache_dtype: str = "auto",
+    kv_cache_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The ModelRunner settings every rank must share, as JSON-safe values (what rank 0 passes to its workers)."""
     return dict(
@@ -44,6 +46,8 @@ def worker_settings(
         max_running_requests=max_running_requests,
         context_length=context_length,
         quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+        kv_cache_bytes=kv_cache_bytes,
     )
 
 

@@ -79,6 +79,8 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "0.5",
         "--kv-cache-host-gb",
         "0",
+        "--kv-cache-dtype",
+        "int8",
         "--max-pinned-share",
         "0.25",
         "--otlp-endpoint",
@@ -109,6 +111,8 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "device": "cpu",
         "page_size": 1,
         "max_total_tokens": 4096,
+        "kv_cache_gb": None,
+        "kv_cache_dtype": "int8",
         "context_length": 512,
         "attention_backend": "torch",
         "chunked_prefill_size": 64,
@@ -137,6 +141,18 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
     with Engine(**engine_kwargs) as eng:  # every key is one the Engine takes
         assert eng.model_info()["page_size"] == 1 and eng.model_info()["quantization"] == "int8"
         assert eng.model_info()["deterministic"] is False
+        assert eng.model_info()["kv_cache_dtype"] == "int8"
+
+
+def test_kv_cache_dtype_choices_are_the_formats() -> None:
+    """cli_args spells the KV formats out (it imports no torch): they must be kv_format's."""
+    from radixserve.cache.kv_format import KV_DTYPES
+    from radixserve.cli_args import build_parser
+
+    (action,) = [
+        a for a in build_parser()._subparsers._group_actions[0].choices["serve"]._actions if a.dest == "kv_cache_dtype"
+    ]
+    assert tuple(action.choices) == KV_DTYPES
 
 
 def test_generate_prints_the_greedy_answer(tiny_model_dir: Path, make_engine: Callable, capsys) -> None:

@@ -21,7 +21,16 @@ from radixserve.cache.kv_tier import KVTier, open_tier
 from radixserve.cache.radix_cache import RadixCache
 
 PS = 4
-LAYOUT = KVLayout(num_layers=2, page_size=PS, num_kv_heads=2, head_dim=8, dtype="bfloat16", itemsize=2)
+LAYOUT = KVLayout(
+    num_layers=2,
+    page_size=PS,
+    num_kv_heads=2,
+    head_dim=8,
+    dtype="bfloat16",
+    itemsize=2,
+    kv_dtype="bfloat16",
+    row_width=8,
+)
 DIGEST = "a" * 32
 
 

@@ -72,7 +72,7 @@ def test_restart_hits_with_identical_output_and_namespaces_stay_apart(
     assert s["disk_hit_tokens"] >= 60 and s["hit_tokens"] >= 60, s
 
 
-@pytest.mark.parametrize("other", [{"seed": 1}, {"dtype": "bfloat16"}, {"page_size": 8}])
+@pytest.mark.parametrize("other", [{"seed": 1}, {"dtype": "bfloat16"}, {"page_size": 8}, {"kv_cache_dtype": "int8"}])
 def test_a_different_model_or_setting_never_hits(
     make_engine, tiny_model_factory, tiny_model_dir, tmp_path: Path, other: dict
 ) -> None:

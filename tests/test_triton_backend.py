@@ -154,3 +154,35 @@ def test_engine_greedy_matches_torch_backend(page_size: int, tiny_model_factory,
             got = [lp for lp, _ in out["meta_info"]["output_token_logprobs"]]
             want = [lp for lp, _ in ref["meta_info"]["output_token_logprobs"]]
             assert got == pytest.approx(want, abs=1e-4), f"run {run}, prompt {i}"
+
+
+@pytest.mark.parametrize("batch_kind", list(BATCHES))
+def test_int8_pages_match_the_torch_backend(batch_kind: str, seed: int) -> None:
+    """int8 KV pages (radixserve/cache/kv_format.py): both kernels decode rows and scales as the torch reference
+    does, and the new tokens are quantized into the same bytes."""
+    from radixserve.cache.kv_format import KVFormat
+
+    gen = torch.Generator().manual_seed(seed)
+    lens, page_size, head_dim, group = BATCHES[batch_kind], 16, 64, 7
+    num_pages = 3 + sum(math.ceil((p + e) / page_size) for p, e in lens)
+    fmt = KVFormat("int8")
+    pools = [KVPool(NUM_LAYERS, num_pages, page_size, NUM_KV_HEADS, head_dim, torch.float32, DEVICE, fmt) for _ in "ab"]
+    for layer in range(NUM_LAYERS):
+        for bufs in ("k_buffers", "v_buffers"):
+            rows = fmt.encode(torch.randn(getattr(pools[0], bufs)[layer].shape[:-1] + (head_dim,), generator=gen) * 3)
+            for pool in pools:
+                getattr(pool, bufs)[layer].copy_(rows)
+    batch = random_batch(lens, page_size, num_pages, gen)
+    heads = NUM_KV_HEADS * group
+    ref, tri = TorchAttentionBackend(pools[0], heads, head_dim), TritonAttentionBackend(pools[1], heads, head_dim)
+    ref.use_cpu_kernels = False  # the SDPA path: the C++ op's int8 reads are tests/test_kv_quant.py's
+    ref.plan(batch)
+    tri.plan(batch)
+    for layer in range(NUM_LAYERS):
+        q, k, v = (
+            torch.randn(batch.num_tokens, n, head_dim, generator=gen) for n in (heads, NUM_KV_HEADS, NUM_KV_HEADS)
+        )
+        expect = ref.forward(layer, q, k, v)
+        out = tri.forward(layer, q, k, v, out=torch.full_like(q, float("nan")))
+        torch.testing.assert_close(out, expect, rtol=TOLERANCE[torch.float32], atol=TOLERANCE[torch.float32])
+        assert torch.equal(pools[0].k_buffers[layer], pools[1].k_buffers[layer])

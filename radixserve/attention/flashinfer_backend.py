@@ -29,6 +29,9 @@ MIN_WORKSPACE_BYTES = 128 << 20
 # 128 MB ran out capturing ~410 requests of 32x128 heads, i.e. about 19 splits' worth: budget 32 splits.
 WORKSPACE_SPLITS = 32
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+# FlashInfer's fp8 KV: pages of float8_e4m3fn, passed as kv_data_type to plan; with no k_scale / v_scale given to
+# run, the scale is 1 (radixserve/cache/kv_format.py stores fp8 unscaled, clamped to its range).
+KV_DTYPES = (*SUPPORTED_DTYPES, torch.float8_e4m3fn)
 # "fa2" as SGLang and mini-sglang pin it: "auto" picks FA3 on sm90 for head_dim 128, slower for paged serving there,
 # with a known bug on H100 PCIe, and one more JIT module per dtype.
 DEFAULT_PREFILL_BACKEND = "fa2"
@@ -104,7 +107,7 @@ def prefill_plan_kwargs(
 
 
 class FlashInferAttentionBackend(AttentionBackend):
-    """Paged attention through FlashInfer; `q_dtype` defaults to the pool's dtype (the model's)."""
+    """Paged attention through FlashInfer; `q_dtype` defaults to the model's dtype (the pool's compute dtype)."""
 
     def __init__(
         self,
@@ -121,10 +124,14 @@ class FlashInferAttentionBackend(AttentionBackend):
         # Checked before importing flashinfer: its wrappers allocate CUDA and pinned memory on construction.
         if pool.device.type != "cuda" or not torch.cuda.is_available():
             raise ValueError(f"the flashinfer attention backend needs a CUDA device; the KV pool is on {pool.device}")
-        self.q_dtype = q_dtype or pool.dtype
-        for name, dt in (("KV pool", pool.dtype), ("query", self.q_dtype)):
-            if dt not in SUPPORTED_DTYPES:
-                raise ValueError(f"the flashinfer backend supports float16 and bfloat16; the {name} dtype is {dt}")
+        self.q_dtype = q_dtype or pool.compute_dtype
+        if self.q_dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"the flashinfer backend supports float16 and bfloat16; the query dtype is {self.q_dtype}")
+        if pool.format.element not in KV_DTYPES:
+            raise ValueError(
+                f"the flashinfer backend reads KV pages of float16, bfloat16 or fp8_e4m3; kv_cache_dtype "
+                f"{pool.format.name!r} runs on the torch backend"
+            )
         self.num_kv_heads = pool.k_buffers[0].shape[2]
         if num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of the KV heads ({self.num_kv_heads})")
@@ -165,7 +172,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             head_dim=self.head_dim,
             scale=self.scale,
             q_dtype=self.q_dtype,
-            kv_dtype=self.pool.dtype,
+            kv_dtype=self.pool.format.element,
         )
 
     def plan(self, batch: ForwardBatch) -> None:
@@ -227,4 +234,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.pool.store(layer_id, self.out_cache_loc, k, v)  # no host sync: safe inside a CUDA-graph capture
         if q.shape[0] == 0 or self._active is None:
             return torch.empty_like(q)
-        return self._active.run(q.contiguous(), (self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]))
+        element = self.pool.format.element  # fp8 pages are held as uint8 bits: FlashInfer reads them as float8
+        kv = (self.pool.k_buffers[layer_id].view(element), self.pool.v_buffers[layer_id].view(element))
+        return self._active.run(q.contiguous(), kv)

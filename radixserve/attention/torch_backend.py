@@ -5,10 +5,11 @@ padded to the longest), so a long prefill chunk does not pad every decode token 
 tensors are built once in `plan` and reused by every layer.
 
 On CPU the decode group runs our fused C++ op instead (kernels/cpu/decode_attention.cpp: it reads K/V in place
-from the pool's pages, no gather copy) when the CPU kernels are built and the pool is float32 or bfloat16;
-RADIXSERVE_CPU_KERNELS=0 keeps everything on the SDPA path. In deterministic mode (radixserve/model/deterministic.py)
-every token, prompt or decode, is a row of that op over keys 0 .. its position, so a row's result does not depend
-on how its prompt was chunked or how much of it came from the cache.
+from the pool's pages, no gather copy) when the CPU kernels are built and the pool is float32, bfloat16 or int8;
+RADIXSERVE_CPU_KERNELS=0 keeps everything on the SDPA path. Quantized pages (int8, fp8_e4m3) are decoded to the
+query's dtype right after the gather, so SDPA sees exactly the dequantized float pages. In deterministic mode
+(radixserve/model/deterministic.py) every token, prompt or decode, is a row of that op over keys 0 .. its position,
+so a row's result does not depend on how its prompt was chunked or how much of it came from the cache.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import kernels.cpu
 from radixserve.attention.base import AttentionBackend
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
+
+
+# What the C++ decode op reads: float32, bfloat16 and int8 pages (kernels/cpu/decode_attention.cpp).
+CPU_OP_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 
 
 @dataclass
@@ -52,9 +57,7 @@ class TorchAttentionBackend(AttentionBackend):
     def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None) -> None:
         super().__init__(pool, num_heads, head_dim, scale)
         # Here, not at the first step: a first build of the CPU kernels takes a while (then cached on disk).
-        self._ops = (
-            kernels.cpu.ops() if pool.device.type == "cpu" and pool.dtype in (torch.float32, torch.bfloat16) else None
-        )
+        self._ops = kernels.cpu.ops() if pool.device.type == "cpu" and pool.dtype in CPU_OP_DTYPES else None
 
     def plan(self, batch: ForwardBatch) -> None:
         """Build the gather indices and masks of this step's decode and extend groups."""
@@ -135,7 +138,7 @@ class TorchAttentionBackend(AttentionBackend):
             )
             # Additive, in the pool's dtype: SDPA would otherwise convert a boolean mask in every layer.
             bias = (
-                torch.zeros(mask.shape, dtype=self.pool.dtype)
+                torch.zeros(mask.shape, dtype=self.pool.compute_dtype)
                 .masked_fill_(~mask, float("-inf"))
                 .unsqueeze(1)
                 .to(device)
@@ -164,13 +167,18 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     def _attend(self, g: _Group, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
-        """Attention for one group; q holds the group's tokens `[n, H, D]` in request order."""
+        """Attention for one group; q holds the group's tokens `[n, H, D]` in request order. int8 keys are stored
+        rotated (radixserve/cache/kv_format.py): the query is rotated to match (in float32 for the C++ op, which
+        takes it as is, and rounded back to q's dtype for SDPA); the output needs nothing (values are not)."""
+        fmt = self.pool.format
         if g.table is not None:
-            return self.cpu_ops.decode_attention(q, k_pages, v_pages, g.table, g.seq_lens, self.scale)
+            qr = fmt.rotate_keys(q)
+            return self.cpu_ops.decode_attention(qr, k_pages, v_pages, g.table, g.seq_lens, self.scale).to(q.dtype)
+        q = fmt.rotate_keys(q).to(q.dtype)
         n, heads, dim = q.shape
         kv = self.num_kv_heads
-        keys = self._gather(k_pages, g).to(q.dtype)  # [G, KV, P * page_size, D]
-        values = self._gather(v_pages, g).to(q.dtype)
+        keys = fmt.decode(self._gather(k_pages, g), q.dtype)  # [G, KV, P * page_size, D]
+        values = fmt.decode(self._gather(v_pages, g), q.dtype)
         bias = None if g.bias is None else g.bias.to(q.dtype)
         if g.pad_index is None:
             # Decode: the query heads sharing a KV head become that head's queries (q_len = gqa ratio), which is
@@ -190,7 +198,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     @staticmethod
     def _gather(pages: torch.Tensor, g: _Group) -> torch.Tensor:
-        """Pool pages `[num_pages, page_size, KV, D]` -> the group's keys `[G, KV, P * page_size, D]` (strided view)."""
+        """Pool pages `[num_pages, page_size, KV, W]` -> the group's stored rows `[G, KV, P * page_size, W]` (a strided
+        view; W is the row width: head_dim, or head_dim * 9 / 8 for int8)."""
         # index_select copies whole pages; advanced indexing (pages[idx]) is ~20x slower on CPU in bf16.
         flat = pages.index_select(0, g.pages)
         return flat.view(g.num_reqs, -1, *pages.shape[2:]).transpose(1, 2)

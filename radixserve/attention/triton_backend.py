@@ -28,6 +28,13 @@ class TritonAttentionBackend(AttentionBackend):
                 f"the triton attention backend needs a CUDA device; on {pool.device.type} set TRITON_INTERPRET=1 "
                 "before anything imports `kernels` (interpreter mode is for tests)"
             )
+        if pool.format.quantized and not pool.format.scaled:
+            # The kernels read float rows and int8 rows with their scale (kernels/kv_load.py); fp8 pages are held
+            # as uint8 bits, which they would read as integers: refuse rather than attend over wrong values.
+            raise ValueError(
+                f"the triton attention backend reads float and int8 KV pages; kv_cache_dtype {pool.format.name!r} "
+                "runs on the torch backend or flashinfer on CUDA"
+            )
         self.num_kv_heads = pool.k_buffers[0].shape[2]
         if num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of the KV heads ({self.num_kv_heads})")
@@ -60,15 +67,26 @@ class TritonAttentionBackend(AttentionBackend):
         """Store k/v at the planned slots, then attend; q `[T, H, D]` -> `[T, H, D]` in q's dtype (into `out` if given)."""
         k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-        store_kv(k_buf, v_buf, self.out_cache_loc, k, v)
+        if self.pool.format.scaled:
+            self.pool.store(layer_id, self.out_cache_loc, k, v)  # int8 quantizes as it stores (torch ops, capturable)
+        else:
+            store_kv(k_buf, v_buf, self.out_cache_loc, k, v)
         if out is None:
             out = torch.empty_like(q)
         if q.shape[0] == 0:
             return out
+        if self.pool.format.scaled:  # int8 keys are stored rotated: so is the query (radixserve/cache/kv_format.py)
+            q = self.pool.format.rotate_keys(q).to(q.dtype)
         if self.is_decode:
             return decode_attention(
                 q, k_buf, v_buf, self.page_table, self.seq_lens, out, self.scale, self.num_splits, self.workspace
             )
+        if self.pool.format.scaled:
+            # The extend kernel reads the new tokens from k/v, not the pages: give them as the pages hold them, as
+            # the torch backend (which reads them back from the pool) and every later step see them.
+            fmt = self.pool.format
+            k = fmt.decode(fmt.encode(fmt.rotate_keys(k)), q.dtype)
+            v = fmt.decode(fmt.encode(v), q.dtype)
         return extend_attention(
             q,
             k,

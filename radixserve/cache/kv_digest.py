@@ -1,7 +1,9 @@
-"""The identity of a KV page's bytes: which model, dtype, quantization, page size and KV layout computed them.
+"""The identity of a KV page's bytes: which model, dtype, quantization, page size, KV layout and KV page format
+computed them.
 
 Pages on disk live under a folder named by this digest and carry it in every file header, so a different model (or
-the same model in another dtype, quantization, page size or layout) can never read them. The model's identity is its
+the same model in another dtype, quantization, page size, layout or KV format: int8 pages never feed a bfloat16
+pool, nor the reverse) can never read them. The model's identity is its
 config plus samples of its weight files (name, size, header and 16 spread slices of each): reading a few MB instead
 of hashing gigabytes, yet two checkpoints with the same config and different weights (fine-tunes, random test
 models) differ in the samples.
@@ -18,24 +20,28 @@ import xxhash
 _SAMPLES = 16
 _SAMPLE_BYTES = 64 * 1024
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin")
-FORMAT_VERSION = 2  # bump when the page file layout or what a page holds changes
+FORMAT_VERSION = 3  # bump when the page file layout or what a page holds changes (3: the KV format, kv_dtype)
 
 
 @dataclass(frozen=True)
 class KVLayout:
-    """What one page holds: K and V for `num_layers` layers, each `[page_size, num_kv_heads, head_dim]`."""
+    """What one page holds: K and V for `num_layers` layers, each `[page_size, num_kv_heads, row_width]` of `dtype`
+    elements, in KV format `kv_dtype` (radixserve/cache/kv_format.py: row_width is head_dim, or head_dim * 9 / 8 for
+    int8, whose rows carry their scale)."""
 
     num_layers: int
     page_size: int
     num_kv_heads: int
     head_dim: int
-    dtype: str  # torch dtype name, e.g. "bfloat16"
+    dtype: str  # torch dtype name of the stored elements, e.g. "bfloat16", "int8"
     itemsize: int
+    kv_dtype: str  # the KV format's name: part of the digest, so a tier is only ever read in its own format
+    row_width: int
 
     @property
     def page_shape(self) -> tuple[int, int, int, int, int]:
-        """[K/V, layer, token, kv head, dim] of one page's payload."""
-        return (2, self.num_layers, self.page_size, self.num_kv_heads, self.head_dim)
+        """[K/V, layer, token, kv head, stored row] of one page's payload."""
+        return (2, self.num_layers, self.page_size, self.num_kv_heads, self.row_width)
 
     @property
     def page_bytes(self) -> int:

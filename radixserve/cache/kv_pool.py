@@ -5,8 +5,11 @@ from __future__ import annotations
 import math
 import mmap
 from collections.abc import Iterable
+from typing import Any
 
 import torch
+
+from radixserve.cache.kv_format import KVFormat
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -20,8 +23,18 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
 
 
+def _int8_store_op() -> Any | None:
+    """kernels/cpu/kv_store.cpp's op, or None where the CPU kernels are off or do not build."""
+    import kernels.cpu  # deferred: building the CPU kernels is a cost only int8 pools on CPU pay
+
+    ops = kernels.cpu.ops()
+    return None if ops is None else ops.store_kv_int8
+
+
 class KVPool:
-    """`k_buffers[layer]` / `v_buffers[layer]` are `[num_pages, page_size, kv_heads, head_dim]`.
+    """`k_buffers[layer]` / `v_buffers[layer]` are `[num_pages, page_size, kv_heads, row_width]` of `dtype`, the
+    storage type of the KV format (radixserve/cache/kv_format.py): row_width is head_dim for a float format, and
+    head_dim * 9 / 8 for int8, whose rows end with a scale per 16 values.
 
     Page 0 is the padding sink: it is never handed out, so padded page-table entries may point at it.
     """
@@ -35,16 +48,26 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        kv_format: KVFormat | None = None,
     ) -> None:
+        """`dtype` is the model's (what attention computes in); `kv_format` how pages store K and V (None: as
+        `dtype`)."""
         if num_pages < 2:
             raise ValueError("the KV pool needs at least 2 pages (page 0 is reserved)")
         self.num_pages = num_pages
         self.page_size = page_size
-        self.dtype = dtype
+        self.format = kv_format or KVFormat(str(dtype).removeprefix("torch."))
+        self.compute_dtype = dtype
+        self.dtype = self.format.storage
+        self.format.check_head_dim(head_dim)
+        self.head_dim = head_dim
         self.device = torch.device(device)
-        shape = (num_pages, page_size, num_kv_heads, head_dim)
-        self.k_buffers = [_zeros(shape, dtype, self.device) for _ in range(num_layers)]
-        self.v_buffers = [_zeros(shape, dtype, self.device) for _ in range(num_layers)]
+        shape = (num_pages, page_size, num_kv_heads, self.format.row_width(head_dim))
+        self.k_buffers = [_zeros(shape, self.dtype, self.device) for _ in range(num_layers)]
+        self.v_buffers = [_zeros(shape, self.dtype, self.device) for _ in range(num_layers)]
+        # int8 on CPU: our fused quantize-and-store op where the CPU kernels build (bit-identical to the format's
+        # torch encoder, which runs elsewhere): the torch expression is ~20 small ops per layer and step.
+        self._store_int8 = _int8_store_op() if self.format.scaled and self.device.type == "cpu" else None
         # Popping from the end hands out low page ids first, which keeps tests readable.
         self._free: list[int] = list(range(num_pages - 1, 0, -1))
         self._is_free = [False] + [True] * (num_pages - 1)
@@ -83,23 +106,33 @@ class KVPool:
         self._free.extend(pages)
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write k, v `[T, kv_heads, head_dim]` into flat slots `loc` (int64, = page * page_size + offset).
+        """Write k, v `[T, kv_heads, head_dim]` into flat slots `loc` (int64, = page * page_size + offset), encoded
+        in the pool's format (int8 quantizes here, as the KV is stored).
 
         index_copy_ into the flat slot views: cheaper than advanced indexing (on CPU above all) and free of host
         syncs, so it is also safe inside a CUDA-graph capture."""
         kb, vb = self.k_buffers[layer_id], self.v_buffers[layer_id]
-        kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, k.to(self.dtype))
-        vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, v.to(self.dtype))
+        k = self.format.rotate_keys(k)  # int8: keys are stored rotated (kv_format.py)
+        if self._store_int8 is not None and v.dtype in (torch.float32, torch.bfloat16):
+            self._store_int8(k, v.to(k.dtype), kb, vb, loc)
+            return
+        kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, self.format.encode(k))
+        vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, self.format.encode(v))
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes of K and V one token takes in this pool, over all layers (scales included)."""
+        return self.format.bytes_per_token(len(self.k_buffers), self.k_buffers[0].shape[2], self.head_dim)
 
     def gather_pages(self, pages: torch.Tensor) -> torch.Tensor:
-        """`[n, 2 (K, V), layers, page_size, kv_heads, head_dim]` copies of pool pages `pages` (int64, on the pool's
-        device): what the host and disk tiers store per page."""
+        """`[n, 2 (K, V), layers, page_size, kv_heads, row_width]` copies of pool pages `pages` (int64, on the pool's
+        device), stored rows as they are (int8 with their scales): what the host and disk tiers store per page."""
         k = torch.stack([b.index_select(0, pages) for b in self.k_buffers], 1)
         v = torch.stack([b.index_select(0, pages) for b in self.v_buffers], 1)
         return torch.stack([k, v], 1)
 
     def scatter_pages(self, pages: torch.Tensor, kv: torch.Tensor) -> None:
-        """The inverse of `gather_pages`: write `kv` `[n, 2, layers, page_size, kv_heads, head_dim]` (on the pool's
+        """The inverse of `gather_pages`: write `kv` `[n, 2, layers, page_size, kv_heads, row_width]` (on the pool's
         device) into pool pages `pages`."""
         for layer, (kb, vb) in enumerate(zip(self.k_buffers, self.v_buffers)):
             kb.index_copy_(0, pages, kv[:, 0, layer])
@@ -107,12 +140,13 @@ class KVPool:
 
     @property
     def page_shape(self) -> tuple[int, ...]:
-        """One page as `gather_pages` returns it: `[2, layers, page_size, kv_heads, head_dim]`."""
+        """One page as `gather_pages` returns it: `[2, layers, page_size, kv_heads, row_width]`."""
         return (2, len(self.k_buffers), *self.k_buffers[0].shape[1:])
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy K and V at flat slots `src` to flat slots `dst` in every layer (int64, on the pool's device): one
-        gather and one scatter per buffer, reading only the slots named. All are read before any is written."""
+        gather and one scatter per buffer, reading only the slots named. All are read before any is written. Stored
+        rows move as they are: an int8 row keeps its scale, so a copy never re-quantizes."""
         for buf in (*self.k_buffers, *self.v_buffers):
             flat = buf.view(-1, *buf.shape[2:])
             flat.index_copy_(0, dst, flat.index_select(0, src))

@@ -327,8 +327,17 @@ def open_tier(
     """The host and disk tiers for this engine (host_tier_bytes says when the host tier is on; the disk tier is on
     with a directory), or None when neither is. A directory that cannot be used is left out with a warning; one
     another process holds raises TierLockedError."""
+    fmt = pool.format
+    storage = str(pool.dtype).removeprefix("torch.")
     layout = KVLayout(
-        num_layers, pool.page_size, num_kv_heads, head_dim, str(pool.dtype).removeprefix("torch."), pool.dtype.itemsize
+        num_layers,
+        pool.page_size,
+        num_kv_heads,
+        head_dim,
+        storage,
+        pool.dtype.itemsize,
+        fmt.name,
+        fmt.row_width(head_dim),
     )
     host_bytes = host_tier_bytes(host_gb, pool, layout.page_bytes)
     host = HostTier(host_bytes, layout, pool) if host_bytes >= layout.page_bytes else None

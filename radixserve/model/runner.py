@@ -10,7 +10,8 @@ import torch
 
 from radixserve.host_memory import available_ram
 from radixserve.attention.base import AttentionBackend
-from radixserve.cache.kv_pool import KVPool, kv_bytes_per_token
+from radixserve.cache.kv_format import resolve_kv_dtype
+from radixserve.cache.kv_pool import KVPool
 from radixserve.config import ModelConfig
 from radixserve.distributed import PageTransfer
 from radixserve.forward_batch import ForwardBatch
@@ -97,6 +98,8 @@ class ModelRunner:
         tp: TPGroup | None = None,
         null_model: bool = False,
         deterministic: bool = False,
+        kv_cache_dtype: str = "auto",
+        kv_cache_bytes: int | None = None,
     ) -> None:
         self.device = device
         self.tp = tp  # tensor parallel: this rank's shard of the model and of every KV head (radixserve/distributed.py)
@@ -108,8 +111,14 @@ class ModelRunner:
         else:
             self.config, self.model = load_model(model_path, dtype, device, quantization, tp, defer_packing=True)
         cfg = self.model.config  # with tp, this rank's heads: its KV pool holds those alone
-        bytes_per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype.itemsize)
+        kv_format = resolve_kv_dtype(kv_cache_dtype, dtype)
+        if kv_cache_bytes is not None:  # a budget for whole pages (every rank's heads), as the tiers count them
+            full = self.config
+            max_total_tokens = kv_cache_bytes // kv_format.bytes_per_token(
+                full.num_layers, full.num_kv_heads, full.head_dim
+            )
         if max_total_tokens is None:
+            bytes_per_token = kv_format.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
             ranks_here = tp.size if tp is not None and device.type == "cpu" else 1  # CPU ranks share one memory
             max_total_tokens = int(_available_memory(device) * mem_fraction) // ranks_here // bytes_per_token
             if device.type == "cpu":
@@ -119,7 +128,9 @@ class ModelRunner:
             num_pages = tp.min_int(num_pages)
         if num_pages < 2:
             raise ValueError(f"max_total_tokens={max_total_tokens} is less than one page of {page_size} tokens")
-        self.pool = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+        self.pool = KVPool(
+            cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device, kv_format
+        )
         self.attn = make_backend(attention_backend, self.pool, cfg, max_running_requests)
         if deterministic:  # batch-invariant linears and attention (radixserve/model/deterministic.py)
             from radixserve.model.deterministic import make_deterministic

@@ -1,0 +1,85 @@
+"""Which int8 KV scheme keeps the default model's perplexity (issue 40): K and V are fake-quantized as they are
+stored (quantized, then dequantized into a float32 pool), so any scheme can be scored without building its layout.
+
+A scheme is `K:V`, each side one of: `none` (bfloat16 values as computed), `gN` (symmetric int8 with one float16
+scale per N values of a row: g64 is the shipped format, one scale per token and head), `hN` (the row rotated by the
+64 x 64 Hadamard matrix first, then gN; the rotation is orthogonal, so a reader would rotate q instead and the
+scores are unchanged, while an outlier channel is spread over the whole row). Perplexity as benchmarks/quality.py
+measures it, bfloat16 weights, one engine per scheme.
+
+    .venv/bin/python -m benchmarks.kv_quant_sim [--schemes none:none g64:g64 none:g64 g64:none g16:g64 h64:g64 ...]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as radixserve/__init__.py, before torch loads
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from benchmarks.kv_quant import header  # noqa: E402
+from benchmarks.quality import TEXT, perplexity  # noqa: E402
+from radixserve import Engine  # noqa: E402
+from radixserve.cache.kv_pool import KVPool  # noqa: E402
+
+
+def hadamard(n: int) -> torch.Tensor:
+    """The n x n Walsh-Hadamard matrix / sqrt(n) (orthonormal; n a power of two)."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / n**0.5
+
+
+def fake_quantize(x: torch.Tensor, side: str) -> torch.Tensor:
+    """x `[..., D]` through one side of a scheme and back, in x's dtype."""
+    if side == "none":
+        return x
+    xf = x.float()
+    rot = hadamard(x.shape[-1]) if side[0] == "h" else None
+    if rot is not None:
+        xf = xf @ rot
+    groups = xf.reshape(*xf.shape[:-1], -1, int(side[1:]))
+    scale = (groups.abs().amax(-1, keepdim=True) / 127).half().float()
+    q = torch.where(scale > 0, groups / scale.clamp(min=1e-30), 0.0).round().clamp(-127, 127)
+    out = (q * scale).reshape(xf.shape)
+    return (out @ rot.T if rot is not None else out).to(x.dtype)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--schemes", nargs="+", default=["none:none", "g64:g64", "none:g64", "g64:none", "h64:g64"])
+    ap.add_argument("--ppl-tokens", type=int, default=1024)
+    ap.add_argument("--text", type=Path, nargs="+", default=[TEXT])
+    a = ap.parse_args()
+    header()
+    text = "\n\n".join(p.read_text() for p in a.text)
+    store = KVPool.store
+    print(f"| K:V scheme | perplexity ({a.ppl_tokens} tokens) | vs {a.schemes[0]} |")
+    print("|---|---|---|")
+    base = None
+    try:
+        for scheme in a.schemes:
+            k_side, v_side = scheme.split(":")
+
+            def fake_store(self, layer, loc, k, v, k_side=k_side, v_side=v_side):  # noqa: ANN001, ANN202
+                store(self, layer, loc, fake_quantize(k, k_side), fake_quantize(v, v_side))
+
+            KVPool.store = fake_store
+            t = time.perf_counter()
+            kw = {"dtype": "bfloat16", "quantization": "none", "speculative": "off"}
+            with Engine(kv_cache_dtype="float32", max_total_tokens=a.ppl_tokens + 512, **kw) as eng:
+                ppl = perplexity(eng, eng.tokenizer.encode(text, add_special_tokens=False)[: a.ppl_tokens])
+            base = base or ppl
+            print(f"| {scheme} | {ppl:.3f} | {100 * (ppl / base - 1):+.2f}% | ({time.perf_counter() - t:.0f} s)")
+    finally:
+        KVPool.store = store
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""KV page formats: how the pool stores a token's K or V row for one KV head, and how a reader gets floats back.
+
+A float format stores the row as is (`head_dim` elements of that dtype). `int8` stores the row quantized
+symmetrically to -127..127 with one scale per 16 values, the scales (float16, 2 int8 bytes each) after the values:
+scales per token, KV head and K/V. A key row is first rotated by the orthonormal Hadamard matrix H (`rotate_keys`):
+with one scale per row, Qwen2.5's keys cost +5.7% perplexity over 4k tokens (the values barely matter); rotated,
+which spreads any large channel over the whole row, with a scale per 16, the loss measured +0.09%
+(benchmarks/RESULTS.md, issue 40). Readers rotate the query instead of the pages (q . k = (qH) . (kH), H orthogonal),
+and the values are not rotated. Why per token rather than per page: a page fills one token at a time during decode, so a
+page-wide scale would have to be re-derived and the page re-quantized whenever a larger value arrives (each time
+losing precision), and one outlier token would coarsen its 15 neighbours; a row's own scale is final when it is
+written. Why in the row: every consumer that moves pages as bytes (partial-page copy, the host and disk tiers,
+tensor-parallel shards split by KV head) then carries the scales with the values and needs no second buffer. The cost
+is 8 bytes in 72 per head_dim-64 row: the same memory holds 1.78x the tokens of bfloat16.
+
+`fp8_e4m3` stores `float8_e4m3fn` bits with no scale (a scale of 1, FlashInfer's default), values clamped to +-448,
+the format's largest: the layout FlashInfer's fp8 KV kernels read on CUDA (they get the buffers viewed as
+`float8_e4m3fn`). The pool holds them as uint8 because torch's CPU index_copy_ / index_select, which every page
+move uses, do not take float8 tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+KV_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")
+_STORAGE = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int8": torch.int8,
+    "fp8_e4m3": torch.uint8,  # float8_e4m3fn bits (see the module docstring)
+}
+_FP8 = torch.float8_e4m3fn
+_SCALE_DTYPE = torch.float16
+_SCALE_BYTES = 2  # one float16 per group of an int8 row
+GROUP = 16  # values per int8 scale: one AVX-512 register of the CPU decode kernel
+_INT8_MAX = 127.0
+_FP8_MAX = 448.0  # float8_e4m3fn's largest finite value: torch's cast does not saturate, so clamp first
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    """One KV page format; `name` is one of KV_DTYPES other than auto."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.name not in _STORAGE:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}; got {self.name!r}")
+
+    @property
+    def storage(self) -> torch.dtype:
+        """The element type of the pool's buffers."""
+        return _STORAGE[self.name]
+
+    @property
+    def element(self) -> torch.dtype:
+        """What the stored elements are: `storage`, except float8_e4m3fn for fp8 (held as uint8 bits)."""
+        return _FP8 if self.name == "fp8_e4m3" else self.storage
+
+    @property
+    def quantized(self) -> bool:
+        return self.name in ("int8", "fp8_e4m3")
+
+    @property
+    def scaled(self) -> bool:
+        """Rows end with their own scale (int8)."""
+        return self.name == "int8"
+
+    def row_width(self, head_dim: int) -> int:
+        """Elements of one stored row: head_dim, plus the scales' bytes for int8."""
+        return head_dim + (head_dim // GROUP * _SCALE_BYTES if self.scaled else 0)
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """int8 needs head_dim a power of two >= 16: whole scale groups, and a Hadamard matrix of that size."""
+        if self.scaled and (head_dim < GROUP or head_dim & (head_dim - 1)):
+            raise ValueError(f"kv_cache_dtype int8 needs head_dim a power of two >= {GROUP}; got {head_dim}")
+
+    def rotate_keys(self, x: torch.Tensor) -> torch.Tensor:
+        """Keys (or queries) `[..., head_dim]` into the space int8 key pages are stored in, in float32; the identity
+        (x itself) for the other formats. H is symmetric, so the same product also rotates back."""
+        if not self.scaled:
+            return x
+        return x.to(torch.float32) @ hadamard(x.shape[-1], x.device)
+
+    def bytes_per_token(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+        """Bytes of K and V one token takes in the pool, over all layers."""
+        return 2 * num_layers * num_kv_heads * self.row_width(head_dim) * self.storage.itemsize
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows `[..., head_dim]` (any float dtype; keys already through rotate_keys) -> stored rows
+        `[..., row_width]`."""
+        if self.name == "int8":
+            return _encode_int8(x)
+        if self.name == "fp8_e4m3":
+            return x.clamp(-_FP8_MAX, _FP8_MAX).to(_FP8).view(torch.uint8)
+        return x.to(self.storage)
+
+    def decode(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Stored rows `[..., row_width]` -> values `[..., head_dim]` in `dtype` (for int8, value times scale is
+        taken in float32, then rounded once to `dtype`; int8 keys come back in their rotated space)."""
+        if self.name == "fp8_e4m3":
+            return rows.view(_FP8).to(dtype)
+        if self.name != "int8":
+            return rows.to(dtype)
+        dim = rows.shape[-1] * GROUP // (GROUP + _SCALE_BYTES)
+        values = rows[..., :dim].to(torch.float32).unflatten(-1, (-1, GROUP))
+        return (values * row_scales(rows)[..., None]).flatten(-2).to(dtype)
+
+
+def row_scales(rows: torch.Tensor) -> torch.Tensor:
+    """The float32 scales `[..., head_dim / 16]` after the values of int8 rows `[..., head_dim * 9 / 8]`."""
+    dim = rows.shape[-1] * GROUP // (GROUP + _SCALE_BYTES)
+    return rows[..., dim:].contiguous().view(_SCALE_DTYPE).to(torch.float32)
+
+
+@functools.cache
+def hadamard(n: int, device: torch.device) -> torch.Tensor:
+    """The n x n Walsh-Hadamard matrix / sqrt(n), float32: orthonormal and symmetric (n a power of two); its
+    entries are +-2^-3 at n = 64, exact."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / n**0.5).to(device)
+
+
+def _encode_int8(x: torch.Tensor) -> torch.Tensor:
+    """Symmetric quantization per group of 16: scale = max |x| / 127, rounded to float16 first, so the values are
+    divided by exactly the scale a reader multiplies by (the clamp absorbs a scale that rounded down)."""
+    xf = x.to(torch.float32).unflatten(-1, (-1, GROUP))
+    scale = (xf.abs().amax(-1, keepdim=True) / _INT8_MAX).clamp(max=torch.finfo(_SCALE_DTYPE).max).to(_SCALE_DTYPE)
+    s = scale.to(torch.float32)
+    # An all-zero group (or one whose scale underflows float16) stores zeros: the division would give 0/0.
+    q = torch.where(s > 0, xf / s.clamp(min=torch.finfo(torch.float32).tiny), 0.0)
+    q = q.round_().clamp_(-_INT8_MAX, _INT8_MAX).to(torch.int8).flatten(-2)
+    return torch.cat([q, scale.squeeze(-1).contiguous().view(torch.int8)], -1)
+
+
+def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> KVFormat:
+    """`auto` keeps the model's dtype for the KV pages (the measurements in benchmarks/RESULTS.md decide whether
+    that changes); any other name is taken as is."""
+    if kv_cache_dtype == "auto":
+        return KVFormat(str(model_dtype).removeprefix("torch."))
+    return KVFormat(kv_cache_dtype)

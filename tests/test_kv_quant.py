@@ -1,0 +1,213 @@
+"""Quantized KV pages (radixserve/cache/kv_format.py, issue 40): each format's round-trip error within its bound;
+the pool stores, copies, gathers and scatters int8 rows with their scales; attention over int8 / fp8 pages equals
+attention over the dequantized float pages (same inputs) on every CPU path: the torch backend's SDPA path (decode,
+prefill and mixed steps) and the C++ decode op (AVX-512 head_dim 64 and 128, the plain path at 32 and 48); the budget
+sizes the pool by format; an engine on int8 pages runs, its disk tier returns the same bytes (identical greedy output
+with the tier on and off) and its outputs stay close to float KV."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import kernels.cpu
+from radixserve.attention.torch_backend import TorchAttentionBackend
+from radixserve.cache.kv_format import KVFormat, resolve_kv_dtype, row_scales
+from radixserve.cache.kv_pool import KVPool
+from radixserve.forward_batch import ForwardBatch
+
+OPS = kernels.cpu.ops()
+needs_ops = pytest.mark.skipif(OPS is None, reason="CPU kernels unavailable")
+KV_HEADS = 2
+
+
+def _rows(seed: int = 0, n: int = 200, dim: int = 64) -> torch.Tensor:
+    """Rows with a spread of magnitudes (1e-3 .. 1e2), outliers and an all-zero row."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, KV_HEADS, dim, generator=gen) * torch.logspace(-3, 2, n)[:, None, None]
+    x[3, 0, 5] = 300.0  # an outlier in one row
+    x[7] = 0.0
+    return x
+
+
+def _step_bound(x: torch.Tensor) -> torch.Tensor:
+    """Half a quantization step of each value's group of 16 (max / 127), plus the float16 rounding of the scale
+    (2^-11 relative) where the clamp absorbs it."""
+    amax = x.unflatten(-1, (-1, 16)).abs().amax(-1, keepdim=True)
+    return (0.5 * amax / 127 + amax * 2**-10 + 1e-30).expand(*x.shape[:-1], x.shape[-1] // 16, 16).flatten(-2)
+
+
+def test_int8_round_trip_error_is_within_half_a_step_of_its_group() -> None:
+    fmt = KVFormat("int8")
+    x = _rows()
+    stored = fmt.encode(x)
+    assert stored.dtype == torch.int8 and stored.shape == (*x.shape[:-1], 72)
+    back = fmt.decode(stored, torch.float32)
+    assert ((back - x).abs() <= _step_bound(x)).all()
+    assert not back[7].any() and (row_scales(stored[7]) == 0).all()
+    assert (stored[..., :64].abs() <= 127).all()
+
+
+def test_int8_keys_round_trip_through_the_rotation() -> None:
+    """Keys are stored rotated by H (orthonormal, symmetric): rotating back gives them within the rotated rows'
+    error, in norm (the rotation preserves norms)."""
+    fmt = KVFormat("int8")
+    x = _rows()
+    x[:, :, 9] += 40.0  # a large channel in every row, as Qwen2.5's keys have
+    rotated = fmt.rotate_keys(x)
+    back = fmt.rotate_keys(fmt.decode(fmt.encode(rotated), torch.float32))
+    assert ((back - x).norm(dim=-1) <= _step_bound(rotated).norm(dim=-1) * 1.0001).all()
+
+
+@pytest.mark.parametrize(
+    ("name", "rel"), [("float32", 0.0), ("bfloat16", 2**-8), ("float16", 2**-11), ("fp8_e4m3", 2**-4)]
+)
+def test_float_formats_round_trip_within_half_an_ulp(name: str, rel: float) -> None:
+    fmt = KVFormat(name)
+    x = _rows() * 0.5  # within fp8's normal range, below its 448 clamp (and float16's, at 1e-3 * 0.5 and above)
+    x = torch.where(x.abs() < 2**-6, torch.full_like(x, 0.25), x)  # no subnormal fp8 values: their bound differs
+    back = fmt.decode(fmt.encode(x), torch.float32)
+    assert ((back - x).abs() <= rel * x.abs()).all()
+
+
+def test_fp8_clamps_to_its_largest_value_instead_of_nan() -> None:
+    fmt = KVFormat("fp8_e4m3")
+    back = fmt.decode(fmt.encode(torch.tensor([1e4, -1e4, 3.0])), torch.float32)
+    assert back.tolist() == [448.0, -448.0, 3.0]
+
+
+def test_auto_keeps_the_model_dtype_and_a_bad_name_raises() -> None:
+    assert resolve_kv_dtype("auto", torch.bfloat16).name == "bfloat16"
+    assert resolve_kv_dtype("int8", torch.bfloat16).storage == torch.int8
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        KVFormat("int4")
+
+
+def test_int8_holds_about_twice_the_tokens_of_bfloat16_in_the_same_bytes() -> None:
+    bf16, int8 = (KVFormat(n).bytes_per_token(24, 2, 64) for n in ("bfloat16", "int8"))
+    assert bf16 == 2 * 24 * 2 * 64 * 2 and int8 == 2 * 24 * 2 * 72
+    assert bf16 / int8 == pytest.approx(1.78, abs=0.01)
+    with pytest.raises(ValueError, match="power of two"):
+        KVPool(1, 4, 16, KV_HEADS, 48, torch.float32, kv_format=KVFormat("int8"))
+
+
+def test_pool_moves_int8_rows_with_their_scales() -> None:
+    pool = KVPool(2, 6, 4, KV_HEADS, 64, torch.bfloat16, kv_format=KVFormat("int8"))
+    assert pool.k_buffers[0].shape == (6, 4, KV_HEADS, 72) and pool.bytes_per_token == 2 * 2 * KV_HEADS * 72
+    x = _rows(n=8)
+    loc = torch.arange(4, 12)
+    for layer in range(2):
+        pool.store(layer, loc, x * (layer + 1), -x)
+    flat = pool.k_buffers[1].view(-1, KV_HEADS, 72)
+    fmt = KVFormat("int8")
+    assert torch.equal(flat[loc], fmt.encode(fmt.rotate_keys(x * 2)))  # keys rotated, then quantized
+    assert torch.equal(pool.v_buffers[1].view(-1, KV_HEADS, 72)[loc], fmt.encode(-x))
+    pool.copy_slots(torch.tensor([4, 5]), torch.tensor([13, 14]))  # a partial-page copy keeps the bytes
+    assert torch.equal(flat[13:15], flat[4:6])
+    pages = torch.tensor([1, 2])
+    other = KVPool(2, 6, 4, KV_HEADS, 64, torch.bfloat16, kv_format=KVFormat("int8"))
+    other.scatter_pages(torch.tensor([4, 5]), pool.gather_pages(pages))  # what the tiers do
+    assert torch.equal(other.gather_pages(torch.tensor([4, 5])), pool.gather_pages(pages))
+
+
+def _dequantized_pool(pool: KVPool) -> KVPool:
+    """A float32 pool holding exactly the values `pool`'s rows decode to (keys rotated back)."""
+    out = KVPool(len(pool.k_buffers), pool.num_pages, pool.page_size, KV_HEADS, pool.head_dim, torch.float32)
+    for src, dst in zip(pool.k_buffers, out.k_buffers):
+        dst.copy_(pool.format.rotate_keys(pool.format.decode(src, torch.float32)))
+    for src, dst in zip(pool.v_buffers, out.v_buffers):
+        dst.copy_(pool.format.decode(src, torch.float32))
+    return out
+
+
+def _attend(pool: KVPool, specs, q, new_k, new_v, tables, cpu_op: bool) -> torch.Tensor:
+    backend = TorchAttentionBackend(pool, q.shape[1], pool.head_dim)
+    backend.use_cpu_kernels = cpu_op
+    batch = ForwardBatch.build([[0] * e for _, e in specs], [p for p, _ in specs], tables, pool.page_size, [])
+    backend.plan(batch)
+    assert [g.table is not None for g in backend.groups if g.q_len == 1] in ([], [cpu_op])
+    return backend.forward(0, q, new_k, new_v)
+
+
+MIXED = [(0, 1), (0, 17), (5, 1), (16, 1), (31, 9), (13, 40), (47, 1)]  # (prefix, extend): decode and prefill
+DECODE = [(1, 1), (17, 1), (63, 1), (200, 1)]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "cpu_op"),
+    # The C++ op reads float32, bfloat16 and int8 pages; fp8 decodes on the SDPA path.
+    [("int8", False), pytest.param("int8", True, marks=needs_ops), ("fp8_e4m3", False)],
+    ids=["int8-sdpa", "int8-cpu_op", "fp8-sdpa"],
+)
+@pytest.mark.parametrize("specs", [MIXED, DECODE], ids=["mixed", "decode"])
+@pytest.mark.parametrize("head_dim", [64, 32])
+def test_attention_over_quantized_pages_equals_attention_over_the_dequantized_pages(
+    specs, fmt: str, cpu_op: bool, head_dim: int
+) -> None:
+    gen = torch.Generator().manual_seed(1)
+    ps, heads = 16, KV_HEADS * 7
+    num_pages = 1 + sum((p + e + ps - 1) // ps for p, e in specs) + 2
+    quant = KVPool(1, num_pages, ps, KV_HEADS, head_dim, torch.float32, kv_format=KVFormat(fmt))
+    free = list(range(1, num_pages))
+    random.Random(0).shuffle(free)
+    tables = [[free.pop() for _ in range((p + e + ps - 1) // ps)] for p, e in specs]
+    for (prefix, _), table in zip(specs, tables):  # the prefixes, as earlier steps left them
+        slots = torch.tensor([table[t // ps] * ps + t % ps for t in range(prefix)], dtype=torch.int64)
+        quant.store(0, slots, *(torch.randn(prefix, KV_HEADS, head_dim, generator=gen) * 3 for _ in range(2)))
+    floats = _dequantized_pool(quant)
+    tokens = sum(e for _, e in specs)
+    q = torch.randn(tokens, heads, head_dim, generator=gen)
+    new_k, new_v = (torch.randn(tokens, KV_HEADS, head_dim, generator=gen) * 3 for _ in range(2))
+    got = _attend(quant, specs, q, new_k, new_v, tables, cpu_op)
+    # The float pool gets the new rows as the quantized pool will read them back (keys rotated back).
+    f = quant.format
+    fk = f.rotate_keys(f.decode(f.encode(f.rotate_keys(new_k)), torch.float32))
+    fv = f.decode(f.encode(new_v), torch.float32)
+    want = _attend(floats, specs, q, fk, fv, tables, cpu_op)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_ops
+@pytest.mark.parametrize("head_dim", [64, 128, 48])
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_cpu_op_reads_int8_pages_as_their_dequantized_values(head_dim: int, q_dtype: torch.dtype) -> None:
+    """The op alone, long enough (2,000 keys) to split over threads: int8 pages against the float32 pages they
+    decode to, both through the op (AVX-512 at 64 and 128, the plain path at 48)."""
+    gen = torch.Generator().manual_seed(2)
+    fmt, ps, lens = KVFormat("int8"), 16, [2000, 1, 517]
+    pages = [(n + ps - 1) // ps for n in lens]
+    k, v = (fmt.encode(torch.randn(1 + sum(pages), ps, KV_HEADS, head_dim, generator=gen) * 2) for _ in range(2))
+    perm = (torch.randperm(sum(pages), generator=gen) + 1).to(torch.int32)
+    table = torch.zeros(len(lens), max(pages), dtype=torch.int32)
+    for r, (start, n) in enumerate(zip([0, *torch.tensor(pages).cumsum(0).tolist()], pages)):
+        table[r, :n] = perm[start : start + n]
+    q = torch.randn(len(lens), KV_HEADS * 7, head_dim, generator=gen).to(q_dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    got = OPS.decode_attention(q, k, v, table, seq_lens, head_dim**-0.5)
+    kf, vf = fmt.decode(k, torch.float32), fmt.decode(v, torch.float32)
+    want = OPS.decode_attention(q, kf, vf, table, seq_lens, head_dim**-0.5)
+    tol = 1e-5 if q_dtype == torch.float32 else 2**-8
+    torch.testing.assert_close(got, want, rtol=tol, atol=1e-5)
+    with pytest.raises(RuntimeError, match="head_dim \\* 9 / 8"):
+        OPS.decode_attention(q, k[..., :-1].contiguous(), v[..., :-1].contiguous(), table, seq_lens, 0.1)
+
+
+@needs_ops
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_cpu_store_writes_the_encoders_bytes(dtype: torch.dtype) -> None:
+    """kernels/cpu/kv_store.cpp (what an int8 pool on CPU stores with) against KVFormat.encode, byte for byte:
+    rows with exact halves (round half to even), zeros, outliers, bfloat16 and float32 inputs."""
+    fmt = KVFormat("int8")
+    x = _rows(n=64).to(dtype)
+    ties = torch.arange(64, dtype=torch.float32) - 31.5  # x.5 values: ties to round half to even
+    ties[0] = 127.0  # scale exactly 1, so every x / scale is its tie
+    x[1, 0] = ties.to(dtype)
+    buf = [torch.zeros(20, 4, KV_HEADS, 72, dtype=torch.int8) for _ in range(2)]
+    loc = torch.randperm(80)[:64]
+    OPS.store_kv_int8(x, -x, buf[0], buf[1], loc)
+    assert torch.equal(buf[0].view(-1, KV_HEADS, 72)[loc], fmt.encode(x))
+    assert torch.equal(buf[1].view(-1, KV_HEADS, 72)[loc], fmt.encode(-x))
+    with pytest.raises(RuntimeError, match="not a pool slot"):
+        OPS.store_kv_int8(x, x, buf[0], buf[1], loc + 80)
