@@ -164,6 +164,19 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         default=0.5,
         help="share of the KV pool that pinned prefixes (POST /cache/pin) may hold (default: %(default)s)",
     )
+    p.add_argument(
+        "--max-retained-share",
+        type=float,
+        default=0.5,
+        help="share of the KV pool that retained prefixes (cache_control ttls, prompt_cache_retention, "
+        "retention_seconds, agent retention) may hold (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-retained-share-per-tenant",
+        type=float,
+        default=0.25,
+        help="share of the KV pool that one tenant's retained prefixes may hold (default: %(default)s)",
+    )
 
 
 def _merge_tokens(value: str) -> int | str | None:
@@ -317,6 +330,8 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         "kv_cache_disk_gb": args.kv_cache_disk_gb,
         "kv_cache_host_gb": args.kv_cache_host_gb,
         "max_pinned_share": args.max_pinned_share,
+        "max_retained_share": args.max_retained_share,
+        "max_retained_share_per_tenant": args.max_retained_share_per_tenant,
         "tp": args.tp,
         "null_model": args.null_model,
     }

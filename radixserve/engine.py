@@ -174,6 +174,8 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             speculative_measured=self.speculative.measured,
             vocab_size=cfg.vocab_size,
             max_pinned_share=c.max_pinned_share,
+            max_retained_share=c.max_retained_share,
+            max_retained_share_per_tenant=c.max_retained_share_per_tenant,
             enable_jump_forward=c.enable_jump_forward,
         )
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
@@ -252,6 +254,8 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             r.timeout,
             r.tenant,
             r.token_ids_logprob,
+            r.retention_seconds,
+            r.retention_priority,
         )
 
     # ---- dict API (the documented contract: {"text", "output_ids", "meta_info"}, built from the typed outputs) ----
