@@ -128,6 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         grace_period_s=args.shutdown_grace_seconds,
         otlp_endpoint=args.otlp_endpoint,
         incremental_streaming_output=args.incremental_streaming_output,
+        agent_retention=not args.no_agent_retention,
     )
     return 0
 

@@ -5,28 +5,24 @@ model's own format (radixserve/server/tool_calls.py), whole or streamed as OpenA
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixserve.io import FinishReason, GenerateOutput, GenerateRequest, OutputMeta
+from radixserve.io import FinishReason, GenerateRequest
+from radixserve.server.agent_retention import gap_group, retain_turn
 from radixserve.server.cache_api import pin_first
-from radixserve.server.errors import ApiError, bad_request
+from radixserve.server.errors import bad_request
 from radixserve.server.openai_api import (
     MAX_TOP_LOGPROBS,
     Job,
-    accumulate,
     check_model,
-    error_event,
     finish_reason,
-    folded,
     max_tokens,
     observe_and_remember,
     sampling_dict,
@@ -35,39 +31,27 @@ from radixserve.server.openai_api import (
 )
 from radixserve.server.protocol import (
     ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatDelta,
-    ChatLogprobs,
     ChatMessage,
     ChatResponseMessage,
-    DeltaToolCall,
     ResponseFunction,
     ResponseToolCall,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
 )
+from radixserve.server.retention_hints import hinted
 from radixserve.server.serving import (
-    SSE_DONE,
     EventStream,
     ServerState,
-    Stream,
     admit,
     cache_salt,
-    close_streams,
     engine_errors,
     generate,
-    in_band,
-    merged,
     read_json,
     scheduling,
     server_state,
-    sse,
 )
-from radixserve.server.tool_calls import HermesToolFormat, ToolCall, ToolStream, tool_format
+from radixserve.server.chat_stream import chat_events, chat_logprobs
+from radixserve.server.tool_calls import HermesToolFormat, ToolCall, tool_format
 from radixserve.tokenizer import Tokenizer
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -85,17 +69,6 @@ class Structure:
     grammar: dict[str, Any]
     tools: list[dict[str, Any]] | None
     parser: HermesToolFormat | None
-
-
-def chat_logprobs(tok: Tokenizer, meta: OutputMeta) -> ChatLogprobs:
-    lps = meta.output_token_logprobs or []
-    tops = meta.output_top_logprobs or [[] for _ in lps]
-    content = []
-    for (lp, tid), top in zip(lps, tops):
-        # The token's own bytes: a piece of a multi-byte character has no text of its own (OpenAI's `bytes` field).
-        alts = [TopLogprob(tok.token_to_str(t), v, list(tok.token_bytes(t))) for v, t in top or []]
-        content.append(TokenLogprob(tok.token_to_str(tid), lp, list(tok.token_bytes(tid)), alts))
-    return ChatLogprobs(content)
 
 
 # ---------------------------------------------------------------- messages, tools, response_format
@@ -299,10 +272,12 @@ async def prepare_chat(
         cache_salt=salt,
         rid=rid,
         **scheduling(request, req.priority, req.timeout),
+        **hinted(req),
     )
     if req.pin:
         await pin_first(state, [{"input_ids": ids}], salt, "messages")
-    return Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, dict(GRAMMAR_RENAMES)), shape
+    group = gap_group(state, req, call.tenant, salt)
+    return Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, dict(GRAMMAR_RENAMES), group), shape
 
 
 async def chat_completions(request: Request) -> Response:
@@ -322,6 +297,7 @@ async def chat_completions(request: Request) -> Response:
     for i, o in enumerate(outs):
         truncated = o.finish_reason is not None and o.finish_reason.type == "length"
         message, called = response_message(o.text, shape.parser, truncated)
+        retain_turn(state, job, o, [c.id for c in message.tool_calls or []])
         choices.append(
             ChatChoice(
                 i,
@@ -333,68 +309,3 @@ async def chat_completions(request: Request) -> Response:
     observe_and_remember(state, job, outs, chat=True)
     body = ChatCompletionResponse(rid, created, state.model_name, choices, usage(outs, job.n))
     return Response(state.json.encode(body), media_type="application/json")
-
-
-def _call_deltas(i: int, call: ToolCall, index: int) -> list[ChatChunkChoice]:
-    """A tool call as OpenAI streams it: its id, type and name with empty arguments, then the arguments."""
-    head = DeltaToolCall(index, ResponseFunction(call.name, ""), call.id, "function")
-    return [
-        ChatChunkChoice(i, ChatDelta(tool_calls=[head])),
-        ChatChunkChoice(i, ChatDelta(tool_calls=[DeltaToolCall(index, ResponseFunction(arguments=call.arguments))])),
-    ]
-
-
-async def chat_events(
-    state: ServerState,
-    job: Job,
-    streams: list[Stream],
-    created: int,
-    logprobs: bool,
-    include_usage: bool,
-    parser: HermesToolFormat | None,
-) -> AsyncIterator[bytes]:
-    """SSE of chat.completion.chunk objects: a role delta per choice, content and tool-call deltas, a finish chunk,
-    [DONE]."""
-    tok = state.engine.tokenizer
-    acc: list[GenerateOutput | None] = [None] * len(streams)
-    splits = [ToolStream(parser) if parser is not None else None for _ in streams]
-
-    def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> bytes:
-        return sse(state, ChatCompletionChunk(job.rid, created, state.model_name, choices, use))
-
-    try:
-        for i in range(len(streams)):
-            yield chunk([ChatChunkChoice(i, ChatDelta(role="assistant", content=""))])
-        async with contextlib.aclosing(merged(streams)) as events:
-            async for i, c in events:
-                acc[i] = accumulate(acc[i], c)
-                meta = c.meta_info
-                reason = finish_reason(meta.finish_reason)
-                lp = chat_logprobs(tok, meta) if logprobs and meta.output_token_logprobs else None
-                split = splits[i]
-                if split is None:
-                    if c.text or lp is not None:
-                        yield chunk([ChatChunkChoice(i, ChatDelta(content=c.text), None, lp)])
-                else:
-                    pieces = split.feed(c.text) + (split.finish(reason == "length") if reason is not None else [])
-                    for ev in pieces:
-                        if ev.call is not None:
-                            for choice in _call_deltas(i, ev.call, ev.index):
-                                yield chunk([choice])
-                        elif ev.content:
-                            yield chunk([ChatChunkChoice(i, ChatDelta(content=ev.content))])
-                if reason is not None:
-                    called = split is not None and split.count > 0
-                    yield chunk(
-                        [ChatChunkChoice(i, ChatDelta(), "tool_calls" if called and reason == "stop" else reason)]
-                    )
-        if include_usage:
-            yield chunk([], usage(folded(acc), job.n))
-        observe_and_remember(state, job, folded(acc), chat=True)
-    except ApiError as err:
-        yield error_event(state, err)
-    except Exception as exc:  # mid-stream: tell the client in-band, the status line is gone
-        yield error_event(state, in_band(exc, job.renames))
-    finally:
-        await close_streams(state.engine, streams)
-    yield SSE_DONE

@@ -61,6 +61,7 @@ def run_server(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     otlp_endpoint: str | None = None,
     incremental_streaming_output: bool = False,
+    agent_retention: bool = True,
 ) -> None:
     """Serve Engine(**engine_kwargs) over HTTP until SIGTERM/SIGINT; returns after a graceful drain. If the engine
     stops (a fault that repeats every step), the server drains and the process exits 1 for a supervisor to restart."""
@@ -81,6 +82,7 @@ def run_server(
             body_timeout_s=body_timeout_s,
             otlp_endpoint=otlp_endpoint,
             incremental_streaming_output=incremental_streaming_output,
+            agent_retention=agent_retention,
         )
         state = app.state.server
 

@@ -16,6 +16,7 @@ from starlette.requests import Request
 
 from radixserve.errors import RequestFailedError
 from radixserve.io import GenerateOutput
+from radixserve.server.agent_retention import retain_turn
 from radixserve.server.errors import ApiError
 from radixserve.server.chat_api import Structure, prepare_chat, prompt_ids
 from radixserve.server.openai_api import Job, accumulate, finish_reason, observe_and_remember, start_streams, usage
@@ -157,6 +158,7 @@ def _turn(state: ServerState, job: Job, shape: Structure, out: GenerateOutput) -
     content, calls = (answer, []) if shape.parser is None else shape.parser.parse(answer)
     if calls and reason == "stop":
         reason = "tool_calls"
+    retain_turn(state, job, out, [c.id for c in calls])
     observe_and_remember(state, job, [out], chat=True)
     fin = out.finish_reason
     matched = fin.matched if fin is not None and fin.stopped_on_string else None
