@@ -15,7 +15,7 @@ Modes, on one in-process Engine (flushed between them; the same seeded gaps and 
 - cache_control: every agent turn carries `retention_seconds=300` (what a /v1/messages turn with a 5m
   cache_control marker gets).
 
-    python -m benchmarks.agent_retention [--agents 16] [--turns 4] [--time-scale 0.25] [--pool-tokens 8192]
+    python -m benchmarks.agent_retention [--agents 12] [--turns 4] [--time-scale 0.5] [--pool-tokens 12288] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -133,18 +133,18 @@ def pct(xs: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--agents", type=int, default=16)
+    ap.add_argument("--agents", type=int, default=12)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--context-tokens", type=int, default=384)
-    ap.add_argument("--result-tokens", type=int, default=48)
+    ap.add_argument("--context-tokens", type=int, default=256)
+    ap.add_argument("--result-tokens", type=int, default=32)
     ap.add_argument("--think-tokens", type=int, default=16)
-    ap.add_argument("--time-scale", type=float, default=0.25, help="tool gaps are 1-20 s times this")
+    ap.add_argument("--time-scale", type=float, default=0.5, help="tool gaps are 1-20 s times this")
     ap.add_argument("--stagger", type=float, default=0.3, help="seconds between agent starts")
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--flood-workers", type=int, default=3)
     ap.add_argument("--flood-tokens", type=int, default=512)
-    ap.add_argument("--pool-tokens", type=int, default=8192)
-    ap.add_argument("--retained-share", type=float, default=0.6)
+    ap.add_argument("--pool-tokens", type=int, default=12288)
+    ap.add_argument("--retained-share", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()

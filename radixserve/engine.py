@@ -266,7 +266,9 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         logprob_start_len, top_logprobs_num, cache_salt, rid, priority (higher is admitted first and may retract
         lower-priority running requests), timeout (seconds after which the request is aborted, finish_reason abort,
         message "timeout", and its pages freed), tenant (the group whose fair share of prefill it uses; default:
-        cache_salt), token_ids_logprob (with return_logprob: the logprobs of these ids at each position). They are
+        cache_salt), token_ids_logprob (with return_logprob: the logprobs of these ids at each position),
+        retention_seconds and retention_priority (keep the finished request's cached prefix ahead of LRU eviction
+        that long after its last hit; radixserve/cache/retention.py). They are
         validated here, before anything is queued, so bad input raises ValueError at the call."""
         request = GenerateRequest(*args, **kwargs)
         if stream:
