@@ -73,3 +73,20 @@ def test_bad_retention_is_refused_before_queueing(make_engine, tiny_model_dir, k
     with pytest.raises(ParamError) as err:
         eng.generate(input_ids=AGENT, sampling_params=GREEDY, **kwargs)
     assert err.value.field == field
+
+
+def test_an_expired_retained_prefix_is_written_to_disk_before_it_leaves_the_pool(
+    make_engine, tiny_model_dir, tmp_path
+) -> None:
+    import time
+
+    eng = make_engine(tiny_model_dir, kv_cache_dir=tmp_path, **POOL)
+    out = eng.generate(input_ids=AGENT, sampling_params=GREEDY, retention_seconds=0.5)
+    assert eng.cache_stats()["retained_pages"] == 10
+    time.sleep(0.6)
+    flood(eng)  # its retention ran out: evicted like any page, so spilled to the disk tier first
+    stats = eng.cache_stats()
+    assert stats["retained_pages"] == 0 and stats["retention_expired_nodes"] >= 1
+    before = stats["disk_hit_tokens"]
+    assert hit_tokens(eng, AGENT + out["output_ids"] + [7]) == 40
+    assert eng.cache_stats()["disk_hit_tokens"] - before == 40, "served from the disk tier, not recomputed"
