@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 
 from engine_checks import engine_left_at_rest
 from radixserve import Engine
+from radixserve.server.agent_retention import ToolGaps
 from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
 
@@ -109,8 +110,7 @@ def test_agent_turn_retained_and_its_tool_gap_measured(app: Starlette, http: htt
     ]
     r = http.post("/v1/chat/completions", json={**body, "messages": turn, "tool_choice": "none"})
     assert r.status_code == 200 and call["id"] not in gaps.pending
-    group = next(g for g in gaps.groups if g.endswith("weather-agent"))
-    assert len(gaps.groups[group].recent) == 1
+    assert len(gaps.groups[ToolGaps.group("", "weather-agent")].recent) == 1
 
 
 def test_streamed_agent_turns_are_retained_on_every_chat_api(http: httpx.Client) -> None:

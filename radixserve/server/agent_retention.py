@@ -11,6 +11,7 @@ back soon. Before a group has enough gaps it gets DEFAULT_S. Off with `--no-agen
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
@@ -54,7 +55,8 @@ class ToolGaps:
 
     @staticmethod
     def group(tenant: str, prompt_cache_key: str | None) -> str:
-        return f"{tenant}\x00{prompt_cache_key or ''}"
+        """The group's name: a digest, so a client's long prompt_cache_key costs MAX_GROUPS entries nothing more."""
+        return hashlib.blake2b(f"{tenant}\x00{prompt_cache_key or ''}".encode(), digest_size=16).hexdigest()
 
     def called(self, group: str, call_ids: Iterable[str]) -> float:
         """A turn of `group` ended in these tool calls: remember when, and return how long to retain its prefix."""
