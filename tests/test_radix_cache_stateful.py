@@ -76,11 +76,16 @@ class CacheMachine(RuleBasedStateMachine):
     def _evict(self, n: int) -> int:
         before = self.cache.evictable_pages
         free_before = self.pool.num_free_pages
+        self.cache.order.expire(self.clock)  # what evict does first: a retention that ran out is plain LRU
+        retained = [p for x in self.cache._nodes() if x.priority and not x.lock_ref for p in x.pages]
         freed = self.cache.evict(n)
         # Unlocked nodes never have locked descendants, so every unlocked page can be reached.
         assert freed == min(max(n, 0), before)
         assert self.pool.num_free_pages == free_before + freed
         self.model = {k: p for k, p in self.model.items() if not self.pool._is_free[p]}
+        if any(self.pool._is_free[p] for p in retained):  # retention's order: every plain leaf went first
+            plain = [x for x in self.cache._nodes() if not x.children and not x.lock_ref and not x.priority]
+            assert not plain, "a retained page was evicted while an unlocked plain leaf stayed"
         return freed
 
     def _alloc(self, n: int) -> list[int] | None:
