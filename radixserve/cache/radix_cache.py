@@ -60,9 +60,7 @@ class RadixCache:
         cap = pool.capacity
         self.order = EvictionOrder(int(retained_share * cap), int(retained_share_per_tenant * cap))
         self.now: Callable[[], float] = time.monotonic  # retention's clock (tests set their own)
-        self._num_nodes = 0
-        self._evictable = 0
-        self._protected = 0
+        self._num_nodes = self._evictable = self._protected = 0
         self.root = self._new_root()
         # Speculative drafts from the tree (see continuation_index.py): follows every page the tree gains or loses.
         self.index = index
@@ -295,17 +293,7 @@ class RadixCache:
                 break
             need = num_pages - len(freed)
             if need < len(node.pages):
-                cut = len(node.pages) - need
-                if self.tier is not None:
-                    self.tier.spill(self, node, cut)
-                self.order.release(node, need, whole=False)
-                freed.extend(node.pages[cut:])
-                if self.index is not None:
-                    self.index.remove(node.pages[cut:])
-                node.pages = node.pages[:cut]
-                node.keys = node.keys[:cut]
-                node.token_bytes = node.token_bytes[: cut * self._page_bytes]
-                self._push_leaf(node)
+                freed.extend(self._cut_tail(node, need))
                 break
             if self.tier is not None:
                 self.tier.spill(self, node, 0)
@@ -314,8 +302,7 @@ class RadixCache:
             if self.index is not None:
                 self.index.remove(node.pages)
             parent = node.parent
-            assert parent is not None
-            del parent.children[node.keys[0]]
+            del parent.children[node.keys[0]]  # type: ignore[union-attr]
             node.parent = None
             self._num_nodes -= 1
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
@@ -324,25 +311,32 @@ class RadixCache:
         self.pool.free(freed)
         return len(freed)
 
+    def _cut_tail(self, node: TreeNode, need: int) -> list[int]:
+        """Evict the last `need` pages of a leaf that holds more: the rest of its prefix stays cached."""
+        cut = len(node.pages) - need
+        if self.tier is not None:
+            self.tier.spill(self, node, cut)
+        self.order.release(node, need, whole=False)
+        tail = node.pages[cut:]
+        if self.index is not None:
+            self.index.remove(tail)
+        node.pages, node.keys = node.pages[:cut], node.keys[:cut]
+        node.token_bytes = node.token_bytes[: cut * self._page_bytes]
+        self._push_leaf(node)
+        return tail
+
     def peek(self, tokens: Sequence[int], namespace: str = "") -> list[tuple[TreeNode, int]]:
         """Read-only match_prefix over all full pages of `tokens`, from any thread (tree_peek.py)."""
         return peek_path(self, tokens, namespace)
 
     def retain(self, node: TreeNode, retention: Retention) -> bool:
-        """Retain the path ending at `node` (its pages and every ancestor's) under `retention`; False if that is over
-        the retention budget (nothing changes). Locked or not: a request's own node may be retained before its lock
-        goes."""
-        if node is self.root:
-            return False
-        if node.parent is None:
+        """Retain the path ending at `node` (its pages and every ancestor's) under `retention`, locked or not; False if
+        that is over the retention budget (nothing changes)."""
+        if node is not self.root and node.parent is None:
             raise RuntimeError("retain() on a node that was evicted")
         now = self.now()
         self.order.expire(now)
-        path = []
-        while node is not self.root:
-            path.append(node)
-            node = node.parent  # type: ignore[assignment]
-        return self.order.retain(path, retention, now, self._num_nodes)
+        return node is not self.root and self.order.retain(node, retention, now, self._num_nodes)
 
     @property
     def retained_pages(self) -> int:

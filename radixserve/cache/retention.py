@@ -95,9 +95,13 @@ class EvictionOrder:
 
     # ---- retention ----
 
-    def retain(self, path: list[TreeNode], r: Retention, now: float, num_nodes: int) -> bool:
-        """Retain every node of `path` (a node and its ancestors) under `r`; False (nothing changes) if the pages it
-        newly retains would go over the pool's or the tenant's share."""
+    def retain(self, node: TreeNode, r: Retention, now: float, num_nodes: int) -> bool:
+        """Retain `node` and every ancestor below the root under `r`; False (nothing changes) if the pages it newly
+        retains would go over the pool's or the tenant's share."""
+        path = []
+        while node.parent is not None:  # the root alone has no parent
+            path.append(node)
+            node = node.parent
         new = sum(len(n.pages) for n in path if n.priority == 0)
         if new and (
             self.retained_pages + new > self.max_pages or self.by_tenant[r.tenant] + new > self.max_pages_per_tenant
