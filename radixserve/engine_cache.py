@@ -30,6 +30,7 @@ RETENTION_KEYS = (
     "retentions",
     "retentions_refused",
     "retention_expired_nodes",
+    "retention_displaced_nodes",
 )
 
 CHECKPOINT_S = 30.0  # an idle engine writes pages the disk tier lacks and its index at most this often
@@ -124,6 +125,7 @@ def retention_stats(cache: RadixCache | Any, page_bytes: int) -> dict[str, int]:
         "retentions": order.stats.retained,
         "retentions_refused": order.stats.refused,
         "retention_expired_nodes": order.stats.expired_nodes,
+        "retention_displaced_nodes": order.stats.displaced_nodes,
     }
 
 

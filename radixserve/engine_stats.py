@@ -23,6 +23,7 @@ _TIER_COUNTERS = (
     "retentions",
     "retentions_refused",
     "retention_expired_nodes",
+    "retention_displaced_nodes",
 )
 
 

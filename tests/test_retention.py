@@ -134,22 +134,41 @@ def test_without_retention_the_flood_evicts_the_prefix() -> None:
 
 
 def test_budgets_per_tenant_and_pool() -> None:
-    pool, cache, _ = make(num_pages=41, share=0.5, per_tenant=0.25)  # capacity 40: 20 retained, 10 per tenant
+    pool, cache, clock = make(num_pages=41, share=0.5, per_tenant=0.25)  # capacity 40: 20 retained, 10 per tenant
     a = [seq(1000 * i, 4) for i in range(4)]
     for t in a:
         put(pool, cache, t)
     assert cache.retain(node_of(cache, a[0]), Retention(60, tenant="a"))
+    clock.t += 1
     assert cache.retain(node_of(cache, a[1]), Retention(60, tenant="a"))
-    assert not cache.retain(node_of(cache, a[2]), Retention(60, tenant="a")), "12 pages is over a's share of 10"
-    assert cache.order.by_tenant == {"a": 8} and cache.order.stats.refused == 1
-    assert cache.retain(node_of(cache, a[2]), Retention(60, tenant="b")), "another tenant has its own share"
+    assert cache.retain(node_of(cache, a[3]), Retention(60, tenant="b"))
+    clock.t += 1
+    assert cache.retain(node_of(cache, a[2]), Retention(60, tenant="a")), "12 pages is over a's 10: room is made"
+    assert node_of(cache, a[0]).priority == 0, "by decaying a's retention that expires soonest"
+    assert node_of(cache, a[3]).priority and cache.order.by_tenant == {"a": 8, "b": 4}, "b's is never touched"
+    assert cache.order.stats.displaced_nodes == 1 and cache.order.stats.refused == 0
+    big = seq(90_000, 11)
+    put(pool, cache, big)
+    assert not cache.retain(node_of(cache, big), Retention(60, tenant="c")), "11 pages never fit a share of 10"
     assert cache.retain(node_of(cache, a[1]), Retention(60, tenant="b")), "already retained: nothing new to count"
-    b = [seq(50_000 + 1000 * i, 6) for i in range(3)]
-    for t in b:
+    c = [seq(50_000 + 1000 * i, 6) for i in range(2)]
+    for t in c:
         put(pool, cache, t)
-    assert cache.retain(node_of(cache, b[0]), Retention(60, tenant="c"))
-    assert not cache.retain(node_of(cache, b[1]), Retention(60, tenant="d")), "18 + 6 is over the pool's 20"
-    assert cache.retained_pages == 18
+    assert cache.retain(node_of(cache, c[0]), Retention(60, tenant="c"))
+    assert not cache.retain(node_of(cache, c[1]), Retention(60, tenant="d")), "18 + 6 is over the pool's 20"
+    assert cache.retained_pages == 18 and cache.order.stats.refused == 2
+    cache.check_invariants()
+
+
+def test_displacement_keeps_the_path_being_retained() -> None:
+    pool, cache, clock = make(num_pages=21, per_tenant=0.3)  # capacity 20: 6 pages per tenant
+    stem = seq(0, 4)
+    put(pool, cache, stem + seq(500, 1))
+    put(pool, cache, stem + seq(600, 2))
+    assert cache.retain(node_of(cache, stem + seq(500, 1)), Retention(10, tenant="a"))  # stem 4 + 1
+    clock.t += 1
+    assert cache.retain(node_of(cache, stem + seq(600, 2)), Retention(10, tenant="a")), "the other branch goes"
+    assert node_of(cache, stem).priority and cache.order.by_tenant == {"a": 6}
     cache.check_invariants()
 
 

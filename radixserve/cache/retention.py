@@ -8,7 +8,9 @@ lazily (an entry is current while the node still has the key it was pushed with)
 every eviction one pop: O(log n), never a scan.
 
 Retention is bounded: retained pages stay within a share of the pool, and each tenant's within its own share, so
-no tenant can retain the pool away from the others. A retention over either bound is refused (it is a hint).
+no tenant can retain the pool away from the others. A tenant at its share makes room by decaying its own retentions
+that expire soonest (its newest hints win over its stale ones; another tenant's are never touched); a retention that
+would not fit even so, or that would go over the pool's share, is refused (it is a hint).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class RetentionStats:
     retained: int = 0  # retentions made (each request or call that retained a path)
     refused: int = 0  # retentions over the pool's or the tenant's share
     expired_nodes: int = 0  # nodes whose retention ran out and decayed to LRU
+    displaced_nodes: int = 0  # nodes decayed early to make room for a newer retention of the same tenant
 
 
 class EvictionOrder:
@@ -56,6 +59,7 @@ class EvictionOrder:
         self.max_pages_per_tenant = max_pages_per_tenant
         self.leaves: list[tuple[int, int, int, TreeNode]] = []  # (priority, last_access, id, leaf)
         self.expiry: list[tuple[float, int, TreeNode]] = []  # (retain_until, id, retained node)
+        self.tenant_expiry: dict[str, list[tuple[float, int, TreeNode]]] = defaultdict(list)  # the same, per tenant
         self.retained_pages = 0
         self.retained_nodes = 0
         self.by_tenant: dict[str, int] = defaultdict(int)  # retained pages per tenant
@@ -103,11 +107,15 @@ class EvictionOrder:
             path.append(node)
             node = node.parent
         new = sum(len(n.pages) for n in path if n.priority == 0)
+        mine = sum(len(n.pages) for n in path if n.priority and n.retain_tenant == r.tenant)  # cannot make room
+        over = self.by_tenant.get(r.tenant, 0) + new - self.max_pages_per_tenant  # pages to displace
         if new and (
-            self.retained_pages + new > self.max_pages or self.by_tenant[r.tenant] + new > self.max_pages_per_tenant
+            mine + new > self.max_pages_per_tenant or self.retained_pages - max(over, 0) + new > self.max_pages
         ):
             self.stats.refused += 1
             return False
+        if new and over > 0:
+            self._displace(r.tenant, over, {n.id for n in path}, num_nodes)
         until = now + r.seconds
         for node in path:
             if node.priority == 0:
@@ -135,11 +143,31 @@ class EvictionOrder:
             until, _, node = heapq.heappop(heap)
             if node.parent is None or node.priority == 0 or node.retain_until != until:
                 continue  # evicted, decayed, or refreshed since
-            self.release(node, len(node.pages), whole=True)
-            node.priority, node.retain_until, node.retain_s = 0, 0.0, 0.0
+            self._decay(node)
             self.stats.expired_nodes += 1
-            if not node.children and node.lock_ref == 0:
-                heapq.heappush(self.leaves, (0, node.last_access, node.id, node))
+
+    def _displace(self, tenant: str, pages: int, keep: set[int], num_nodes: int) -> None:
+        """Decay the tenant's retained nodes that expire soonest, none of `keep`, until `pages` pages are free."""
+        heap, kept = self.tenant_expiry[tenant], []
+        while pages > 0 and heap:
+            entry = heapq.heappop(heap)
+            until, _, node = entry
+            if node.parent is None or not node.priority or node.retain_until != until or node.retain_tenant != tenant:
+                continue  # evicted, decayed, refreshed or retained anew since
+            if node.id in keep:
+                kept.append(entry)
+                continue
+            pages -= len(node.pages)
+            self._decay(node)
+            self.stats.displaced_nodes += 1
+        for entry in kept:
+            heapq.heappush(heap, entry)
+
+    def _decay(self, node: TreeNode) -> None:
+        self.release(node, len(node.pages), whole=True)
+        node.priority, node.retain_until, node.retain_s = 0, 0.0, 0.0
+        if not node.children and node.lock_ref == 0:
+            heapq.heappush(self.leaves, (0, node.last_access, node.id, node))
 
     def release(self, node: TreeNode, num_pages: int, whole: bool) -> None:
         """`num_pages` of a node leave retention: its tail pages evicted, or the whole node (evicted, flushed or
@@ -152,9 +180,11 @@ class EvictionOrder:
         if upper.priority:
             self.retained_nodes += 1
             heapq.heappush(self.expiry, (upper.retain_until, upper.id, upper))
+            heapq.heappush(self.tenant_expiry[upper.retain_tenant], (upper.retain_until, upper.id, upper))
 
     def clear(self) -> None:
         self.leaves, self.expiry = [], []
+        self.tenant_expiry.clear()
         self.retained_pages = self.retained_nodes = 0
         self.by_tenant.clear()
 
@@ -168,7 +198,13 @@ class EvictionOrder:
     def _extend(self, node: TreeNode, until: float, num_nodes: int) -> None:
         node.retain_until = until
         heapq.heappush(self.expiry, (until, node.id, node))
+        heapq.heappush(self.tenant_expiry[node.retain_tenant], (until, node.id, node))
         if len(self.expiry) > 4 * num_nodes + 64:  # hits refresh hot prefixes often: compact
             live = [n for n in self._live(self.expiry) if n.priority]
             self.expiry = [(n.retain_until, n.id, n) for n in live]
             heapq.heapify(self.expiry)
+            self.tenant_expiry.clear()
+            for n in live:
+                self.tenant_expiry[n.retain_tenant].append((n.retain_until, n.id, n))
+            for heap in self.tenant_expiry.values():
+                heapq.heapify(heap)

@@ -20,6 +20,7 @@ def check_tree(cache: RadixCache) -> None:
     order = cache.order
     in_heap = {(n.id, prio, la) for prio, la, _, n in order.leaves}
     in_expiry = {(n.id, until) for until, _, n in order.expiry}
+    in_tenant = {(t, n.id, until) for t, heap in order.tenant_expiry.items() for until, _, n in heap}
     retained = retained_nodes = 0
     by_tenant: dict[str, int] = {}
     nodes = cache._nodes()
@@ -56,6 +57,7 @@ def check_tree(cache: RadixCache) -> None:
                 )
         if node.priority:
             assert (node.id, node.retain_until) in in_expiry, "every retained node is in the expiry heap"
+            assert (node.retain_tenant, node.id, node.retain_until) in in_tenant, "and in its tenant's expiry heap"
             retained += len(node.pages)
             retained_nodes += 1
             by_tenant[node.retain_tenant] = by_tenant.get(node.retain_tenant, 0) + len(node.pages)

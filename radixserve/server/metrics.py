@@ -55,8 +55,9 @@ ENGINE_COUNTERS = {  # engine.metrics() key (ending in _total) -> help
     "host_loaded_pages_total": "pages loaded from the host-RAM tier into the pool",
     "host_load_seconds_total": "time spent loading pages from the host-RAM tier (on a GPU: enqueueing the copies)",
     "retentions_total": "prefixes retained (a finished request's, or one retained by the server for an agent)",
-    "retentions_refused_total": "retentions refused: over --max-retained-share or the tenant's share",
+    "retentions_refused_total": "retentions refused: over --max-retained-share, or larger than a tenant's share",
     "retention_expired_nodes_total": "radix tree nodes whose retention ran out (they went back to plain LRU)",
+    "retention_displaced_nodes_total": "retained nodes decayed early to make room for their tenant's newer retention",
     "failed_requests_total": "requests ended by an internal error (each alone; the others went on)",
     "failed_steps_total": "model steps that failed (their newest request failed, the others ran again)",
 }
