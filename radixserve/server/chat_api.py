@@ -1,6 +1,6 @@
 """/v1/chat/completions: chat messages (tool calls and tool results included) through the chat template,
 `response_format` (json_object, json_schema) and `tools` + `tool_choice` as grammars, and tool calls parsed from the
-model's own format (radixserve/server/tool_calls.py), whole or streamed as OpenAI streams them."""
+model's own format (radixserve/server/tool_calls.py), whole or streamed as OpenAI streams them (chat_stream.py)."""
 
 from __future__ import annotations
 
