@@ -147,10 +147,11 @@ def main() -> None:
     ap.add_argument("--retained-share", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--model", default=None, help="a model folder or GGUF (default: a random 4-layer Llama)")
     args = ap.parse_args()
     agents = make_agents(args.agents, args.turns, args.context_tokens, args.result_tokens, args.time_scale, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        model = make_random_model(
+        model = args.model or make_random_model(
             Path(tmp) / "m", layers=4, hidden=512, heads=8, kv_heads=4, intermediate=1536, vocab=VOCAB, context=4096
         )
         eng = Engine(
