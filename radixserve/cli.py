@@ -129,6 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         otlp_endpoint=args.otlp_endpoint,
         incremental_streaming_output=args.incremental_streaming_output,
         reasoning_parser=args.reasoning_parser,
+        agent_retention=not args.no_agent_retention,
     )
     return 0
 

@@ -186,6 +186,8 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             speculative_measured=self.speculative.measured,
             vocab_size=cfg.vocab_size,
             max_pinned_share=c.max_pinned_share,
+            max_retained_share=c.max_retained_share,
+            max_retained_share_per_tenant=c.max_retained_share_per_tenant,
             enable_jump_forward=c.enable_jump_forward,
         )
         self.scheduler = Scheduler(sched_cfg, self.runner.pool, eos)
@@ -264,6 +266,8 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             r.timeout,
             r.tenant,
             r.token_ids_logprob,
+            r.retention_seconds,
+            r.retention_priority,
         )
 
     # ---- dict API (the documented contract: {"text", "output_ids", "meta_info"}, built from the typed outputs) ----
@@ -274,7 +278,9 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         logprob_start_len, top_logprobs_num, cache_salt, rid, priority (higher is admitted first and may retract
         lower-priority running requests), timeout (seconds after which the request is aborted, finish_reason abort,
         message "timeout", and its pages freed), tenant (the group whose fair share of prefill it uses; default:
-        cache_salt), token_ids_logprob (with return_logprob: the logprobs of these ids at each position). They are
+        cache_salt), token_ids_logprob (with return_logprob: the logprobs of these ids at each position),
+        retention_seconds and retention_priority (keep the finished request's cached prefix ahead of LRU eviction
+        that long after its last hit; radixserve/cache/retention.py). They are
         validated here, before anything is queued, so bad input raises ValueError at the call."""
         request = GenerateRequest(*args, **kwargs)
         if stream:

@@ -12,13 +12,26 @@ from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.kv_tier import KVTier, open_tier
 from radixserve.cache.pins import PinError
 from radixserve.cache.radix_cache import RadixCache
+from radixserve.cache.retention import DEFAULT_PRIORITY
 from radixserve.engine_config import EngineConfig
 from radixserve.errors import ParamError
+from radixserve.inputs import check_retention
 from radixserve.model.runner import ModelRunner
 from radixserve.scheduler.scheduler import Scheduler
 from radixserve.tp_pool import ShardedPool
 
 log = logging.getLogger(__name__)
+
+RETENTION_KEYS = (
+    "retained_pages",
+    "retained_bytes",
+    "retained_nodes",
+    "retained_tenants",
+    "retentions",
+    "retentions_refused",
+    "retention_expired_nodes",
+    "retention_displaced_nodes",
+)
 
 CHECKPOINT_S = 30.0  # an idle engine writes pages the disk tier lacks and its index at most this often
 TIER_KEYS = (
@@ -99,6 +112,23 @@ def close_tier(scheduler: Scheduler) -> None:
         tier.close(scheduler.cache)  # type: ignore[arg-type]
 
 
+def retention_stats(cache: RadixCache | Any, page_bytes: int) -> dict[str, int]:
+    """Retained pages and bytes now (radixserve/cache/retention.py), and the retentions made, refused and expired."""
+    if not isinstance(cache, RadixCache):
+        return dict.fromkeys(RETENTION_KEYS, 0)
+    order = cache.order
+    return {
+        "retained_pages": order.retained_pages,
+        "retained_bytes": order.retained_pages * page_bytes,
+        "retained_nodes": order.retained_nodes,
+        "retained_tenants": len(order.by_tenant),
+        "retentions": order.stats.retained,
+        "retentions_refused": order.stats.refused,
+        "retention_expired_nodes": order.stats.expired_nodes,
+        "retention_displaced_nodes": order.stats.displaced_nodes,
+    }
+
+
 class CacheSurface:
     scheduler: Scheduler
     runner: Any
@@ -115,6 +145,7 @@ class CacheSurface:
         tier = cache.tier.snapshot() if cache.tier is not None else dict.fromkeys(TIER_KEYS, 0)
         pinned = len(self.scheduler.pins.pinned_pages(cache)) if isinstance(cache, RadixCache) else 0
         return {
+            **retention_stats(cache, page_bytes),
             "device_pages": cache.total_pages,
             "device_bytes": cache.total_pages * page_bytes,
             "device_hit_tokens": max(s.hit_tokens - tier["disk_hit_tokens"] - tier["host_hit_tokens"], 0),
@@ -146,6 +177,36 @@ class CacheSurface:
             return False
         ids = self._pin_ids(prompt, input_ids, cache_salt)
         return self.loop.call(lambda: self.scheduler.pins.unpin(self.scheduler.cache, ids, cache_salt))
+
+    def retain(
+        self,
+        input_ids: list[int],
+        retention_seconds: float,
+        retention_priority: int = DEFAULT_PRIORITY,
+        cache_salt: str = "",
+        tenant: str | None = None,
+        wait: bool = True,
+    ) -> bool | None:
+        """Retain the cached full pages of `input_ids` (e.g. a finished request's prompt + output ids) as a request's
+        `retention_seconds` would; True if retained, False if not cached or over the retention budget. wait=False
+        queues it for the loop and returns None at once (the server's agent retention, which must not hold a
+        response up for a step)."""
+        r = check_retention(retention_seconds, retention_priority, cache_salt if tenant is None else tenant)
+        assert r is not None
+        ids = list(input_ids)
+
+        def do() -> bool:
+            cache = self.scheduler.cache
+            n = len(ids) // cache.page_size * cache.page_size if isinstance(cache, RadixCache) else 0
+            if n == 0:
+                return False
+            m = cache.match_prefix(ids[:n] + [0], cache_salt)  # +1 token: every full page may match
+            return bool(m.pages) and cache.retain(m.node, r)
+
+        if wait:
+            return bool(self.loop.call(do))
+        self.loop.post(do)
+        return None
 
     def _pin_ids(self, prompt: str | None, input_ids: list[int] | None, cache_salt: str) -> list[int]:
         """The prompt's tokens exactly as a generate call with it would see them."""

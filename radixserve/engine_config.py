@@ -50,6 +50,9 @@ class EngineConfig:
     # (on for CUDA, at most twice the pool and a quarter of the available RAM; off on CPU); 0: off
     kv_cache_host_gb: float | None = None
     max_pinned_share: float = 0.5  # pinned prefixes (/cache/pin) hold at most this share of the KV pool
+    # retained prefixes (radixserve/cache/retention.py) hold at most this share of the pool, and each tenant this one
+    max_retained_share: float = 0.5
+    max_retained_share_per_tenant: float = 0.25
     enable_jump_forward: bool = True  # constrained decoding appends the tokens a grammar forces without sampling
     tp: int = 1  # tensor parallel ranks: tp - 1 workers share each layer (radixserve/distributed.py)
     null_model: bool = False  # benchmarks and tests: no weights, fixed logits at once (radixserve/model/null.py)
@@ -151,6 +154,10 @@ class EngineConfig:
                 "max_pinned_share",
                 isinstance(self.max_pinned_share, (int, float)) and 0 <= self.max_pinned_share <= 1,
                 "must be in [0, 1]",
+            ),
+            *(
+                (name, _number(getattr(self, name)) and 0 <= getattr(self, name) <= 1, "must be in [0, 1]")
+                for name in ("max_retained_share", "max_retained_share_per_tenant")
             ),
             ("tp", _int(self.tp) and self.tp >= 1, "must be an integer >= 1"),
             ("null_model", isinstance(self.null_model, bool), "must be True or False"),

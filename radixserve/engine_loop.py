@@ -209,6 +209,19 @@ class EngineLoop:
         self.inbox.put(("call", fn, fut))
         return fut.result()
 
+    def post(self, fn: Callable[[], Any]) -> None:
+        """Run fn on the loop thread between steps without waiting for it; a failure is logged (nobody waits)."""
+        self.check_alive()
+        fut: Future[Any] = Future()
+        fut.add_done_callback(_log_failure)
+        self.inbox.put(("call", fn, fut))
+
     def check_alive(self) -> None:
         if self.error is not None or not self.thread.is_alive():
             raise EngineDeadError(f"engine is not running: {self.error!r}")
+
+
+def _log_failure(fut: Future[Any]) -> None:
+    exc = fut.exception()
+    if exc is not None:
+        log.error("a call posted to the engine loop failed: %r", exc)

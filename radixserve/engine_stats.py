@@ -20,6 +20,10 @@ _TIER_COUNTERS = (
     "host_spilled_pages",
     "host_loaded_pages",
     "host_load_seconds",
+    "retentions",
+    "retentions_refused",
+    "retention_expired_nodes",
+    "retention_displaced_nodes",
 )
 
 

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.cache.retention import DEFAULT_PRIORITY, MAX_PRIORITY, MAX_RETENTION_S, Retention
 from radixserve.constrained.grammar import CompiledGrammar, GrammarCompiler, built
 from radixserve.errors import ParamError
 from radixserve.request import Req
@@ -42,6 +43,7 @@ class RequestSpec:
     tenant: str | None = None  # whose fair share the request's prefill counts against; None: its cache_salt
     grammar: CompiledGrammar | None = None  # what the output must match (validated, cached by its text)
     token_ids_logprob: tuple[int, ...] = ()  # ids whose logprobs every position reports (with return_logprob)
+    retention: Retention | None = None  # keep its cached prefix ahead of LRU once it finishes (cache/retention.py)
 
 
 class RequestBuilder:
@@ -81,6 +83,8 @@ class RequestBuilder:
         timeout: float | None = None,
         tenant: str | None = None,
         token_ids_logprob: Any = None,
+        retention_seconds: Any = None,
+        retention_priority: Any = DEFAULT_PRIORITY,
     ) -> tuple[list[RequestSpec], bool]:
         """Validate and tokenize; returns the specs and whether the caller passed a single prompt."""
         if (prompt is None) == (input_ids is None):
@@ -113,6 +117,7 @@ class RequestBuilder:
             raise ParamError("logprob_start_len", f"logprob_start_len must be an integer, got {logprob_start_len!r}")
         check_scheduling(priority, timeout)
         wanted = self.wanted_ids(token_ids_logprob, len(ids_list))
+        retention = check_retention(retention_seconds, retention_priority, cache_salt if tenant is None else tenant)
         specs = []
         for ids, p, r, w in zip(ids_list, params, rids, wanted):
             self.validate_prompt(ids, p)
@@ -130,6 +135,7 @@ class RequestBuilder:
                     tenant,
                     self.grammar(p),
                     w if return_logprob else (),
+                    retention,
                 )
             )
         return specs, single and specs[0].params.n == 1
@@ -258,6 +264,7 @@ class RequestBuilder:
             ),
             namespace=spec.cache_salt,
             tenant=spec.cache_salt if spec.tenant is None else spec.tenant,
+            retention=spec.retention,
             priority=spec.priority,
             stream=stream,
             return_logprob=spec.return_logprob,
@@ -275,6 +282,17 @@ class RequestBuilder:
                 req.input_token_logprobs.append((None, spec.input_ids[0]))
                 req.input_top_logprobs.append(None)
         return req
+
+
+def check_retention(seconds: Any, priority: Any, tenant: str) -> Retention | None:
+    """The request's retention (None: plain LRU), or a ParamError naming the field."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_RETENTION_S:
+        raise ParamError("retention_seconds", f"retention_seconds must be in (0, {MAX_RETENTION_S:g}], got {seconds!r}")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= MAX_PRIORITY:
+        raise ParamError("retention_priority", f"retention_priority must be an integer in [1, {MAX_PRIORITY}]")
+    return Retention(float(seconds), priority, tenant)
 
 
 def check_scheduling(priority: Any, timeout: Any) -> None:

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from radixserve.cache.retention import DEFAULT_PRIORITY
+
 LogprobEntry = tuple[float | None, int]  # (logprob, token id); a prompt's first token has no logprob
 TopLogprobs = list[tuple[float, int]] | None
 
@@ -118,3 +120,7 @@ class GenerateRequest:
     tenant: str | None = None  # whose fair share of prefill it uses (None: its cache_salt)
     # with return_logprob, the logprob of each of these ids at every position (a list of them per prompt for a batch)
     token_ids_logprob: list[int] | list[list[int]] | None = None
+    # keep the finished request's cached prefix (prompt + output) ahead of LRU eviction for this many seconds after
+    # its last hit (radixserve/cache/retention.py), at this priority (1..100; higher is evicted later)
+    retention_seconds: float | None = None
+    retention_priority: int = DEFAULT_PRIORITY

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.cache.retention import Retention
 from radixserve.constrained.grammar import GrammarMatcher
 from radixserve.io import FinishReason
 from radixserve.page_list import PageList, PageListField
@@ -39,6 +40,7 @@ class Req:
     namespace: str = ""
     tenant: str = ""  # fair-share group (radixserve/scheduler/fairness.py)
     priority: int = 0  # higher is admitted first and may retract lower-priority running requests
+    retention: Retention | None = None  # once finished, its cached prefix is retained (radixserve/cache/retention.py)
     deadline: float | None = None  # perf_counter time past which the request is aborted
     stream: bool = False
     return_logprob: bool = False

@@ -83,6 +83,11 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "int8",
         "--max-pinned-share",
         "0.25",
+        "--max-retained-share",
+        "0.4",
+        "--max-retained-share-per-tenant",
+        "0.2",
+        "--no-agent-retention",
         "--otlp-endpoint",
         "http://127.0.0.1:4318",
         "--no-deterministic",
@@ -103,6 +108,7 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "otlp_endpoint": "http://127.0.0.1:4318",
         "incremental_streaming_output": False,
         "reasoning_parser": "qwen3",
+        "agent_retention": False,
     }
     assert engine_kwargs == {
         "model": str(tiny_model_dir),
@@ -132,6 +138,8 @@ def test_serve_passes_options_to_run_server(tiny_model_dir: Path, monkeypatch) -
         "kv_cache_disk_gb": 0.5,
         "kv_cache_host_gb": 0.0,
         "max_pinned_share": 0.25,
+        "max_retained_share": 0.4,
+        "max_retained_share_per_tenant": 0.2,
         "tp": 1,
         "null_model": False,
         "deterministic": False,

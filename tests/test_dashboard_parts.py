@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.radix_cache import RadixCache
+from radixserve.cache.retention import Retention
 from radixserve.server.cache_view import TreeReader
 from radixserve.server.scope import NamespaceScope
 from radixserve.server.tracing import RequestTracer
@@ -94,3 +95,24 @@ def test_snapshot_work_is_bounded_and_peek_changes_nothing() -> None:
     assert cache.peek(probe, "t2") == [], "namespaces never share a path"
     assert cache.match_prefix(probe + [1], "t1").num_tokens == 5 * PAGE
     cache.check_invariants()
+
+
+def test_snapshot_shows_retention_left_and_priority() -> None:
+    """A retained node carries its seconds left and priority (the explorer's retained colour); a plain one none, and
+    one whose retention ran out shows none before the cache has decayed it."""
+    pool = KVPool(num_layers=1, num_pages=16, page_size=PAGE, num_kv_heads=1, head_dim=1, dtype=torch.float32)
+    cache = RadixCache(pool, PAGE)
+    now = [100.0]
+    cache.now = lambda: now[0]
+    kept, plain = cache.insert(list(range(8)), pool.alloc(2)), cache.insert(list(range(50, 58)), pool.alloc(2))
+    assert cache.retain(kept.node, Retention(30, priority=70))
+    reader = TreeReader(cache, PAGE, lambda ids: " ".join(map(str, ids)), lambda clock: None)
+
+    def views() -> dict[int, dict]:
+        return {n["id"]: n for n in walk(reader.snapshot(NamespaceScope(None), max_nodes=50).to_dict()["root"])}
+
+    shown = views()
+    assert shown[kept.node.id]["retained_s"] == 30.0 and shown[kept.node.id]["retention_priority"] == 70
+    assert shown[plain.node.id]["retained_s"] is None
+    now[0] += 31
+    assert views()[kept.node.id]["retained_s"] is None and cache.retained_pages == 2, "not decayed yet, shown as none"

@@ -269,7 +269,7 @@ def test_heap_of_stale_entries_stays_bounded() -> None:
     for _ in range(500):
         cache.match_prefix(list(range(9)))
         cache.match_prefix(list(range(100, 109)))
-    assert len(cache._heap) <= 4 * 2 + 64 + 1
+    assert len(cache.order.leaves) <= 4 * 2 + 64 + 1
     cache.check_invariants()
     cache.match_prefix(list(range(9)))
     assert cache.evict(2) == 2 and all(pool._is_free[p] for p in b) and cache.match_prefix(list(range(9))).pages == a
@@ -301,8 +301,8 @@ def test_check_invariants_catches_corruption() -> None:
     page = leaf.pages[0]
     broken(lambda: leaf.pages.__setitem__(0, shared.pages[0]), lambda: leaf.pages.__setitem__(0, page), "twice")
     broken(lambda: pool.free([page]), lambda: pool._free.remove(page) or pool._is_free.__setitem__(page, False), "free")
-    heap = list(cache._heap)
-    broken(lambda: cache._heap.clear(), lambda: cache._heap.extend(heap), "eviction heap")
+    heap = list(cache.order.leaves)
+    broken(lambda: cache.order.leaves.clear(), lambda: cache.order.leaves.extend(heap), "eviction heap")
 
 
 # ---- continuation index (speculative drafts from the tree, issue 16) ----------------------------------------------

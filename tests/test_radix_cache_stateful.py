@@ -19,6 +19,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from radixserve.cache.retention import Retention
 from radix_helpers import HashFn, const_hash, make, mod4_hash
 
 NAMESPACES = st.sampled_from(["", "other"])
@@ -51,6 +52,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.model: dict[tuple[str, tuple[int, ...]], int] = {}  # exact tree content: (namespace, prefix) -> page
         self.live: set[Req] = set()
         self.history: list[list[int]] = []  # prompts seen so far, reused as prefixes so requests overlap
+        self.clock = 0.0  # retention's clock, advanced by a rule
+        self.cache.now = lambda: self.clock
 
     # -- helpers --
 
@@ -73,11 +76,16 @@ class CacheMachine(RuleBasedStateMachine):
     def _evict(self, n: int) -> int:
         before = self.cache.evictable_pages
         free_before = self.pool.num_free_pages
+        self.cache.order.expire(self.clock)  # what evict does first: a retention that ran out is plain LRU
+        retained = [p for x in self.cache._nodes() if x.priority and not x.lock_ref for p in x.pages]
         freed = self.cache.evict(n)
         # Unlocked nodes never have locked descendants, so every unlocked page can be reached.
         assert freed == min(max(n, 0), before)
         assert self.pool.num_free_pages == free_before + freed
         self.model = {k: p for k, p in self.model.items() if not self.pool._is_free[p]}
+        if any(self.pool._is_free[p] for p in retained):  # retention's order: every plain leaf went first
+            plain = [x for x in self.cache._nodes() if not x.children and not x.lock_ref and not x.priority]
+            assert not plain, "a retained page was evicted while an unlocked plain leaf stayed"
         return freed
 
     def _alloc(self, n: int) -> list[int] | None:
@@ -181,6 +189,16 @@ class CacheMachine(RuleBasedStateMachine):
     def evict(self, n: int, roll: int) -> None:
         if roll == 0:  # a third of the draws: eviction also runs whenever an allocation falls short
             self._evict(n)
+
+    @rule(req=reqs, seconds=st.floats(0.5, 20), priority=st.integers(1, 100), tenant=st.sampled_from(["", "a"]))
+    def retain(self, req: Req, seconds: float, priority: int, tenant: str) -> None:
+        """Retain a live request's path (budgets, splits, expiry and eviction order must keep the tree whole)."""
+        if req.node is not self.cache.root:
+            self.cache.retain(req.node, Retention(seconds, priority, tenant))  # type: ignore[arg-type]
+
+    @rule(dt=st.floats(0, 15))
+    def time_passes(self, dt: float) -> None:
+        self.clock += dt
 
     @rule(roll=st.integers(0, 7))
     def reset(self, roll: int) -> None:

@@ -224,6 +224,6 @@ def test_readme_table_names_every_sglang_field() -> None:
     readme = (Path(__file__).parents[1] / "frontend_dsl" / "README.md").read_text()
     section = readme.split("## SGLang's own client against radixserve")[1].split("\n## ")[0]
     named = set(re.findall(r"`(\w+)`", section))
-    extras = {"timeout", "pin", "seed"}  # radixserve's own fields, documented with the API
+    extras = {"timeout", "pin", "seed", "retention_seconds", "retention_priority"}  # radixserve's own, in its README
     missing = set(GenerateBody.__struct_fields__) | set(SamplingParams.__struct_fields__)
     assert not missing - named - extras

@@ -10,7 +10,7 @@ from radixserve.cache.radix_cache import InsertResult, MatchResult
 
 class NullCache:
     enabled = False  # the scheduler neither orders admissions by cached prefix nor holds back shared prefixes
-    total_pages = evictable_pages = protected_pages = 0
+    total_pages = evictable_pages = protected_pages = retained_pages = 0
     tier = None  # no second tier either
 
     def match_prefix(self, tokens: Sequence[int], namespace: str = "") -> MatchResult:
@@ -27,6 +27,9 @@ class NullCache:
 
     def evict(self, num_pages: int) -> int:
         return 0
+
+    def retain(self, node: object, retention: object) -> bool:
+        return False
 
     def reset(self) -> None:
         pass

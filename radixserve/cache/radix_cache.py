@@ -1,4 +1,5 @@
-"""Radix cache: a tree of full KV pages keyed by chained token hashes, with locking and LRU eviction.
+"""Radix cache: a tree of full KV pages keyed by chained token hashes, with locking and eviction by retention
+priority, then LRU (retention.py).
 
 Page key h = hash(parent_h (8 bytes LE) || page tokens (int32 LE)), the chain starting at a key derived from the
 request's cache namespace. A node owns a run of consecutive pages; a parent finds a child by the key of the child's
@@ -7,8 +8,8 @@ first page. Every key hit is confirmed by comparing tokens, so a hash collision 
 
 from __future__ import annotations
 
-import heapq
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,9 @@ import xxhash
 from radixserve.cache.continuation_index import ContinuationIndex
 from radixserve.cache.tree_node import InsertResult, MatchResult, TreeNode, as_bytes, first_diff_page
 from radixserve.cache.tree_check import check_tree
+from radixserve.cache.tree_peek import peek_path
 from radixserve.cache.kv_pool import KVPool
+from radixserve.cache.retention import EvictionOrder, Retention
 
 if TYPE_CHECKING:
     from radixserve.cache.kv_tier import KVTier
@@ -43,6 +46,8 @@ class RadixCache:
         page_size: int,
         hash_fn: Callable[[bytes, int], int] | None = None,
         index: ContinuationIndex | None = None,
+        retained_share: float = 0.5,
+        retained_share_per_tenant: float = 0.5,
     ) -> None:
         if page_size != pool.page_size:
             raise ValueError(f"page_size {page_size} differs from the pool's {pool.page_size}")
@@ -52,10 +57,10 @@ class RadixCache:
         self._hash_fn = hash_fn if hash_fn is not None else xxhash.xxh64_intdigest
         self._ids = itertools.count()
         self._clock = 0
-        self._heap: list[tuple[int, int, TreeNode]] = []  # (last_access, id, leaf); stale entries skipped lazily
-        self._num_nodes = 0
-        self._evictable = 0
-        self._protected = 0
+        cap = pool.capacity
+        self.order = EvictionOrder(int(retained_share * cap), int(retained_share_per_tenant * cap))
+        self.now: Callable[[], float] = time.monotonic  # retention's clock (tests set their own)
+        self._num_nodes = self._evictable = self._protected = 0
         self.root = self._new_root()
         # Speculative drafts from the tree (see continuation_index.py): follows every page the tree gains or loses.
         self.index = index
@@ -112,6 +117,10 @@ class RadixCache:
             lock_ref=node.lock_ref,
             last_access=node.last_access,
             hits=node.hits,  # every hit on the tail passed through the head
+            priority=node.priority,  # a retained path is retained whole
+            retain_until=node.retain_until,
+            retain_s=node.retain_s,
+            retain_tenant=node.retain_tenant,
         )
         upper.children[node.keys[n]] = node
         parent.children[node.keys[0]] = upper
@@ -120,16 +129,11 @@ class RadixCache:
         node.keys = node.keys[n:]
         node.parent = upper
         self._num_nodes += 1
+        self.order.split(upper, self._num_nodes)
         return upper
 
     def _push_leaf(self, node: TreeNode) -> None:
-        heapq.heappush(self._heap, (node.last_access, node.id, node))
-        if len(self._heap) > 4 * self._num_nodes + 64:
-            self._rebuild_heap()
-
-    def _rebuild_heap(self) -> None:
-        self._heap = [(n.last_access, n.id, n) for n in self._nodes() if not n.children and n.lock_ref == 0]
-        heapq.heapify(self._heap)
+        self.order.push_leaf(node, self._num_nodes)
 
     def _nodes(self) -> list[TreeNode]:
         """All nodes but the root, parents before children."""
@@ -151,7 +155,8 @@ class RadixCache:
             return MatchResult(self.root, [], 0)
         tb = as_bytes(tokens[: n_pages * ps])
         self._clock += 1
-        now = self._clock
+        now, wall = self._clock, self.now()
+        self.order.expire(wall)
         node, key, pos = self.root, self.root_key(namespace), 0
         pages: list[int] = []
         while pos < n_pages:
@@ -167,6 +172,7 @@ class RadixCache:
             if n < len(child.pages):
                 child = self._split(child, n)
             child.last_access = now
+            self.order.refresh(child, wall, self._num_nodes)
             pages.extend(child.pages)
             node, key, pos = child, child.keys[-1], pos + n
             if n < m:
@@ -273,69 +279,69 @@ class RadixCache:
             node = node.parent  # type: ignore[assignment]
 
     def evict(self, num_pages: int) -> int:
-        """Free up to `num_pages` pages from unlocked leaves, least recently used first; returns pages freed.
+        """Free up to `num_pages` pages from unlocked leaves, lowest retention priority first (plain LRU leaves
+        before retained ones), least recently used first within a priority; returns pages freed.
 
-        A leaf longer than needed loses only its tail pages, so the rest of the prefix stays cached.
+        A leaf longer than needed loses only its tail pages, so the rest of the prefix stays cached. Every page
+        evicted is spilled to the tier first (with one, a retained prefix that expired is written down, not lost).
         """
         freed: list[int] = []
-        heap = self._heap
-        while len(freed) < num_pages and heap:
-            last_access, _, node = heapq.heappop(heap)
-            if node.parent is None or node.children or node.lock_ref or node.last_access != last_access:
-                continue  # stale entry
+        self.order.expire(self.now())
+        while len(freed) < num_pages:
+            node = self.order.pop_leaf()
+            if node is None:
+                break
             need = num_pages - len(freed)
             if need < len(node.pages):
-                cut = len(node.pages) - need
-                if self.tier is not None:
-                    self.tier.spill(self, node, cut)
-                freed.extend(node.pages[cut:])
-                if self.index is not None:
-                    self.index.remove(node.pages[cut:])
-                node.pages = node.pages[:cut]
-                node.keys = node.keys[:cut]
-                node.token_bytes = node.token_bytes[: cut * self._page_bytes]
-                heapq.heappush(heap, (node.last_access, node.id, node))
+                freed.extend(self._cut_tail(node, need))
                 break
             if self.tier is not None:
                 self.tier.spill(self, node, 0)
+            self.order.release(node, len(node.pages), whole=True)
             freed.extend(node.pages)
             if self.index is not None:
                 self.index.remove(node.pages)
             parent = node.parent
-            del parent.children[node.keys[0]]
+            del parent.children[node.keys[0]]  # type: ignore[union-attr]
             node.parent = None
             self._num_nodes -= 1
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+                self._push_leaf(parent)
         self._evictable -= len(freed)
         self.pool.free(freed)
         return len(freed)
 
-    def peek(self, tokens: Sequence[int], namespace: str = "") -> list[tuple[TreeNode, int]]:
-        """Read-only match_prefix over all full pages of `tokens`: the path as (node, pages matched in it).
+    def _cut_tail(self, node: TreeNode, need: int) -> list[int]:
+        """Evict the last `need` pages of a leaf that holds more: the rest of its prefix stays cached."""
+        cut = len(node.pages) - need
+        if self.tier is not None:
+            self.tier.spill(self, node, cut)
+        self.order.release(node, need, whole=False)
+        tail = node.pages[cut:]
+        if self.index is not None:
+            self.index.remove(tail)
+        node.pages, node.keys = node.pages[:cut], node.keys[:cut]
+        node.token_bytes = node.token_bytes[: cut * self._page_bytes]
+        self._push_leaf(node)
+        return tail
 
-        Touches, splits and locks nothing, so any thread may call it (the dashboard's "why did this miss"); a
-        concurrent change can make the answer stale, never wrong for the tree it saw."""
-        ps, pb = self.page_size, self._page_bytes
-        n_pages = len(tokens) // ps
-        tb = as_bytes(tokens[: n_pages * ps])
-        node, key, pos = self.root, self.root_key(namespace), 0
-        path: list[tuple[TreeNode, int]] = []
-        while pos < n_pages:
-            child = node.children.get(self._hash(key.to_bytes(8, "little") + tb[pos * pb : (pos + 1) * pb]))
-            if child is None or (node is self.root and child.namespace != namespace):
-                break
-            held = child.token_bytes
-            m = min(len(held) // pb, n_pages - pos)
-            query = tb[pos * pb : (pos + m) * pb]
-            n = m if query == held[: m * pb] else first_diff_page(query, held[: m * pb], ps)
-            if n == 0:
-                break
-            path.append((child, n))
-            if n < len(held) // pb:
-                break
-            node, key, pos = child, child.keys[n - 1], pos + n
-        return path
+    def peek(self, tokens: Sequence[int], namespace: str = "") -> list[tuple[TreeNode, int]]:
+        """Read-only match_prefix over all full pages of `tokens`, from any thread (tree_peek.py)."""
+        return peek_path(self, tokens, namespace)
+
+    def retain(self, node: TreeNode, retention: Retention) -> bool:
+        """Retain the path ending at `node` (its pages and every ancestor's) under `retention`, locked or not; False if
+        that is over the retention budget (nothing changes)."""
+        if node is not self.root and node.parent is None:
+            raise RuntimeError("retain() on a node that was evicted")
+        now = self.now()
+        self.order.expire(now)
+        return node is not self.root and self.order.retain(node, retention, now, self._num_nodes)
+
+    @property
+    def retained_pages(self) -> int:
+        """Pages whose retention has not decayed (it decays when the cache next matches, retains or evicts)."""
+        return self.order.retained_pages
 
     @property
     def evictable_pages(self) -> int:
@@ -363,7 +369,7 @@ class RadixCache:
         self.root.children = {}  # the same root object: a request holding it (nothing matched) stays valid
         if self.index is not None:
             self.index.clear()
-        self._heap = []
+        self.order.clear()
         self._num_nodes = self._evictable = self._protected = 0
 
     def flush_namespaces(self, accept: Callable[[str], bool]) -> int:
@@ -383,6 +389,7 @@ class RadixCache:
                 n = sub.pop()
                 sub.extend(n.children.values())
                 freed.extend(n.pages)
+                self.order.release(n, len(n.pages), whole=True)
                 if self.index is not None:
                     self.index.remove(n.pages)
                 n.parent, n.children = None, {}

@@ -1,5 +1,5 @@
 """The radix tree's invariants, checked by a full walk (tests and `Engine.check_invariants`; never on the serving
-path): structure, chained page keys, namespaces, lock counts, LRU heap membership, page ownership and counters."""
+path): structure, chained page keys, namespaces, lock counts, eviction and expiry heap membership, retained pages, page ownership and counters."""
 
 from __future__ import annotations
 
@@ -17,7 +17,12 @@ def check_tree(cache: RadixCache) -> None:
     pb = cache._page_bytes
     seen: set[int] = set()
     evictable = protected = 0
-    in_heap = {(n.id, la) for la, _, n in cache._heap}
+    order = cache.order
+    in_heap = {(n.id, prio, la) for prio, la, _, n in order.leaves}
+    in_expiry = {(n.id, until) for until, _, n in order.expiry}
+    in_tenant = {(t, n.id, until) for t, heap in order.tenant_expiry.items() for until, _, n in heap}
+    retained = retained_nodes = 0
+    by_tenant: dict[str, int] = {}
     nodes = cache._nodes()
     assert len(nodes) == cache._num_nodes, f"node count {cache._num_nodes} matches a recount {len(nodes)}"
     for node in nodes:
@@ -47,9 +52,20 @@ def check_tree(cache: RadixCache) -> None:
         else:
             evictable += len(node.pages)
             if not node.children:
-                assert (node.id, node.last_access) in in_heap, "every unlocked leaf is in the eviction heap"
+                assert (node.id, node.priority, node.last_access) in in_heap, (
+                    "every unlocked leaf is in the eviction heap"
+                )
+        if node.priority:
+            assert (node.id, node.retain_until) in in_expiry, "every retained node is in the expiry heap"
+            assert (node.retain_tenant, node.id, node.retain_until) in in_tenant, "and in its tenant's expiry heap"
+            retained += len(node.pages)
+            retained_nodes += 1
+            by_tenant[node.retain_tenant] = by_tenant.get(node.retain_tenant, 0) + len(node.pages)
     assert evictable == cache._evictable, f"evictable_pages {cache._evictable} matches a recount {evictable}"
     assert protected == cache._protected, f"protected_pages {cache._protected} matches a recount {protected}"
+    assert retained == order.retained_pages, f"retained_pages {order.retained_pages} matches a recount {retained}"
+    assert retained_nodes == order.retained_nodes, "retained_nodes matches a recount"
+    assert by_tenant == dict(order.by_tenant), "retained pages per tenant match a recount"
     assert cache.total_pages == len(seen), "total_pages equals the pages held by the tree"
     if cache.index is not None:
         assert cache.index.pages() == seen, "the continuation index holds exactly the tree's pages"

@@ -21,6 +21,11 @@ class TreeNode:
     lock_ref: int = 0
     last_access: int = 0
     hits: int = 0  # requests admitted onto a path through this node (counted by radixserve/timeline.py)
+    # Retention (radixserve/cache/retention.py): 0 is plain LRU; while retained, evicted after every plain leaf
+    priority: int = 0
+    retain_until: float = 0.0  # the cache's clock (monotonic seconds) at which retention decays to LRU
+    retain_s: float = 0.0  # how long a hit extends it
+    retain_tenant: str = ""  # whose retention budget the node's pages count against
     children: dict[int, TreeNode] = field(default_factory=dict)
 
     @property

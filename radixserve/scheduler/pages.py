@@ -98,6 +98,8 @@ class PageKeeping:
     def _release(self, req: Req) -> None:
         """Cache what the request computed, free its private pages and its lock; it then holds nothing."""
         self._insert(req)
+        if req.retention is not None and req.node is not None and req.finished and not req.failed:
+            self.cache.retain(req.node, req.retention)  # before its lock goes: nothing evicts it in between
         private = req.pages[req.num_tree_pages :]
         if req.tail is not None:
             assert self.partial is not None

@@ -61,6 +61,8 @@ class SchedulerConfig:
     speculative_measured: bool = False  # draft only while verify steps are measured to pay (speculative/gate.py)
     vocab_size: int = 1 << 31
     max_pinned_share: float = 0.5  # pinned prefixes hold at most this share of the pool
+    max_retained_share: float = 0.5  # retained prefixes (cache/retention.py) hold at most this share of the pool
+    max_retained_share_per_tenant: float = 0.25  # and each tenant's at most this one
     # Constrained requests: where the grammar admits one continuation, append its tokens without sampling them (they
     # run through the model as an extend chunk, as a prompt would).
     enable_jump_forward: bool = True
@@ -98,7 +100,13 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
         spec = cfg.speculative_max_tokens > 0
         self.cache: RadixCache | NullCache = NullCache()
         if cfg.enable_radix_cache:
-            self.cache = RadixCache(pool, cfg.page_size, index=ContinuationIndex() if spec else None)
+            self.cache = RadixCache(
+                pool,
+                cfg.page_size,
+                index=ContinuationIndex() if spec else None,
+                retained_share=cfg.max_retained_share,
+                retained_share_per_tenant=cfg.max_retained_share_per_tenant,
+            )
         self.drafter = (
             Drafter(
                 cfg.speculative_max_tokens,

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from radixserve.server.agent_retention import ToolGaps
 from radixserve.server import (
     abort_api,
     cache_api,
@@ -62,6 +63,7 @@ def build_app(
     tracer_provider: Any = None,
     incremental_streaming_output: bool = False,
     reasoning_parser: str = "auto",
+    agent_retention: bool = True,
 ) -> Starlette:
     """The HTTP app over `engine`. api_key: a KeyRing, or `--api-key`-style entries (a str may hold several,
     separated by commas; admin unless an entry says `role=user`; one cache namespace each); None: no keys (an empty
@@ -69,7 +71,8 @@ def build_app(
     app.state.server. otlp_endpoint (or an OpenTelemetry tracer_provider, for tests) turns request spans on
     (app.state.tracer). incremental_streaming_output: /generate streams send deltas (SGLang's flag; default: the text
     so far in every event, as SGLang). reasoning_parser: which outputs have their `<think>` reasoning split from the
-    answer (reasoning.REASONING_PARSERS)."""
+    answer (reasoning.REASONING_PARSERS). agent_retention: a chat turn that ends in tool calls keeps its prefix
+    retained for the tool gap learned per tenant (radixserve/server/agent_retention.py)."""
     if max_queued_requests is not None and max_queued_requests < 0:
         raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
     if reasoning_parser not in REASONING_PARSERS:
@@ -96,6 +99,7 @@ def build_app(
         keys=keys,
         incremental_streaming_output=incremental_streaming_output,
         reasoning_parser=reasoning_parser,
+        tool_gaps=ToolGaps() if agent_retention and engine.config.enable_radix_cache else None,
     )
     routes = [
         Route("/v1/chat/completions", chat_api.chat_completions, methods=["POST"]),

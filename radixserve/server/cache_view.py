@@ -40,6 +40,8 @@ class NodeView:
     last_access: int  # the tree's logical clock
     age_s: float | None  # seconds since last access (None: older than the tracker remembers)
     lock_ref: int
+    retained_s: float | None = None  # seconds of retention left (cache/retention.py); None: plain LRU
+    retention_priority: int = 0
     num_children: int = 0
     hidden_children: int = 0  # children not shown (depth or node budget): the tree is collapsed there
     children: list[NodeView] = field(default_factory=list)
@@ -57,6 +59,8 @@ class NodeView:
             "age_s": self.age_s,
             "locked": self.lock_ref > 0,
             "lock_ref": self.lock_ref,
+            "retained_s": self.retained_s,
+            "retention_priority": self.retention_priority,
             "num_children": self.num_children,
             "hidden_children": self.hidden_children,
             "children": [c.to_dict() for c in self.children],
@@ -123,7 +127,14 @@ class TreeReader:
             last_access=node.last_access,
             age_s=self.clock_age(node.last_access),
             lock_ref=node.lock_ref,
+            **self._retention(node),
         )
+
+    def _retention(self, node: Any) -> dict[str, Any]:
+        """Retention left on the cache's clock; one that ran out but has not decayed yet (the cache decays on its next
+        match, retain or eviction) shows as none."""
+        left = node.retain_until - self.cache.now() if node.priority else 0.0
+        return {"retained_s": round(left, 1), "retention_priority": node.priority} if left > 0 else {}
 
     def _children(self, node: Any, scope: NamespaceScope, namespace: str | None) -> list[Any]:
         kids = list(node.children.values())

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixserve.io import GenerateRequest
+from radixserve.server.agent_retention import gap_group, retain_turn
 from radixserve.server.cache_api import pin_first
 from radixserve.server.call_stop import CallWatch, collect
 from radixserve.server.chat_output import chat_events, chat_logprobs, chat_reason, response_message
@@ -36,6 +37,7 @@ from radixserve.server.protocol import (
     ChatCompletionResponse,
     ChatMessage,
 )
+from radixserve.server.retention_hints import hinted
 from radixserve.server.serving import (
     EventStream,
     ServerState,
@@ -264,10 +266,12 @@ async def prepare_chat(
         cache_salt=salt,
         rid=rid,
         **scheduling(request, req.priority, req.timeout),
+        **hinted(req),
     )
     if req.pin:
         await pin_first(state, [{"input_ids": ids}], salt, "messages")
-    return Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, dict(GRAMMAR_RENAMES)), shape
+    group = gap_group(state, req, call.tenant, salt)
+    return Job(rid, [call], req.n, salt, req.skip_special_tokens, max_param, dict(GRAMMAR_RENAMES), group), shape
 
 
 async def chat_completions(request: Request) -> Response:
@@ -295,6 +299,7 @@ async def chat_completions(request: Request) -> Response:
     for i, o in enumerate(outs):
         truncated = o.finish_reason is not None and o.finish_reason.type == "length"
         message, called = response_message(o.text, shape.parser, truncated, thinking())
+        retain_turn(state, job, o, [c.id for c in message.tool_calls or []])
         choices.append(
             ChatChoice(
                 i,

@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from radixserve.io import FinishReason, GenerateOutput, OutputMeta
+from radixserve.server.agent_retention import retain_turn
 from radixserve.server.call_stop import CallWatch, end_at_calls
 from radixserve.server.openai_api import (
     Job,
@@ -119,6 +120,8 @@ async def chat_events(
             if watch is not None and watch.closed and reason is None:
                 acc[i], reason = end_at_calls(state, streams[i], out), "stop"
             if reason is not None:
+                calls = watch.split.calls.calls if watch is not None else []
+                retain_turn(state, job, acc[i], [c.id for c in calls])  # type: ignore[arg-type]
                 called = watch is not None and watch.split.count > 0
                 yield chunk([ChatChunkChoice(i, ChatDelta(), "tool_calls" if called and reason == "stop" else reason)])
     if include_usage:

@@ -62,6 +62,7 @@ def run_server(
     otlp_endpoint: str | None = None,
     incremental_streaming_output: bool = False,
     reasoning_parser: str = "auto",
+    agent_retention: bool = True,
 ) -> None:
     """Serve Engine(**engine_kwargs) over HTTP until SIGTERM/SIGINT; returns after a graceful drain. If the engine
     stops (a fault that repeats every step), the server drains and the process exits 1 for a supervisor to restart."""
@@ -83,6 +84,7 @@ def run_server(
             otlp_endpoint=otlp_endpoint,
             incremental_streaming_output=incremental_streaming_output,
             reasoning_parser=reasoning_parser,
+            agent_retention=agent_retention,
         )
         state = app.state.server
 

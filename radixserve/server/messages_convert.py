@@ -18,6 +18,7 @@ from radixserve.server.messages_protocol import (
     ThinkingBlock,
     ToolUseBlock,
 )
+from radixserve.server.retention_hints import CACHE_CONTROL_TTL
 from radixserve.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -156,6 +157,7 @@ def chat_request(req: PromptFields) -> ChatCompletionRequest:
     chat.stop, chat.metadata, chat.cache_salt = req.stop_sequences, req.metadata, req.cache_salt
     chat.priority, chat.timeout, chat.stream = req.priority, req.timeout, req.stream
     chat.response_format = _output_format(req)
+    chat.retention_seconds = CACHE_CONTROL_TTL[cache_ttl(req)] if _controls(req) else None
     return chat
 
 
@@ -180,8 +182,8 @@ def _controls(req: PromptFields) -> list[CacheControl]:
 
 
 def cache_ttl(req: PromptFields) -> str:
-    """The longest cache_control ttl the request asks for ("5m" unless one says "1h"), to report what it wrote under;
-    the radix cache keeps pages by its own LRU (the retention issue gives ttls their effect)."""
+    """The longest cache_control ttl the request asks for ("5m" unless one says "1h"): what it wrote under, and with
+    any marker, how long its prefix is retained (retention_hints.py)."""
     ttls = set()
     for c in _controls(req):
         if c.type != "ephemeral" or c.ttl not in (None, "5m", "1h"):

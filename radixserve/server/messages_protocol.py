@@ -1,6 +1,6 @@
 """Bodies of Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`) as msgspec structs: requests,
 the message response with its content blocks, and the stream events. Unknown request fields are errors, as in
-protocol.py; `cache_control` is accepted on every block and tool (the radix cache keeps prefixes by itself)."""
+protocol.py; `cache_control` is accepted on every block and tool, and its ttl retains the request's prefix."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class MessagesRequest(PromptFields, kw_only=True):
     top_k: int | None = None
     output_config: OutputConfig | None = None
     metadata: dict[str, Any] | None = None
-    cache_control: CacheControl | None = None  # automatic caching: the radix cache keeps every prefix anyway
+    cache_control: CacheControl | None = None  # automatic caching: the prefix is retained under its ttl
     # accepted and ignored: they never change the tokens
     service_tier: str | None = None
     inference_geo: str | None = None

@@ -119,6 +119,8 @@ def generate_call(req: GenerateBody, salt: str) -> tuple[GenerateRequest, int]:
         cache_salt=salt,
         rid=rid,
         token_ids_logprob=req.token_ids_logprob,
+        retention_seconds=req.retention_seconds,
+        retention_priority=req.retention_priority,
     )
     return call, count * max(n, 1)
 

@@ -29,6 +29,7 @@ from radixserve.server.protocol import (
     SamplingFields,
     Usage,
 )
+from radixserve.server.retention_hints import hinted
 from radixserve.server.serving import (
     SSE_DONE,
     EventStream,
@@ -66,6 +67,7 @@ class Job:
     skip_special_tokens: bool
     max_param: str  # the name the client used for the token limit, for error messages
     renames: dict[str, str] = field(default_factory=dict)  # engine field -> the client's name, for error messages
+    group: str = ""  # chat: its group for agent retention's tool gaps (radixserve/server/agent_retention.py)
 
 
 # ---------------------------------------------------------------- shared validation
@@ -289,6 +291,7 @@ async def completions(request: Request) -> Response:
             cache_salt=salt,
             rid=f"{rid}-{p}",
             **scheduling(request, req.priority, req.timeout),
+            **hinted(req),
         )
         for p, ids in enumerate(ids_list)
     ]

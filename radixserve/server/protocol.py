@@ -123,12 +123,16 @@ class SamplingFields(Strict):
     priority: int = 0  # extra: higher is admitted first and may retract lower-priority requests
     timeout: float | None = None  # extra: seconds after which the request is aborted and its pages freed
     pin: bool = False  # keep the prompt's cached prefix out of eviction (see /cache/pin)
+    # retention (radixserve/server/retention_hints.py): keep the finished prefix (prompt + answer) ahead of LRU
+    retention_seconds: float | None = None  # extra: for this long after its last hit
+    retention_priority: int = 50  # extra: 1..100, higher is evicted later
+    prompt_cache_retention: str | None = None  # OpenAI's: "in_memory" (10 minutes here) or "24h"
+    prompt_cache_key: str | None = None  # OpenAI's bucket: agent retention learns tool gaps per tenant and key
     # accepted and ignored: they never change the tokens
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    prompt_cache_key: str | None = None
     safety_identifier: str | None = None
 
 
@@ -170,6 +174,8 @@ class GenerateFields(Strict):
     priority: int = 0
     timeout: float | None = None
     pin: bool = False  # keep the prompt's cached prefix out of eviction once done (see /cache/pin)
+    retention_seconds: float | None = None  # keep the finished prefix (prompt + output) ahead of LRU this long
+    retention_priority: int = 50  # 1..100, higher is evicted later (radixserve/cache/retention.py)
 
 
 GenerateBody = msgspec.defstruct(

@@ -161,6 +161,7 @@ def chat_request(req: ResponsesRequest, conversation: list[ChatMessage]) -> Chat
         priority=req.priority,
         timeout=req.timeout,
         prompt_cache_key=req.prompt_cache_key,
+        prompt_cache_retention=req.prompt_cache_retention,
         response_format=_format(req),
         tools=_tools(req),
         tool_choice=_tool_choice(req),

@@ -87,7 +87,7 @@ class ResponsesRequest(Strict):
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None
-    # prompt caching: accepted and echoed (the cache keeps what fits; retention comes with its own issue)
+    # prompt caching: echoed; the key groups agent retention's tool gaps, retention is the turn's (retention_hints.py)
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     # accepted and echoed or ignored: they never change the tokens

@@ -31,6 +31,7 @@ from radixserve.server.tenants import KeyRing
 
 if TYPE_CHECKING:
     from radixserve.engine import Engine
+    from radixserve.server.agent_retention import ToolGaps
 
 T = TypeVar("T")
 SSE_DONE = b"data: [DONE]\n\n"
@@ -56,6 +57,7 @@ class ServerState:
     incremental_streaming_output: bool = False  # a /generate stream's events hold only what is new (else all so far)
     reasoning_parser: str = "auto"  # --reasoning-parser (reasoning.REASONING_PARSERS)
     live: LiveRequests = field(default_factory=LiveRequests)  # running /generate requests, for /abort_request
+    tool_gaps: ToolGaps | None = None  # agent retention (agent_retention.py); None: --no-agent-retention
     json: msgspec.json.Encoder = field(default_factory=msgspec.json.Encoder)
 
 

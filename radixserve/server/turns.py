@@ -16,6 +16,7 @@ from starlette.requests import Request
 
 from radixserve.errors import RequestFailedError
 from radixserve.io import GenerateOutput
+from radixserve.server.agent_retention import retain_turn
 from radixserve.server.errors import ApiError
 from radixserve.server.call_stop import CallWatch, collect, end_at_calls
 from radixserve.server.chat_api import Structure, prepare_chat, prompt_ids
@@ -154,6 +155,7 @@ def _turn(state: ServerState, job: Job, shape: Structure, out: GenerateOutput) -
     content, calls = (answer, []) if shape.parser is None else shape.parser.parse(answer)
     if calls and reason == "stop":
         reason = "tool_calls"
+    retain_turn(state, job, out, [c.id for c in calls])
     observe_and_remember(state, job, [out], chat=True)
     fin = out.finish_reason
     matched = fin.matched if fin is not None and fin.stopped_on_string else None

@@ -87,6 +87,7 @@ function drawTree() {
     const isRoot = it.depth === 0;
     const cls = ["node"];
     if (n.locked) cls.push("locked");
+    if (n.retained_s != null) cls.push("retained");
     if (state.selected && state.selected.id === n.id) cls.push("selected");
     const ng = sel("g", { class: cls.join(" "), "data-id": n.id, "data-key": n.key });
     const fill = isRoot ? "#9aa0a8" : `hsl(${hue(n.age_s)}, ${n.hits > 0 ? 70 : 45}%, 62%)`;
@@ -98,7 +99,8 @@ function drawTree() {
       ng.appendChild(label);
     }
     const title = sel("title");
-    title.textContent = isRoot ? "root" : `${n.pages} pages, ${n.hits} hits, ${fmtAge(n.age_s)}`;
+    title.textContent = isRoot ? "root" : `${n.pages} pages, ${n.hits} hits, ${fmtAge(n.age_s)}` +
+      (n.retained_s != null ? `, retained ${n.retained_s} s more` : "");
     ng.appendChild(title);
     ng.addEventListener("click", (ev) => { ev.stopPropagation(); showNode(n, it); });
     ng.addEventListener("dblclick", (ev) => { ev.stopPropagation(); if (!isRoot) zoomInto(it); });
@@ -148,6 +150,7 @@ function showNode(n, it) {
   const t = el("table", { id: "nodeinfo" });
   const rows = [["pages", n.pages], ["tokens", n.tokens], ["hits", n.hits], ["last access", fmtAge(n.age_s)],
     ["lock", n.locked ? `locked (${n.lock_ref} requests)` : "unlocked (evictable when a leaf)"],
+    ["retention", n.retained_s != null ? `priority ${n.retention_priority}, ${n.retained_s} s left` : "none (LRU)"],
     ["children", `${n.num_children}` + (n.hidden_children ? ` (${n.hidden_children} collapsed)` : "")],
     ["namespace", n.namespace || "(default)"], ["key", n.key]];
   for (const [k, v] of rows) {

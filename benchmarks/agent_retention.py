@@ -1,0 +1,203 @@
+"""Agents across tool calls under a flood (issue 37): LRU only vs automatic agent retention vs cache_control hints.
+
+Many agents run at once, each several turns of think -> tool call -> tool result after a random gap (1-20 s, times
+--time-scale), every turn's prompt being the whole history so far plus the tool's result; beside them a closed-loop
+flood of unrelated one-shot prompts (--flood-workers at a time) overflows the KV pool. Per mode it reports the agent
+turns' history hit rate (of the tokens a turn shares with its previous turn, the share served from the cache), the
+agents' job completion time p50/p95 (first turn sent to last turn done, tool gaps included) and their serving time
+(the same less the gaps: what the engine made them wait), and the flood's throughput (requests done per second).
+
+Modes, on one in-process Engine (flushed between them; the same seeded gaps and prompts in each):
+- lru: no retention.
+- auto: the server's agent retention, driven as the server drives it: `ToolGaps` (radixserve/server/
+  agent_retention.py) learns the gaps from the call ids a turn ends in and the results the next turn brings, and
+  `Engine.retain(prompt + output, ttl, priority 40, wait=False)` retains each turn that ends in a tool call.
+- cache_control: every agent turn carries `retention_seconds=300` (what a /v1/messages turn with a 5m
+  cache_control marker gets).
+
+    python -m benchmarks.agent_retention [--agents 12] [--turns 4] [--time-scale 0.5] [--pool-tokens 12288] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import platform
+import random
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.random_model import make_random_model
+from kernels import cpu as cpu_kernels
+from radixserve import Engine
+from radixserve.server.agent_retention import PRIORITY, ToolGaps
+from radixserve.server.protocol import ChatMessage
+
+MODES = ("lru", "auto", "cache_control")
+VOCAB = 512
+
+
+@dataclass
+class Agent:
+    context: list[int]  # its system prompt and task: unique per agent
+    gaps: list[float]  # seconds of tool time after each turn but the last
+    results: list[list[int]]  # the tool result each later turn appends
+
+
+@dataclass
+class Tally:
+    hit: int = 0  # history tokens served from the cache (turns 2+)
+    history: int = 0  # history tokens those turns could have reused
+    jct: list[float] = field(default_factory=list)
+    serving: list[float] = field(default_factory=list)
+    flood_done: int = 0
+    flood_s: float = 0.0
+
+
+def make_agents(n: int, turns: int, context: int, result: int, scale: float, seed: int) -> list[Agent]:
+    rng = random.Random(seed)
+    return [
+        Agent(
+            [rng.randrange(3, VOCAB) for _ in range(context)],
+            [rng.uniform(1.0, 20.0) * scale for _ in range(turns - 1)],
+            [[rng.randrange(3, VOCAB) for _ in range(result)] for _ in range(turns - 1)],
+        )
+        for _ in range(n)
+    ]
+
+
+async def run_agent(eng: Engine, a: Agent, i: int, mode: str, gaps: ToolGaps, tally: Tally, args: Any) -> None:
+    params = {"max_new_tokens": args.think_tokens, "temperature": 0, "ignore_eos": True}
+    extra = {"retention_seconds": 300.0} if mode == "cache_control" else {}
+    prompt, start, waited, group = list(a.context), time.perf_counter(), 0.0, ToolGaps.group("agents", None)
+    history = 0
+    ps = args.page_size
+    for turn in range(len(a.gaps) + 1):
+        out = await eng.async_generate(input_ids=prompt, sampling_params=params, tenant="agents", **extra)
+        if turn > 0:
+            tally.hit += min(out["meta_info"]["cached_tokens"], history)
+            tally.history += history
+        if turn == len(a.gaps):
+            break
+        call_id = f"call-{mode}-{i}-{turn}"
+        full = prompt + out["output_ids"]
+        if mode == "auto":  # the turn ended in a tool call: what agent_retention.retain_turn does
+            eng.retain(full, gaps.called(group, [call_id]), PRIORITY, tenant="agents", wait=False)
+        history = (len(full) - 1) // ps * ps  # the last output token has no KV yet; the tree keeps full pages
+        await asyncio.sleep(a.gaps[turn])
+        waited += a.gaps[turn]
+        gaps.results(group, [ChatMessage(role="tool", content="", tool_call_id=call_id)])
+        prompt = full + a.results[turn]
+    done = time.perf_counter() - start
+    tally.jct.append(done)
+    tally.serving.append(done - waited)
+
+
+async def flood(eng: Engine, w: int, stop: asyncio.Event, done: list[int], args: Any) -> None:
+    rng = random.Random(1000 + w)
+    params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    while not stop.is_set():
+        ids = [rng.randrange(3, VOCAB) for _ in range(args.flood_tokens)]
+        await eng.async_generate(input_ids=ids, sampling_params=params, tenant="flood")
+        done[0] += 1
+
+
+async def run_mode(eng: Engine, agents: list[Agent], mode: str, args: Any, tally: Tally) -> None:
+    gaps, stop, done = ToolGaps(), asyncio.Event(), [0]
+    floods = [asyncio.create_task(flood(eng, w, stop, done, args)) for w in range(args.flood_workers)]
+    await asyncio.sleep(args.warmup)  # the flood fills the pool before the agents start
+
+    async def staggered(i: int, a: Agent) -> None:
+        await asyncio.sleep(i * args.stagger)
+        await run_agent(eng, a, i, mode, gaps, tally, args)
+
+    t0, before = time.perf_counter(), done[0]
+    await asyncio.gather(*(staggered(i, a) for i, a in enumerate(agents)))
+    tally.flood_s += time.perf_counter() - t0  # the flood's requests done while the agents ran
+    tally.flood_done += done[0] - before
+    stop.set()
+    await asyncio.gather(*floods)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", type=int, default=12)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--context-tokens", type=int, default=256)
+    ap.add_argument("--result-tokens", type=int, default=32)
+    ap.add_argument("--think-tokens", type=int, default=16)
+    ap.add_argument("--time-scale", type=float, default=0.5, help="tool gaps are 1-20 s times this")
+    ap.add_argument("--stagger", type=float, default=0.3, help="seconds between agent starts")
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--flood-workers", type=int, default=3)
+    ap.add_argument("--flood-tokens", type=int, default=512)
+    ap.add_argument("--pool-tokens", type=int, default=12288)
+    ap.add_argument("--retained-share", type=float, default=0.5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--model", default=None, help="a model folder or GGUF (default: a random 4-layer Llama)")
+    args = ap.parse_args()
+    agents = make_agents(args.agents, args.turns, args.context_tokens, args.result_tokens, args.time_scale, args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model or make_random_model(
+            Path(tmp) / "m", layers=4, hidden=512, heads=8, kv_heads=4, intermediate=1536, vocab=VOCAB, context=4096
+        )
+        eng = Engine(
+            model=model,
+            max_total_tokens=args.pool_tokens,
+            max_retained_share=args.retained_share,
+            max_retained_share_per_tenant=args.retained_share,
+        )
+        args.page_size = eng.cache_stats()["page_size"]
+        results = {mode: Tally() for mode in MODES}
+        try:
+            # Untimed: the first steps of every shape pay for packing and kernel builds.
+            asyncio.run(run_mode(eng, agents[:2], "lru", argparse.Namespace(**{**vars(args), "warmup": 1}), Tally()))
+            for r in range(args.rounds):  # the order turns each round, so a drifting machine hits every mode alike
+                for mode in MODES if r % 2 == 0 else reversed(MODES):
+                    assert eng.flush_cache()
+                    asyncio.run(run_mode(eng, agents, mode, args, results[mode]))
+                    eng.check_invariants()
+        finally:
+            eng.shutdown()
+    report(results, args)
+
+
+def report(results: dict[str, Tally], args: Any) -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"machine: {platform.node()}, CPU {cpu_kernels.cpu_model()} {' '.join(cpu_kernels.kind_flags())}, ")
+    print(f"  {torch.get_num_threads()} threads, torch {torch.__version__}; {now}; commit {commit}")
+    print(f"workload: {vars(args)}")
+    lru = results["lru"]
+    print("| mode | agent history hit rate | agent JCT p50 / p95 (s) | serving p50 / p95 (s) | flood req/s |")
+    print("|---|---|---|---|---|")
+    for mode, t in results.items():
+        rate = t.hit / t.history if t.history else 0.0
+        print(
+            f"| {mode} | {rate:.1%} | {pct(t.jct, 50):.2f} / {pct(t.jct, 95):.2f} | "
+            f"{pct(t.serving, 50):.2f} / {pct(t.serving, 95):.2f} | {t.flood_done / t.flood_s:.2f} |"
+        )
+    for mode in MODES[1:]:
+        t = results[mode]
+        print(
+            f"{mode} vs lru: JCT p95 {pct(lru.jct, 95) / pct(t.jct, 95):.2f}x, serving p95 "
+            f"{pct(lru.serving, 95) / pct(t.serving, 95):.2f}x, flood throughput "
+            f"{(t.flood_done / t.flood_s) / (lru.flood_done / lru.flood_s):.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
