@@ -41,9 +41,10 @@ def wide_fp32(head_dim: int, dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and head_dim >= 128
 
 
-def decode_block_n(head_dim: int, dtype: torch.dtype) -> int:
-    """Keys per block of the decode kernel."""
-    return 32 if wide_fp32(head_dim, dtype) else 64
+def decode_block_n(head_dim: int, dtype: torch.dtype, scaled: bool = False) -> int:
+    """Keys per block of the decode kernel. int8 pages (`scaled`) are widened to float32 with their scales, which at
+    head_dim 128 took the 64-key tiles past the register cap on sm_90 (a 16-24 B stack): they take 32 keys too."""
+    return 32 if wide_fp32(head_dim, dtype) or (scaled and head_dim >= 128) else 64
 
 
 def extend_blocks(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:

@@ -205,7 +205,7 @@ def decode_attention(
         assert part.stride(-1) == 1 and lse.stride(-1) == 1
     assert q.stride(-1) == 1 and k_buf.stride(-1) == 1 and v_buf.stride(-1) == 1 and out.stride(-1) == 1
     block_d = next_pow2(dim)
-    block_n = block_n or decode_block_n(dim, q.dtype)
+    block_n = block_n or decode_block_n(dim, q.dtype, k_buf.dtype == torch.int8)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q,
         k_buf,

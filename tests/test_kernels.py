@@ -302,45 +302,50 @@ def compile_for_gpu(arch: int) -> list[str]:
         data = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "K_buf", "V_buf")}
         index = {"PageTable": "*i32", "QoIndptr": "*i32", "PrefixLens": "*i32", "SeqLens": "*i32"}
         partial = {"PartialOut": "*fp32", "PartialLse": "*fp32"}
-        built.append(
-            build(
-                _extend_kernel,
-                data | index,
-                dict(
-                    PAGE_SIZE=16,
-                    GROUP=group,
-                    HEAD_DIM=dim,
-                    BLOCK_G=block_g,
-                    BLOCK_TOK=rows // block_g,
-                    BLOCK_N=keys,
-                    BLOCK_D=dim,
-                    UPCAST=False,
-                    DOT_PRECISION=prec,
-                ),
-                dt,
-                warps,
-            )
-        )
-        for single in (True, False):
+        # int8 KV pages (SCALED: values then float16 scales in each row) once, in the default model's shape.
+        for scaled in (False, True) if (dt, group) == ("bf16", 4) else (False,):
+            pages = data | ({"K_buf": "*i8", "V_buf": "*i8"} if scaled else {})
             built.append(
                 build(
-                    _decode_split_kernel,
-                    data | index | partial,
+                    _extend_kernel,
+                    pages | index,
                     dict(
                         PAGE_SIZE=16,
                         GROUP=group,
                         HEAD_DIM=dim,
-                        BLOCK_H=16,
-                        BLOCK_N=decode_block_n(dim, torch_dtype[dt]),
+                        BLOCK_G=block_g,
+                        BLOCK_TOK=rows // block_g,
+                        BLOCK_N=keys,
                         BLOCK_D=dim,
-                        SINGLE_SPLIT=single,
                         UPCAST=False,
                         DOT_PRECISION=prec,
+                        SCALED=scaled,
                     ),
                     dt,
                     warps,
                 )
             )
+            for single in (True, False):
+                built.append(
+                    build(
+                        _decode_split_kernel,
+                        pages | index | partial,
+                        dict(
+                            PAGE_SIZE=16,
+                            GROUP=group,
+                            HEAD_DIM=dim,
+                            BLOCK_H=16,
+                            BLOCK_N=decode_block_n(dim, torch_dtype[dt], scaled),
+                            BLOCK_D=dim,
+                            SINGLE_SPLIT=single,
+                            UPCAST=False,
+                            DOT_PRECISION=prec,
+                            SCALED=scaled,
+                        ),
+                        dt,
+                        warps,
+                    )
+                )
         built.append(build(_decode_merge_kernel, data | partial, dict(HEAD_DIM=dim, BLOCK_S=16, BLOCK_D=dim), dt))
         built.append(build(_store_kv_kernel, data | {"Loc": "*i64"}, dict(ROW=2 * dim, BLOCK=2 * dim), dt))
     return built
@@ -358,7 +363,7 @@ def test_kernels_compile_for_a_real_gpu() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     kernels = [line.split(":") for line in done.stdout.split()]
-    assert [k[0] for k in kernels].count("_decode_split_kernel") == 10, done.stdout
+    assert [k[0] for k in kernels].count("_decode_split_kernel") == 12, done.stdout  # 5 float configs and int8, x 2
     # With the launchers' warps no kernel spills registers to local memory on sm_90 (with 4 warps the bf16
     # head_dim-128 decode kernel used 255 registers and a 136-byte stack).
     spills = [k for k in kernels if int(k[4]) > 0]
