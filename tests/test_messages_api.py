@@ -211,7 +211,9 @@ def test_readme_agent_api_snippets_answer(server: BackgroundServer) -> None:
         text = text[end:].strip()
     response, message = answers
     # What the tiny random model samples varies (it may end at once): the shapes are what the snippets show.
-    assert response["object"] == "response" and response["status"] == "completed", response
+    assert response["object"] == "response" and response["status"] in ("completed", "incomplete"), response
+    if response["status"] == "incomplete":  # 16 tokens may run out
+        assert response["incomplete_details"]["reason"] == "max_output_tokens", response
     assert response["usage"]["output_tokens"] >= 1, response
     messages = [item for item in response["output"] if item["type"] == "message"]
     assert all(part["type"] == "output_text" for item in messages for part in item["content"]), response
