@@ -2,7 +2,9 @@
 reference run. In float32 with no quantization every combination must give the reference's tokens exactly and its
 logprobs within 1e-4. The deterministic leg (issue 39: `deterministic=True`, bf16 activations, int8 weights, the
 default CPU setting where bf16 hardware exists) must give its reference's tokens and logprobs bit for bit, with no
-near-tie exemption. int8 combinations without the mode must run cleanly (no error, no leak, invariants hold) and
+near-tie exemption. GGUF-block combinations (issue 38) must give the GGUF reference run's tokens exactly (logprobs
+within GGUF_LOGPROB_TOL); retention (issue 37) only reorders eviction, so its rows must give the float32 reference's
+tokens. int8 combinations without the mode must run cleanly (no error, no leak, invariants hold) and
 their divergence from the int8 single-rank run is reported, not asserted: there our int8 kernels take a different
 path by the number of rows in a step (1-2, 3-47, 48+), so a row's sums depend on the step's shape and tokens drift.
 
@@ -37,10 +39,14 @@ FACTORS: dict[str, list[Any]] = {
     "overlap": [False, True],
     "cpu_kernels": [True, False],
     "backend": ["torch", "triton"],
-    "quantization": ["none", "int8"],
+    # gguf: the tiny model written as a GGUF of 32-value blocks, run on the file's own blocks (issue 38)
+    "quantization": ["none", "int8", "gguf"],
     "deterministic": [False, True],
     # KV pages as the model's dtype (float32 here) or int8 (radixserve/cache/kv_format.py)
     "kv_dtype": ["auto", "int8"],
+    # every request asks for retention (retention_seconds + retention_priority, issue 37): only the eviction order
+    # changes, never a token
+    "retention": [False, True],
 }
 REFERENCE = {name: values[0] for name, values in FACTORS.items()}
 LOGPROB_TOL = 1e-4
@@ -48,16 +54,20 @@ LOGPROB_TOL = 1e-4
 # kernels' order) can move a K or V value across an int8 rounding boundary, which changes it by a whole step (1/127
 # of its row's largest value), far above float32 rounding; tokens must still be identical. Measured worst: 1.4e-4.
 KV_INT8_LOGPROB_TOL = 1e-3
+# GGUF blocks against the GGUF reference: the block kernels round activations to int8 per 32 values, row by row (the
+# same for any number of rows), so only a float32 difference upstream (the Triton kernels' order, chunking) can move
+# an activation across a rounding step; tokens must be identical. Measured worst: 6.3e-3 (Triton backend).
+GGUF_LOGPROB_TOL = 2e-2
 
 
 def allowed(combo: dict[str, Any]) -> bool:
     """Combinations the engine refuses, by design: n-gram drafts need overlap off (radixserve/speculative/mode.py);
-    int8 weights do not run under tensor parallelism yet (their row-parallel sum is not built: docs/parallel.md);
-    deterministic mode needs int8 weights, the CPU kernels, the torch backend and one rank
+    int8 weights do not run under tensor parallelism yet (their row-parallel sum is not built: docs/parallel.md),
+    nor do the GGUF blocks (a CPU path, unsharded: radixserve/model/loader.py); deterministic mode needs int8 weights, the CPU kernels, the torch backend and one rank
     (radixserve/model/deterministic.py). `combo` may name only some factors."""
     if combo.get("speculative") == "ngram" and combo.get("overlap") is True:
         return False
-    if combo.get("quantization") == "int8" and combo.get("tp", 1) > 1:
+    if combo.get("quantization") in ("int8", "gguf") and combo.get("tp", 1) > 1:
         return False
     return not combo.get("deterministic") or (
         combo.get("quantization", "int8") == "int8"
@@ -72,6 +82,8 @@ def tolerance(combo: dict[str, Any]) -> float | None:
     comparison is only reported: int8 weights without deterministic mode."""
     if combo["deterministic"]:
         return 0.0
+    if combo["quantization"] == "gguf":
+        return GGUF_LOGPROB_TOL
     if combo["quantization"] != "none":
         return None
     return KV_INT8_LOGPROB_TOL if combo["kv_dtype"] == "int8" else LOGPROB_TOL
@@ -80,8 +92,9 @@ def tolerance(combo: dict[str, Any]) -> float | None:
 def product() -> list[dict[str, Any]]:
     """Every allowed combination of the float32 torch-backend settings and of the deterministic leg's, less the
     ones that cannot differ from another (partial-page reuse at page size 1, where no page is partial; tiers without
-    the radix cache, which they hang under), then the covering array's rows with the Triton interpreter or int8
-    weights without the mode (a subset, as the interpreter takes a minute a model)."""
+    the radix cache, which they hang under), then the covering array's rows with the Triton interpreter, int8 or
+    GGUF weights without the mode, int8 KV pages or retention (a subset, as the interpreter takes a minute a
+    model)."""
     names = list(FACTORS)
     combos = [dict(zip(names, values)) for values in itertools.product(*FACTORS.values())]
     core = [
@@ -91,6 +104,7 @@ def product() -> list[dict[str, Any]]:
         and c["backend"] == "torch"
         and (c["quantization"] == "none" or c["deterministic"])
         and c["kv_dtype"] == "auto"
+        and not c["retention"]
         and not (c["page_size"] == 1 and not c["partial"])
         and not (not c["radix"] and c["tier"] != "off")
     ]
@@ -100,6 +114,7 @@ def product() -> list[dict[str, Any]]:
         if r["backend"] != "torch"
         or (r["quantization"] != "none" and not r["deterministic"])
         or r["kv_dtype"] != "auto"
+        or r["retention"]
     ]
     return core + rest
 
@@ -137,7 +152,10 @@ def pairwise() -> list[dict[str, Any]]:
 
 
 def run_combo(combo: dict[str, Any], models: list[Path], timeout: float = 900) -> dict[str, Any]:
-    """The workload's outputs under `combo`, from a process of its own."""
+    """The workload's outputs under `combo`, from a process of its own. GGUF weights run each model's GGUF twin
+    (tests/matrix_models.py writes it beside the folder)."""
+    if combo["quantization"] == "gguf":
+        models = [m.with_suffix(".gguf") for m in models]
     env = {**os.environ, "RADIXSERVE_CPU_KERNELS": "1" if combo["cpu_kernels"] else "0"}
     if combo["backend"] == "triton":
         env.setdefault("TRITON_INTERPRET", "1")  # on CPU the Triton kernels run in the interpreter
@@ -164,8 +182,9 @@ def compare(got: Any, want: Any, tol: float, where: str = "") -> list[str]:
 
 
 def reference_of(combo: dict[str, Any]) -> dict[str, Any]:
-    """The run `combo` is compared with: the float32 reference, or the int8 single-rank run for int8 weights (same
-    cpu kernel setting: without them int8 runs a pure-torch path of other roundings; same deterministic setting).
+    """The run `combo` is compared with: the float32 reference, or for int8 or GGUF weights the single-rank run with
+    those weights (same cpu kernel setting: without them int8 runs a pure-torch path of other roundings and GGUF a
+    dequantized float matmul; same deterministic setting). Retention rows have the reference without retention.
     int8 KV pages are compared with the reference run on int8 KV pages: quantization changes the logits, so the
     float32 KV run is no reference."""
     ref = {**REFERENCE, "kv_dtype": combo["kv_dtype"]}

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
+# what every request adds under the retention setting (set by `run`): kept 60 s past its last hit at priority 5
+RETENTION: dict[str, Any] = {}
 PREFIX = [5 + (37 * i) % 400 for i in range(21)]  # 21 tokens: ends mid-page at page size 16
 
 
@@ -57,7 +59,7 @@ def _result(out: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gen(eng: Any, ids: Any, params: dict[str, Any] | None = None, **kw: Any) -> Any:
-    return eng.generate(input_ids=ids, sampling_params=params or GREEDY, return_logprob=True, **kw)
+    return eng.generate(input_ids=ids, sampling_params=params or GREEDY, return_logprob=True, **RETENTION, **kw)
 
 
 def first_half(eng: Any) -> dict[str, Any]:
@@ -86,7 +88,7 @@ def second_half(eng: Any) -> dict[str, Any]:
         ("regex", {"regex": "[a-z]{2,6}( [a-z]{2,6}){2}"}),
         ("json_schema", {"json_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}),
     ):
-        r = eng.generate("constrained: ", {**GREEDY, "max_new_tokens": 24, **params}, return_logprob=True)
+        r = eng.generate("constrained: ", {**GREEDY, "max_new_tokens": 24, **params}, return_logprob=True, **RETENTION)
         out[name] = _result(r)
     out["aborted_others"] = asyncio.run(_with_aborts(eng))
     out["dsl_fork"] = _dsl_fork(eng)
@@ -114,7 +116,9 @@ async def _with_aborts(eng: Any) -> list[dict[str, Any]]:
                 eng.abort("decode")
 
     kept = [
-        eng.async_generate(input_ids=PREFIX + [60 + i, 61, 62], sampling_params=GREEDY, return_logprob=True)
+        eng.async_generate(
+            input_ids=PREFIX + [60 + i, 61, 62], sampling_params=GREEDY, return_logprob=True, **RETENTION
+        )
         for i in range(2)
     ]
     results = await asyncio.gather(mid_prefill(), mid_decode(), *kept)
@@ -152,6 +156,9 @@ def at_rest(eng: Any) -> None:
 def run(settings: dict[str, Any], models: list[str]) -> dict[str, Any]:
     from radixserve import Engine
 
+    RETENTION.clear()
+    if settings.get("retention"):
+        RETENTION.update(retention_seconds=60.0, retention_priority=5)
     results: dict[str, Any] = {}
     for model in models:
         with tempfile.TemporaryDirectory() as tier_dir:

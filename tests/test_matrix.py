@@ -1,7 +1,8 @@
 """The feature matrix (benchmarks/matrix.py, issue 32): every pair of settings at least once, each combination's
 outputs against the reference run's (float32: tokens exactly, logprobs within 1e-4; int8 KV pages: against the
-int8-KV reference, tokens exactly, logprobs within 1e-3; bf16/int8 under --deterministic: tokens and logprobs bit
-for bit; int8 weights without it: runs cleanly, see the module). The whole product runs with `-m matrix` or
+int8-KV reference, tokens exactly, logprobs within 1e-3; GGUF blocks: against the GGUF reference, tokens exactly,
+logprobs within 2e-2; retention: against the float32 reference; bf16/int8 under --deterministic: tokens and logprobs
+bit for bit; int8 weights without it: runs cleanly, see the module). The whole product runs with `-m matrix` or
 `python -m benchmarks.matrix`."""
 
 from __future__ import annotations
