@@ -157,14 +157,14 @@ struct Reader<kQ6_K> {
   }
 };
 
-// y[r * ldy + j] for RB activation rows against NR consecutive weight rows (row_bytes apart) starting at `row`.
 // Bytes ahead of the weight rows being read that are prefetched, one sweep over the NR rows' span at their combined
 // pace: measured (one thread, all 24 layers) against 2-16 KiB, and the old prefetch of a whole tile at its start:
 // gate_up 1.45x, down 1.4x faster than the latter; 8 KiB is best for K = 896 rows, 16 KiB for K = 4864.
 constexpr int64_t kPrefetchAhead = 12288;
 
+// y[r * ldy + j] for RB activation rows from m0 against NR consecutive weight rows (row_bytes apart) from `row`.
 template <int64_t Type, int NR, int RB>
-inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, float* y, int64_t ldy) {
+inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using R = Reader<Type>;
   constexpr int64_t span = NR * (R::kWeights == 64 ? 2 : 1) * R::kBytes;  // bytes of the NR rows per super-block
   const uint8_t* ahead = row + kPrefetchAhead;
@@ -183,10 +183,11 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, 
       __m512i q[RB], init[RB];
       __m512 lane[RB];
       for (int r = 0; r < RB; r++) {
-        q[r] = _mm512_loadu_si512(&x.q[r * x.K64 + cc * kChunk]);
-        lane[r] = _mm512_loadu_ps(&x.lane[r * x.K64 / 4 + cc * 16]);
+        const int64_t m = m0 + r;
+        q[r] = _mm512_loadu_si512(&x.q[m * x.K64 + cc * kChunk]);
+        lane[r] = _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + cc * 16]);
         init[r] = _mm512_setzero_si512();
-        if constexpr (shift >= 0) init[r] = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum4[r * x.K64 / 4 + cc * 16]), shift);
+        if constexpr (shift >= 0) init[r] = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum4[m * x.K64 / 4 + cc * 16]), shift);
       }
       for (int j = 0; j < NR; j++) {
         __m512 a;
@@ -196,7 +197,7 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, 
     }
     if constexpr (Type == kQ4_K)  // the offsets, in offsets()'s order: 16 per super-block
       for (int r = 0; r < RB; r++)
-        for (int j = 0; j < NR; j++) off[r][j] = _mm512_fmadd_ps(w[j].b16, _mm512_loadu_ps(&x.corr[r * x.S + 16 * s]), off[r][j]);
+        for (int j = 0; j < NR; j++) off[r][j] = _mm512_fmadd_ps(w[j].b16, _mm512_loadu_ps(&x.corr[(m0 + r) * x.S + 16 * s]), off[r][j]);
   }
   for (int r = 0; r < RB; r++)
     for (int j = 0; j < NR; j++) {
