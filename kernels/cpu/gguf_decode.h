@@ -1,6 +1,7 @@
-// Decode steps (at most 4 activation rows) of the GGUF linears on AVX-512 VNNI: every format's codes go from the
-// blocks straight into registers, 64 at a time in their natural order, and several weight rows run side by side so
-// that each load of the activations serves them all and their accumulator chains overlap.
+// Decode steps of the GGUF linears on AVX-512 VNNI (1-4 activation rows per pass; gguf_linear.cpp makes two passes
+// for 5-8): every format's codes go from the blocks straight into registers, 64 at a time in their natural order,
+// and several weight rows run side by side so that each load of the activations serves them all and their
+// accumulator chains overlap.
 //
 // What keeps it bit-equal to the tiles of gguf_linear.cpp (prefill), and so batch-invariant: per (activation row,
 // weight row) it runs `step` on the same 64-column chunks in the same order, with the same integers (codes, zero

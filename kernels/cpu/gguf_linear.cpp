@@ -7,12 +7,12 @@
 // scaled per lane by a * x_scale in float, minus sum_j b_j * x_scale_j * (sum of the activation codes of block j).
 // The tile stays in L1/L2 while all rows pass over it, so a prefill reads each weight byte once, like a decode step.
 // On VNNI, formats with a fixed zero point take it out inside the integer dot product instead (zero_shift), and
-// decode steps (at most kRowBlock rows) skip the tile: codes go from the blocks to registers (gguf_decode.h).
+// decode steps (at most kFusedRows rows) skip the tile: codes go from the blocks to registers (gguf_decode.h).
 //
 // Batch invariance: the result for row m depends only on x[m] and the weights. Every row takes the same quantization,
 // the same unpacking and the same sequence of float operations whatever the step's row count or how the rows are
 // grouped (rows are blocked in registers by kRowBlock, each with its own accumulator; the fused decode runs the same
-// `chunk` as the tiles), so a token's logits do not change with the batch it runs in (tests/test_gguf_kernels.py).
+// `step` as the tiles), so a token's logits do not change with the batch it runs in (tests/test_gguf_kernels.py).
 // What does differ is the instruction set: each build is invariant on its own.
 #include <ATen/ATen.h>
 #include <torch/library.h>
