@@ -6,6 +6,11 @@ milliseconds in the layers' linears (qkv, o, gate_up, down), the attention backe
 included), the LM head, the sampler, and the whole `execute` (the rest of it: embedding, norms, RoPE, residual adds,
 SiLU, Python). Tokens/s is over the whole request, engine loop included.
 
+Against the floor: the bytes a decode step must read (the layers' weights and the LM head's, as the model holds
+them: int8 codes, the GGUF's blocks, bfloat16...) over this machine's read bandwidth (measured first: the best of a
+few passes over a buffer larger than the caches, all threads; or `--bandwidth`), and the linears' and LM head's time as a multiple of
+their floor (1.0: memory-bound).
+
     .venv/bin/python -m benchmarks.decode_parts [--context 30 1000] [--tokens 64] [--dtype auto] [--quantization auto]
 """
 
@@ -13,10 +18,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import random
 import time
 from collections.abc import Callable
 from typing import Any
+
+import torch
+from torch import nn
 
 from benchmarks.profile_step import step_parts, wrapped
 from benchmarks.quant_engine import cpu_flags
@@ -48,31 +57,72 @@ def measure(eng: Engine, context: int, tokens: int, seed: int) -> tuple[float, d
     return tokens / wall, {k: v / (tokens + 1) * 1e3 for k, v in totals.items()}
 
 
+def module_bytes(mods: list[nn.Module]) -> int:
+    """Bytes of the tensors the modules hold (each counted once: a tied head shares the embedding's)."""
+    seen = {id(t): t for m in mods for t in [*m.parameters(), *m.buffers()]}
+    return sum(t.numel() * t.element_size() for t in seen.values())
+
+
+def step_bytes(eng: Engine) -> tuple[int, int]:
+    """(bytes of the layers' linears, bytes of the LM head) a decode step reads."""
+    model = eng.runner.model
+    linears = [
+        mod
+        for layer in model.layers
+        for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    ]
+    head = model.lm_head if model.lm_head is not None else model.tied_head
+    if head is None:  # logits straight from the embedding's rows
+        return module_bytes(linears), model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    return module_bytes(linears), module_bytes([head])
+
+
+def read_bandwidth(gb: float = 0.5, passes: int = 5) -> float:
+    """Bytes/s of the best of `passes` sums over `gb` GB of float32 (past every cache), torch's threads: of torch's
+    reductions tried (amax, sum of float32, int64, bfloat16) the fastest per byte. A loaded machine shows less."""
+    buf = torch.ones(int(gb * 1e9) // 4)
+    best = float("inf")
+    for _ in range(passes):
+        t = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t)
+    return buf.numel() * 4 / best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, nargs="+", default=[30, 1000])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--quantization", default="auto")
+    ap.add_argument("--bandwidth", type=float, help="GB/s to take as the floor's bandwidth instead of measuring it")
     a = ap.parse_args()
-    print(cpu_flags())
+    print(cpu_flags(), f"load={os.getloadavg()[0]:.1f}")
+    bandwidth = a.bandwidth * 1e9 if a.bandwidth else read_bandwidth()
     with Engine(dtype=a.dtype, quantization=a.quantization, speculative="off", max_total_tokens=4096) as eng:
         info = eng.model_info()
-        print(f"dtype {info['dtype']}, weights {info['quantization']}")
+        lin_bytes, head_bytes = step_bytes(eng)
+        floor = {"layer linears": lin_bytes / bandwidth * 1e3, "lm_head": head_bytes / bandwidth * 1e3}
         print(
-            "| context | tok/s | linears ms | attention ms | lm_head ms | sampler ms | execute ms | rest of execute ms |"
+            f"dtype {info['dtype']}, weights {info['quantization']}; read bandwidth {bandwidth / 1e9:.1f} GB/s; a step "
+            f"reads {lin_bytes / 1e6:.0f} MB of linears (floor {floor['layer linears']:.2f} ms) and "
+            f"{head_bytes / 1e6:.0f} MB of LM head (floor {floor['lm_head']:.2f} ms): "
+            f"{1e3 / (floor['layer linears'] + floor['lm_head']):.0f} tok/s at most"
+        )
+        print(
+            "| context | tok/s | linears ms (x floor) | attention ms | lm_head ms (x floor) | sampler ms | execute ms "
+            "| rest of execute ms |"
         )
         print("|---|---|---|---|---|---|---|---|")
         for i, context in enumerate(a.context):
             rate, ms = measure(eng, context, a.tokens, seed=i)
             parts = ("layer linears", "attention", "lm_head", "sampler")
             rest = ms["execute"] - sum(ms[p] for p in parts)
-            print(
-                f"| {context} | {rate:.1f} | "
-                + " | ".join(f"{ms[p]:.2f}" for p in (*parts, "execute"))
-                + f" | {rest:.2f} |",
-                flush=True,
-            )
+            cells = [
+                f"{ms[p]:.2f}" + (f" ({ms[p] / floor[p]:.1f}x)" if p in floor else "") for p in (*parts, "execute")
+            ]
+            print(f"| {context} | {rate:.1f} | " + " | ".join(cells) + f" | {rest:.2f} |", flush=True)
+        print(f"load={os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.speculative.gate import MIN_SAMPLES, PROBE_EVERY, CostGate
+from radixserve.speculative.gate import MAX_PROBE_EVERY, MIN_SAMPLES, PROBE_EVERY, CostGate
 
 
 def drive(gate: CostGate, steps: int, plain_s: float, verify_s: float, accepted: int) -> list[bool]:
@@ -68,3 +68,18 @@ def test_auto_engine_measures_and_keeps_outputs(tiny_model_dir: Path, make_engin
         assert auto.generate(input_ids=p, sampling_params=params)["output_ids"] == want
     rates = auto.loop.call(lambda: auto.scheduler.drafter.gate.rates)
     assert rates[1].n_verify > 0 and rates[1].n_plain > 0, rates
+
+
+def test_probes_back_off_while_the_choice_holds_and_return_when_it_changes() -> None:
+    """Drafts that never pay: probes grow sparse (a failed one costs ~1.5 steps); once drafts pay, the next probe
+    opens the gate again."""
+    gate = CostGate()
+    allowed = drive(gate, 2000, plain_s=0.1, verify_s=0.24, accepted=0)
+    late = allowed[1000:]
+    assert 0 < sum(late) <= len(late) // MAX_PROBE_EVERY + 1, sum(late)
+    assert gate.rates[1].probe_every == MAX_PROBE_EVERY
+    allowed = drive(gate, 2 * MAX_PROBE_EVERY + 100, plain_s=0.1, verify_s=0.24, accepted=5)
+    reopened = allowed.index(True)
+    assert reopened <= MAX_PROBE_EVERY and gate.rates[1].pays
+    tail = allowed[-200:]
+    assert len(tail) - sum(tail) <= 200 // PROBE_EVERY + 1, "drafting again, plain probes backing off in turn"
