@@ -20,8 +20,9 @@ is a function of that row alone:
 
 On by default (`on_by_default`) only on the CPU kind where its cost was measured and found to be none
 (benchmarks/RESULTS.md, issue 39: AVX-512 BF16 without AMX, where the batch-invariant VNNI path replaces a bf16
-dense prefill of about its speed). With AMX tiles the dense prefill it replaces is much faster, and on AVX2 the
-invariant path is the float one: there it stays a flag until measured.
+dense prefill of about its speed). On AVX2 the invariant path is the kernel's float FMA one, and prefill lost
+56-63% (measured with AVX2 emulated on the AVX-512 machine): a flag there. With AMX tiles the dense prefill it
+replaces is much faster (not measured: no AMX machine): a flag there too.
 
 Hence the conditions `refusal` checks: the CPU kernels built, int8 weights (the dense float matmul is oneDNN's,
 whose blocking we do not control), the torch or triton attention backend on CPU, and one rank (tensor
