@@ -2,7 +2,8 @@
 kernel's batch-invariant variant gives every token the same bits whether its prompt ran in one chunk or many, was
 cached, was decoded token by token, or shared its steps with other requests; then the engine on the tiny
 checkpoint at the default CPU dtype and quantization gives the same tokens and logprobs alone, in a batch of 8,
-from whole cached pages and a partial page, and in chunks of 64. Shapes stay small: the interpreter is slow."""
+from whole cached pages and a partial page, in chunks of 64, and with n-gram speculation (greedy only: see
+`greedy`). Shapes stay small: the interpreter is slow."""
 
 from __future__ import annotations
 
@@ -116,14 +117,14 @@ def alone(model: Path) -> Answer:
 
 
 @pytest.mark.slow
-def test_same_answer_in_a_batch_of_8_and_in_chunks_of_64(model: Path, alone: tuple, make_engine: Callable) -> None:
+def test_same_answer_in_a_batch_of_8_and_in_chunks_of_64(model: Path, alone: Answer, make_engine: Callable) -> None:
     eng = make_engine(model, chunked_prefill_size=64, **TRITON)
     assert greedy(eng, others(7), 3) == alone
 
 
 @pytest.mark.slow
 def test_same_answer_from_whole_cached_pages_and_a_partial_page(
-    model: Path, alone: tuple, make_engine: Callable
+    model: Path, alone: Answer, make_engine: Callable
 ) -> None:
     eng = make_engine(model, page_size=16, **TRITON)
     target = target_prompt()
@@ -134,3 +135,11 @@ def test_same_answer_from_whole_cached_pages_and_a_partial_page(
         assert greedy(eng, [], 0) == alone
         assert eng.cache_stats()["hit_tokens"] - before >= shared
     assert eng.cache_stats()["partial_page_hit_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_same_answer_with_ngram_speculation(model: Path, alone: Answer, make_engine: Callable) -> None:
+    """Verify steps run the same kernel as decode steps here (a decode token is a one-token extend)."""
+    eng = make_engine(model, **dict(TRITON, speculative="ngram"))
+    assert greedy(eng, [], 0) == alone
+    assert eng.cache_stats()["spec_verify_steps"] > 0
