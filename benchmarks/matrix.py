@@ -63,8 +63,10 @@ GGUF_LOGPROB_TOL = 2e-2
 def allowed(combo: dict[str, Any]) -> bool:
     """Combinations the engine refuses, by design: n-gram drafts need overlap off (radixserve/speculative/mode.py);
     int8 weights do not run under tensor parallelism yet (their row-parallel sum is not built: docs/parallel.md),
-    nor do the GGUF blocks (a CPU path, unsharded: radixserve/model/loader.py); deterministic mode needs int8 weights, the CPU kernels, the torch backend and one rank
-    (radixserve/model/deterministic.py). `combo` may name only some factors."""
+    nor do the GGUF blocks (a CPU path, unsharded: radixserve/model/loader.py); deterministic mode needs int8
+    weights, the CPU kernels and one rank (radixserve/model/deterministic.py), and its leg here runs on the torch
+    backend only (triton's, whose bits differ and would need a reference of their own, is
+    tests/test_deterministic_triton.py). `combo` may name only some factors."""
     if combo.get("speculative") == "ngram" and combo.get("overlap") is True:
         return False
     if combo.get("quantization") in ("int8", "gguf") and combo.get("tp", 1) > 1:

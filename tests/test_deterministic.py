@@ -6,48 +6,17 @@ could not fail)."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 import kernels.cpu as cpu_kernels
+from deterministic_checks import DEFAULTS, Answer, others, target_answers, target_prompt
 from radixserve.model.quant import Int8Linear
 
 pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="deterministic mode needs the CPU kernels")
-
-GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
-SEEDED = {"max_new_tokens": 12, "temperature": 0.9, "top_p": 0.95, "seed": 11, "ignore_eos": True}
-DEFAULTS = dict(dtype="auto", quantization="auto", max_total_tokens=12288, max_running_requests=64)
-Answer = tuple[list[int], list[float]]
-
-
-def target_prompt() -> list[int]:
-    """150 tokens (9 pages of 16 and 6 more) with a repeated passage, so the n-gram drafter has drafts to verify."""
-    rng = random.Random(5)
-    passage = [rng.randrange(3, 500) for _ in range(40)]
-    return [rng.randrange(3, 500) for _ in range(30)] + passage + [rng.randrange(3, 500) for _ in range(40)] + passage
-
-
-def others(count: int) -> list[list[int]]:
-    """`count` other prompts of mixed lengths (3 to ~200 tokens)."""
-    rng = random.Random(count)
-    return [[rng.randrange(3, 500) for _ in range(rng.choice((3, 9, 17, 40, 77, 130, 201)))] for _ in range(count)]
-
-
-def answers(eng: Any, prompts: list[list[int]], params: dict[str, Any]) -> list[Answer]:
-    outs = eng.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
-    outs = outs if isinstance(outs, list) else [outs]
-    return [(o["output_ids"], [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]) for o in outs]
-
-
-def target_answers(eng: Any, batch: list[list[int]], at: int) -> tuple[Answer, Answer]:
-    """The target's greedy and seeded answers when it sits at index `at` of `batch` (the rest greedy / seeded too)."""
-    prompts = batch[:at] + [target_prompt()] + batch[at:]
-    return answers(eng, prompts, GREEDY)[at], answers(eng, prompts, SEEDED)[at]
 
 
 @pytest.fixture(scope="module", params=["qwen2", "qwen3"])
@@ -137,5 +106,5 @@ def test_on_by_default_where_measured_refused_where_it_cannot_run(
     assert make_engine(tiny_model_dir, dtype="float32").model_info()["deterministic"] is False  # no quantization
     with pytest.raises(ParamError, match="int8 weights"):
         make_engine(tiny_model_dir, dtype="float32", deterministic=True)
-    with pytest.raises(ParamError, match="torch attention backend"):
-        make_engine(tiny_model_dir, attention_backend="triton", quantization="int8", deterministic=True)
+    with pytest.raises(ParamError, match="torch or triton attention backend"):
+        make_engine(tiny_model_dir, attention_backend="flashinfer", quantization="int8", deterministic=True)

@@ -305,26 +305,28 @@ def compile_for_gpu(arch: int) -> list[str]:
         # int8 KV pages (SCALED: values then float16 scales in each row) once, in the default model's shape.
         for scaled in (False, True) if (dt, group) == ("bf16", 4) else (False,):
             pages = data | ({"K_buf": "*i8", "V_buf": "*i8"} if scaled else {})
-            built.append(
-                build(
-                    _extend_kernel,
-                    pages | index,
-                    dict(
-                        PAGE_SIZE=16,
-                        GROUP=group,
-                        HEAD_DIM=dim,
-                        BLOCK_G=block_g,
-                        BLOCK_TOK=rows // block_g,
-                        BLOCK_N=keys,
-                        BLOCK_D=dim,
-                        UPCAST=False,
-                        DOT_PRECISION=prec,
-                        SCALED=scaled,
-                    ),
-                    dt,
-                    warps,
+            for invariant in (False, True):  # the default kernel and deterministic mode's variant
+                built.append(
+                    build(
+                        _extend_kernel,
+                        pages | index,
+                        dict(
+                            PAGE_SIZE=16,
+                            GROUP=group,
+                            HEAD_DIM=dim,
+                            BLOCK_G=block_g,
+                            BLOCK_TOK=rows // block_g,
+                            BLOCK_N=keys,
+                            BLOCK_D=dim,
+                            UPCAST=False,
+                            DOT_PRECISION=prec,
+                            SCALED=scaled,
+                            BATCH_INVARIANT=invariant,
+                        ),
+                        dt,
+                        warps,
+                    )
                 )
-            )
             for single in (True, False):
                 built.append(
                     build(
@@ -364,6 +366,7 @@ def test_kernels_compile_for_a_real_gpu() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     kernels = [line.split(":") for line in done.stdout.split()]
     assert [k[0] for k in kernels].count("_decode_split_kernel") == 12, done.stdout  # 5 float configs and int8, x 2
+    assert [k[0] for k in kernels].count("_extend_kernel") == 12, done.stdout  # the same, default and batch-invariant
     # With the launchers' warps no kernel spills registers to local memory on sm_90 (with 4 warps the bf16
     # head_dim-128 decode kernel used 255 registers and a 136-byte stack).
     spills = [k for k in kernels if int(k[4]) > 0]

@@ -13,6 +13,11 @@ from radixserve.forward_batch import ForwardBatch
 class AttentionBackend(ABC):
     """Writes each step's new K/V into the pool and attends over prefix pages plus the new tokens, causally."""
 
+    # A backend with a batch-invariant path (radixserve/model/deterministic.py) sets `batch_invariant_path`; then
+    # `deterministic = True` makes every row's result a function of that row and its keys alone.
+    batch_invariant_path = False
+    deterministic = False
+
     def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None) -> None:
         self.pool = pool
         self.num_heads = num_heads

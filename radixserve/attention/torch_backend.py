@@ -52,7 +52,7 @@ class TorchAttentionBackend(AttentionBackend):
     """Paged causal attention with `torch.nn.functional.scaled_dot_product_attention`; runs on any device."""
 
     use_cpu_kernels = True  # False: the decode group takes the SDPA path even where the C++ op is available
-    deterministic = False  # True: every token attends as a decode row (set by make_deterministic, needs the op)
+    batch_invariant_path = True  # deterministic: every token attends as a decode row (needs the C++ op)
 
     def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None) -> None:
         super().__init__(pool, num_heads, head_dim, scale)

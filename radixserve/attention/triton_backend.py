@@ -2,6 +2,11 @@
 
 On a CPU the kernels run only under the Triton interpreter (TRITON_INTERPRET=1 set before `kernels` is
 imported), which is for tests: it is correct but slow.
+
+In deterministic mode (radixserve/model/deterministic.py) every step, decode included, runs the extend kernel's
+batch-invariant variant: one kernel with fixed blocks for every token, keys read from the pages at fixed absolute
+positions, no split-KV (whose split count follows the batch size). A decode token then attends as a one-token
+extend, as it does in a speculative verify step or after a cache hit that leaves one prompt token to compute.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from radixserve.transfer import to_device
 
 class TritonAttentionBackend(AttentionBackend):
     """A pure-decode step (one new token per request) runs the decode kernel; any other step runs extend."""
+
+    batch_invariant_path = True  # deterministic: every step runs the extend kernel's batch-invariant variant
 
     def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None) -> None:
         super().__init__(pool, num_heads, head_dim, scale)
@@ -49,7 +56,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.batch_size = batch.batch_size
         self.out_cache_loc = to_device(batch.out_cache_loc, device)
         self.page_table = to_device(batch.page_table, device).to(torch.int32).contiguous()
-        self.is_decode = bool(batch.batch_size) and bool((batch.extend_lens == 1).all())
+        self.is_decode = not self.deterministic and bool(batch.batch_size) and bool((batch.extend_lens == 1).all())
         if self.is_decode:
             self.seq_lens = to_device(batch.seq_lens.to(torch.int32), device)
             self.num_splits = decode_num_splits(
@@ -81,7 +88,7 @@ class TritonAttentionBackend(AttentionBackend):
             return decode_attention(
                 q, k_buf, v_buf, self.page_table, self.seq_lens, out, self.scale, self.num_splits, self.workspace
             )
-        if self.pool.format.scaled:
+        if self.pool.format.scaled and not self.deterministic:
             # The extend kernel reads the new tokens from k/v, not the pages: give them as the pages hold them, as
             # the torch backend (which reads them back from the pool) and every later step see them.
             fmt = self.pool.format
@@ -99,4 +106,5 @@ class TritonAttentionBackend(AttentionBackend):
             self.prefix_lens,
             self.max_extend_len,
             self.scale,
+            batch_invariant=self.deterministic,
         )

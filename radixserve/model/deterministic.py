@@ -12,17 +12,23 @@ is a function of that row alone:
   each output's dot product added in K order; tiles and threads only decide which row and block run when);
 - attention: every query row, prompt or decode, goes through kernels/cpu/decode_attention.cpp as a row of its own
   over keys 0 .. its position, read in place from the pool's pages (whether cached or just written), in key order;
+  with `--attention-backend triton` (on CPU under the Triton interpreter) through the extend kernel's
+  batch-invariant variant, the same for prompt and decode rows: keys from the pages in blocks at fixed positions
+  (kernels/extend_attention.py);
 - norms and rotary embedding: already per row (kernels/cpu/norm_rope.cpp), as are the elementwise ops and the
   sampler (radixserve/sampling/sampler.py: seeded rows draw from their own generator and never draft).
 
 On by default (`on_by_default`) only on the CPU kind where its cost was measured and found to be none
 (benchmarks/RESULTS.md, issue 39: AVX-512 BF16 without AMX, where the batch-invariant VNNI path replaces a bf16
-dense prefill of about its speed). With AMX tiles the dense prefill it replaces is much faster, and on AVX2 the
-invariant path is the float one: there it stays a flag until measured.
+dense prefill of about its speed). On AVX2 the invariant path is the kernel's float FMA one, and prefill lost
+56-63% (measured with AVX2 emulated on the AVX-512 machine): a flag there. With AMX tiles the dense prefill it
+replaces is much faster (not measured: no AMX machine): a flag there too.
 
 Hence the conditions `refusal` checks: the CPU kernels built, int8 weights (the dense float matmul is oneDNN's,
-whose blocking we do not control), the torch attention backend on CPU (Triton and FlashInfer have no
-batch-invariant mode here) and one rank (tensor parallelism's all-reduce adds partial sums in rank order).
+whose blocking we do not control), the torch or triton attention backend on CPU, and one rank (tensor
+parallelism's all-reduce adds partial sums in rank order). Not on CUDA: there the linears are cuBLAS matmuls,
+whose kernel and split-K follow the row count, and we have no batch-invariant matmul for them; FlashInfer's
+deterministic settings would fix its attention only (docs/DESIGN.md rule 16).
 """
 
 from __future__ import annotations
@@ -31,18 +37,20 @@ from torch import nn
 
 import kernels.cpu as cpu_kernels
 from radixserve.attention.base import AttentionBackend
-from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.model import cpu_select
 from radixserve.model.llama import Linear
 from radixserve.model.quant import Int4Linear, Int8Linear
+
+
+BACKENDS = ("torch", "triton")  # the attention backends with a batch-invariant path
 
 
 def refusal(device_type: str, attention_backend: str, quantization: str, tp: int) -> str | None:
     """Why deterministic mode cannot run with these settings, or None when it can."""
     if device_type != "cpu":
         return f"deterministic mode runs on CPU only (device {device_type!r}: no batch-invariant GPU kernels yet)"
-    if attention_backend != "torch":
-        return f"deterministic mode needs the torch attention backend, not {attention_backend!r}"
+    if attention_backend not in BACKENDS:
+        return f"deterministic mode needs the torch or triton attention backend, not {attention_backend!r}"
     if quantization != "int8":
         return (
             f"deterministic mode needs int8 weights (quantization 'auto' or 'int8'), not {quantization!r}: "
@@ -63,8 +71,8 @@ def on_by_default(device_type: str) -> bool:
 def make_deterministic(model: nn.Module, attn: AttentionBackend) -> int:
     """Switch every int8 linear and the attention backend to their batch-invariant paths; returns how many linears.
     ValueError if a linear of another kind is left (it would break the guarantee silently)."""
-    if not isinstance(attn, TorchAttentionBackend):
-        raise ValueError(f"deterministic mode needs the torch attention backend, not {type(attn).__name__}")
+    if not attn.batch_invariant_path:
+        raise ValueError(f"deterministic mode needs the torch or triton attention backend, not {type(attn).__name__}")
     count = 0
     for name, module in model.named_modules():
         if isinstance(module, Int8Linear):
