@@ -108,3 +108,20 @@ def test_on_by_default_where_measured_refused_where_it_cannot_run(
         make_engine(tiny_model_dir, dtype="float32", deterministic=True)
     with pytest.raises(ParamError, match="torch or triton attention backend"):
         make_engine(tiny_model_dir, attention_backend="flashinfer", quantization="int8", deterministic=True)
+
+
+def test_gguf_blocks_give_the_same_answer_batched_chunked_and_cached(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, make_engine: Callable
+) -> None:
+    """The GGUF's own blocks (issue 38) under the mode: alone, inside a batch of 48 prefilled in chunks of 64, and
+    from the cache, bit for bit."""
+    from matrix_models import GGUF_TYPES
+    from test_gguf import write_gguf
+
+    path = write_gguf(tmp_path / "tiny-qwen2.gguf", "qwen2", tiny_model_factory("qwen2"), GGUF_TYPES)
+    kw = {**DEFAULTS, "quantization": "gguf", "deterministic": True, "speculative": "off", "page_size": 16}
+    alone = target_answers(make_engine(path, **kw), [], 0)
+    eng = make_engine(path, chunked_prefill_size=64, **kw)
+    assert eng.model_info()["deterministic"] is True
+    assert target_answers(eng, others(47), 16) == alone
+    assert target_answers(eng, [], 0) == alone and eng.cache_stats()["hit_tokens"] > 0

@@ -24,9 +24,10 @@ dense prefill of about its speed). On AVX2 the invariant path is the kernel's fl
 56-63% (measured with AVX2 emulated on the AVX-512 machine): a flag there. With AMX tiles the dense prefill it
 replaces is much faster (not measured: no AMX machine): a flag there too.
 
-Hence the conditions `refusal` checks: the CPU kernels built, int8 weights (the dense float matmul is oneDNN's,
-whose blocking we do not control), the torch or triton attention backend on CPU, and one rank (tensor
-parallelism's all-reduce adds partial sums in rank order). Not on CUDA: there the linears are cuBLAS matmuls,
+Hence the conditions `refusal` checks: the CPU kernels built, int8 weights or a GGUF's own blocks (whose kernels
+run one path for any number of rows; the dense float matmul is oneDNN's, whose blocking we do not control), the
+torch or triton attention backend on CPU, and one rank (tensor parallelism's all-reduce adds partial sums in rank
+order). Not on CUDA: there the linears are cuBLAS matmuls,
 whose kernel and split-K follow the row count, and we have no batch-invariant matmul for them; FlashInfer's
 deterministic settings would fix its attention only (docs/DESIGN.md rule 16).
 """
@@ -38,6 +39,7 @@ from torch import nn
 import kernels.cpu as cpu_kernels
 from radixserve.attention.base import AttentionBackend
 from radixserve.model import cpu_select
+from radixserve.model.gguf_linear import GGUFLinear
 from radixserve.model.llama import Linear
 from radixserve.model.quant import Int4Linear, Int8Linear
 
@@ -51,10 +53,10 @@ def refusal(device_type: str, attention_backend: str, quantization: str, tp: int
         return f"deterministic mode runs on CPU only (device {device_type!r}: no batch-invariant GPU kernels yet)"
     if attention_backend not in BACKENDS:
         return f"deterministic mode needs the torch or triton attention backend, not {attention_backend!r}"
-    if quantization != "int8":
+    if quantization not in ("int8", "gguf"):
         return (
-            f"deterministic mode needs int8 weights (quantization 'auto' or 'int8'), not {quantization!r}: "
-            "only our int8 kernel has a batch-invariant path"
+            f"deterministic mode needs int8 weights (quantization 'auto' or 'int8') or a GGUF's own blocks "
+            f"('gguf'), not {quantization!r}: only those kernels have a batch-invariant path"
         )
     if tp != 1:
         return "deterministic mode runs on one rank (tp 1)"
@@ -78,7 +80,11 @@ def make_deterministic(model: nn.Module, attn: AttentionBackend) -> int:
         if isinstance(module, Int8Linear):
             module.batch_invariant = True
             count += 1
+        elif isinstance(module, GGUFLinear):
+            count += 1  # one path for any number of rows already (kernels/cpu/gguf_linear.cpp, issue 38)
         elif isinstance(module, (Int4Linear, Linear, nn.Linear)):
-            raise ValueError(f"deterministic mode needs every linear in int8; {name} is a {type(module).__name__}")
+            raise ValueError(
+                f"deterministic mode needs every linear in int8 or GGUF blocks; {name} is a {type(module).__name__}"
+            )
     attn.deterministic = True
     return count
