@@ -146,7 +146,7 @@ def load_unpacked(
     )
     if prepare:
         target = prepared_file(path, dtype, quantization)
-        key = fingerprint(path, files, dtype, quantization, source)
+        key = fingerprint(path, dtype, quantization, source)
         model = load_prepared(target, key, config, dtype)
         if model is None:
             model = _build(path, config, files, dtype, device, quantization)
