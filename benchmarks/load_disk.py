@@ -142,7 +142,7 @@ def main() -> None:
         times = ", ".join(f"{r['engine_s']:.2f}" for r in runs)
         print(
             f"{fmt} (-> {runs[0]['quantization']}): import + Engine s, first then later: {times}; "
-            f"peak RSS MB {max(r['peak_mb'] for r in runs[1:]):.0f} (load {_load()})"
+            f"peak RSS MB {max(r['peak_mb'] for r in runs[1:] or runs):.0f} (load {_load()})"
         )
         print(f"  {disk_line(a.root)}", flush=True)
 
