@@ -79,6 +79,9 @@ def test_tensor_table_equals_gguf_py(tiny_model_factory, tmp_path):
         ours = table.tensors[t.name]
         assert ours.type == t.tensor_type and ours.shape == tuple(int(d) for d in reversed(t.shape.tolist()))
         assert np.array_equal(ours.data, np.asarray(t.data).view(np.uint8).reshape(-1))
+    assert read_tensor_table(path, metadata=True).metadata == {
+        name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")
+    }  # every value, the tokenizer's arrays of strings and integers included, as gguf-py decodes it
     (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00\x05")
     with pytest.raises(ValueError):
         read_tensor_table(tmp_path / "bad.gguf")
