@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--speculative", default="auto", help="the engines' n-gram speculation: auto (on for CPU) or off")
     a = ap.parse_args()
     print(cpu_flags())
-    print(f"auto -> {cpu_select.choose('auto', 'auto')}; speculative={a.speculative}")
+    print(f"auto -> {cpu_select.choose('auto', 'auto', gguf_model=True)}; speculative={a.speculative}")
     rng = random.Random(0)
     engines = {
         c: Engine(dtype=c.split(":")[0], quantization=c.split(":")[1], max_total_tokens=4096, speculative=a.speculative)

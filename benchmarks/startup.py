@@ -46,10 +46,10 @@ path = resolve_model(None)
 mark("resolve the default model")
 from radixserve.model.cpu_select import choose
 from radixserve.model.loader import load_unpacked, pack_loaded
-choice = choose("auto", "auto")
+choice = choose("auto", "auto", gguf_model=True)  # the default model is a GGUF
 dt = getattr(torch, choice.dtype)
 _, model = load_unpacked(path, dt, "cpu", choice.quantization)
-mark(f"load the weights unpacked ({choice.dtype}, {choice.quantization}: the prepared copy, mapped)")
+mark(f"load the weights unpacked ({choice.dtype}, {choice.quantization}: the prepared copy or the GGUF, mapped)")
 pack_loaded(model, dt, "cpu", choice.quantization)
 mark("oneDNN packing")
 del model
@@ -162,7 +162,7 @@ def main() -> None:
 
     from radixserve.model.resolve import DEFAULT_GGUF_NAME, default_cache_dir, resolve_model
 
-    folder = resolve_model(None)  # converts once if needed: not part of any timed start
+    folder = resolve_model(None)  # assembles and describes the GGUF once if needed: not part of any timed start
     gguf = default_cache_dir() / DEFAULT_GGUF_NAME
     llama = a.llama_server or next((str(p) for p in LLAMA_CANDIDATES if p.is_file()), shutil.which("llama-server"))
     env = dict(os.environ, PYTHONPATH=str(ROOT))

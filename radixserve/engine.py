@@ -17,6 +17,7 @@ import torch
 from radixserve.errors import ParamError
 from radixserve.model.cpu_select import choose
 from radixserve.model.deterministic import on_by_default, refusal
+from radixserve.gguf.convert import converted_source
 from radixserve.model.resolve import resolve_model
 from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.engine_cache import CacheSurface, Checkpointer, attach_tier, close_tier
@@ -83,9 +84,10 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         # "auto" dtype and quantization resolved by what the CPU has (radixserve/model/cpu_select.py)
         # Quantized linears do not carry tensor parallelism's row-parallel sum yet: with tp > 1, auto runs dense.
         quantization = "none" if c.tp > 1 and c.quantization == "auto" else c.quantization
-        self.cpu_choice = choose(c.dtype, quantization, torch.device(c.device).type)
-        dtype, self.quantization = self.cpu_choice.dtype, self.cpu_choice.quantization
         self.model_path = resolve_model(None if c.model is None else str(c.model))
+        gguf_model = converted_source(self.model_path) is not None
+        self.cpu_choice = choose(c.dtype, quantization, torch.device(c.device).type, gguf_model)
+        dtype, self.quantization = self.cpu_choice.dtype, self.cpu_choice.quantization
         self.dtype_name = dtype
         self.device = torch.device(c.device)
         if self.device.type == "cuda" and self.device.index is None:  # pin it: each thread binds this same device

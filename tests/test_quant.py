@@ -244,3 +244,18 @@ def test_int8_kernel_on_large_matrices_from_several_threads():
         for _ in range(5):
             for y, ref in zip(pool.map(lin, xs), refs):
                 assert rel_err(y, ref) <= INT8_ACT_TOL
+
+
+@pytest.mark.parametrize("gguf_auto", ["int8", "gguf"])
+def test_auto_on_a_gguf_model_is_gguf_auto(monkeypatch, gguf_auto):
+    """ "auto" on a GGUF model means cpu_select.GGUF_AUTO where the table asks for int8; a Hugging Face checkpoint
+    keeps int8; an explicit dtype or format, and a kind whose table runs dense weights, are unchanged."""
+    _pretend(monkeypatch, "AVX512", True, False)
+    monkeypatch.setattr(cpu_select, "GGUF_AUTO", gguf_auto)
+    c = cpu_select.choose("auto", "auto", gguf_model=True)
+    assert (c.dtype, c.quantization) == ("bfloat16", gguf_auto) and "a GGUF model" in c.reason
+    assert cpu_select.choose("auto", "auto").quantization == "int8"
+    assert cpu_select.choose("bfloat16", "auto", gguf_model=True).quantization == "none"
+    assert cpu_select.choose("auto", "int4", gguf_model=True).quantization == "int4"
+    _pretend(monkeypatch, "DEFAULT", False, False)
+    assert cpu_select.choose("auto", "auto", gguf_model=True).quantization == "none"

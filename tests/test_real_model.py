@@ -3,7 +3,6 @@ chat template, dequantized weights, greedy decoding; a 4-turn chat that must reu
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
 
+from radixserve.gguf.dequantize import iter_dequantized
 from radixserve.tokenizer import Tokenizer
 from real_model import hf_model, hf_tokenizer, real_engine, real_gguf, real_model_dir  # noqa: F401  (fixtures)
 
@@ -72,16 +71,16 @@ def test_tokenizer_matches_transformers(real_model_dir: Path, hf_tokenizer: Any)
     assert ours.eos_token_ids >= {hf_tokenizer.eos_token_id}
 
 
-def test_dequantized_weights_match_transformers(real_model_dir: Path, hf_model: Any) -> None:
-    index = json.loads((real_model_dir / "model.safetensors.index.json").read_text())["weight_map"]
+def test_dequantized_weights_match_transformers(real_gguf: Path, hf_model: Any) -> None:
+    """The float32 weights the loader builds in memory from the GGUF (no shard is written) are transformers'."""
+    cfg = hf_model.config
     theirs = hf_model.state_dict()
-    assert set(index) == set(theirs)
-    for file in sorted(set(index.values())):
-        with safe_open(str(real_model_dir / file), framework="np") as f:
-            for name in f.keys():
-                ours = f.get_tensor(name)
-                assert ours.dtype == np.float32, name
-                np.testing.assert_allclose(ours, theirs[name].numpy(), rtol=0, atol=1e-6, err_msg=name)
+    seen = set()
+    for name, ours in iter_dequantized(real_gguf, cfg.num_attention_heads, cfg.num_key_value_heads):
+        assert ours.dtype == torch.float32, name
+        np.testing.assert_allclose(ours.numpy(), theirs[name].numpy(), rtol=0, atol=1e-6, err_msg=name)
+        seen.add(name)
+    assert seen == set(theirs)
 
 
 def test_greedy_decoding_matches_transformers(real_engine: Any, hf_model: Any) -> None:

@@ -10,8 +10,7 @@ first (radixserve/model/quant.py): the integer codes are reused and only the per
   are requantized to one scale per row: q' = round(d_b * q / s_row) with s_row = max_b(d_b * max|q_b|) / 127. The
   error is at most half a per-row step on top of Q8_0's own; `Int8Mapping.exact` says which case it was.
 
-All functions take the tensor's raw block bytes (`ReaderTensor.data`, shape `[N, K / block * type_size]`) and its
-PyTorch shape `[N, K]`.
+All functions take the tensor's raw block bytes (`TableTensor.data`) and its PyTorch shape `[N, K]`.
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-from radixserve.gguf.reader import PERMUTED_ARCHITECTURES, GGUFFile, unpermute_rows, hf_tensor_name
+from radixserve.gguf.reader import PERMUTED_ARCHITECTURES, hf_tensor_name, unpermute_rows
+from radixserve.gguf.tensor_table import read_tensor_table
 
 QK = 32  # weights per Q4_0 / Q8_0 block and per Q4_K sub-block
 QK_K = 256  # weights per K-quant super-block
@@ -135,15 +135,14 @@ def mapped_tensors(
 ) -> dict[str, Int4Mapping | Int8Mapping]:
     """Hugging Face weight name -> mapping, for every 2-D tensor of the GGUF whose block type maps onto `fmt`
     ("int4" or "int8"); tensors of other types are not in the result (the loader quantizes those from floats)."""
-    f = GGUFFile.open(gguf_path)
-    permuted = f.architecture in PERMUTED_ARCHITECTURES
+    table = read_tensor_table(gguf_path)
+    permuted = table.architecture in PERMUTED_ARCHITECTURES
     out: dict[str, Int4Mapping | Int8Mapping] = {}
-    for t in f.reader.tensors:
-        mapper = MAPPERS[fmt].get(t.tensor_type)
+    for t in table.tensors.values():
+        mapper = MAPPERS[fmt].get(t.type)
         if mapper is None or len(t.shape) != 2:
             continue
-        shape = (int(t.shape[1]), int(t.shape[0]))  # GGUF shapes are innermost-first
-        m = mapper(t.data, shape)
+        m = mapper(t.data, t.shape)
         if permuted and ".attn_q." in t.name:
             m = _unpermuted(m, num_heads)
         elif permuted and ".attn_k." in t.name:

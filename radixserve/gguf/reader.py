@@ -1,15 +1,16 @@
-"""Read a GGUF file: its metadata as plain Python values, a Hugging Face `config.json` dict, and its tensors
-dequantized to float32 under Hugging Face names."""
+"""Read a GGUF file: its metadata as plain Python values, a Hugging Face `config.json` dict, and the Hugging Face
+names of its tensors (llama.cpp's Q/K row order undone where the converter applied it)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import gguf
 import numpy as np
+
+from radixserve.gguf.tensor_table import TensorTable, read_tensor_table
 
 # GGUF `general.architecture` -> Hugging Face class. Mistral files say "llama" (see `hf_config`).
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -39,26 +40,12 @@ _LAYER_NAMES = {
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def _field_value(field: Any) -> Any:
-    """One metadata field as a Python value: str, int, float, bool, or a list of those."""
-    types = field.types
-    if types[0] == gguf.GGUFValueType.ARRAY:
-        if types[-1] == gguf.GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-        return [v for i in field.data for v in field.parts[i].tolist()]
-    if types[0] == gguf.GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8")
-    value = field.parts[field.data[0]].tolist()[0]
-    return bool(value) if types[0] == gguf.GGUFValueType.BOOL else value
-
-
 @dataclass
 class GGUFFile:
-    """An opened GGUF file (tensor data stays memory-mapped until dequantized)."""
+    """An opened GGUF file: its metadata as plain Python values and its tensors, memory-mapped as stored."""
 
     path: Path
-    reader: gguf.GGUFReader
-    metadata: dict[str, Any]
+    table: TensorTable
 
     @classmethod
     def open(cls, path: str | Path) -> "GGUFFile":
@@ -71,25 +58,22 @@ class GGUFFile:
             raise ValueError(f"cannot read {path}: {e.strerror or e}") from e
         if magic != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
-        try:
-            reader = gguf.GGUFReader(path, "r")
-        except (
-            Exception
-        ) as e:  # gguf raises assorted errors (ValueError, IndexError, struct errors) on a truncated file
-            raise ValueError(f"{path} is a damaged GGUF file: {e}") from e
-        metadata = {name: _field_value(f) for name, f in reader.fields.items() if not name.startswith("GGUF.")}
-        return cls(path=path, reader=reader, metadata=metadata)
+        return cls(path=path, table=read_tensor_table(path, metadata=True))
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.table.metadata
 
     @property
     def architecture(self) -> str:
-        return self.metadata.get("general.architecture", "")
+        return self.table.architecture
 
     def arch_key(self, key: str, default: Any = None) -> Any:
         """The architecture-prefixed metadata value, e.g. arch_key("block_count") reads "qwen2.block_count"."""
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
     def tensor_names(self) -> list[str]:
-        return [t.name for t in self.reader.tensors]
+        return list(self.table.tensors)
 
 
 def hf_config(f: GGUFFile) -> dict[str, Any]:
@@ -112,10 +96,10 @@ def hf_config(f: GGUFFile) -> dict[str, Any]:
             raise ValueError(f"{f.path}: per-layer KV head counts are not supported")
         kv_heads = kv_heads[0]
     head_dim = f.arch_key("attention.key_length") or hidden // heads
-    embed = next((t for t in f.reader.tensors if t.name == "token_embd.weight"), None)
+    embed = f.table.tensors.get("token_embd.weight")
     if embed is None:
         raise ValueError(f"{f.path} has no token_embd.weight tensor")
-    vocab_size = int(embed.shape[-1])  # GGUF shapes are innermost-first: [hidden, vocab]
+    vocab_size = embed.shape[0]  # [vocab, hidden]
     cfg: dict[str, Any] = {
         "architectures": [architecture],
         "model_type": {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}.get(architecture, arch),
@@ -166,31 +150,3 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's Q/K row order: per head, rows (i, i + d/2) were stored as adjacent pairs (2i, 2i+1)."""
     half = w.shape[0] // n_heads // 2
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def dequantize(tensor: Any) -> np.ndarray:
-    """A GGUF tensor as a float32 array in PyTorch's (row-major, reversed GGUF) shape."""
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-    try:
-        w = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-    except NotImplementedError as e:
-        raise ValueError(f"tensor {tensor.name}: cannot dequantize GGML type {tensor.tensor_type.name}") from e
-    return np.asarray(w, dtype=np.float32).reshape(shape)
-
-
-def tensor_sizes(f: GGUFFile) -> dict[str, int]:
-    """Float32 byte size of each tensor once dequantized, by GGUF name."""
-    return {t.name: int(t.n_elements) * 4 for t in f.reader.tensors}
-
-
-def iter_hf_tensors(f: GGUFFile, cfg: dict[str, Any]) -> Iterator[tuple[str, str, np.ndarray]]:
-    """Yield (GGUF name, HF name, float32 array) for every tensor in `f`, in file order, with llama.cpp's Q/K permutation undone."""
-    permuted = f.architecture in PERMUTED_ARCHITECTURES
-    for t in f.reader.tensors:
-        name = hf_tensor_name(t.name)
-        w = dequantize(t)
-        if permuted and ".attn_q." in t.name:
-            w = unpermute_rows(w, cfg["num_attention_heads"])
-        elif permuted and ".attn_k." in t.name:
-            w = unpermute_rows(w, cfg["num_key_value_heads"])
-        yield t.name, name, w

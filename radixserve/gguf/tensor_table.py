@@ -1,10 +1,12 @@
-"""A GGUF file's tensor table and architecture without gguf-py's full parse: what loading its blocks needs.
+"""A GGUF file's tensor table, architecture and (when asked) metadata without gguf-py's parse.
 
 Why: gguf.GGUFReader builds numpy views of every metadata item, including the 150k-entry vocabulary and merges, which
 took 10-50 s on the default model (a busy 2-core machine); loading the tensors needs only their names, types, shapes
-and offsets. This walks the header once with `struct`, skipping values it does not need, and maps the data
-read-only. Layout (ggml's gguf.md): magic, version, tensor count, metadata count; metadata key-value pairs; tensor
-infos (name, dims innermost first, type, offset); then the data, aligned to `general.alignment` (default 32).
+and offsets, and writing the config and tokenizer needs plain Python values. This walks the header once with
+`struct`, skipping the values nobody asked for (every start) or reading them all (`metadata=True`, once per model:
+about a second for the default model's vocabulary), and maps the data read-only. Layout (ggml's gguf.md): magic,
+version, tensor count, metadata count; metadata key-value pairs; tensor infos (name, dims innermost first, type,
+offset); then the data, aligned to `general.alignment` (default 32).
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Any
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-# Metadata value types: fixed sizes in bytes; 8 is a string, 9 an array.
-_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+# Metadata value types: their struct codes (uint8, int8, uint16, int16, uint32, int32, float32, bool, uint64, int64,
+# float64); 8 is a string, 9 an array.
+_CODES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_FIXED = {vtype: struct.calcsize(code) for vtype, code in _CODES.items()}
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
 
 
@@ -33,8 +39,12 @@ class TableTensor:
 
 @dataclass(frozen=True)
 class TensorTable:
+    """`metadata` holds every key's value (str, int, float, bool or a list of them) when read with metadata=True,
+    else only general.architecture and general.alignment."""
+
     architecture: str
     tensors: dict[str, TableTensor]
+    metadata: dict[str, Any]
 
 
 class _Cursor:
@@ -49,7 +59,7 @@ class _Cursor:
     def string(self) -> str:
         (n,) = self.take("<Q")
         self.pos += n
-        return bytes(self.buf[self.pos - n : self.pos]).decode("utf-8", errors="replace")
+        return bytes(self.buf[self.pos - n : self.pos]).decode("utf-8")
 
     def skip_value(self, vtype: int) -> None:
         if vtype in _FIXED:
@@ -67,23 +77,37 @@ class _Cursor:
         else:
             raise ValueError(f"unknown GGUF metadata value type {vtype}")
 
+    def value(self, vtype: int) -> Any:
+        if vtype in _CODES:
+            return self.take("<" + _CODES[vtype])[0]
+        if vtype == _STRING:
+            return self.string()
+        if vtype != _ARRAY:
+            raise ValueError(f"unknown GGUF metadata value type {vtype}")
+        etype, count = self.take("<IQ")
+        if etype in _CODES:  # one unpack for the whole array (token types: 150k int32 in the default model)
+            return list(self.take(f"<{count}{_CODES[etype]}"))
+        return [self.value(etype) for _ in range(count)]
 
-def read_tensor_table(path: str | Path) -> TensorTable:
-    """The architecture and tensors of a GGUF file; ValueError if it is not a GGUF file this reader understands."""
+
+def read_tensor_table(path: str | Path, metadata: bool = False) -> TensorTable:
+    """The architecture, tensors and (with `metadata`) every metadata value of a GGUF file; ValueError if it is not
+    a GGUF file this reader understands."""
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     cur = _Cursor(memoryview(mapped))
     try:
         magic, version, n_tensors, n_kv = cur.take("<4sIQQ")
         if magic != b"GGUF" or version < 2:
             raise ValueError(f"{path} is not a GGUF v2+ file")
-        architecture, alignment = "", 32
+        values: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cur.string()
             (vtype,) = cur.take("<I")
-            if key == "general.architecture" and vtype == _STRING:
-                architecture = cur.string()
-            elif key == "general.alignment" and vtype == _UINT32:
-                (alignment,) = cur.take("<I")
+            wanted = (key == "general.architecture" and vtype == _STRING) or (
+                key == "general.alignment" and vtype == _UINT32
+            )
+            if metadata or wanted:
+                values[key] = cur.value(vtype)
             else:
                 cur.skip_value(vtype)
         infos = []
@@ -93,8 +117,9 @@ def read_tensor_table(path: str | Path) -> TensorTable:
             dims = cur.take(f"<{n_dims}Q")
             ttype, offset = cur.take("<IQ")
             infos.append((name, GGMLQuantizationType(ttype), dims, offset))
-    except struct.error as e:
+    except (struct.error, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is a damaged GGUF file: {e}") from e
+    architecture, alignment = values.get("general.architecture", ""), values.get("general.alignment", 32)
     start = -(-cur.pos // alignment) * alignment
     tensors = {}
     for name, ttype, dims, offset in infos:
@@ -102,4 +127,4 @@ def read_tensor_table(path: str | Path) -> TensorTable:
         nbytes = int(np.prod(dims)) // weights * size
         data = mapped[start + offset : start + offset + nbytes]
         tensors[name] = TableTensor(name, ttype, tuple(int(d) for d in reversed(dims)), data)
-    return TensorTable(architecture, tensors)
+    return TensorTable(architecture, tensors, values)

@@ -53,6 +53,24 @@ CHOICES: dict[str, tuple[str, str, str]] = {
 }
 
 
+# What quantization="auto" runs on a model whose weights are a GGUF file, where the kind's table asks for int8:
+# "gguf" multiplies with the file's own blocks (issue 38: nothing dequantized or prepared, the file is all the disk
+# it takes, 0.64x int8's bytes per token); "int8" re-quantizes them per output channel (a 768 MB prepared copy
+# beside the file, built once). int8 stays until the block kernels are shown faster: decode at one stream was not
+# separable from int8, prefill 0.44-0.54x on the 2-core EPYC (RESULTS.md, issue 38 first and second pass).
+GGUF_AUTO = "int8"
+
+
+def auto_weight_format(table_format: str, gguf_model: bool) -> tuple[str, str]:
+    """The weight format "auto" means, from the CPU kind's table entry and whether the weights are a GGUF file:
+    (format, why). A Hugging Face checkpoint keeps the table's format."""
+    if not gguf_model or table_format != "int8":
+        return table_format, ""
+    if GGUF_AUTO == "gguf":
+        return "gguf", "a GGUF model: its own blocks, as stored"
+    return GGUF_AUTO, f"a GGUF model: its blocks re-quantized to {GGUF_AUTO} (radixserve/model/cpu_select.GGUF_AUTO)"
+
+
 @dataclass(frozen=True)
 class CpuChoice:
     dtype: str  # float32 | bfloat16 | float16
@@ -84,8 +102,9 @@ def cpu_kind() -> str:
     return cap if cap in ("AVX512", "AVX2") else "DEFAULT"
 
 
-def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice:
-    """Resolve "auto" in either argument; an explicit value is kept. ValueError for an unknown quantization."""
+def choose(dtype: str, quantization: str, device_type: str = "cpu", gguf_model: bool = False) -> CpuChoice:
+    """Resolve "auto" in either argument; an explicit value is kept. ValueError for an unknown quantization.
+    gguf_model: the weights are a GGUF file's (`auto_weight_format`)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
     if device_type != "cpu":
@@ -110,6 +129,9 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu") -> CpuChoice
             "explicit "
             + ", ".join(f"{k}={v}" for k, v in (("dtype", dtype), ("quantization", quantization)) if v != "auto")
         )
+    else:
+        auto_quant, why_format = auto_weight_format(auto_quant, gguf_model)
+        parts += [why_format] if why_format else []
     return CpuChoice(
         auto_dtype if dtype == "auto" else dtype,
         auto_quant if quantization == "auto" else quantization,

@@ -1,4 +1,5 @@
-"""Load a Llama-family model from a Hugging Face folder: `config.json` plus memory-mapped `*.safetensors` shards."""
+"""Load a Llama-family model from a Hugging Face folder (`config.json` plus memory-mapped `*.safetensors` shards) or
+from the GGUF a folder radixserve wrote names (its blocks mapped as they are, or dequantized in memory)."""
 
 from __future__ import annotations
 
@@ -67,15 +68,33 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ValueError(f"cannot read weights from {file}: {e}") from e
 
 
+def _gguf_source(path: Path) -> Path | None:
+    """The GGUF whose tensors are the weights of a folder radixserve wrote for it; None for a Hugging Face folder
+    (its safetensors are the weights). ValueError if the GGUF is gone."""
+    source = converted_source(path)
+    if source is not None and not source.is_file():
+        raise ValueError(f"{path} describes the GGUF file {source}, which no longer exists")
+    return source
+
+
+def _float_weights(path: Path, config: ModelConfig, files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, tensor) of every weight: dequantized in memory from a converted folder's GGUF, else read
+    from the folder's safetensors."""
+    source = _gguf_source(path)
+    if source is None:
+        return iter_safetensors(files)
+    from radixserve.gguf.dequantize import iter_dequantized
+
+    return iter_dequantized(source, config.num_heads, config.num_kv_heads)
+
+
 def _gguf_blocks(path: Path, fmt: str, config: ModelConfig) -> dict:
-    """For a folder converted from a GGUF that is still on disk: its blocks that map onto `fmt` without a float
-    detour (radixserve/gguf/blocks.py), by Hugging Face name; {} otherwise."""
+    """For a folder converted from a GGUF: its blocks that map onto `fmt` without a float detour
+    (radixserve/gguf/blocks.py), by Hugging Face name; {} otherwise."""
     from radixserve.gguf.blocks import mapped_tensors
 
-    source = converted_source(path)
-    if source is None or not source.is_file():
-        return {}
-    return mapped_tensors(source, fmt, config.num_heads, config.num_kv_heads)
+    source = _gguf_source(path)
+    return {} if source is None else mapped_tensors(source, fmt, config.num_heads, config.num_kv_heads)
 
 
 def load_model(
@@ -112,13 +131,13 @@ def load_unpacked(
     config = read_config(path)
     if quantization == "gguf":
         return config, _gguf_blocks_model(path, config, dtype, device, tp)
-    files = safetensors_files(path)
+    source = _gguf_source(path)
+    files = [] if source is not None else safetensors_files(path)
     shard = None if tp is None else plan_shard(config, tp.size, tp.rank)
     if shard is not None and quantization != "none":  # Int8Linear does not carry the row-parallel sum yet
         raise ValueError(f"tensor parallelism with quantization {quantization!r} is not supported yet: use 'none'")
-    source = converted_source(path)
-    # Worth a file where the load does more than copy float32 shards: a cast or a quantization (converted
-    # folders hold float32), on CPU (the prepared tensors are CPU memory maps) and unsharded.
+    # Worth a file where the load does more than dequantize to float32: a cast or a quantization, on CPU (the
+    # prepared tensors are CPU memory maps) and unsharded. float32 (tests, references) is built in memory each time.
     prepare = (
         source is not None
         and shard is None
@@ -127,7 +146,7 @@ def load_unpacked(
     )
     if prepare:
         target = prepared_file(path, dtype, quantization)
-        key = fingerprint(path, files, dtype, quantization, source)
+        key = fingerprint(path, dtype, quantization, source)
         model = load_prepared(target, key, config, dtype)
         if model is None:
             model = _build(path, config, files, dtype, device, quantization)
@@ -146,8 +165,8 @@ def _gguf_blocks_model(
     """The model over the blocks of the GGUF the folder was converted from (radixserve/model/gguf_model.py)."""
     from radixserve.model.gguf_model import load_gguf_model
 
-    source = converted_source(path)
-    if source is None or not source.is_file():
+    source = _gguf_source(path)
+    if source is None:
         raise ValueError(f"quantization 'gguf' runs a GGUF file's own blocks; {path} was not converted from one")
     if tp is not None or torch.device(device).type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         raise ValueError("quantization 'gguf' is a CPU path, unsharded, with float32 or bfloat16 activations")
@@ -164,13 +183,14 @@ def _build(
     shard: Shard | None = None,
     tp: TPGroup | None = None,
 ) -> LlamaForCausalLM:
-    """The model from the folder's float weights, cast to `dtype` and quantized to `quantization`, not yet packed."""
+    """The model from the float weights (`_float_weights`), cast to `dtype` and quantized to `quantization`, not yet
+    packed."""
     # Built straight in `dtype` with uninitialized weights: no random init, no float32 copy of a bf16 model.
     with torch.device(device):
         model = LlamaForCausalLM(config if shard is None else local_config(config, shard), dtype)
         if shard is not None and tp is not None:
             parallelize(model, shard, tp.group)
-    weights = iter_safetensors(files)
+    weights = _float_weights(path, config, files)
     model.load_weights(weights if shard is None else shard_weights(weights, config, shard))
     if shard is not None and tp is not None:
         tie_parallel_head(model, shard, tp.group)

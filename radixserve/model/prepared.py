@@ -1,16 +1,16 @@
 """The prepared copy of a converted model's weights: the tensors exactly as the loader leaves them for one
 (dtype, weight format), before oneDNN packing, in one safetensors file memory-mapped at the next start.
 
-Why: building a quantized model from the converted float32 folder casts every weight, re-reads the GGUF's header
-(gguf-py parses its 150k-token vocabulary in seconds) to take Q8_0/Q4 codes from its blocks, and quantizes the rest;
-that was most of a 20 s start. The prepared file holds the result (int8/int4 codes and scales, the other weights in
-the model's dtype), so a later start maps it and assigns its tensors as the parameters: no cast, no copy, no
-quantization. Only oneDNN packing (an opaque layout that cannot be saved) is redone.
+Why: building a quantized model from a GGUF dequantizes every tensor, casts it, takes Q8_0/Q4 codes from the blocks
+and quantizes the rest (RESULTS.md, issue 38 second pass, times it). The prepared file holds the result (int8/int4
+codes and scales, the other weights in the model's dtype), so a later start maps it and assigns its tensors as the
+parameters: no cast, no copy, no quantization. Only oneDNN packing (an opaque layout that cannot be saved) is
+redone. The GGUF's own blocks (`--quantization gguf`) need no such copy: they are the file.
 
 Where: `<folder>/prepared/<dtype>-<weights>.safetensors`, only for folders radixserve converted itself (they carry
 its provenance file; a user's Hugging Face folder is never written to). Correctness: the file's metadata records a
-fingerprint of everything its tensors were built from (this format's version, torch's version, the folder's config
-and weight files, the GGUF source whose blocks the quantizer reads); a file whose fingerprint, tensor names or shapes
+fingerprint of everything its tensors were built from (this format's version, torch's version, the folder's config,
+the GGUF source whose tensors the loader reads); a file whose fingerprint, tensor names or shapes
 do not match what this model needs is rebuilt, never used. Written to a temporary name and renamed into place, so a
 reader sees a complete file or none.
 """
@@ -45,12 +45,11 @@ def _stat_key(path: Path) -> str:
     return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
 
 
-def fingerprint(folder: Path, files: list[Path], dtype: torch.dtype, weights: str, source: Path | None) -> str:
-    """What a prepared file of `folder` in (dtype, weights) was built from: any change here means rebuild."""
+def fingerprint(folder: Path, dtype: torch.dtype, weights: str, source: Path) -> str:
+    """What a prepared file of `folder` in (dtype, weights) was built from (`source`: the GGUF holding the weights):
+    any change here means rebuild."""
     parts = [f"v{PREPARED_VERSION}", torch.__version__, str(dtype), weights, _stat_key(folder / "config.json")]
-    parts += [_stat_key(f) for f in files]
-    if source is not None:  # the GGUF whose blocks give the codes (absent: the codes come from the floats)
-        parts.append(_stat_key(source))
+    parts.append(_stat_key(source))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

