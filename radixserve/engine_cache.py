@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, cast
 
 from radixserve.cache.kv_pool import KVPool
@@ -112,6 +113,15 @@ def close_tier(scheduler: Scheduler) -> None:
         tier.close(scheduler.cache)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class TenantRetention:
+    """Retained pages per retention tenant (an API key's namespace, else a request's cache_salt), for /metrics."""
+
+    pages: dict[str, int]
+    page_bytes: int
+    max_pages_per_tenant: int  # --max-retained-share-per-tenant of the pool
+
+
 def retention_stats(cache: RadixCache | Any, page_bytes: int) -> dict[str, int]:
     """Retained pages and bytes now (radixserve/cache/retention.py), and the retentions made, refused and expired."""
     if not isinstance(cache, RadixCache):
@@ -138,10 +148,8 @@ class CacheSurface:
     def tier_stats(self) -> dict[str, Any]:
         """Per-tier pages, bytes and hits (device = the KV pool; host = the host-RAM tier; disk = --kv-cache-dir);
         zeros for a tier that is off."""
-        s, cache, pool = self.scheduler.stats, self.scheduler.cache, self.runner.pool
-        cfg = self.runner.config
-        # Whole pages (every KV head, as the tiers store them) in the pool's format: int8 counts its scales.
-        page_bytes = pool.format.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim) * pool.page_size
+        s, cache = self.scheduler.stats, self.scheduler.cache
+        page_bytes = self._page_bytes()
         tier = cache.tier.snapshot() if cache.tier is not None else dict.fromkeys(TIER_KEYS, 0)
         pinned = len(self.scheduler.pins.pinned_pages(cache)) if isinstance(cache, RadixCache) else 0
         return {
@@ -154,6 +162,22 @@ class CacheSurface:
             "host_tier_enabled": cache.tier is not None and cache.tier.host is not None,
             **tier,
         }
+
+    def _page_bytes(self) -> int:
+        """Whole pages (every KV head, as the tiers store them) in the pool's format: int8 counts its scales."""
+        pool, cfg = self.runner.pool, self.runner.config
+        return pool.format.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim) * pool.page_size
+
+    def retained_by_tenant(self) -> TenantRetention:
+        """Retained pages per tenant now (read on the engine's loop, so the counts are one step's)."""
+
+        def read() -> TenantRetention:
+            cache = self.scheduler.cache
+            if not isinstance(cache, RadixCache):
+                return TenantRetention({}, self._page_bytes(), 0)
+            return TenantRetention(dict(cache.order.by_tenant), self._page_bytes(), cache.order.max_pages_per_tenant)
+
+        return self.loop.call(read)
 
     def pin(self, prompt: str | None = None, input_ids: list[int] | None = None, cache_salt: str = "") -> dict:
         """Compute (or find) the prompt's KV and keep its full pages out of eviction; ParamError if it cannot."""

@@ -1,6 +1,7 @@
 """Retention from the request APIs over HTTP: retention_seconds on /generate and chat, prompt_cache_retention on chat
-and /v1/responses, cache_control on /v1/messages, agent retention of turns that end in tool calls (whole and
-streamed, on all three chat APIs; off with agent_retention=False), and the retention figures in /metrics."""
+and /v1/responses, cache_control on /v1/messages and on chat content parts, agent retention of turns that end in
+tool calls (whole and streamed, on all three chat APIs; off with agent_retention=False), and the retention figures
+in /metrics."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
@@ -18,8 +20,11 @@ from radixserve import Engine
 from radixserve.server.agent_retention import ToolGaps
 from radixserve.server.app import build_app
 from radixserve.server.background import BackgroundServer
+from radixserve.server.protocol import ChatCompletionRequest
+from radixserve.server.retention_hints import hinted
 
 PROMPT = list(range(300, 340))
+TTLS = [("a", "5m"), ("b", "1h"), ("c", None)]
 USER = [{"role": "user", "content": "What is the weather in Paris today?"}]
 SCHEMA = {"type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"]}
 CHAT_TOOL = {"tools": [{"type": "function", "function": {"name": "f", "parameters": SCHEMA}}]}
@@ -75,6 +80,29 @@ def test_chat_prompt_cache_retention(http: httpx.Client, value: str, ok: bool) -
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_cache_retention"
         return
     assert r.status_code == 200 and retentions(http) == before + 1
+
+
+@pytest.mark.parametrize(("ttl", "ok"), [(None, True), ("1h", True), ("10m", False)])
+def test_chat_content_part_cache_control(http: httpx.Client, ttl: str | None, ok: bool) -> None:
+    before = retentions(http)
+    marker = {"type": "ephemeral"} | ({"ttl": ttl} if ttl else {})
+    part = {"type": "text", "text": "What is the weather in Rome?", "cache_control": marker}
+    body = {"model": "default", "messages": [{"role": "user", "content": [part]}], "max_tokens": 3}
+    r = http.post("/v1/chat/completions", json=body)
+    if not ok:
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_control"
+        return
+    assert r.status_code == 200 and retentions(http) == before + 1
+
+
+def test_chat_cache_control_takes_the_longest_marker_after_the_explicit_fields() -> None:
+    parts = [{"type": "text", "text": t, "cache_control": {"type": "ephemeral", "ttl": ttl}} for t, ttl in TTLS]
+    req = msgspec.convert({"messages": [{"role": "user", "content": parts}]}, ChatCompletionRequest)
+    assert hinted(req) == {"retention_seconds": 3600.0, "retention_priority": 50}
+    req.prompt_cache_retention = "24h"
+    assert hinted(req)["retention_seconds"] == 24 * 3600.0
+    req.retention_seconds, req.retention_priority = 30.0, 90
+    assert hinted(req) == {"retention_seconds": 30.0, "retention_priority": 90}
 
 
 def test_responses_prompt_cache_retention(http: httpx.Client) -> None:

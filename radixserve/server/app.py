@@ -83,7 +83,7 @@ def build_app(
     stats = engine.cache_stats()
     keys = api_key if isinstance(api_key, KeyRing) or api_key is None else KeyRing.from_keys(api_key)
     quotas = QuotaBook()
-    metrics = ServerMetrics(engine, quotas)
+    metrics = ServerMetrics(engine, quotas, keys)
     state = ServerState(
         engine=engine,
         model_name=served_model_name or info["model_name"],

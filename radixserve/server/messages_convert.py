@@ -10,7 +10,6 @@ from typing import Any
 from radixserve.server.errors import bad_request
 from radixserve.server.messages_protocol import (
     Block,
-    CacheControl,
     ContentBlock,
     MessagesRequest,
     PromptFields,
@@ -18,8 +17,9 @@ from radixserve.server.messages_protocol import (
     ThinkingBlock,
     ToolUseBlock,
 )
-from radixserve.server.retention_hints import CACHE_CONTROL_TTL
+from radixserve.server.retention_hints import CACHE_CONTROL_TTL, longest_ttl
 from radixserve.server.protocol import (
+    CacheControl,
     ChatCompletionRequest,
     ChatMessage,
     FunctionCall,
@@ -184,14 +184,7 @@ def _controls(req: PromptFields) -> list[CacheControl]:
 def cache_ttl(req: PromptFields) -> str:
     """The longest cache_control ttl the request asks for ("5m" unless one says "1h"): what it wrote under, and with
     any marker, how long its prefix is retained (retention_hints.py)."""
-    ttls = set()
-    for c in _controls(req):
-        if c.type != "ephemeral" or c.ttl not in (None, "5m", "1h"):
-            raise bad_request(
-                f"cache_control must be ephemeral with ttl 5m or 1h, got {c.type!r} {c.ttl!r}", "cache_control"
-            )
-        ttls.add(c.ttl)
-    return "1h" if "1h" in ttls else "5m"
+    return longest_ttl(_controls(req)) or "5m"
 
 
 def tool_input(call: ToolCall) -> Any:

@@ -8,15 +8,10 @@ from typing import Any
 
 import msgspec
 
-from radixserve.server.protocol import Strict
+from radixserve.server.protocol import CacheControl, Strict
 
 
 # ---------------------------------------------------------------- requests
-
-
-class CacheControl(Strict):
-    type: str = "ephemeral"
-    ttl: str | None = None  # "5m" or "1h"
 
 
 class Block(Strict):

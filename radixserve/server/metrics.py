@@ -12,6 +12,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.io import OutputMeta
 from radixserve.server.quotas import KeyCollector, QuotaBook
+from radixserve.server.retention_metrics import KeyRetentionCollector
+from radixserve.server.tenants import KeyRing
 
 PREFIX = "radixserve_"
 ENGINE_GAUGES = {  # engine.metrics() key -> help
@@ -129,12 +131,14 @@ def _speculative_metrics(m: dict[str, Any]) -> Iterator[Metric]:
 class ServerMetrics:
     """One registry per app (nothing global): engine state plus what the HTTP layer measures."""
 
-    def __init__(self, engine: Any, quotas: QuotaBook | None = None) -> None:
+    def __init__(self, engine: Any, quotas: QuotaBook | None = None, keys: KeyRing | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine))
-        self.quotas = quotas
+        self.engine, self.quotas, self.keys = engine, quotas, keys
         if quotas is not None:
             self.registry.register(KeyCollector(quotas))
+        if keys is not None:
+            self.registry.register(KeyRetentionCollector(engine, keys))
         tracker = getattr(engine, "tracker", None)
         self.ttft = Histogram(
             PREFIX + "time_to_first_token_seconds",
@@ -218,6 +222,8 @@ class ServerMetrics:
         own = CollectorRegistry()
         if self.quotas is not None:
             own.register(KeyCollector(self.quotas, only=key_name))
+        if self.keys is not None:
+            own.register(KeyRetentionCollector(self.engine, self.keys, only=key_name))
         return generate_latest(own)
 
 

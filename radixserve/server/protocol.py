@@ -32,9 +32,18 @@ class Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 # ---------------------------------------------------------------- requests
 
 
+class CacheControl(Strict):
+    """Anthropic's prompt-caching marker, on /v1/messages blocks and on Chat Completions content parts (as OpenRouter
+    and LiteLLM pass it through): the request's prefix is retained for its ttl (retention_hints.py)."""
+
+    type: str = "ephemeral"
+    ttl: str | None = None  # "5m" or "1h"
+
+
 class ContentPart(Strict):
     type: str
     text: str | None = None
+    cache_control: CacheControl | None = None
 
 
 class FunctionCall(Strict):
