@@ -12,12 +12,15 @@ one machine.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import sys
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -90,20 +93,40 @@ def ops() -> Any | None:
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     try:
         where.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(
-            name=f"radixserve_cpu_{where.name}",
-            sources=[str(s) for s in SOURCES],
-            # -fopenmp: at::parallel_for is inlined OpenMP; the library links libgomp.so.1 by soname, which is the
-            # copy torch already loaded, so our ops share torch's thread pool and its thread count.
-            # -ffp-contract=off: no multiply-add fused behind our back, so the fused elementwise ops round exactly
-            # where the torch ops they replace do (explicit FMA intrinsics are unaffected).
-            extra_cflags=["-O3", f"-march={march()}", "-fopenmp", "-ffp-contract=off"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(where),
-            is_python_module=False,
-            verbose=False,
-        )
+        with _build_lock(where):
+            _load(cpp_extension, where)
     except Exception as exc:  # noqa: BLE001 - any build failure means: run the pure-torch paths
         log.warning("radixserve CPU kernels unavailable (%s: %s); using the pure-torch paths", type(exc).__name__, exc)
         return None
     return torch.ops.radixserve
+
+
+@contextlib.contextmanager
+def _build_lock(where: Path) -> Iterator[None]:
+    """Hold the build folder for this process. cpp_extension guards a build with a `lock` file that it deletes when
+    done; a builder killed part way (Ctrl-C at a first start, a timeout) leaves it, and every later start then waits
+    on it forever. Our flock dies with its process, so whoever holds it knows a `lock` file there is stale."""
+    with open(where / "build.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        stale = where / "lock"
+        if stale.exists():
+            log.warning("removing %s, left by a kernel build that did not finish", stale)
+            stale.unlink()
+        yield
+
+
+def _load(cpp_extension: Any, where: Path) -> None:
+    """Build (once per folder) and load the library into torch.ops.radixserve."""
+    cpp_extension.load(
+        name=f"radixserve_cpu_{where.name}",
+        sources=[str(s) for s in SOURCES],
+        # -fopenmp: at::parallel_for is inlined OpenMP; the library links libgomp.so.1 by soname, which is the
+        # copy torch already loaded, so our ops share torch's thread pool and its thread count.
+        # -ffp-contract=off: no multiply-add fused behind our back, so the fused elementwise ops round exactly
+        # where the torch ops they replace do (explicit FMA intrinsics are unaffected).
+        extra_cflags=["-O3", f"-march={march()}", "-fopenmp", "-ffp-contract=off"],
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(where),
+        is_python_module=False,
+        verbose=False,
+    )

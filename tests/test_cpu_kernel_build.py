@@ -1,0 +1,49 @@
+"""The CPU kernels' build folder lock (kernels/cpu/__init__.py): a `lock` file left by a build that was killed part
+way is removed by the next start, which would otherwise wait on it forever; one held by a live builder is not."""
+
+from __future__ import annotations
+
+import fcntl
+import threading
+import time
+from pathlib import Path
+
+import kernels.cpu as cpu_kernels
+
+
+class RecordingExtension:
+    """Stands in for torch.utils.cpp_extension: records whether its `lock` file was there when load ran."""
+
+    def __init__(self, where: Path) -> None:
+        self.where, self.saw_lock = where, []
+
+    def load(self, **kwargs: object) -> None:
+        assert kwargs["build_directory"] == str(self.where)
+        self.saw_lock.append((self.where / "lock").exists())
+
+
+def test_a_lock_left_by_a_killed_build_is_removed(tmp_path: Path) -> None:
+    (tmp_path / "lock").write_text("")
+    ext = RecordingExtension(tmp_path)
+    with cpu_kernels._build_lock(tmp_path):
+        cpu_kernels._load(ext, tmp_path)
+    assert ext.saw_lock == [False]
+
+
+def test_a_live_builder_keeps_its_lock(tmp_path: Path) -> None:
+    ext = RecordingExtension(tmp_path)
+    with open(tmp_path / "build.flock", "w") as live:  # another builder, still running
+        fcntl.flock(live, fcntl.LOCK_EX)
+        (tmp_path / "lock").write_text("")
+
+        def start() -> None:
+            with cpu_kernels._build_lock(tmp_path):
+                cpu_kernels._load(ext, tmp_path)
+
+        waiting = threading.Thread(target=start)
+        waiting.start()
+        time.sleep(0.3)
+        assert waiting.is_alive() and (tmp_path / "lock").exists() and ext.saw_lock == []
+        (tmp_path / "lock").unlink()  # the live builder finishes: cpp_extension deletes its lock, then lets go
+    waiting.join(timeout=10)
+    assert ext.saw_lock == [False]
