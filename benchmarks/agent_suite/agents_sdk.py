@@ -127,9 +127,13 @@ def second_turn_from_history(url: str) -> None:
     """A follow-up built from the first run's `to_input_list()`, as the SDK's multi-turn docs show."""
     log = ToolLog()
     agent = _agent(url, log)
-    first = asyncio.run(Runner.run(agent, "What is the weather in Dublin?", max_turns=4))
+
+    async def go() -> tuple[Any, Any]:  # one event loop for both runs: the agent's client belongs to it
+        first = await Runner.run(agent, "What is the weather in Dublin?", max_turns=4)
+        follow = first.to_input_list() + [{"role": "user", "content": "And what is the weather in Prague?"}]
+        return first, await Runner.run(agent, follow, max_turns=4)
+
+    first, second = asyncio.run(go())
     _round_trip(first, log)
-    follow = first.to_input_list() + [{"role": "user", "content": "And what is the weather in Prague?"}]
-    second = asyncio.run(Runner.run(agent, follow, max_turns=4))
     expect(len(log.called("get_weather")) >= 2, f"second turn made no call (calls {log.calls})")
     answered(second.final_output)
