@@ -57,6 +57,7 @@ class ChatMessage(Strict):
     tool_call_id: str | None = None  # a tool message: the call it answers
     refusal: str | None = None  # accepted (the SDK echoes it back) and ignored
     parsed: Any = None  # the same for `parse`'s parsed answer
+    reasoning_content: str | None = None  # the same for our answers' own field (a thinking model's reasoning)
 
 
 class FunctionDef(Strict):
