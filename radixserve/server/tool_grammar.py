@@ -159,6 +159,13 @@ def lazy_grammar(fmt: ToolFormat, tools: list[dict[str, Any]], parallel: bool = 
     )
 
 
+def answer_grammar() -> str:
+    """A text answer that starts no call: its first character cannot open a marker, a JSON object (bare or in
+    parentheses), an array or a fence, and a marker that is one special token is no text at all. For a turn that
+    only repeated calls already answered, continued after them (call_stop.answer_after_echo)."""
+    return "start: ANSWER\nANSWER: /[^ \\t\\n{\\[(<`](.|\\n)*/\n"
+
+
 def after_reasoning(grammar: str, fmt: ToolFormat) -> str:
     """`grammar` (one of call_grammar's), after the reasoning block the prompt opened: free text until the model
     closes it (with its `</think>`, a token of its own where the vocabulary has one), then blank space."""
