@@ -12,7 +12,16 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
 from benchmarks.agent_suite.outcome import expect
-from benchmarks.agent_suite.scenarios import LONG_SYSTEM, MAX_TOKENS, MODEL, SYSTEM, ToolLog, answered, scenario
+from benchmarks.agent_suite.scenarios import (
+    LONG_SYSTEM,
+    MAX_ROUNDS,
+    MAX_TOKENS,
+    MODEL,
+    SYSTEM,
+    ToolLog,
+    answered,
+    scenario,
+)
 
 LIB = "langchain-openai"
 
@@ -50,8 +59,13 @@ def _round_trip(url: str, question: str, tool_choice: str | None) -> ToolLog:
     messages: list[BaseMessage] = [SystemMessage(SYSTEM), HumanMessage(question)]
     ai = first_llm.invoke(messages)
     expect(ai.tool_calls, f"no tool call (text {ai.content!r:.80}, invalid {ai.invalid_tool_calls})")
-    messages += [ai, *_run_tools(tools, ai)]
-    answered(llm.bind_tools(tools).invoke(messages).content)
+    for _ in range(MAX_ROUNDS):  # LangChain's tool-calling loop: results back until the model answers
+        messages += [ai, *_run_tools(tools, ai)]
+        ai = llm.bind_tools(tools).invoke(messages)
+        if not ai.tool_calls:
+            break
+    expect(not ai.tool_calls, f"still calling after {MAX_ROUNDS} rounds")
+    answered(ai.content)
     return log
 
 

@@ -13,6 +13,7 @@ from benchmarks.agent_suite.outcome import expect
 from benchmarks.agent_suite.scenarios import (
     ADD_TOOL,
     LONG_SYSTEM,
+    MAX_ROUNDS,
     MAX_TOKENS,
     MODEL,
     SYSTEM,
@@ -55,11 +56,17 @@ def _round_trip(url: str, question: str, tools: list, tool_choice: object, **ext
     msg = first.choices[0].message
     expect(msg.tool_calls, f"no tool call (finish {first.choices[0].finish_reason}, text {msg.content!r:.80})")
     expect(first.choices[0].finish_reason == "tool_calls", f"finish_reason {first.choices[0].finish_reason}")
-    messages += [msg.model_dump(exclude_none=True), *_run_calls(log, msg.tool_calls)]
-    final = client.chat.completions.create(
-        model=MODEL, messages=messages, tools=tools, temperature=0, max_tokens=MAX_TOKENS
-    )
-    answered(final.choices[0].message.content)
+    # the loop of the SDK's function-calling guide: run the calls, send the results, until an answer comes
+    for _ in range(MAX_ROUNDS):
+        messages += [msg.model_dump(exclude_none=True), *_run_calls(log, msg.tool_calls or [])]
+        reply = client.chat.completions.create(
+            model=MODEL, messages=messages, tools=tools, temperature=0, max_tokens=MAX_TOKENS
+        )
+        msg = reply.choices[0].message
+        if not msg.tool_calls:
+            break
+    expect(not msg.tool_calls, f"still calling after {MAX_ROUNDS} rounds")
+    answered(msg.content)
     return log
 
 

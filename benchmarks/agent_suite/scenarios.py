@@ -14,6 +14,7 @@ Scenario = Callable[[str], None]
 REGISTRY: dict[str, dict[str, Scenario]] = {}
 MODEL = "default"  # any name serves: radixserve and llama-server each serve their one model
 MAX_TOKENS = 256  # a bound on every turn, so a looping model fails in seconds, not minutes
+MAX_ROUNDS = 3  # tool results a hand-written loop sends back before it gives up on an answer
 SYSTEM = "You are a helpful assistant. Use the tools when they help; answer briefly."
 
 
