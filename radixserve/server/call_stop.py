@@ -31,6 +31,7 @@ from radixserve.server.serving import (
 )
 from radixserve.server.tool_calls import ToolFormat, StreamEvent, ToolStream
 from radixserve.server.tool_grammar import answer_grammar
+from radixserve.tokenizer import Tokenizer
 
 # How a turn stopped at its closed call list ends: as if the model had stopped there (no stop token matched).
 CALLS_ENDED = FinishReason("stop", None)
@@ -73,25 +74,41 @@ def end_at_calls(state: ServerState, stream: Stream, out: GenerateOutput) -> Gen
     return msgspec.structs.replace(out, meta_info=msgspec.structs.replace(out.meta_info, finish_reason=CALLS_ENDED))
 
 
+MAX_HEADER = 8  # tokens: a turn header longer than this is no header (the prompt's own last messages)
+
+
+def _continued(tok: Tokenizer, prompt: list[int], out: GenerateOutput) -> list[int]:
+    """The prompt for the answer: the turn's prompt and echo, then, where the model's stop token ended the echo and
+    the prompt holds that token too, the prompt's tail after it (the template's next assistant header:
+    `\n<|im_start|>assistant\n` in Qwen's), so the answer is a turn of its own; else the echo without its stop
+    token and a blank line. (The default model, asked on after a blank line, described its call, "This response
+    provides information about ...", rather than answer from the result, and the next turn copied that.)"""
+    echo = list(out.output_ids)
+    stop = out.finish_reason.matched if out.finish_reason is not None else None
+    if echo and echo[-1] == stop:
+        if stop in prompt:
+            tail = prompt[len(prompt) - prompt[::-1].index(stop) :]
+            if 0 < len(tail) <= MAX_HEADER:
+                return prompt + echo + tail
+        echo.pop()
+    return prompt + echo + tok.encode("\n\n", add_special_tokens=False)
+
+
 async def answer_after_echo(
     state: ServerState, job: Job, sample: int, out: GenerateOutput
 ) -> AsyncIterator[StreamChunk]:
     """The turn of `out` (sample `sample` of the job), which only repeated calls the conversation had answered,
-    continued: the prompt is the turn's prompt and its echo (all in the cache), a blank line, and an answer grammar
-    (no call can start); its chunks are counted on from `out`'s, so that a reader takes them as the rest of the same
-    output. Small models echo the call before answering from its result and then stop; the echo is dropped
-    (CallList), which left the turn with no answer at all. Asked from after their echo, they answer from the
-    result (asked again from the prompt alone, the default model only wrote filler). Nothing is yielded if `out`
-    used up its tokens."""
+    continued: the prompt is the turn's prompt and echo (all in the cache) and what starts an answer after them
+    (`_continued`), under an answer grammar (no call can start). Its chunks are counted on from `out`'s, so that a
+    reader takes them as the rest of the same output. Small models echo the call before answering from its result
+    and then stop; the echo is dropped (CallList), which left the turn with no answer at all. (Asked again from the
+    prompt alone, the default model wrote filler.) Nothing is yielded if `out` used up its tokens."""
     call = job.calls[sample // job.n]
     left = call.sampling_params.get("max_new_tokens", 0) - out.meta_info.completion_tokens
     if left <= 0 or call.input_ids is None:
         return
     eng, base = state.engine, out.meta_info
-    echo = list(out.output_ids)
-    if echo and base.finish_reason is not None and echo[-1] == base.finish_reason.matched:
-        echo.pop()  # the stop token that ended the echo
-    ids = list(call.input_ids) + echo + eng.tokenizer.encode("\n\n", add_special_tokens=False)
+    ids = _continued(eng.tokenizer, list(call.input_ids), out)
     params = dict(call.sampling_params, n=1, max_new_tokens=left, ebnf=answer_grammar())
     again = replace(call, input_ids=ids, sampling_params=params, rid=f"{call.rid}-answer-{sample}")
     chunks = eng.stream(await tokenized(eng, again))
