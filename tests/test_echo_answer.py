@@ -99,3 +99,35 @@ def test_echo_only_is_a_turn_of_answered_calls_and_nothing_else(text: str, echo_
     stream.feed(text)
     stream.finish()
     assert stream.echo_only is echo_only
+
+
+class _Gap:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [9] * len(text)
+
+
+def _ended(ids: list[int], stop: int | None) -> object:
+    from radixserve.io import FinishReason, GenerateOutput, OutputMeta
+
+    meta = OutputMeta(
+        id="r",
+        prompt_tokens=0,
+        completion_tokens=len(ids),
+        cached_tokens=0,
+        finish_reason=FinishReason("stop", stop),
+        ttft=None,
+        e2e_latency=0.0,
+    )
+    return GenerateOutput("", ids, meta)
+
+
+def test_the_answer_after_an_echo_starts_a_turn_of_its_own_where_the_template_has_one() -> None:
+    from radixserve.server.call_stop import _continued
+
+    end, header = 2, [7, 8]  # the stop token (<|im_end|>), the assistant header after it in the prompt
+    prompt = [1, 5, end, 6, end, *header]
+    assert _continued(_Gap(), prompt, _ended([4, 4, end], end)) == prompt + [4, 4, end, *header]  # type: ignore[arg-type]
+    # no stop token in the prompt, or a tail too long to be a header: the echo without its stop, a blank line
+    assert _continued(_Gap(), [1, 5], _ended([4, end], end)) == [1, 5, 4, 9, 9]  # type: ignore[arg-type]
+    long_tail = [1, end, *range(10, 30)]
+    assert _continued(_Gap(), long_tail, _ended([4, end], end)) == [*long_tail, 4, 9, 9]  # type: ignore[arg-type]
