@@ -342,3 +342,27 @@ def test_tool_call_parser_whole_and_streamed_in_any_pieces(engine: Engine) -> No
     stream = ToolStream(fmt)
     events = [e for i in range(0, len(bare), 5) for e in stream.feed(bare[i : i + 5])] + stream.finish()
     assert [e.call.name for e in events if e.call] == ["get_weather"] and not any(e.content for e in events)
+
+
+class Contact(BaseModel):
+    name: str = Field(max_length=8)
+
+
+def test_a_parsed_message_goes_back_as_the_sdk_appends_it(client: openai.OpenAI) -> None:
+    """The openai SDK's docs append `parse`'s message to the history as it is: its `parsed` and the calls'
+    `parsed_arguments` travel with it (the agent suite's pydantic tool scenario got a 400 naming them)."""
+    messages: list = [{"role": "user", "content": "Save Ann."}]
+    first = client.chat.completions.parse(
+        model="default",
+        messages=messages,
+        tools=[openai.pydantic_function_tool(Contact)],
+        tool_choice="required",
+        parallel_tool_calls=False,  # one call, so random weights end after it
+        max_tokens=200,
+        temperature=0,
+    )
+    message = first.choices[0].message
+    assert message.tool_calls and isinstance(message.tool_calls[0].function.parsed_arguments, Contact), message
+    messages += [message, {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "saved"}]
+    final = client.chat.completions.create(model="default", messages=messages, max_tokens=4, temperature=0)
+    assert final.choices[0].finish_reason in ("stop", "length")

@@ -84,3 +84,43 @@ def test_auto_holds_a_started_call_to_a_declared_tool(engine: Engine) -> None:
     assert not _accepts(engine, grammar, '{"name": "nope", "arguments": {}}')  # no such tool
     assert not _accepts(engine, grammar, OSLO.replace('"Oslo"', "5"))  # not its parameters
     assert not _accepts(engine, grammar, "<tool_call>\n" + OSLO.replace("city", "town") + "\n</tool_call>")
+
+
+def test_a_call_takes_no_argument_its_tool_does_not_declare(engine: Engine) -> None:
+    """The agent suite: with a tool whose schema leaves additionalProperties unsaid (as most libraries send it), the
+    default model wrote `{"city": "Paris", "required": ["city"]}`, copying the schema's keys into its arguments.
+    Objects that declare their properties now take no others, in auto (lazy) and required grammars alike."""
+    open_tool = {
+        "type": "function",
+        "function": {**WEATHER["function"], "parameters": dict(WEATHER["function"]["parameters"])},
+    }
+    del open_tool["function"]["parameters"]["additionalProperties"]
+    extra = OSLO.replace('"c"}', '"c", "required": ["city"]}')
+    for choice in ("auto", "required"):
+        grammar = _grammar_for(engine, open_tool, choice)
+        assert _accepts(engine, grammar, "<tool_call>\n" + OSLO + "\n</tool_call>"), choice
+        assert not _accepts(engine, grammar, "<tool_call>\n" + extra + "\n</tool_call>"), choice
+    assert not _accepts(engine, _grammar_for(engine, open_tool, "auto"), extra)  # a bare call, too
+
+
+def _grammar_for(engine: Engine, tool: dict, choice: str) -> str:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [tool], "tool_choice": choice}
+    return structure(msgspec.convert(body, ChatCompletionRequest), engine.tokenizer).grammar["ebnf"]
+
+
+def test_closing_objects_leaves_data_and_allof_alone() -> None:
+    from radixserve.server.tool_grammar import closed_objects
+
+    schema = {
+        "type": "object",
+        "properties": {"properties": {"type": "object", "properties": {"a": {}}}, "x": {"default": {"properties": {}}}},
+        "$defs": {"P": {"type": "object", "properties": {"n": {}}}},
+        "anyOf": [{"allOf": [{"properties": {"a": {}}}], "properties": {"b": {}}}],
+    }
+    out = closed_objects(schema)
+    assert out["additionalProperties"] is False
+    assert out["properties"]["properties"]["additionalProperties"] is False  # a property named "properties"
+    assert out["properties"]["x"] == {"default": {"properties": {}}}  # a default is data
+    assert out["$defs"]["P"]["additionalProperties"] is False
+    assert out["anyOf"][0] == schema["anyOf"][0]  # an allOf's branches and its object stay open
+    assert "additionalProperties" not in schema  # the request's own schema is not changed

@@ -7,9 +7,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from radixserve.io import FinishReason, GenerateOutput, OutputMeta
+from radixserve.io import FinishReason, GenerateOutput, OutputMeta, StreamChunk
 from radixserve.server.agent_retention import retain_turn
-from radixserve.server.call_stop import CallWatch, end_at_calls
+from radixserve.server.call_stop import CallWatch, answer_after_echo, end_at_calls
 from radixserve.server.openai_api import (
     Job,
     accumulate,
@@ -58,11 +58,10 @@ def response_message(
     message = ChatResponseMessage("assistant", answer, reasoning_content=reasoning or None)
     if parser is None:
         return message, False
-    content, calls = parser.parse(answer, truncated)
+    # the parser's content: the text itself, unless calls (or echoes of answered ones, or a cut-off call) came out
+    message.content, calls = parser.parse(answer, truncated)
     if calls:
-        message.content, message.tool_calls = content, [_response_call(c) for c in calls]
-    elif truncated:
-        message.content = content
+        message.tool_calls = [_response_call(c) for c in calls]
     return message, bool(calls)
 
 
@@ -106,19 +105,32 @@ async def chat_events(
 
     for i in range(len(streams)):
         yield chunk([ChatChunkChoice(i, ChatDelta(role="assistant", content=""))])
+
+    def take(i: int, c: StreamChunk) -> tuple[str | None, list[ChatChunkChoice]]:
+        """Fold chunk c into choice i's output: its finish reason, and its deltas."""
+        acc[i] = accumulate(acc[i], c)
+        meta = c.meta_info
+        reason = finish_reason(meta.finish_reason)
+        lp = chat_logprobs(tok, meta) if logprobs and meta.output_token_logprobs else None
+        return reason, _deltas(i, thinks[i], watches[i], c.text, reason, lp)
+
     async with contextlib.aclosing(merged(streams)) as events:
         async for i, c in events:
             watch = watches[i]
             if watch is not None and watch.closed:
                 continue  # ended at its calls already: what follows is the abort's chunk
-            acc[i] = out = accumulate(acc[i], c)
-            meta = c.meta_info
-            reason = finish_reason(meta.finish_reason)
-            lp = chat_logprobs(tok, meta) if logprobs and meta.output_token_logprobs else None
-            for choice in _deltas(i, thinks[i], watch, c.text, reason, lp):
+            reason, deltas = take(i, c)
+            for choice in deltas:
                 yield chunk([choice])
             if watch is not None and watch.closed and reason is None:
-                acc[i], reason = end_at_calls(state, streams[i], out), "stop"
+                acc[i], reason = end_at_calls(state, streams[i], acc[i]), "stop"  # type: ignore[arg-type]
+            if reason == "stop" and watch is not None and watch.echo_only and thinks[i] is None:
+                # only echoes of answered calls: asked again for an answer, streamed as the rest of this one
+                async with contextlib.aclosing(answer_after_echo(state, job, i, acc[i])) as more:  # type: ignore[arg-type]
+                    async for c in more:
+                        reason, deltas = take(i, c)
+                        for choice in deltas:
+                            yield chunk([choice])
             if reason is not None:
                 calls = watch.split.calls.calls if watch is not None else []
                 retain_turn(state, job, acc[i], [c.id for c in calls])  # type: ignore[arg-type]
@@ -143,7 +155,7 @@ def _deltas(
         else:
             out.extend(_event_deltas(i, watch.feed(piece)))
     if watch is not None and reason is not None:
-        out.extend(_event_deltas(i, watch.split.finish(reason == "length")))
+        out.extend(_event_deltas(i, watch.finish(reason == "length")))
     if lp is not None:
         if not out:
             out.append(ChatChunkChoice(i, ChatDelta(content="")))

@@ -49,6 +49,7 @@ class ContentPart(Strict):
 class FunctionCall(Strict):
     name: str
     arguments: str  # JSON text
+    parsed_arguments: Any = None  # accepted (the SDK's `parse` adds it, and its docs send the message back) and ignored
 
 
 class MessageToolCall(Strict):
@@ -64,6 +65,8 @@ class ChatMessage(Strict):
     tool_calls: list[MessageToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
     refusal: str | None = None  # accepted (the SDK echoes it back) and ignored
+    parsed: Any = None  # the same for `parse`'s parsed answer
+    reasoning_content: str | None = None  # the same for our answers' own field (a thinking model's reasoning)
 
 
 class FunctionDef(Strict):

@@ -174,6 +174,7 @@ class ToolStream:
         self.fence = ""  # a fence's opening line held back: no content if a call follows it
         self.close_fence = False  # a call came out of a fence: the fence's closing ``` is no content
         self.after_call = False  # the whitespace that separates two calls is no content
+        self.said = False  # some content other than blank space was emitted
         self.calls = CallList(fmt.parallel, fmt.answered)
 
     @property
@@ -185,6 +186,11 @@ class ToolStream:
     def closed(self) -> bool:
         """The call list has ended: nothing more will be emitted, and generation may stop."""
         return self.calls.closed
+
+    @property
+    def echo_only(self) -> bool:
+        """All the turn wrote (so far) is calls the conversation had answered already: no answer, no new call."""
+        return self.calls.echoes > 0 and not self.calls.calls and not self.said
 
     def feed(self, text: str) -> list[StreamEvent]:
         events: list[StreamEvent] = []
@@ -213,11 +219,14 @@ class ToolStream:
             return []
         if self.close_fence and FENCE.startswith(rest.strip()):
             return []
-        return [StreamEvent(content=fence + rest)] if fence + rest else []
+        events: list[StreamEvent] = []
+        self._emit(events, fence + rest)
+        return events
 
     def _emit(self, events: list[StreamEvent], text: str) -> None:
         if text:
             events.append(StreamEvent(content=text))
+            self.said = self.said or not text.isspace()
 
     def _call(self, events: list[StreamEvent], call: ToolCall) -> None:
         if self.calls.add(call):

@@ -27,11 +27,56 @@ def _json(schema: dict[str, Any]) -> str:
     return "%json " + json.dumps(dict(schema, **{"x-guidance": JSON_OPTIONS}))
 
 
+def _params(fn: dict[str, Any]) -> dict[str, Any]:
+    """A function's parameter schema as its calls are held to it: objects that declare their properties take no
+    others unless they say so. JSON Schema allows undeclared ones by default, and the default model then copied the
+    schema's own keys into its arguments (`{"city": "Paris", "required": ["city"]}`), which no function accepts;
+    llama.cpp's grammars close objects the same way."""
+    return closed_objects(fn.get("parameters") or {"type": "object", "properties": {}})
+
+
+# Where a schema holds other schemas: under a name (each value a schema), or as a schema or list of schemas. Other
+# keys (enum, const, default, examples, ...) hold data, which must stay as it is.
+_NAMED_SCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMAS = (
+    "items",
+    "prefixItems",
+    "additionalProperties",
+    "anyOf",
+    "oneOf",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+)
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of `schema` in which every object schema with `properties` and no `additionalProperties` has
+    `additionalProperties: false`. An `allOf` is left as it is: closing each branch would refuse the properties
+    the others declare."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _NAMED_SCHEMAS:
+        if isinstance(schema.get(key), dict):
+            out[key] = {name: closed_objects(sub) for name, sub in schema[key].items()}
+    for key in _SUBSCHEMAS:
+        if key in schema:
+            out[key] = closed_objects(schema[key])
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema and "allOf" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def _wrapped(fns: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """The schema of a call object {"name": ..., key: {...}} of any of these functions."""
     schemas = []
     for i, fn in enumerate(fns):
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        params = _params(fn)
         # The parameters sit under the wrapper's properties.<key>: their own "#/..." refs ($defs of nested
         # pydantic models, "#" for recursion) must point there, not at the wrapper's root.
         where = f"#/properties/{key}" if len(fns) == 1 else f"#/anyOf/{i}/properties/{key}"
@@ -106,13 +151,19 @@ def lazy_grammar(fmt: ToolFormat, tools: list[dict[str, Any]], parallel: bool = 
     per_tool = ""
     for i, fn in enumerate(fns):
         rest_of_name = json.dumps(f'{fn["name"]}", "{key}": ')  # the name's closing quote, the arguments' key
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
-        per_tool += f'json_{i}: {rest_of_name} args_{i} "}}"\nargs_{i}: {_json(params)}\n'
+        per_tool += f'json_{i}: {rest_of_name} args_{i} "}}"\nargs_{i}: {_json(_params(fn))}\n'
     many = "*" if parallel else "?"
     return (
         f"start: (tagged | bare){many} TEXT\n{TEXT}tagged: {tagged}\nbody: {_json(_wrapped(fns, key))}\n"
         f"bare: json_head ({tails})\njson_head[lazy]: TEXT {JSON_TRIGGER}\n{per_tool}"
     )
+
+
+def answer_grammar() -> str:
+    """A text answer that starts no call: its first character cannot open a marker, a JSON object (bare or in
+    parentheses), an array or a fence, and a marker that is one special token is no text at all. For a turn that
+    only repeated calls already answered, continued after them (call_stop.answer_after_echo)."""
+    return "start: ANSWER\nANSWER: /[^ \\t\\n{\\[(<`](.|\\n)*/\n"
 
 
 def after_reasoning(grammar: str, fmt: ToolFormat) -> str:

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
 from radixserve.errors import RequestFailedError
-from radixserve.io import GenerateOutput
+from radixserve.io import GenerateOutput, StreamChunk
 from radixserve.server.agent_retention import retain_turn
 from radixserve.server.errors import ApiError
-from radixserve.server.call_stop import CallWatch, collect, end_at_calls
+from radixserve.server.call_stop import CallWatch, answer_after_echo, collect, end_at_calls
 from radixserve.server.chat_api import Structure, prepare_chat, prompt_ids
 from radixserve.server.openai_api import Job, accumulate, finish_reason, observe_and_remember, start_streams, usage
 from radixserve.server.protocol import ChatCompletionRequest, Usage
@@ -73,8 +73,8 @@ class TurnStream:
         split = ToolStream(self.shape.parser) if self.shape.parser is not None else None
         think = _think_split(self.state, self.job)
         acc: GenerateOutput | None = None
-        async with contextlib.aclosing(merged(self.streams)) as chunks:
-            async for _, c in chunks:
+        async with contextlib.aclosing(self._chunks(split, think, lambda: acc)) as chunks:
+            async for c in chunks:
                 fin = c.meta_info.finish_reason
                 if fin is not None and fin.type == "error":  # failed in the engine: in-band, never its message
                     raise in_band(RequestFailedError(c.meta_info.id))
@@ -95,6 +95,22 @@ class TurnStream:
                     break
         assert acc is not None
         self.turn = _turn(self.state, self.job, self.shape, acc)
+
+    async def _chunks(
+        self, split: ToolStream | None, think: ThinkSplit | None, out: Callable[[], GenerateOutput | None]
+    ) -> AsyncIterator[StreamChunk]:
+        """The engine stream's chunks; then, if the turn only repeated calls already answered (`split` has read
+        it all by then; `out()` is what it came to), those of the turn asked again (call_stop.answer_after_echo)."""
+        async with contextlib.aclosing(merged(self.streams)) as chunks:
+            async for _, c in chunks:
+                yield c
+        done = out()
+        if split is None or think is not None or not split.echo_only or done is None:
+            return
+        if done.finish_reason is not None and done.finish_reason.type == "stop":
+            async with contextlib.aclosing(answer_after_echo(self.state, self.job, 0, done)) as more:
+                async for c in more:
+                    yield c
 
     async def close(self) -> None:
         """Abort what has not finished (idempotent): the caller's event generator calls it in its `finally`, which
