@@ -15,7 +15,7 @@ import msgspec
 from starlette.requests import Request
 
 from radixserve.io import FinishReason, GenerateOutput
-from radixserve.server.openai_api import Job, accumulate, folded, start_streams
+from radixserve.server.handler import Job, accumulate, folded, start_streams
 from radixserve.server.reasoning import ThinkSplit
 from radixserve.server.serving import ServerState, Stream, abort_all, close_streams, merged, unless_disconnected
 from radixserve.server.tool_calls import ToolFormat, StreamEvent, ToolStream
