@@ -2,7 +2,8 @@
 
 Both convert their request into a ChatCompletionRequest, so the chat template, prompt splicing (chat_prompt.py),
 grammars for tools and JSON schemas, and the tool-call parser (tool_calls.py) are the ones Chat Completions uses;
-this module runs that request (chat_job.py builds and runs its job) and hands back API-neutral results (a Turn, or stream events) for each API to render.
+this module runs that request (its job built and run by chat_job.py) and hands back API-neutral results (a Turn, or
+stream events) for each API to render.
 """
 
 from __future__ import annotations
