@@ -14,10 +14,9 @@ from starlette.requests import Request
 
 from radixserve.io import GenerateOutput, GenerateRequest
 from radixserve.server.agent_retention import gap_group
-from radixserve.server.cache_api import pin_first
 from radixserve.server.call_stop import CallWatch, collect
 from radixserve.server.errors import bad_request
-from radixserve.server.handler import MAX_TOP_LOGPROBS, Job, check_model, max_tokens, run, sampling_dict
+from radixserve.server.handler import MAX_TOP_LOGPROBS, Job, check_model, max_tokens, pin_first, run, sampling_dict
 from radixserve.server.protocol import ChatCompletionRequest, ChatMessage
 from radixserve.server.reasoning import ThinkSplit, think_split
 from radixserve.server.retention_hints import hinted

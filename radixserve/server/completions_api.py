@@ -14,7 +14,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixserve.io import GenerateOutput, GenerateRequest, OutputMeta
-from radixserve.server.cache_api import pin_first
 from radixserve.server.errors import bad_request
 from radixserve.server.handler import (
     MAX_TOP_LOGPROBS,
@@ -28,6 +27,7 @@ from radixserve.server.handler import (
     max_tokens,
     observe_and_remember,
     parse,
+    pin_first,
     run,
     sampling_dict,
     start_streams,

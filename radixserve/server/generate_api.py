@@ -20,9 +20,8 @@ from starlette.responses import Response
 
 from radixserve.io import GenerateOutput, GenerateRequest, OutputMeta, StreamChunk
 from radixserve.server.auth import principal_of
-from radixserve.server.cache_api import pin_first
 from radixserve.server.errors import bad_request
-from radixserve.server.handler import json_response, parse
+from radixserve.server.handler import json_response, parse, pin_first
 from radixserve.server.protocol import GenerateBody
 from radixserve.server.sglang_fields import refuse_unbuilt
 from radixserve.server.serving import (

@@ -4,7 +4,8 @@ top to bottom in the same four stages, calling what this module gives them.
 1. parse: `parse(request, Body)` -> the server state and the decoded body (413 past the size limit, 400 naming the
    field that does not validate).
 2. build: the body -> a `Job`, the engine calls with everything validated now, so that errors name the fields as the
-   client sent them (`check_model`, `sampling_dict`, `max_tokens`), admitted to the queue (`serving.admit`).
+   client sent them (`check_model`, `sampling_dict`, `max_tokens`), admitted to the queue (`serving.admit`), its
+   prompts pinned first if it asks (`pin_first`).
 3. run: `run(...)` -> the outputs, or `start_streams(...)` -> the open engine streams (their input accepted, so a bad
    request still gets its status line).
 4. shape: the outputs -> `json_response(...)`, or the streams' events -> `event_stream(...)`, which reports a failure
@@ -18,6 +19,7 @@ disconnect (serving.py), so a client that leaves gets its request aborted.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -139,6 +141,14 @@ def max_tokens(
             code="context_length_exceeded",
         )
     return room if default is None else min(default, room)
+
+
+async def pin_first(state: ServerState, prompts: list[dict], salt: str, param: str) -> None:
+    """`pin: true` on a generation request: pin each prompt ({"prompt": text} or {"input_ids": ids}) before the
+    generation, which then hits the pinned pages; 400 naming `param` if a pin cannot be made."""
+    with engine_errors(param):
+        for p in prompts:
+            await asyncio.to_thread(state.engine.pin, **p, cache_salt=salt)
 
 
 # ---------------------------------------------------------------- run
