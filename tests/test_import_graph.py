@@ -74,3 +74,15 @@ def test_lower_stages_never_import_the_scheduler_or_server(lower: str) -> None:
             if i.startswith(("radixserve.scheduler", "radixserve.server"))
         }
         assert not upward, f"{m} imports {sorted(upward)}"
+
+
+def test_handler_modules_are_imported_by_the_app_alone() -> None:
+    """One handler module per endpoint (`*_api.py`), each on the shared base (server/handler.py, serving.py): what
+    two endpoints share lives below them, never in another endpoint's module, so a request reads top to bottom."""
+    handlers = {m for m in MODULES if m.startswith("radixserve.server.") and m.endswith("_api")}
+    assert "radixserve.server.chat_api" in handlers and "radixserve.server.generate_api" in handlers
+    for m in MODULES:
+        if m == "radixserve.server.app":
+            continue
+        reached = imports_of(m, top_level_only=False) & handlers
+        assert not reached, f"{m} imports the handler modules {sorted(reached)}; share through handler.py instead"

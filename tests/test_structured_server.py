@@ -268,7 +268,7 @@ def test_response_format_with_tools_in_auto_leaves_a_call_open(engine: Engine) -
     """Issue 35: with tools, tool_choice auto and response_format, the whole turn was held to the schema, so no
     call could ever start (openai-agents' Agent(output_type=..., tools=...) never called). Now the grammar takes a
     call or an answer in the schema, and nothing else."""
-    from radixserve.server.chat_api import structure
+    from radixserve.server.chat_job import structure
     from radixserve.server.protocol import ChatCompletionRequest
 
     body = {

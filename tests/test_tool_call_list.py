@@ -14,7 +14,7 @@ import pytest
 
 from radixserve import Engine
 from radixserve.constrained.grammar import GrammarMatcher, built
-from radixserve.server.chat_api import structure
+from radixserve.server.chat_job import structure
 from radixserve.server.protocol import ChatCompletionRequest
 from radixserve.server.tool_calls import ToolStream, tool_format
 from server_fixtures import client, engine, server  # noqa: F401 - fixtures

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-from radixserve.server.native_api import with_token_text
+from radixserve.server.generate_api import with_token_text
 
 from frontend_dsl.backends.base import Backend
 from frontend_dsl.backends.server_args import engine_args_from_server_args

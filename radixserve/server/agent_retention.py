@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from radixserve.errors import EngineDeadError
 from radixserve.io import GenerateOutput
-from radixserve.server.openai_api import Job
+from radixserve.server.handler import Job
 from radixserve.server.protocol import ChatCompletionRequest, ChatMessage
 from radixserve.server.serving import ServerState
 

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from radixserve.server.errors import bad_request
 from radixserve.server.protocol import PinRequest
-from radixserve.server.serving import ServerState, admit, cache_salt, engine_errors, read_json, server_state
+from radixserve.server.serving import admit, cache_salt, engine_errors, read_json, server_state
 
 
 def _prompt(req: PinRequest) -> dict:
@@ -39,11 +39,3 @@ async def unpin(request: Request) -> Response:
     with engine_errors("text" if req.text is not None else "input_ids"):
         ok = await asyncio.to_thread(state.engine.unpin, **prompt, cache_salt=cache_salt(request, req.cache_salt))
     return JSONResponse({"success": ok})
-
-
-async def pin_first(state: ServerState, prompts: list[dict], salt: str, param: str) -> None:
-    """`pin: true` on a generation request: pin each prompt ({"prompt": text} or {"input_ids": ids}) before the
-    generation, which then hits the pinned pages; 400 naming `param` if a pin cannot be made."""
-    with engine_errors(param):
-        for p in prompts:
-            await asyncio.to_thread(state.engine.pin, **p, cache_salt=salt)

@@ -17,7 +17,7 @@ import msgspec
 from starlette.requests import Request
 
 from radixserve.io import FinishReason, GenerateOutput, StreamChunk
-from radixserve.server.openai_api import Job, accumulate, folded, start_streams
+from radixserve.server.handler import Job, accumulate, folded, start_streams
 from radixserve.server.quotas import charge
 from radixserve.server.reasoning import ThinkSplit
 from radixserve.server.serving import (

@@ -10,15 +10,10 @@ from collections.abc import AsyncIterator
 from radixserve.io import FinishReason, GenerateOutput, OutputMeta, StreamChunk
 from radixserve.server.agent_retention import retain_turn
 from radixserve.server.call_stop import CallWatch, answer_after_echo, end_at_calls
-from radixserve.server.openai_api import (
-    Job,
-    accumulate,
-    finish_reason,
-    folded,
-    observe_and_remember,
-    usage,
-)
+from radixserve.server.chat_job import thinking
+from radixserve.server.handler import Job, accumulate, finish_reason, folded, observe_and_remember, usage
 from radixserve.server.protocol import (
+    ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
@@ -32,7 +27,7 @@ from radixserve.server.protocol import (
     Usage,
 )
 from radixserve.server.serving import ServerState, Stream, merged, sse
-from radixserve.server.reasoning import ThinkSplit, pieces, split_reasoning, think_split
+from radixserve.server.reasoning import ThinkSplit, pieces, split_reasoning
 from radixserve.server.tool_calls import ToolFormat, StreamEvent, ToolCall
 from radixserve.tokenizer import Tokenizer
 
@@ -65,6 +60,22 @@ def response_message(
     return message, bool(calls)
 
 
+def chat_choice(
+    state: ServerState, job: Job, parser: ToolFormat | None, i: int, out: GenerateOutput, logprobs: bool
+) -> ChatChoice:
+    """Choice i of a whole answer; a turn that ended in tool calls keeps its prefix for the tool gap
+    (agent_retention.py)."""
+    truncated = out.finish_reason is not None and out.finish_reason.type == "length"
+    message, called = response_message(out.text, parser, truncated, thinking(state, job))
+    retain_turn(state, job, out, [c.id for c in message.tool_calls or []])
+    return ChatChoice(
+        i,
+        message,
+        chat_reason(out.finish_reason, called),
+        chat_logprobs(state.engine.tokenizer, out.meta_info) if logprobs else None,
+    )
+
+
 def _response_call(c: ToolCall) -> ResponseToolCall:
     return ResponseToolCall(c.id, ResponseFunction(c.name, c.arguments))
 
@@ -92,12 +103,12 @@ async def chat_events(
     include_usage: bool,
     parser: ToolFormat | None,
 ) -> AsyncIterator[bytes]:
-    """chat.completion.chunk events (openai_api.guarded_events adds [DONE] and errors): a role delta per choice,
+    """chat.completion.chunk events (handler.guarded_events adds [DONE] and errors): a role delta per choice,
     reasoning, content and tool-call deltas, a finish chunk. A choice whose call list closes ends there with
     `tool_calls` (its engine request aborted)."""
     tok = state.engine.tokenizer
     acc: list[GenerateOutput | None] = [None] * len(streams)
-    thinks = [think_split(state.reasoning_parser, tok, job.calls[0].input_ids) for _ in streams]
+    thinks = [thinking(state, job) for _ in streams]
     watches = [CallWatch(parser) if parser is not None else None for _ in streams]
 
     def chunk(choices: list[ChatChunkChoice], use: Usage | None = None) -> bytes:

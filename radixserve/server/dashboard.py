@@ -34,7 +34,7 @@ from radixserve.server.cache_view import (
 )
 from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.scope import NamespaceScope, view_scope
-from radixserve.server.chat_api import chat_messages
+from radixserve.server.chat_job import chat_messages
 from radixserve.server.protocol import ChatMessage
 from radixserve.server.serving import cache_salt, engine_errors, read_json, server_state
 from radixserve.timeline import RequestTimeline

@@ -45,7 +45,8 @@ from radixserve.server.messages_protocol import (
     TokenCount,
     ToolUseBlock,
 )
-from radixserve.server.serving import EventStream, ServerState, read_json, server_state
+from radixserve.server.handler import json_response, parse
+from radixserve.server.serving import EventStream, ServerState
 from radixserve.server.tool_calls import ToolCall
 from radixserve.server.turns import (
     CallDone,
@@ -66,8 +67,7 @@ def _usage(state: ServerState, ttl: str, prompt: int, cached: int, output: int) 
 
 
 async def create_message(request: Request) -> Response:
-    state = server_state(request)
-    req = await read_json(request, MessagesRequest)
+    state, req = await parse(request, MessagesRequest)
     chat, ttl = chat_request(req), cache_ttl(req)
     rid = new_id("msg")
     if req.stream:
@@ -77,14 +77,13 @@ async def create_message(request: Request) -> Response:
     u = turn.usage
     use = _usage(state, ttl, u.prompt_tokens, u.prompt_tokens_details.cached_tokens, u.completion_tokens)
     body = MessageResponse(rid, state.model_name, content_blocks(turn), reason, sequence, use)
-    return Response(state.json.encode(body), media_type="application/json")
+    return json_response(state, body)
 
 
 async def count_tokens(request: Request) -> Response:
-    state = server_state(request)
-    req = await read_json(request, CountTokensRequest)
+    state, req = await parse(request, CountTokensRequest)
     n = await count_prompt(request, state, chat_request(req), NAMES)
-    return Response(state.json.encode(TokenCount(n)), media_type="application/json")
+    return json_response(state, TokenCount(n))
 
 
 # ---------------------------------------------------------------- streaming

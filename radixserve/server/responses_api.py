@@ -41,7 +41,8 @@ from radixserve.server.responses_protocol import (
     ResponseUsage,
     TextConfig,
 )
-from radixserve.server.serving import EventStream, ServerState, cache_salt, read_json, server_state
+from radixserve.server.handler import json_response, parse
+from radixserve.server.serving import EventStream, ServerState, cache_salt, server_state
 from radixserve.server.responses_stream import Emitter
 from radixserve.server.turns import CallDone, Turn, TurnStream, open_turn, run_turn
 
@@ -117,8 +118,7 @@ def _keep(request: Request, req: ResponsesRequest, body: ResponseObject, convers
 
 
 async def create_response(request: Request) -> Response:
-    state = server_state(request)
-    req = await read_json(request, ResponsesRequest)
+    state, req = await parse(request, ResponsesRequest)
     if req.max_output_tokens is not None and req.max_output_tokens < 1:
         raise bad_request(f"max_output_tokens must be >= 1, got {req.max_output_tokens}", param="max_output_tokens")
     conversation = [*_history(request, req), *input_messages(req.input)]
@@ -130,7 +130,7 @@ async def create_response(request: Request) -> Response:
     turn = await run_turn(request, state, chat, rid, NAMES)
     body = _response(state, req, rid, created, turn_items(turn), turn)
     _keep(request, req, body, conversation)
-    return Response(state.json.encode(body), media_type="application/json")
+    return json_response(state, body)
 
 
 async def get_response(request: Request) -> Response:
@@ -139,7 +139,7 @@ async def get_response(request: Request) -> Response:
     stored = response_store(request).get(cache_salt(request, None), response_id)
     if stored is None:
         raise _not_found(response_id)
-    return Response(state.json.encode(stored.response), media_type="application/json")
+    return json_response(state, stored.response)
 
 
 async def delete_response(request: Request) -> Response:
@@ -147,7 +147,7 @@ async def delete_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     if not response_store(request).delete(cache_salt(request, None), response_id):
         raise _not_found(response_id)
-    return Response(state.json.encode(DeletedResponse(response_id)), media_type="application/json")
+    return json_response(state, DeletedResponse(response_id))
 
 
 # ---------------------------------------------------------------- streaming

@@ -1,6 +1,7 @@
-"""`GET /server_info` (and SGLang's older name `/get_server_info`): the server's settings in the shape of SGLang's
-answer, its server arguments at the top level plus `internal_states` and `version`. Clients read it to learn how the
-server behaves: `incremental_streaming_output` says whether a /generate stream sends deltas or the text so far."""
+"""What the server serves. `GET /server_info` (and SGLang's older name `/get_server_info`): the server's settings in
+the shape of SGLang's answer, its server arguments at the top level plus `internal_states` and `version`. Clients read
+it to learn how the server behaves: `incremental_streaming_output` says whether a /generate stream sends deltas or the
+text so far. `GET /v1/models`: OpenAI's list of models, this server's one."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from radixserve.server.auth import principal_of
+from radixserve.server.protocol import ModelCard, ModelList
 from radixserve.server.serving import server_state
 
 
@@ -39,3 +41,16 @@ async def server_info(request: Request) -> Response:
         body["model_path"] = body["tokenizer_path"] = info["model_path"]
         body["internal_states"] = [await asyncio.to_thread(state.engine.cache_stats)]  # waits for the engine loop
     return JSONResponse(body)
+
+
+async def models(request: Request) -> Response:
+    state = server_state(request)
+    defaults = state.engine.sampling_defaults
+    body = ModelList(
+        [
+            ModelCard(
+                state.model_name, state.created, max_model_len=state.context_length, sampling_defaults=defaults or None
+            )
+        ]
+    )
+    return Response(state.json.encode(body), media_type="application/json")

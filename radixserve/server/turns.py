@@ -2,7 +2,8 @@
 
 Both convert their request into a ChatCompletionRequest, so the chat template, prompt splicing (chat_prompt.py),
 grammars for tools and JSON schemas, and the tool-call parser (tool_calls.py) are the ones Chat Completions uses;
-this module runs that request and hands back API-neutral results (a Turn, or stream events) for each API to render.
+this module runs that request (its job built and run by chat_job.py) and hands back API-neutral results (a Turn, or
+stream events) for each API to render.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from radixserve.errors import RequestFailedError
 from radixserve.io import GenerateOutput, StreamChunk
 from radixserve.server.agent_retention import retain_turn
 from radixserve.server.errors import ApiError
-from radixserve.server.call_stop import CallWatch, answer_after_echo, collect, end_at_calls
-from radixserve.server.chat_api import Structure, prepare_chat, prompt_ids
-from radixserve.server.openai_api import Job, accumulate, finish_reason, observe_and_remember, start_streams, usage
+from radixserve.server.call_stop import answer_after_echo, end_at_calls
+from radixserve.server.chat_job import Structure, prepare_chat, prompt_ids, run_chat, thinking
+from radixserve.server.handler import Job, accumulate, finish_reason, observe_and_remember, start_streams, usage
 from radixserve.server.protocol import ChatCompletionRequest, Usage
-from radixserve.server.reasoning import ThinkSplit, pieces, split_reasoning, think_split
-from radixserve.server.serving import ServerState, Stream, close_streams, engine_errors, generate, in_band, merged
+from radixserve.server.reasoning import ThinkSplit, pieces, split_reasoning
+from radixserve.server.serving import ServerState, Stream, close_streams, in_band, merged
 from radixserve.server.tool_calls import ToolCall, ToolStream
 
 
@@ -71,7 +72,7 @@ class TurnStream:
 
     async def events(self) -> AsyncIterator[TextDelta | ReasoningDelta | CallDone]:
         split = ToolStream(self.shape.parser) if self.shape.parser is not None else None
-        think = _think_split(self.state, self.job)
+        think = thinking(self.state, self.job)
         acc: GenerateOutput | None = None
         async with contextlib.aclosing(self._chunks(split, think, lambda: acc)) as chunks:
             async for c in chunks:
@@ -126,11 +127,7 @@ async def run_turn(
     with client_names(names):
         job, shape = await prepare_chat(request, state, req, rid)
         job.renames.update(names)
-        with engine_errors("messages", {"max_new_tokens": job.max_param, **job.renames}):
-            if shape.parser is None:
-                [[out]] = await generate(request, state, job.calls)
-            else:  # read as a stream, to stop where the call list closes (call_stop.py), as a streamed turn does
-                [out] = await collect(request, state, job, [CallWatch(shape.parser, _think_split(state, job))])
+        [out] = await run_chat(request, state, job, shape)
     return _turn(state, job, shape, out)
 
 
@@ -160,13 +157,9 @@ def client_names(names: dict[str, str]) -> Iterator[None]:
 _HEAD = re.compile(r"^([a-z_]+)")
 
 
-def _think_split(state: ServerState, job: Job) -> ThinkSplit | None:
-    return think_split(state.reasoning_parser, state.engine.tokenizer, job.calls[0].input_ids)
-
-
 def _turn(state: ServerState, job: Job, shape: Structure, out: GenerateOutput) -> Turn:
     reason = finish_reason(out.finish_reason) or "stop"
-    think = _think_split(state, job)
+    think = thinking(state, job)
     reasoning, answer = ("", out.text) if think is None else split_reasoning(out.text, think)
     content, calls = (answer, []) if shape.parser is None else shape.parser.parse(answer)
     if calls and reason == "stop":
