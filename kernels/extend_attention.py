@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels.common import attention_num_warps, dot_precision, extend_blocks, needs_upcast, next_pow2
-from kernels.kv_load import load_kv_rows
+from kernels.kv_load import load_kv_rows, scale_group
 from kernels.online_softmax import attend_block
 
 
@@ -57,7 +57,7 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    SCALED: tl.constexpr,
+    SCALE_GROUP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -97,8 +97,8 @@ def _extend_kernel(
         slot = n % PAGE_SIZE
         k_row = page * stride_bkp + slot * stride_bks + kvh * stride_bkh
         v_row = page * stride_bvp + slot * stride_bvs + kvh * stride_bvh
-        k = load_kv_rows(K_buf, k_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALED).to(q.dtype)
-        v = load_kv_rows(V_buf, v_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALED).to(q.dtype)
+        k = load_kv_rows(K_buf, k_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALE_GROUP).to(q.dtype)
+        v = load_kv_rows(V_buf, v_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALE_GROUP).to(q.dtype)
         m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_PRECISION)
 
     # New tokens: causal, so this block of queries needs keys only up to its last token.
@@ -145,7 +145,7 @@ def extend_attention(
 
     Request b owns rows qo_indptr[b]:qo_indptr[b+1] (k/v `[T, kv_heads, D]` are their keys and values) and sees
     first its prefix_lens[b] cached tokens through page_table `[B, max_pages]` into k_buf/v_buf
-    `[num_pages, page_size, kv_heads, D]` (or int8 rows of D * 9 / 8, scales last: kernels/kv_load.py). Index tensors are int32 on q's device; `max_extend_len` bounds the
+    `[num_pages, page_size, kv_heads, D]` (or int8 rows of D values and their scales: kernels/kv_load.py). Index tensors are int32 on q's device; `max_extend_len` bounds the
     grid; `block_m` is the (token, head) rows per program. Returns `out`.
     """
     _, heads, dim = q.shape
@@ -194,7 +194,7 @@ def extend_attention(
         BLOCK_D=next_pow2(dim),
         UPCAST=needs_upcast(_extend_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
-        SCALED=k_buf.dtype == torch.int8,
+        SCALE_GROUP=scale_group(k_buf, dim),
         num_warps=num_warps or attention_num_warps(dim, q.dtype),
     )
     return out
