@@ -17,13 +17,14 @@
 // reduces 4 dot products (a horizontal sum per dot product took ~40% longer at 1,000 keys), then max, exp and
 // sum per head, then the weighted sum of values. The scores buffer is 4 floats per key (16 KiB per 1,000 keys).
 //
-// Paths, chosen at compile time (-march=native): AVX-512 for head_dim 64 or 128 (one row = 4 or 8 registers);
-// plain C++ otherwise (any head_dim, or a CPU without AVX-512).
+// Paths, chosen at compile time (-march=native): AVX-512 (F, BW, VL) for head_dim 64 or 128 (one row = 4 or 8
+// registers); plain C++ otherwise (any head_dim, or a CPU without AVX-512).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -107,24 +108,40 @@ void attend_plain(const float* q, int64_t g, int64_t D, const Rows<T>& k, const 
     for (int64_t d = 0; d < D; d++) out[h * D + d] /= sum[h];
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const at::BFloat16* p) {  // bfloat16 -> float32 is exact: the 16 bits become the high half
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-inline __m512 load16(const int8_t* p) {  // exact: |x| <= 127; the group's scale is applied by scaled16
+inline __m512 load16(const int8_t* p) {  // exact: |x| <= 127; the group's scale is applied by load_row
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// Register c (elements 16c .. 16c + 15) of a stored row as float32: an int8 register lies in one scale group.
-template <int D, typename T>
-inline __m512 scaled16(const T* row, int64_t G, int c) {
-  if constexpr (std::is_same_v<T, int8_t>)
-    return _mm512_mul_ps(load16(row + 16 * c), _mm512_set1_ps(row_scale(row, D, G, 16 * c)));
-  else
-    return load16(row + 16 * c);
+// A stored row of D = 16 * C values as C float32 registers. An int8 register lies in one scale group: its scale is
+// lane (16 c / G) of the row's scales, which are widened together (one masked load, one F16C conversion of up to 8
+// float16s) and picked per register by a lane permute (ScaleLanes, set up once per call), instead of a scalar load,
+// conversion and broadcast per register.
+template <int C>
+struct ScaleLanes {
+  std::array<__m512i, C> sel;
+  __mmask8 groups;  // the row's D / G scales
+  explicit ScaleLanes(int64_t G) : groups(static_cast<__mmask8>((1u << (16 * C / G)) - 1)) {
+    for (int c = 0; c < C; c++) sel[c] = _mm512_set1_epi32(static_cast<int>(16 * c / G));
+  }
+};
+
+template <int C, typename T>
+inline void load_row(const T* row, const ScaleLanes<C>& lanes, __m512 (&out)[C]) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    const __m128i bits = _mm_maskz_loadu_epi16(lanes.groups, row + 16 * C);
+    const __m512 scales = _mm512_castps256_ps512(_mm256_cvtph_ps(bits));
+    for (int c = 0; c < C; c++)
+      out[c] = _mm512_mul_ps(load16(row + 16 * c), _mm512_permutexvar_ps(lanes.sel[c], scales));
+  } else {
+    for (int c = 0; c < C; c++) out[c] = load16(row + 16 * c);
+  }
 }
 
 // exp(x) for the softmax's x <= 0: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, degree-6 Taylor polynomial
@@ -198,9 +215,10 @@ void attend_block(const float* q, const Rows<T>& k, const Rows<T>& v, float* s, 
   __m512 qv[NG][C];
   for (int h = 0; h < NG; h++)
     for (int c = 0; c < C; c++) qv[h][c] = _mm512_loadu_ps(q + h * D + 16 * c);
+  const ScaleLanes<C> k_sel(k.group), v_sel(v.group);
   k.each([&](int64_t t, const T* kr) {
     __m512 kv[C];
-    for (int c = 0; c < C; c++) kv[c] = scaled16<D>(kr, k.group, c);
+    load_row<C>(kr, k_sel, kv);
     __m512 dot[4];
     for (int h = 0; h < 4; h++) {
       dot[h] = _mm512_setzero_ps();
@@ -216,7 +234,7 @@ void attend_block(const float* q, const Rows<T>& k, const Rows<T>& v, float* s, 
     for (int c = 0; c < C; c++) acc[h][c] = _mm512_setzero_ps();
   v.each([&](int64_t t, const T* vr) {
     __m512 vv[C];
-    for (int c = 0; c < C; c++) vv[c] = scaled16<D>(vr, v.group, c);
+    load_row<C>(vr, v_sel, vv);
     for (int h = 0; h < NG; h++) {
       const __m512 p = _mm512_set1_ps(s[4 * t + h]);
       for (int c = 0; c < C; c++) acc[h][c] = _mm512_fmadd_ps(p, vv[c], acc[h][c]);
@@ -248,7 +266,7 @@ void attend_heads(const float* q, int64_t g, const Rows<T>& k, const Rows<T>& v,
 
 template <typename T>
 void attend(const float* q, int64_t g, int64_t D, const Rows<T>& k, const Rows<T>& v, float* s, float* out) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
   if (D == 64) return attend_heads<4>(q, g, k, v, s, out);
   if (D == 128) return attend_heads<8>(q, g, k, v, s, out);
 #endif

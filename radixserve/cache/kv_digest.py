@@ -20,9 +20,7 @@ import xxhash
 _SAMPLES = 16
 _SAMPLE_BYTES = 64 * 1024
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin")
-# Bump when the page file layout or what a page holds changes (3: the KV format, kv_dtype; 4: int8 rows' scale
-# group, which an older row of the same width may have held differently).
-FORMAT_VERSION = 4
+FORMAT_VERSION = 3  # bump when the page file layout or what a page holds changes (3: the KV format, kv_dtype)
 
 
 @dataclass(frozen=True)

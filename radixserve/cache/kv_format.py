@@ -1,19 +1,19 @@
 """KV page formats: how the pool stores a token's K or V row for one KV head, and how a reader gets floats back.
 
 A float format stores the row as is (`head_dim` elements of that dtype). `int8` stores the row quantized
-symmetrically to -127..127 with one scale per GROUP (32) values (per row where head_dim is smaller), the scales
-(float16, 2 int8 bytes each) after the values: scales per token, KV head and K/V. A key row is first rotated by the
-orthonormal Hadamard matrix H (`rotate_keys`): with one scale per row and no rotation, Qwen2.5's keys cost +5.7%
-perplexity over 4k tokens (the values barely matter); rotated, which spreads any large channel over the whole row,
-the loss is small (benchmarks/RESULTS.md, issue 40: a scale per 16 measured +0.09%, per 32 see there). Readers rotate
+symmetrically to -127..127 with one scale per GROUP (16) values, the scales (float16, 2 int8 bytes each) after the
+values: scales per token, KV head and K/V. A key row is first rotated by the orthonormal Hadamard matrix H
+(`rotate_keys`): with one scale per row and no rotation, Qwen2.5's keys cost +5.7% perplexity over 4k tokens (the
+values barely matter); rotated, which spreads any large channel over the whole row, with a scale per 16 the loss
+measured +0.09%, with a scale per 32 +0.76% (benchmarks/RESULTS.md, issue 40), so the group stays 16. Readers rotate
 the query instead of the pages (q . k = (qH) . (kH), H orthogonal), and the values are not rotated. Why per token
 rather than per page: a page fills one token at a time during decode, so a page-wide scale would have to be
 re-derived and the page re-quantized whenever a larger value arrives (each time losing precision), and one outlier
 token would coarsen its 15 neighbours; a row's own scale is final when it is written. Why in the row: every consumer
 that moves pages as bytes (partial-page copy, the host and disk tiers, tensor-parallel shards split by KV head) then
-carries the scales with the values and needs no second buffer. The cost is 4 bytes in 68 per head_dim-64 row: the
-same memory holds 1.88x the tokens of bfloat16 (a scale per 16 values: 1.78x, which left a RAG pool short of the
-issue's 1.8x hit rate).
+carries the scales with the values and needs no second buffer. The cost is 8 bytes in 72 per head_dim-64 row: the
+same memory holds 1.78x the tokens of bfloat16. The readers take the group from the row width (head_dim + 2 bytes a
+group), so GROUP is set here alone.
 
 `fp8_e4m3` stores `float8_e4m3fn` bits with no scale (a scale of 1, FlashInfer's default), values clamped to +-448,
 the format's largest: the layout FlashInfer's fp8 KV kernels read on CUDA (they get the buffers viewed as
@@ -38,7 +38,7 @@ _STORAGE = {
 _FP8 = torch.float8_e4m3fn
 _SCALE_DTYPE = torch.float16
 _SCALE_BYTES = 2  # one float16 per group of an int8 row
-GROUP = 32  # values per int8 scale, or the whole row where head_dim is smaller (see scale_group)
+GROUP = 16  # values per int8 scale, or the whole row where head_dim is smaller (see scale_group)
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0  # float8_e4m3fn's largest finite value: torch's cast does not saturate, so clamp first
 
