@@ -17,8 +17,8 @@
 // reduces 4 dot products (a horizontal sum per dot product took ~40% longer at 1,000 keys), then max, exp and
 // sum per head, then the weighted sum of values. The scores buffer is 4 floats per key (16 KiB per 1,000 keys).
 //
-// Paths, chosen at compile time (-march=native): AVX-512 (F, BW, VL) for head_dim 64 or 128 (one row = 4 or 8
-// registers); plain C++ otherwise (any head_dim, or a CPU without AVX-512).
+// Paths, chosen at compile time (-march=native): AVX-512 for head_dim 64 or 128 (one row = 4 or 8 registers);
+// plain C++ otherwise (any head_dim, or a CPU without AVX-512).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -108,7 +108,7 @@ void attend_plain(const float* q, int64_t g, int64_t D, const Rows<T>& k, const 
     for (int64_t d = 0; d < D; d++) out[h * D + d] /= sum[h];
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512F__)
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const at::BFloat16* p) {  // bfloat16 -> float32 is exact: the 16 bits become the high half
@@ -119,28 +119,29 @@ inline __m512 load16(const int8_t* p) {  // exact: |x| <= 127; the group's scale
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// A stored row of D = 16 * C values as C float32 registers. An int8 register lies in one scale group: its scale is
-// lane (16 c / G) of the row's scales, which are widened together (one masked load, one F16C conversion of up to 8
-// float16s) and picked per register by a lane permute (ScaleLanes, set up once per call), instead of a scalar load,
-// conversion and broadcast per register.
+// A stored row of D = 16 * C values as C float32 registers. An int8 register lies in one scale group: it is
+// multiplied by its group's float16 scale, at byte D + 2 (16 c / G) of the row; those offsets are worked out once
+// per call (ScaleOffsets). Both alternatives tried measured slower on Zen 4 (benchmarks/RESULTS.md, issue 40): a
+// division by the runtime G per register, and widening a row's scales together (one F16C conversion) then a lane
+// permute per register.
 template <int C>
-struct ScaleLanes {
-  std::array<__m512i, C> sel;
-  __mmask8 groups;  // the row's D / G scales
-  explicit ScaleLanes(int64_t G) : groups(static_cast<__mmask8>((1u << (16 * C / G)) - 1)) {
-    for (int c = 0; c < C; c++) sel[c] = _mm512_set1_epi32(static_cast<int>(16 * c / G));
+struct ScaleOffsets {
+  std::array<int64_t, C> at;
+  explicit ScaleOffsets(int64_t G) {
+    for (int c = 0; c < C; c++) at[c] = 16 * C + 2 * (16 * c / G);
   }
 };
 
 template <int C, typename T>
-inline void load_row(const T* row, const ScaleLanes<C>& lanes, __m512 (&out)[C]) {
-  if constexpr (std::is_same_v<T, int8_t>) {
-    const __m128i bits = _mm_maskz_loadu_epi16(lanes.groups, row + 16 * C);
-    const __m512 scales = _mm512_castps256_ps512(_mm256_cvtph_ps(bits));
-    for (int c = 0; c < C; c++)
-      out[c] = _mm512_mul_ps(load16(row + 16 * c), _mm512_permutexvar_ps(lanes.sel[c], scales));
-  } else {
-    for (int c = 0; c < C; c++) out[c] = load16(row + 16 * c);
+inline void load_row(const T* row, const ScaleOffsets<C>& scales, __m512 (&out)[C]) {
+  for (int c = 0; c < C; c++) {
+    if constexpr (std::is_same_v<T, int8_t>) {
+      uint16_t bits;
+      std::memcpy(&bits, row + scales.at[c], sizeof(bits));
+      out[c] = _mm512_mul_ps(load16(row + 16 * c), _mm512_set1_ps(_cvtsh_ss(bits)));
+    } else {
+      out[c] = load16(row + 16 * c);
+    }
   }
 }
 
@@ -215,7 +216,7 @@ void attend_block(const float* q, const Rows<T>& k, const Rows<T>& v, float* s, 
   __m512 qv[NG][C];
   for (int h = 0; h < NG; h++)
     for (int c = 0; c < C; c++) qv[h][c] = _mm512_loadu_ps(q + h * D + 16 * c);
-  const ScaleLanes<C> k_sel(k.group), v_sel(v.group);
+  const ScaleOffsets<C> k_sel(k.group), v_sel(v.group);
   k.each([&](int64_t t, const T* kr) {
     __m512 kv[C];
     load_row<C>(kr, k_sel, kv);
@@ -266,7 +267,7 @@ void attend_heads(const float* q, int64_t g, const Rows<T>& k, const Rows<T>& v,
 
 template <typename T>
 void attend(const float* q, int64_t g, int64_t D, const Rows<T>& k, const Rows<T>& v, float* s, float* out) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512F__)
   if (D == 64) return attend_heads<4>(q, g, k, v, s, out);
   if (D == 128) return attend_heads<8>(q, g, k, v, s, out);
 #endif
