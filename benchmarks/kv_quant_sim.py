@@ -4,7 +4,9 @@ stored (quantized, then dequantized into a float32 pool), so any scheme can be s
 A scheme is `K:V`, each side one of: `none` (bfloat16 values as computed), `gN` (symmetric int8 with one float16
 scale per N values of a row: g64 is the shipped format, one scale per token and head), `hN` (the row rotated by the
 64 x 64 Hadamard matrix first, then gN; the rotation is orthogonal, so a reader would rotate q instead and the
-scores are unchanged, while an outlier channel is spread over the whole row). Perplexity as benchmarks/quality.py
+scores are unchanged, while an outlier channel is spread over the whole row); a trailing `m3` stores each scale in
+one byte, rounded up to 3 mantissa bits (radixserve/cache/kv_format.py's scale byte) instead of float16. The
+dequantized rows are stored in float32, as the int8 engine's readers take them. Perplexity as benchmarks/quality.py
 measures it, bfloat16 weights, one engine per scheme.
 
     .venv/bin/python -m benchmarks.kv_quant_sim [--schemes none:none g64:g64 none:g64 g64:none g16:g64 h64:g64 ...]
@@ -36,19 +38,28 @@ def hadamard(n: int) -> torch.Tensor:
     return h / n**0.5
 
 
+def round_up_3_bits(s: torch.Tensor) -> torch.Tensor:
+    """Positive float32 s rounded up to 3 mantissa bits (an integer add on the bits: a carry moves the exponent)."""
+    bits = s.view(torch.int32)
+    return ((bits + (1 << 20) - 1) & ~((1 << 20) - 1)).view(torch.float32)
+
+
 def fake_quantize(x: torch.Tensor, side: str) -> torch.Tensor:
-    """x `[..., D]` through one side of a scheme and back, in x's dtype."""
+    """x `[..., D]` through one side of a scheme and back, in float32 (what the int8 readers compute in)."""
     if side == "none":
         return x
+    byte_scale = side.endswith("m3")
+    side = side.removesuffix("m3")
     xf = x.float()
     rot = hadamard(x.shape[-1]) if side[0] == "h" else None
     if rot is not None:
         xf = xf @ rot
     groups = xf.reshape(*xf.shape[:-1], -1, int(side[1:]))
-    scale = (groups.abs().amax(-1, keepdim=True) / 127).half().float()
+    amax = groups.abs().amax(-1, keepdim=True) / 127
+    scale = round_up_3_bits(amax.contiguous()) if byte_scale else amax.half().float()
     q = torch.where(scale > 0, groups / scale.clamp(min=1e-30), 0.0).round().clamp(-127, 127)
     out = (q * scale).reshape(xf.shape)
-    return (out @ rot.T if rot is not None else out).to(x.dtype)
+    return out @ rot.T if rot is not None else out
 
 
 def main() -> None:

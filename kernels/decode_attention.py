@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.common import attention_num_warps, decode_block_n, dot_precision, needs_upcast, next_pow2
-from kernels.kv_load import load_kv_rows
+from kernels.kv_load import load_kv_rows, scale_group
 from kernels.online_softmax import attend_block
 
 
@@ -56,7 +56,7 @@ def _decode_split_kernel(
     SINGLE_SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    SCALED: tl.constexpr,
+    SCALE_GROUP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -92,8 +92,8 @@ def _decode_split_kernel(
         slot = n % PAGE_SIZE
         k_row = page * stride_kp + slot * stride_ks + kvh * stride_kh
         v_row = page * stride_vp + slot * stride_vs + kvh * stride_vh
-        k = load_kv_rows(K_buf, k_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALED).to(q.dtype)
-        v = load_kv_rows(V_buf, v_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALED).to(q.dtype)
+        k = load_kv_rows(K_buf, k_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALE_GROUP).to(q.dtype)
+        v = load_kv_rows(V_buf, v_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALE_GROUP).to(q.dtype)
         m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_PRECISION)
 
     if SINGLE_SPLIT:
@@ -188,7 +188,7 @@ def decode_attention(
     """Write into `out` `[B, H, D]` the attention of q `[B, H, D]` over the first seq_lens[b] tokens of request b.
 
     k_buf/v_buf are one layer's pool pages `[num_pages, page_size, kv_heads, row]` (row = head_dim, or int8 rows of
-    head_dim * 9 / 8: the values, then a float16 scale per 16: kernels/kv_load.py; int8 keys are stored rotated, so
+    the values, then a float16 scale per group: kernels/kv_load.py; int8 keys are stored rotated, so
     q must come rotated too: radixserve/cache/kv_format.py); page_table `[B, max_pages]`
     and seq_lens `[B]` are int32 on q's device. Every seq_len must be >= 1. `workspace` (from `decode_workspace`)
     is needed only for num_splits > 1 and allocated here if not given. Returns `out`.
@@ -242,7 +242,7 @@ def decode_attention(
         SINGLE_SPLIT=single,
         UPCAST=needs_upcast(_decode_split_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
-        SCALED=k_buf.dtype == torch.int8,
+        SCALE_GROUP=scale_group(k_buf, dim),
         num_warps=num_warps or attention_num_warps(dim, q.dtype),
     )
     if single:

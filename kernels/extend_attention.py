@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels.common import attention_num_warps, dot_precision, extend_blocks, needs_upcast, next_pow2
-from kernels.kv_load import load_kv_rows
+from kernels.kv_load import load_kv_rows, scale_group
 from kernels.online_softmax import attend_block
 
 
@@ -62,7 +62,7 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    SCALED: tl.constexpr,
+    SCALE_GROUP: tl.constexpr,
     BATCH_INVARIANT: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -114,8 +114,8 @@ def _extend_kernel(
         slot = n % PAGE_SIZE
         k_row = page * stride_bkp + slot * stride_bks + kvh * stride_bkh
         v_row = page * stride_bvp + slot * stride_bvs + kvh * stride_bvh
-        k = load_kv_rows(K_buf, k_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALED).to(q.dtype)
-        v = load_kv_rows(V_buf, v_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALED).to(q.dtype)
+        k = load_kv_rows(K_buf, k_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALE_GROUP).to(q.dtype)
+        v = load_kv_rows(V_buf, v_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALE_GROUP).to(q.dtype)
         if BATCH_INVARIANT:
             visible = (n[None, :] <= prefix_len + tok[:, None]) & mask_n[None, :]
         else:
@@ -167,9 +167,10 @@ def extend_attention(
 
     Request b owns rows qo_indptr[b]:qo_indptr[b+1] (k/v `[T, kv_heads, D]` are their keys and values) and sees
     first its prefix_lens[b] cached tokens through page_table `[B, max_pages]` into k_buf/v_buf
-    `[num_pages, page_size, kv_heads, D]` (or int8 rows of D * 9 / 8, scales last: kernels/kv_load.py). Index tensors are int32 on q's device; `max_extend_len` bounds the
-    grid; `block_m` is the (token, head) rows per program. `batch_invariant`: read the new tokens' keys from the
-    pages too (k/v must be stored there already and are not read), in blocks at fixed positions. Returns `out`.
+    `[num_pages, page_size, kv_heads, D]` (or int8 rows of D values and their scales: kernels/kv_load.py). Index
+    tensors are int32 on q's device; `max_extend_len` bounds the grid; `block_m` is the (token, head) rows per
+    program. `batch_invariant`: read the new tokens' keys from the pages too (k/v must be stored there already and
+    are not read), in blocks at fixed positions. Returns `out`.
     """
     _, heads, dim = q.shape
     _, page_size, kv_heads, _ = k_buf.shape
@@ -218,7 +219,7 @@ def extend_attention(
         BLOCK_D=next_pow2(dim),
         UPCAST=needs_upcast(_extend_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
-        SCALED=k_buf.dtype == torch.int8,
+        SCALE_GROUP=scale_group(k_buf, dim),
         BATCH_INVARIANT=batch_invariant,
         num_warps=num_warps or attention_num_warps(dim, q.dtype),
     )

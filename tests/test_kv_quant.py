@@ -1,7 +1,7 @@
 """Quantized KV pages (radixserve/cache/kv_format.py, issue 40): each format's round-trip error within its bound;
 the pool stores, copies, gathers and scatters int8 rows with their scales; attention over int8 / fp8 pages equals
 attention over the dequantized float pages (same inputs) on every CPU path: the torch backend's SDPA path (decode,
-prefill and mixed steps) and the C++ decode op (AVX-512 head_dim 64 and 128, the plain path at 32 and 48); the budget
+prefill and mixed steps) and the C++ decode op (AVX-512 head_dim 64 and 128, the plain path at 32); the budget
 sizes the pool by format; an engine on int8 pages runs, its disk tier returns the same bytes (identical greedy output
 with the tier on and off) and its outputs stay close to float KV."""
 
@@ -14,13 +14,14 @@ import torch
 
 import kernels.cpu
 from radixserve.attention.torch_backend import TorchAttentionBackend
-from radixserve.cache.kv_format import KVFormat, resolve_kv_dtype, row_scales
+from radixserve.cache.kv_format import GROUP, KVFormat, resolve_kv_dtype, row_scales
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
 
 OPS = kernels.cpu.ops()
 needs_ops = pytest.mark.skipif(OPS is None, reason="CPU kernels unavailable")
 KV_HEADS = 2
+W64 = KVFormat("int8").row_width(64)  # an int8 row of head_dim 64: the values, then a 2-byte scale per group
 
 
 def _rows(seed: int = 0, n: int = 200, dim: int = 64) -> torch.Tensor:
@@ -33,17 +34,17 @@ def _rows(seed: int = 0, n: int = 200, dim: int = 64) -> torch.Tensor:
 
 
 def _step_bound(x: torch.Tensor) -> torch.Tensor:
-    """Half a quantization step of each value's group of 16 (max / 127), plus the float16 rounding of the scale
+    """Half a quantization step of each value's group (max / 127), plus the float16 rounding of the scale
     (2^-11 relative) where the clamp absorbs it."""
-    amax = x.unflatten(-1, (-1, 16)).abs().amax(-1, keepdim=True)
-    return (0.5 * amax / 127 + amax * 2**-10 + 1e-30).expand(*x.shape[:-1], x.shape[-1] // 16, 16).flatten(-2)
+    amax = x.unflatten(-1, (-1, GROUP)).abs().amax(-1, keepdim=True)
+    return (0.5 * amax / 127 + amax * 2**-10 + 1e-30).expand(*x.shape[:-1], x.shape[-1] // GROUP, GROUP).flatten(-2)
 
 
 def test_int8_round_trip_error_is_within_half_a_step_of_its_group() -> None:
     fmt = KVFormat("int8")
     x = _rows()
     stored = fmt.encode(x)
-    assert stored.dtype == torch.int8 and stored.shape == (*x.shape[:-1], 72)
+    assert stored.dtype == torch.int8 and stored.shape == (*x.shape[:-1], 64 + 2 * 64 // GROUP)
     back = fmt.decode(stored, torch.float32)
     assert ((back - x).abs() <= _step_bound(x)).all()
     assert not back[7].any() and (row_scales(stored[7]) == 0).all()
@@ -51,12 +52,16 @@ def test_int8_round_trip_error_is_within_half_a_step_of_its_group() -> None:
 
 
 def test_int8_keys_round_trip_through_the_rotation() -> None:
-    """Keys are stored rotated by H (orthonormal, symmetric): rotating back gives them within the rotated rows'
-    error, in norm (the rotation preserves norms)."""
+    """Keys are stored rotated by H (orthonormal, symmetric: the fast transform equals the matrix product): rotating
+    back gives them within the rotated rows' error, in norm (the rotation preserves norms)."""
     fmt = KVFormat("int8")
     x = _rows()
     x[:, :, 9] += 40.0  # a large channel in every row, as Qwen2.5's keys have
     rotated = fmt.rotate_keys(x)
+    h = torch.ones(1, 1)
+    while h.shape[0] < 64:  # Sylvester's construction of the Walsh-Hadamard matrix
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    torch.testing.assert_close(rotated, x @ h / 8, rtol=1e-6, atol=1e-4)
     back = fmt.rotate_keys(fmt.decode(fmt.encode(rotated), torch.float32))
     assert ((back - x).norm(dim=-1) <= _step_bound(rotated).norm(dim=-1) * 1.0001).all()
 
@@ -87,23 +92,23 @@ def test_auto_keeps_the_model_dtype_and_a_bad_name_raises() -> None:
 
 def test_int8_holds_about_twice_the_tokens_of_bfloat16_in_the_same_bytes() -> None:
     bf16, int8 = (KVFormat(n).bytes_per_token(24, 2, 64) for n in ("bfloat16", "int8"))
-    assert bf16 == 2 * 24 * 2 * 64 * 2 and int8 == 2 * 24 * 2 * 72
-    assert bf16 / int8 == pytest.approx(1.78, abs=0.01)
+    assert bf16 == 2 * 24 * 2 * 64 * 2 and int8 == 2 * 24 * 2 * W64 and W64 == 64 + 2 * 64 // GROUP
+    assert bf16 / int8 >= 1.75
     with pytest.raises(ValueError, match="power of two"):
         KVPool(1, 4, 16, KV_HEADS, 48, torch.float32, kv_format=KVFormat("int8"))
 
 
 def test_pool_moves_int8_rows_with_their_scales() -> None:
     pool = KVPool(2, 6, 4, KV_HEADS, 64, torch.bfloat16, kv_format=KVFormat("int8"))
-    assert pool.k_buffers[0].shape == (6, 4, KV_HEADS, 72) and pool.bytes_per_token == 2 * 2 * KV_HEADS * 72
+    assert pool.k_buffers[0].shape == (6, 4, KV_HEADS, W64) and pool.bytes_per_token == 2 * 2 * KV_HEADS * W64
     x = _rows(n=8)
     loc = torch.arange(4, 12)
     for layer in range(2):
         pool.store(layer, loc, x * (layer + 1), -x)
-    flat = pool.k_buffers[1].view(-1, KV_HEADS, 72)
+    flat = pool.k_buffers[1].view(-1, KV_HEADS, W64)
     fmt = KVFormat("int8")
     assert torch.equal(flat[loc], fmt.encode(fmt.rotate_keys(x * 2)))  # keys rotated, then quantized
-    assert torch.equal(pool.v_buffers[1].view(-1, KV_HEADS, 72)[loc], fmt.encode(-x))
+    assert torch.equal(pool.v_buffers[1].view(-1, KV_HEADS, W64)[loc], fmt.encode(-x))
     pool.copy_slots(torch.tensor([4, 5]), torch.tensor([13, 14]))  # a partial-page copy keeps the bytes
     assert torch.equal(flat[13:15], flat[4:6])
     pages = torch.tensor([1, 2])
@@ -166,15 +171,18 @@ def test_attention_over_quantized_pages_equals_attention_over_the_dequantized_pa
     fk = f.rotate_keys(f.decode(f.encode(f.rotate_keys(new_k)), torch.float32))
     fv = f.decode(f.encode(new_v), torch.float32)
     want = _attend(floats, specs, q, fk, fv, tables, cpu_op)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # atol: outputs near 0 are sums of values of ~3 that cancel, where the keys' float32 rotations (there and back,
+    # 6 rounded stages each) show as ~1e-5 (measured 1.2e-5 once in 62,720 outputs).
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=3e-5)
 
 
 @needs_ops
-@pytest.mark.parametrize("head_dim", [64, 128, 48])
+@pytest.mark.parametrize("head_dim", [64, 128, 32])
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 def test_cpu_op_reads_int8_pages_as_their_dequantized_values(head_dim: int, q_dtype: torch.dtype) -> None:
     """The op alone, long enough (2,000 keys) to split over threads: int8 pages against the float32 pages they
-    decode to, both through the op (AVX-512 at 64 and 128, the plain path at 48)."""
+    decode to, keys rotated back (over int8 pages the op rotates the query itself), both through the op (AVX-512
+    at 64 and 128, the plain path at 32)."""
     gen = torch.Generator().manual_seed(2)
     fmt, ps, lens = KVFormat("int8"), 16, [2000, 1, 517]
     pages = [(n + ps - 1) // ps for n in lens]
@@ -186,28 +194,29 @@ def test_cpu_op_reads_int8_pages_as_their_dequantized_values(head_dim: int, q_dt
     q = torch.randn(len(lens), KV_HEADS * 7, head_dim, generator=gen).to(q_dtype)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     got = OPS.decode_attention(q, k, v, table, seq_lens, head_dim**-0.5)
-    kf, vf = fmt.decode(k, torch.float32), fmt.decode(v, torch.float32)
+    kf, vf = fmt.rotate_keys(fmt.decode(k, torch.float32)), fmt.decode(v, torch.float32)
     want = OPS.decode_attention(q, kf, vf, table, seq_lens, head_dim**-0.5)
-    tol = 1e-5 if q_dtype == torch.float32 else 2**-8
+    tol = 1e-5 if q_dtype == torch.float32 else 2**-7  # bfloat16 outputs: one ulp, where the two round apart
     torch.testing.assert_close(got, want, rtol=tol, atol=1e-5)
-    with pytest.raises(RuntimeError, match="head_dim \\* 9 / 8"):
+    with pytest.raises(RuntimeError, match="a 2-byte scale per group"):
         OPS.decode_attention(q, k[..., :-1].contiguous(), v[..., :-1].contiguous(), table, seq_lens, 0.1)
 
 
 @needs_ops
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_fused_cpu_store_writes_the_encoders_bytes(dtype: torch.dtype) -> None:
-    """kernels/cpu/kv_store.cpp (what an int8 pool on CPU stores with) against KVFormat.encode, byte for byte:
-    rows with exact halves (round half to even), zeros, outliers, bfloat16 and float32 inputs."""
+    """kernels/cpu/kv_store.cpp (what an int8 pool on CPU stores with) against KVFormat.encode, byte for byte, keys
+    through rotate_keys first (the op's fast transform runs the same float32 adds in the same order): rows with exact
+    halves (round half to even), zeros, outliers, bfloat16 and float32 inputs."""
     fmt = KVFormat("int8")
     x = _rows(n=64).to(dtype)
     ties = torch.arange(64, dtype=torch.float32) - 31.5  # x.5 values: ties to round half to even
-    ties[0] = 127.0  # scale exactly 1, so every x / scale is its tie
-    x[1, 0] = ties.to(dtype)
-    buf = [torch.zeros(20, 4, KV_HEADS, 72, dtype=torch.int8) for _ in range(2)]
+    ties[::GROUP] = 127.0  # every group's scale exactly 1, so every x / scale is its tie
+    x[1, 0] = ties.to(dtype)  # stored unrotated as the values (-x), rotated (no ties left) as the keys
+    buf = [torch.zeros(20, 4, KV_HEADS, W64, dtype=torch.int8) for _ in range(2)]
     loc = torch.randperm(80)[:64]
     OPS.store_kv_int8(x, -x, buf[0], buf[1], loc)
-    assert torch.equal(buf[0].view(-1, KV_HEADS, 72)[loc], fmt.encode(x))
-    assert torch.equal(buf[1].view(-1, KV_HEADS, 72)[loc], fmt.encode(-x))
+    assert torch.equal(buf[0].view(-1, KV_HEADS, W64)[loc], fmt.encode(fmt.rotate_keys(x)))
+    assert torch.equal(buf[1].view(-1, KV_HEADS, W64)[loc], fmt.encode(-x))
     with pytest.raises(RuntimeError, match="not a pool slot"):
         OPS.store_kv_int8(x, x, buf[0], buf[1], loc + 80)

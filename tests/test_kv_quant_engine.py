@@ -1,7 +1,7 @@
 """Engines on quantized KV pages (issue 40), tiny model: --kv-cache-gb sizes the pool by format (int8 1.78x
-bfloat16's tokens); the disk tier stores int8 pages as they are (greedy output identical with the tier
-on and off under heavy eviction); int8 KV stays close to float KV; a backend refuses a format it
-cannot read. Every engine ends at rest (the make_engine fixture)."""
+bfloat16's tokens at head_dim 16); the disk tier stores int8 pages as they are (greedy output
+identical with the tier on and off under heavy eviction); int8 KV stays close to float KV; a backend refuses a format
+it cannot read. Every engine ends at rest (the make_engine fixture)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from radixserve.cache.kv_format import scale_group
 from radixserve.errors import ParamError
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0}
@@ -30,8 +31,10 @@ def test_the_budget_holds_about_twice_the_tokens_in_int8(make_engine, tiny_model
         pool = eng.runner.pool
         sizes[fmt] = pool.capacity * pool.page_size
         assert pool.num_pages * pool.page_size * pool.bytes_per_token <= (1 << 30) * 0.001 + 4 * pool.bytes_per_token
-    # int8 rows are head_dim bytes and a 2-byte scale per 16; bfloat16 rows 2 * head_dim bytes
-    assert sizes["int8"] / sizes["bfloat16"] == pytest.approx(16 / 9, rel=0.01), sizes
+    # int8 rows are head_dim bytes and a 2-byte scale per group (the tiny model's head_dim 16: one group, 18 bytes);
+    # bfloat16 rows 2 * head_dim bytes
+    g = scale_group(16)
+    assert g == 16 and sizes["int8"] / sizes["bfloat16"] == pytest.approx(2 * g / (g + 2), rel=0.01), sizes
     with pytest.raises(ParamError, match="set one"):
         make_engine(tiny_model_dir, kv_cache_gb=0.001, max_total_tokens=64)
 

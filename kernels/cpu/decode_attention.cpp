@@ -3,10 +3,11 @@
 // out[r, h] = softmax_t(q[r, h] . K[r, t, h / ratio] * scale) . V[r, t, h / ratio] over t < seq_lens[r], where
 // key t of request r sits in pool page page_table[r, t / page_size], row t % page_size. The pool's per-layer
 // buffers are [num_pages, page_size, kv_heads, row] (radixserve/cache/kv_pool.py): bfloat16 or float32 rows of
-// head_dim, or int8 rows of head_dim values then a float16 scale per 16 of them (radixserve/cache/kv_format.py),
-// read as value * its group's scale (one multiply per 16-lane register, as it is widened); q is
-// [num_reqs, heads, head_dim] (bfloat16 or float32, rows may be strided), the output has q's dtype. int8 keys are
-// stored rotated: the caller passes the query rotated the same way (radixserve/attention/torch_backend.py).
+// head_dim, or int8 rows of head_dim values then a float16 scale per group of them (radixserve/cache/kv_format.py;
+// the group, a multiple of 16, is read off the row width), read as value * its group's scale (one multiply per
+// 16-lane register, as it is widened); q is [num_reqs, heads, head_dim] (bfloat16 or float32, rows may be strided),
+// the output has q's dtype. int8 keys are stored rotated (kv_rotate.h): over int8 pages the op rotates the query
+// the same way itself, so the caller passes q as the model computed it.
 //
 // Why: the pure-torch path gathers every request's pages into a contiguous copy (index_select) and then calls SDPA,
 // once per layer; on a CPU decode step that copy plus the per-op overheads cost more than the arithmetic. Here
@@ -23,10 +24,13 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
+
+#include "kv_rotate.h"
 #if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -40,6 +44,7 @@ struct Rows {
   const T* buf;
   const int32_t* pages;  // the request's page-table row
   int64_t page_size, stride, len;
+  int64_t group;  // values per scale of an int8 row (unused for float rows)
 
   // f(t, row) for t = 0 .. len - 1, page by page (no division per key).
   template <typename F>
@@ -57,14 +62,14 @@ inline float widen(at::BFloat16 x) { return static_cast<float>(x); }
 inline float widen(int8_t x) { return static_cast<float>(x); }
 
 // The factor elements d of a stored row are multiplied by: 1 for float rows; for int8, the float16 scale of the
-// group of 16 holding d, stored after the D values.
+// group of G holding d, stored after the D values.
 template <typename T>
-inline float row_scale(const T*, int64_t, int64_t) {
+inline float row_scale(const T*, int64_t, int64_t, int64_t) {
   return 1.f;
 }
-inline float row_scale(const int8_t* row, int64_t D, int64_t d) {
+inline float row_scale(const int8_t* row, int64_t D, int64_t G, int64_t d) {
   uint16_t bits;
-  std::memcpy(&bits, row + D + 2 * (d / 16), sizeof(bits));
+  std::memcpy(&bits, row + D + 2 * (d / G), sizeof(bits));
 #if defined(__F16C__)
   return _cvtsh_ss(bits);  // one instruction; c10::Half's portable conversion is ~10 per key
 #else
@@ -78,7 +83,7 @@ void attend_plain(const float* q, int64_t g, int64_t D, const Rows<T>& k, const 
   const int64_t L = k.len;
   std::vector<float> row(D);
   k.each([&](int64_t t, const T* kr) {
-    for (int64_t d = 0; d < D; d++) row[d] = widen(kr[d]) * row_scale(kr, D, d);
+    for (int64_t d = 0; d < D; d++) row[d] = widen(kr[d]) * row_scale(kr, D, k.group, d);
     for (int64_t h = 0; h < g; h++) {
       float acc = 0;
       for (int64_t d = 0; d < D; d++) acc += q[h * D + d] * row[d];
@@ -95,7 +100,7 @@ void attend_plain(const float* q, int64_t g, int64_t D, const Rows<T>& k, const 
   }
   std::fill(out, out + g * D, 0.f);
   v.each([&](int64_t t, const T* vr) {
-    for (int64_t d = 0; d < D; d++) row[d] = widen(vr[d]) * row_scale(vr, D, d);
+    for (int64_t d = 0; d < D; d++) row[d] = widen(vr[d]) * row_scale(vr, D, v.group, d);
     for (int64_t h = 0; h < g; h++)
       for (int64_t d = 0; d < D; d++) out[h * D + d] += s[h * L + t] * row[d];
   });
@@ -110,17 +115,34 @@ inline __m512 load16(const at::BFloat16* p) {  // bfloat16 -> float32 is exact: 
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-inline __m512 load16(const int8_t* p) {  // exact: |x| <= 127; the group's scale is applied by scaled16
+inline __m512 load16(const int8_t* p) {  // exact: |x| <= 127; the group's scale is applied by load_row
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// Register c (elements 16c .. 16c + 15) of a stored row as float32: an int8 register is one scale group.
-template <int D, typename T>
-inline __m512 scaled16(const T* row, int c) {
-  if constexpr (std::is_same_v<T, int8_t>)
-    return _mm512_mul_ps(load16(row + 16 * c), _mm512_set1_ps(row_scale(row, D, 16 * c)));
-  else
-    return load16(row + 16 * c);
+// A stored row of D = 16 * C values as C float32 registers. An int8 register lies in one scale group: it is
+// multiplied by its group's float16 scale, at byte D + 2 (16 c / G) of the row; those offsets are worked out once
+// per call (ScaleOffsets). Both alternatives tried measured slower on Zen 4 (benchmarks/RESULTS.md, issue 40): a
+// division by the runtime G per register, and widening a row's scales together (one F16C conversion) then a lane
+// permute per register.
+template <int C>
+struct ScaleOffsets {
+  std::array<int64_t, C> at;
+  explicit ScaleOffsets(int64_t G) {
+    for (int c = 0; c < C; c++) at[c] = 16 * C + 2 * (16 * c / G);
+  }
+};
+
+template <int C, typename T>
+inline void load_row(const T* row, const ScaleOffsets<C>& scales, __m512 (&out)[C]) {
+  for (int c = 0; c < C; c++) {
+    if constexpr (std::is_same_v<T, int8_t>) {
+      uint16_t bits;
+      std::memcpy(&bits, row + scales.at[c], sizeof(bits));
+      out[c] = _mm512_mul_ps(load16(row + 16 * c), _mm512_set1_ps(_cvtsh_ss(bits)));
+    } else {
+      out[c] = load16(row + 16 * c);
+    }
+  }
 }
 
 // exp(x) for the softmax's x <= 0: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, degree-6 Taylor polynomial
@@ -194,9 +216,10 @@ void attend_block(const float* q, const Rows<T>& k, const Rows<T>& v, float* s, 
   __m512 qv[NG][C];
   for (int h = 0; h < NG; h++)
     for (int c = 0; c < C; c++) qv[h][c] = _mm512_loadu_ps(q + h * D + 16 * c);
+  const ScaleOffsets<C> k_sel(k.group), v_sel(v.group);
   k.each([&](int64_t t, const T* kr) {
     __m512 kv[C];
-    for (int c = 0; c < C; c++) kv[c] = scaled16<D>(kr, c);
+    load_row<C>(kr, k_sel, kv);
     __m512 dot[4];
     for (int h = 0; h < 4; h++) {
       dot[h] = _mm512_setzero_ps();
@@ -212,7 +235,7 @@ void attend_block(const float* q, const Rows<T>& k, const Rows<T>& v, float* s, 
     for (int c = 0; c < C; c++) acc[h][c] = _mm512_setzero_ps();
   v.each([&](int64_t t, const T* vr) {
     __m512 vv[C];
-    for (int c = 0; c < C; c++) vv[c] = scaled16<D>(vr, c);
+    load_row<C>(vr, v_sel, vv);
     for (int h = 0; h < NG; h++) {
       const __m512 p = _mm512_set1_ps(s[4 * t + h]);
       for (int c = 0; c < C; c++) acc[h][c] = _mm512_fmadd_ps(p, vv[c], acc[h][c]);
@@ -262,7 +285,8 @@ template <typename Q, typename T>
 void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const at::Tensor& table,
          const at::Tensor& lens, double scale, at::Tensor& out) {
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), KV = kb.size(2), ps = kb.size(1), G = H / KV;
-  const int64_t W = kb.size(3);  // the stored row: D, or D * 9 / 8 for int8
+  const int64_t W = kb.size(3);  // the stored row: D, or for int8 D values and their scales
+  const int64_t SG = std::is_same_v<T, int8_t> ? radixserve_kv::scale_group(D, W) : D;  // values per scale
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), P = table.size(1);
   const Q* qp = q.data_ptr<Q>();
   Q* op = out.data_ptr<Q>();
@@ -280,8 +304,10 @@ void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const 
       const int64_t r = i / KV, kvh = i % KV, h0 = kvh * G, L = lp[r];
       for (int64_t h = 0; h < G; h++)
         for (int64_t d = 0; d < D; d++) qf[h * D + d] = widen(qp[r * qs0 + (h0 + h) * qs1 + d]) * sc;
+      if constexpr (std::is_same_v<T, int8_t>)
+        for (int64_t h = 0; h < G; h++) radixserve_kv::fwht(qf.data() + h * D, D);
       if (L > 0) {
-        const Rows<T> k{kp + kvh * W, tp + r * P, ps, KV * W, L}, v{vp + kvh * W, tp + r * P, ps, KV * W, L};
+        const Rows<T> k{kp + kvh * W, tp + r * P, ps, KV * W, L, SG}, v{vp + kvh * W, tp + r * P, ps, KV * W, L, SG};
         attend(qf.data(), G, D, k, v, s.data(), of.data());
       } else {
         std::fill(of.begin(), of.end(), 0.f);
@@ -302,10 +328,11 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pages, c
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), KV = k_pages.size(2);
   const int64_t num_pages = k_pages.size(0), ps = k_pages.size(1);
   const auto qt = q.scalar_type(), kt = k_pages.scalar_type();
-  TORCH_CHECK(k_pages.size(3) == (kt == at::kChar ? D / 8 * 9 : D) && (kt != at::kChar || D % 16 == 0) && KV > 0 &&
-                  H % KV == 0,
-              "heads must be a multiple of kv_heads; pool rows must be head_dim (int8: head_dim * 9 / 8, the values "
-              "and a scale per 16)");
+  const int64_t G = radixserve_kv::scale_group(D, k_pages.size(3));
+  TORCH_CHECK(kt == at::kChar ? G > 0 && G % 16 == 0 && radixserve_kv::is_pow2(D) : k_pages.size(3) == D,
+              "pool rows must be head_dim values (int8: head_dim a power of two, its values and a 2-byte scale per "
+              "group of a multiple of 16)");
+  TORCH_CHECK(KV > 0 && H % KV == 0, "heads must be a multiple of kv_heads");
   TORCH_CHECK(page_table.scalar_type() == at::kInt && page_table.dim() == 2 && page_table.size(0) == R &&
                   page_table.is_contiguous(),
               "page_table must be contiguous int32 [num_reqs, pages]");

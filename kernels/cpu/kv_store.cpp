@@ -1,12 +1,12 @@
 // int8 KV store: quantize each new token's K and V rows and write them, with their scales, into pool slots.
 //
-// The pool's int8 rows are head_dim values then a float16 scale per 16 of them (radixserve/cache/kv_format.py; keys
-// arrive already rotated). Why here:
-// the torch expression of the same quantization is ~10 small ops per tensor, K and V, in every layer of every
-// decode step (~500 ops a step on the default model), whose dispatch cost more than the decode attention saved.
-// Bit-identical to KVFormat.encode: per group of 16, scale = float16(min(max |x| / 127, 65504)) rounded to nearest
-// even, then each value x / scale (float32 division) rounded half to even and clamped to +-127; a zero scale stores
-// zeros.
+// The pool's int8 rows are head_dim values then a float16 scale per group of them (radixserve/cache/kv_format.py;
+// the group is read off the row width). Keys are rotated here first (kv_rotate.h), values are not. Why here: the
+// torch expression of the same quantization is ~10 small ops per tensor, K and V, in every layer of every decode
+// step (~500 ops a step on the default model), whose dispatch cost more than the decode attention saved.
+// Bit-identical to KVFormat.encode(rotate_keys(k)) and KVFormat.encode(v): per group, scale = float16(min(max |x| /
+// 127, 65504)) rounded to nearest even, then each value x / scale (float32 division) rounded half to even and clamped
+// to +-127; a zero scale stores zeros.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -14,26 +14,27 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#include "kv_rotate.h"
 
 namespace {
 
 inline float widen(float x) { return x; }
 inline float widen(at::BFloat16 x) { return static_cast<float>(x); }
 
-constexpr int64_t kGroup = 16;
-
-template <typename T>
-void quantize_row(const T* x, int64_t D, int8_t* out) {
-  for (int64_t g = 0; g < D / kGroup; g++) {
-    const T* xg = x + g * kGroup;
-    int8_t* og = out + g * kGroup;
+// Row x (D floats) -> D int8 values and a float16 scale per group of G, at out.
+void quantize_row(const float* x, int64_t D, int64_t G, int8_t* out) {
+  for (int64_t g = 0; g < D / G; g++) {
+    const float* xg = x + g * G;
+    int8_t* og = out + g * G;
     float amax = 0.f;
-    for (int64_t d = 0; d < kGroup; d++) amax = std::max(amax, std::fabs(widen(xg[d])));
+    for (int64_t d = 0; d < G; d++) amax = std::max(amax, std::fabs(xg[d]));
     const at::Half scale(std::min(amax / 127.f, 65504.f));
     const float s = static_cast<float>(scale);
-    for (int64_t d = 0; d < kGroup; d++) {
+    for (int64_t d = 0; d < G; d++) {
       // nearbyint rounds half to even in the default rounding mode, as torch.round does.
-      const float q = s > 0.f ? std::nearbyint(widen(xg[d]) / s) : 0.f;
+      const float q = s > 0.f ? std::nearbyint(xg[d] / s) : 0.f;
       og[d] = static_cast<int8_t>(std::clamp(q, -127.f, 127.f));
     }
     std::memcpy(out + D + 2 * g, &scale, sizeof(scale));
@@ -41,14 +42,18 @@ void quantize_row(const T* x, int64_t D, int8_t* out) {
 }
 
 template <typename T>
-void store(const at::Tensor& x, at::Tensor& buf, const int64_t* loc) {
+void store(const at::Tensor& x, at::Tensor& buf, const int64_t* loc, bool rotate) {
   const int64_t T_ = x.size(0), KV = x.size(1), D = x.size(2), W = buf.size(-1);
+  const int64_t G = radixserve_kv::scale_group(D, W);
   const T* xp = x.data_ptr<T>();
   int8_t* bp = buf.data_ptr<int8_t>();
   at::parallel_for(0, T_ * KV, 64, [&](int64_t i0, int64_t i1) {
+    std::vector<float> row(D);
     for (int64_t i = i0; i < i1; i++) {
       const int64_t t = i / KV, h = i % KV;
-      quantize_row(xp + (t * KV + h) * D, D, bp + (loc[t] * KV + h) * W);
+      for (int64_t d = 0; d < D; d++) row[d] = widen(xp[(t * KV + h) * D + d]);
+      if (rotate) radixserve_kv::fwht(row.data(), D);
+      quantize_row(row.data(), D, G, bp + (loc[t] * KV + h) * W);
     }
   });
 }
@@ -56,13 +61,14 @@ void store(const at::Tensor& x, at::Tensor& buf, const int64_t* loc) {
 void store_kv_int8(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_buf, at::Tensor v_buf,
                    const at::Tensor& loc) {
   const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
-  TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type(),
+  TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes(),
               "k and v must be [tokens, kv_heads, head_dim] of one dtype");
   TORCH_CHECK(k_buf.scalar_type() == at::kChar && v_buf.scalar_type() == at::kChar && k_buf.is_contiguous() &&
                   v_buf.is_contiguous() && k_buf.sizes() == v_buf.sizes() && k_buf.dim() == 4,
-              "k_buf / v_buf must be contiguous int8 [num_pages, page_size, kv_heads, head_dim * 9 / 8]");
-  TORCH_CHECK(k.size(2) % kGroup == 0 && k_buf.size(2) == k.size(1) && k_buf.size(3) == k.size(2) / 8 * 9,
-              "pool rows must be head_dim values and a 2-byte scale per 16 (head_dim a multiple of 16)");
+              "k_buf / v_buf must be contiguous int8 [num_pages, page_size, kv_heads, row]");
+  TORCH_CHECK(k_buf.size(2) == k.size(1) && radixserve_kv::scale_group(k.size(2), k_buf.size(3)) > 0 &&
+                  radixserve_kv::is_pow2(k.size(2)),
+              "pool rows must be head_dim values and a 2-byte scale per group (head_dim a power of two)");
   TORCH_CHECK(loc.scalar_type() == at::kLong && loc.dim() == 1 && loc.numel() == k.size(0) && loc.is_contiguous(),
               "loc must be contiguous int64 [tokens]");
   const int64_t slots = k_buf.size(0) * k_buf.size(1);
@@ -70,13 +76,14 @@ void store_kv_int8(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_
   for (int64_t t = 0; t < loc.numel(); t++)
     TORCH_CHECK(lp[t] >= 0 && lp[t] < slots, "loc[", t, "] = ", lp[t], " is not a pool slot");
   const auto dt = k.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, "store_kv_int8: k and v must be float32 or bfloat16");
+  TORCH_CHECK((dt == at::kFloat || dt == at::kBFloat16) && v.scalar_type() == dt,
+              "store_kv_int8: k and v must be float32 or bfloat16, of one dtype");
   if (dt == at::kFloat) {
-    store<float>(k, k_buf, lp);
-    store<float>(v, v_buf, lp);
+    store<float>(k, k_buf, lp, true);
+    store<float>(v, v_buf, lp, false);
   } else {
-    store<at::BFloat16>(k, k_buf, lp);
-    store<at::BFloat16>(v, v_buf, lp);
+    store<at::BFloat16>(k, k_buf, lp, true);
+    store<at::BFloat16>(v, v_buf, lp, false);
   }
 }
 

@@ -168,12 +168,11 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _attend(self, g: _Group, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
         """Attention for one group; q holds the group's tokens `[n, H, D]` in request order. int8 keys are stored
-        rotated (radixserve/cache/kv_format.py): the query is rotated to match (in float32 for the C++ op, which
-        takes it as is, and rounded back to q's dtype for SDPA); the output needs nothing (values are not)."""
+        rotated (radixserve/cache/kv_format.py): the query is rotated to match (by the C++ op itself, and here, rounded
+        back to q's dtype, for SDPA); the output needs nothing (values are not)."""
         fmt = self.pool.format
         if g.table is not None:
-            qr = fmt.rotate_keys(q)
-            return self.cpu_ops.decode_attention(qr, k_pages, v_pages, g.table, g.seq_lens, self.scale).to(q.dtype)
+            return self.cpu_ops.decode_attention(q, k_pages, v_pages, g.table, g.seq_lens, self.scale)
         q = fmt.rotate_keys(q).to(q.dtype)
         n, heads, dim = q.shape
         kv = self.num_kv_heads
@@ -199,7 +198,7 @@ class TorchAttentionBackend(AttentionBackend):
     @staticmethod
     def _gather(pages: torch.Tensor, g: _Group) -> torch.Tensor:
         """Pool pages `[num_pages, page_size, KV, W]` -> the group's stored rows `[G, KV, P * page_size, W]` (a strided
-        view; W is the row width: head_dim, or head_dim * 9 / 8 for int8)."""
+        view; W is the row width: head_dim, or for int8 head_dim and its scales' bytes)."""
         # index_select copies whole pages; advanced indexing (pages[idx]) is ~20x slower on CPU in bf16.
         flat = pages.index_select(0, g.pages)
         return flat.view(g.num_reqs, -1, *pages.shape[2:]).transpose(1, 2)

@@ -26,8 +26,8 @@ FORMAT_VERSION = 3  # bump when the page file layout or what a page holds change
 @dataclass(frozen=True)
 class KVLayout:
     """What one page holds: K and V for `num_layers` layers, each `[page_size, num_kv_heads, row_width]` of `dtype`
-    elements, in KV format `kv_dtype` (radixserve/cache/kv_format.py: row_width is head_dim, or head_dim * 9 / 8 for
-    int8, whose rows carry their scale)."""
+    elements, in KV format `kv_dtype` (radixserve/cache/kv_format.py: row_width is head_dim, or for int8 head_dim and
+    the bytes of the scales each row carries)."""
 
     num_layers: int
     page_size: int

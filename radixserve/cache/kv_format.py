@@ -1,17 +1,19 @@
 """KV page formats: how the pool stores a token's K or V row for one KV head, and how a reader gets floats back.
 
 A float format stores the row as is (`head_dim` elements of that dtype). `int8` stores the row quantized
-symmetrically to -127..127 with one scale per 16 values, the scales (float16, 2 int8 bytes each) after the values:
-scales per token, KV head and K/V. A key row is first rotated by the orthonormal Hadamard matrix H (`rotate_keys`):
-with one scale per row, Qwen2.5's keys cost +5.7% perplexity over 4k tokens (the values barely matter); rotated,
-which spreads any large channel over the whole row, with a scale per 16, the loss measured +0.09%
-(benchmarks/RESULTS.md, issue 40). Readers rotate the query instead of the pages (q . k = (qH) . (kH), H orthogonal),
-and the values are not rotated. Why per token rather than per page: a page fills one token at a time during decode, so a
-page-wide scale would have to be re-derived and the page re-quantized whenever a larger value arrives (each time
-losing precision), and one outlier token would coarsen its 15 neighbours; a row's own scale is final when it is
-written. Why in the row: every consumer that moves pages as bytes (partial-page copy, the host and disk tiers,
-tensor-parallel shards split by KV head) then carries the scales with the values and needs no second buffer. The cost
-is 8 bytes in 72 per head_dim-64 row: the same memory holds 1.78x the tokens of bfloat16.
+symmetrically to -127..127 with one scale per GROUP (16) values, the scales (float16, 2 int8 bytes each) after the
+values: scales per token, KV head and K/V. A key row is first rotated by the orthonormal Hadamard matrix H
+(`rotate_keys`): with one scale per row and no rotation, Qwen2.5's keys cost +5.7% perplexity over 4k tokens (the
+values barely matter); rotated, which spreads any large channel over the whole row, with a scale per 16 the loss
+measured +0.09%, with a scale per 32 +0.76% (benchmarks/RESULTS.md, issue 40), so the group stays 16. Readers rotate
+the query instead of the pages (q . k = (qH) . (kH), H orthogonal), and the values are not rotated. Why per token
+rather than per page: a page fills one token at a time during decode, so a page-wide scale would have to be
+re-derived and the page re-quantized whenever a larger value arrives (each time losing precision), and one outlier
+token would coarsen its 15 neighbours; a row's own scale is final when it is written. Why in the row: every consumer
+that moves pages as bytes (partial-page copy, the host and disk tiers, tensor-parallel shards split by KV head) then
+carries the scales with the values and needs no second buffer. The cost is 8 bytes in 72 per head_dim-64 row: the
+same memory holds 1.78x the tokens of bfloat16. The readers take the group from the row width (head_dim + 2 bytes a
+group), so GROUP is set here alone.
 
 `fp8_e4m3` stores `float8_e4m3fn` bits with no scale (a scale of 1, FlashInfer's default), values clamped to +-448,
 the format's largest: the layout FlashInfer's fp8 KV kernels read on CUDA (they get the buffers viewed as
@@ -21,7 +23,6 @@ move uses, do not take float8 tensors.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,7 @@ _STORAGE = {
 _FP8 = torch.float8_e4m3fn
 _SCALE_DTYPE = torch.float16
 _SCALE_BYTES = 2  # one float16 per group of an int8 row
-GROUP = 16  # values per int8 scale: one AVX-512 register of the CPU decode kernel
+GROUP = 16  # values per int8 scale, or the whole row where head_dim is smaller (see scale_group)
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0  # float8_e4m3fn's largest finite value: torch's cast does not saturate, so clamp first
 
@@ -73,19 +74,20 @@ class KVFormat:
 
     def row_width(self, head_dim: int) -> int:
         """Elements of one stored row: head_dim, plus the scales' bytes for int8."""
-        return head_dim + (head_dim // GROUP * _SCALE_BYTES if self.scaled else 0)
+        return head_dim + (head_dim // scale_group(head_dim) * _SCALE_BYTES if self.scaled else 0)
 
     def check_head_dim(self, head_dim: int) -> None:
-        """int8 needs head_dim a power of two >= 16: whole scale groups, and a Hadamard matrix of that size."""
-        if self.scaled and (head_dim < GROUP or head_dim & (head_dim - 1)):
-            raise ValueError(f"kv_cache_dtype int8 needs head_dim a power of two >= {GROUP}; got {head_dim}")
+        """int8 needs head_dim a power of two >= 16: whole scale groups of a multiple of 16 (the CPU decode kernel
+        scales 16-lane registers), and a Hadamard matrix of that size."""
+        if self.scaled and (head_dim < 16 or head_dim & (head_dim - 1)):
+            raise ValueError(f"kv_cache_dtype int8 needs head_dim a power of two >= 16; got {head_dim}")
 
     def rotate_keys(self, x: torch.Tensor) -> torch.Tensor:
         """Keys (or queries) `[..., head_dim]` into the space int8 key pages are stored in, in float32; the identity
         (x itself) for the other formats. H is symmetric, so the same product also rotates back."""
         if not self.scaled:
             return x
-        return x.to(torch.float32) @ hadamard(x.shape[-1], x.device)
+        return fwht(x.to(torch.float32))
 
     def bytes_per_token(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         """Bytes of K and V one token takes in the pool, over all layers."""
@@ -107,31 +109,42 @@ class KVFormat:
             return rows.view(_FP8).to(dtype)
         if self.name != "int8":
             return rows.to(dtype)
-        dim = rows.shape[-1] * GROUP // (GROUP + _SCALE_BYTES)
-        values = rows[..., :dim].to(torch.float32).unflatten(-1, (-1, GROUP))
-        return (values * row_scales(rows)[..., None]).flatten(-2).to(dtype)
+        scales = row_scales(rows)
+        values = rows[..., : -scales.shape[-1] * _SCALE_BYTES].to(torch.float32).unflatten(-1, (scales.shape[-1], -1))
+        return (values * scales[..., None]).flatten(-2).to(dtype)
 
 
 def row_scales(rows: torch.Tensor) -> torch.Tensor:
-    """The float32 scales `[..., head_dim / 16]` after the values of int8 rows `[..., head_dim * 9 / 8]`."""
-    dim = rows.shape[-1] * GROUP // (GROUP + _SCALE_BYTES)
-    return rows[..., dim:].contiguous().view(_SCALE_DTYPE).to(torch.float32)
+    """The float32 scales `[..., groups]` after the values of int8 rows `[..., row_width]`: a row of head_dim >=
+    GROUP holds head_dim / GROUP groups of GROUP + 2 bytes, a shorter one a single group, so the count is the width
+    over GROUP + 2, rounded up."""
+    groups = -(-rows.shape[-1] // (GROUP + _SCALE_BYTES))
+    return rows[..., -groups * _SCALE_BYTES :].contiguous().view(_SCALE_DTYPE).to(torch.float32)
 
 
-@functools.cache
-def hadamard(n: int, device: torch.device) -> torch.Tensor:
-    """The n x n Walsh-Hadamard matrix / sqrt(n), float32: orthonormal and symmetric (n a power of two); its
-    entries are +-2^-3 at n = 64, exact."""
-    h = torch.ones(1, 1)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return (h / n**0.5).to(device)
+def scale_group(head_dim: int) -> int:
+    """Values per scale in an int8 row of head_dim values: GROUP, or the whole row where head_dim is smaller."""
+    return min(GROUP, head_dim)
+
+
+def fwht(x: torch.Tensor) -> torch.Tensor:
+    """x `[..., n]` (float32, n a power of two) times the n x n Walsh-Hadamard matrix / sqrt(n) (orthonormal and
+    symmetric), as the fast transform: log2(n) stages of a + b, a - b on pairs h apart. The C++ store and decode ops
+    (kernels/cpu/kv_rotate.h) run the same stages in the same order, so both give the same bits."""
+    n = x.shape[-1]
+    h = 1
+    while h < n:
+        pairs = x.unflatten(-1, (n // (2 * h), 2, h))
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        x = torch.stack([a + b, a - b], -2).flatten(-3)
+        h *= 2
+    return x * torch.tensor(n**-0.5, dtype=torch.float32)
 
 
 def _encode_int8(x: torch.Tensor) -> torch.Tensor:
-    """Symmetric quantization per group of 16: scale = max |x| / 127, rounded to float16 first, so the values are
+    """Symmetric quantization per scale_group(head_dim) values: scale = max |x| / 127, rounded to float16 first, so the values are
     divided by exactly the scale a reader multiplies by (the clamp absorbs a scale that rounded down)."""
-    xf = x.to(torch.float32).unflatten(-1, (-1, GROUP))
+    xf = x.to(torch.float32).unflatten(-1, (-1, scale_group(x.shape[-1])))
     scale = (xf.abs().amax(-1, keepdim=True) / _INT8_MAX).clamp(max=torch.finfo(_SCALE_DTYPE).max).to(_SCALE_DTYPE)
     s = scale.to(torch.float32)
     # An all-zero group (or one whose scale underflows float16) stores zeros: the division would give 0/0.

@@ -34,7 +34,7 @@ def _int8_store_op() -> Any | None:
 class KVPool:
     """`k_buffers[layer]` / `v_buffers[layer]` are `[num_pages, page_size, kv_heads, row_width]` of `dtype`, the
     storage type of the KV format (radixserve/cache/kv_format.py): row_width is head_dim for a float format, and
-    head_dim * 9 / 8 for int8, whose rows end with a scale per 16 values.
+    head_dim plus its scales' bytes for int8, whose rows end with a float16 scale per group of values.
 
     Page 0 is the padding sink: it is never handed out, so padded page-table entries may point at it.
     """
@@ -112,10 +112,10 @@ class KVPool:
         index_copy_ into the flat slot views: cheaper than advanced indexing (on CPU above all) and free of host
         syncs, so it is also safe inside a CUDA-graph capture."""
         kb, vb = self.k_buffers[layer_id], self.v_buffers[layer_id]
-        k = self.format.rotate_keys(k)  # int8: keys are stored rotated (kv_format.py)
-        if self._store_int8 is not None and v.dtype in (torch.float32, torch.bfloat16):
-            self._store_int8(k, v.to(k.dtype), kb, vb, loc)
+        if self._store_int8 is not None and k.dtype == v.dtype and v.dtype in (torch.float32, torch.bfloat16):
+            self._store_int8(k, v, kb, vb, loc)  # rotates the keys itself
             return
+        k = self.format.rotate_keys(k)  # int8: keys are stored rotated (kv_format.py)
         kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, self.format.encode(k))
         vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, self.format.encode(v))
 

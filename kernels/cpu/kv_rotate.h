@@ -1,0 +1,37 @@
+// The int8 KV format's key rotation and row layout (radixserve/cache/kv_format.py), shared by the store and decode ops.
+//
+// Rotation: x times the n x n Walsh-Hadamard matrix / sqrt(n), as the fast transform, stage by stage exactly as
+// kv_format.fwht runs it (a + b, a - b on pairs h apart, h = 1, 2, 4, ..., then one multiply), so the store op writes
+// the bytes KVFormat.encode(rotate_keys(k)) gives. Why in C++: in torch it was a float32 cast and a 64 x 64 product
+// for the new keys and the query in every layer of every decode step, small ops whose dispatch cost showed in decode
+// tokens/s.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace radixserve_kv {
+
+inline bool is_pow2(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
+
+inline void fwht(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; j++) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  for (int64_t j = 0; j < n; j++) x[j] *= norm;
+}
+
+// Values per float16 scale of an int8 row of W bytes holding D values (then 2 bytes per group), or 0 when W is no
+// such row: the group is read off the pool's row width, so the ops follow kv_format.GROUP without a copy of it.
+inline int64_t scale_group(int64_t D, int64_t W) {
+  const int64_t scale_bytes = W - D;
+  if (scale_bytes <= 0 || scale_bytes % 2 || D % (scale_bytes / 2)) return 0;
+  return D / (scale_bytes / 2);
+}
+
+}  // namespace radixserve_kv
