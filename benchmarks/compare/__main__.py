@@ -243,10 +243,11 @@ class Run:
 
     def micro_one(self, e: str, server: eng.Server) -> dict[str, Any]:
         r = micro(server.url, self.tok, self.size)
-        if e.startswith("llama"):
-            read = gguf_decode_bytes(self.models.gguf)
+        per_param = None if e.startswith("llama") else radix_bytes_per_param(server.url)
+        if self.models.gguf is not None:  # per_param None: llama-server or radixserve on the blocks as stored
+            read = gguf_decode_bytes(self.models.gguf, per_param)
         else:
-            read = hf_decode_bytes(self.models.hf_dir, radix_bytes_per_param(server.url))
+            read = hf_decode_bytes(self.models.hf_dir, per_param or 2)
         return r | {"decode_bytes": read, "rss_mb": server.rss_mb(), "peak_rss_mb": server.peak_rss_mb()}
 
 

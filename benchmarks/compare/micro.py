@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import statistics
 import struct
 import time
@@ -43,10 +44,13 @@ def measure_bandwidth(threads: int, mib: int = 1024, repeats: int = 8) -> float:
         torch.set_num_threads(old)
 
 
-def radix_bytes_per_param(url: str) -> float:
+def radix_bytes_per_param(url: str) -> float | None:
     """Bytes per weight a radixserve server reads at decode, from its /get_model_info: int8 1, int4 ~0.5 (plus its
-    scales, left out), else its dtype's size."""
+    scales, left out), None when it runs the GGUF's own blocks (it reads what llama.cpp reads), else its dtype's
+    size."""
     info = httpx.get(f"{url}/get_model_info", timeout=30).json()
+    if info.get("quantization") == "gguf":
+        return None
     by_format = {"int8": 1.0, "int4": 0.5}
     return by_format.get(info.get("quantization", "none"), 4.0 if info.get("dtype") == "float32" else 2.0)
 
@@ -69,13 +73,18 @@ def hf_decode_bytes(hf_dir: Path, bytes_per_param: float = 2) -> int:
     return int(params * bytes_per_param)
 
 
-def gguf_decode_bytes(gguf: Path) -> int:
-    """Weight bytes one decode step reads from a GGUF: every tensor but token_embd (unless there is no output tensor)."""
-    from gguf import GGUFReader
+def gguf_decode_bytes(gguf: Path, bytes_per_param: float | None = None) -> int:
+    """Weight bytes one decode step reads from a GGUF: every tensor but token_embd (unless there is no output
+    tensor), as stored (bytes_per_param None: llama.cpp, or radixserve on the file's blocks) or at bytes_per_param
+    (the formats radixserve re-quantizes them to)."""
+    from radixserve.gguf.tensor_table import read_tensor_table
 
-    tensors = GGUFReader(str(gguf)).tensors
-    tied = not any(t.name == "output.weight" for t in tensors)
-    return sum(int(t.n_bytes) for t in tensors if tied or t.name != "token_embd.weight")
+    tensors = read_tensor_table(gguf).tensors
+    tied = "output.weight" not in tensors
+    read = [t for name, t in tensors.items() if tied or name != "token_embd.weight"]
+    if bytes_per_param is None:
+        return sum(int(t.data.nbytes) for t in read)
+    return int(sum(math.prod(t.shape) for t in read) * bytes_per_param)
 
 
 def _batch_wall(url: str, prompts: list[str], max_tokens: int) -> tuple[float, list[Any]]:
