@@ -30,7 +30,7 @@ import httpx
 from benchmarks.compare import engines as eng
 from benchmarks.compare.__main__ import default_models
 from benchmarks.kv_quant import header
-from benchmarks.quality import AGREE_TOKENS, PROMPTS, TEXT, leading_match
+from benchmarks.quality import AGREE_TOKENS, PROMPTS, TEXT, agreement_row
 
 KV_TYPES = {"f16": ["-ctk", "f16", "-ctv", "f16", "-fa", "on"], "q8_0": ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]}
 
@@ -103,11 +103,7 @@ def main() -> None:
         print(f"{name}: perplexity {ppl:.3f}; load {os.getloadavg()[0]:.1f}", flush=True)
         outs = greedy(server_bin, gguf, kv, a.prompts, a.threads, a.log_dir)
         reference, ppl_ref = reference or outs, ppl_ref or ppl
-        lead = [leading_match(o, r) for o, r in zip(outs, reference)]
-        rows.append(
-            f"| {name} | {ppl:.3f} | {100 * (ppl / ppl_ref - 1):+.2f}% | {sum(lead)}/{AGREE_TOKENS * len(lead)} "
-            f"| {sum(x == AGREE_TOKENS for x in lead)}/{len(lead)} | {sorted(lead)[len(lead) // 2]} |"
-        )
+        rows.append(agreement_row(name, ppl, ppl_ref, outs, reference))
         print(f"{name}: greedy done; load {os.getloadavg()[0]:.1f}", flush=True)
     print(
         f"| llama.cpp KV | perplexity (ctx {a.ctx}) | vs f16 | leading tokens equal to f16 | prompts equal for all "

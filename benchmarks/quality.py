@@ -113,6 +113,15 @@ def leading_match(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def agreement_row(name: str, ppl: float, ppl_ref: float, outs: list[list[int]], reference: list[list[int]]) -> str:
+    """A table row: perplexity against the reference's, and how far each prompt's greedy tokens follow it."""
+    lead = [leading_match(o, r) for o, r in zip(outs, reference)]
+    return (
+        f"| {name} | {ppl:.3f} | {100 * (ppl / ppl_ref - 1):+.2f}% | {sum(lead)}/{AGREE_TOKENS * len(lead)} "
+        f"| {sum(n == AGREE_TOKENS for n in lead)}/{len(lead)} | {sorted(lead)[len(lead) // 2]} |"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="+", default=["float32:none", "bfloat16:none", "bfloat16:int8", "bfloat16:int4"])
@@ -143,11 +152,7 @@ def main() -> None:
             ppl, outs = perplexity(eng, ids), greedy(eng, a.prompts)
         reference = reference or outs
         ppl_ref = ppl_ref or ppl
-        lead = [leading_match(o, r) for o, r in zip(outs, reference)]
-        rows.append(
-            f"| {conf} | {ppl:.3f} | {100 * (ppl / ppl_ref - 1):+.2f}% | {sum(lead)}/{AGREE_TOKENS * len(lead)} "
-            f"| {sum(n == AGREE_TOKENS for n in lead)}/{len(lead)} | {sorted(lead)[len(lead) // 2]} |"
-        )
+        rows.append(agreement_row(conf, ppl, ppl_ref, outs, reference))
         print(f"{conf}: {time.perf_counter() - t:.0f} s", flush=True)
     print(
         f"| dtype:quantization[:kv] | perplexity ({a.ppl_tokens} tokens) | vs {a.configs[0]} | leading tokens equal to "
