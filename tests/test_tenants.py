@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from server_process import wait_healthy
+from test_server_launch import free_port
 from radixserve.cli import main
 from radixserve.server.tenants import (
     OPEN,
@@ -177,7 +178,7 @@ def test_sighup_reloads_the_key_file_of_a_running_server(tiny_model_dir: Path, t
     path.write_text("sk-first name=first\nsk-keep name=keep\n")
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("RADIXSERVE_API_KEYS", None)
-    port = 31000 + os.getpid() % 2000
+    port = free_port()  # a fixed range once collided with another server's port
     proc = subprocess.Popen(
         [
             sys.executable,
