@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
-# what every request adds under the retention setting (set by `run`): kept 60 s past its last hit at priority 5
-RETENTION: dict[str, Any] = {}
+# what every request adds under the retention setting: kept 60 s past its last hit at priority 5
+RETAINED = {"retention_seconds": 60.0, "retention_priority": 5}
 PREFIX = [5 + (37 * i) % 400 for i in range(21)]  # 21 tokens: ends mid-page at page size 16
 
 
@@ -59,7 +59,7 @@ def _result(out: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gen(eng: Any, ids: Any, params: dict[str, Any] | None = None, **kw: Any) -> Any:
-    return eng.generate(input_ids=ids, sampling_params=params or GREEDY, return_logprob=True, **RETENTION, **kw)
+    return eng.generate(input_ids=ids, sampling_params=params or GREEDY, return_logprob=True, **kw)
 
 
 def first_half(eng: Any) -> dict[str, Any]:
@@ -88,7 +88,7 @@ def second_half(eng: Any) -> dict[str, Any]:
         ("regex", {"regex": "[a-z]{2,6}( [a-z]{2,6}){2}"}),
         ("json_schema", {"json_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}),
     ):
-        r = eng.generate("constrained: ", {**GREEDY, "max_new_tokens": 24, **params}, return_logprob=True, **RETENTION)
+        r = eng.generate("constrained: ", {**GREEDY, "max_new_tokens": 24, **params}, return_logprob=True)
         out[name] = _result(r)
     out["aborted_others"] = asyncio.run(_with_aborts(eng))
     out["dsl_fork"] = _dsl_fork(eng)
@@ -116,9 +116,7 @@ async def _with_aborts(eng: Any) -> list[dict[str, Any]]:
                 eng.abort("decode")
 
     kept = [
-        eng.async_generate(
-            input_ids=PREFIX + [60 + i, 61, 62], sampling_params=GREEDY, return_logprob=True, **RETENTION
-        )
+        eng.async_generate(input_ids=PREFIX + [60 + i, 61, 62], sampling_params=GREEDY, return_logprob=True)
         for i in range(2)
     ]
     results = await asyncio.gather(mid_prefill(), mid_decode(), *kept)
@@ -141,6 +139,22 @@ def _dsl_fork(eng: Any) -> list[str]:
     return list(state["a"])
 
 
+class Retaining:
+    """An engine whose every request asks for retention (the matrix's retention setting), the DSL's included."""
+
+    def __init__(self, eng: Any) -> None:
+        self.eng = eng
+
+    def generate(self, *args: Any, **kw: Any) -> Any:
+        return self.eng.generate(*args, **RETAINED, **kw)
+
+    def async_generate(self, *args: Any, **kw: Any) -> Any:
+        return self.eng.async_generate(*args, **RETAINED, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.eng, name)
+
+
 def at_rest(eng: Any) -> None:
     """Nothing runs, the invariants hold, and a flush returns every page (no leak)."""
     import time
@@ -156,20 +170,18 @@ def at_rest(eng: Any) -> None:
 def run(settings: dict[str, Any], models: list[str]) -> dict[str, Any]:
     from radixserve import Engine
 
-    RETENTION.clear()
-    if settings.get("retention"):
-        RETENTION.update(retention_seconds=60.0, retention_priority=5)
+    wrap = Retaining if settings.get("retention") else (lambda eng: eng)
     results: dict[str, Any] = {}
     for model in models:
         with tempfile.TemporaryDirectory() as tier_dir:
             kwargs = engine_kwargs(settings, Path(tier_dir))
-            eng = Engine(model=model, **kwargs)
+            eng = wrap(Engine(model=model, **kwargs))
             try:
                 out = first_half(eng)
                 if settings["tier"] == "disk":  # a restart in the middle: the rest reads what was spilled
                     at_rest(eng)
                     eng.shutdown()
-                    eng = Engine(model=model, **kwargs)
+                    eng = wrap(Engine(model=model, **kwargs))
                 out |= second_half(eng)
                 at_rest(eng)
                 stats = eng.cache_stats()

@@ -53,17 +53,24 @@ def reference(engine: Any) -> list[int]:
 
 
 def break_detokenizer_on_boom(monkeypatch: pytest.MonkeyPatch, message: str) -> None:
-    """Make the detokenizer raise UnicodeError(message) for any request whose stop strings hold "BOOM"."""
+    """Make the detokenizer raise UnicodeError(message) for any request whose stop strings hold "BOOM", on its
+    steps and on its final flush (an output that is a stop token alone never steps, but always flushes)."""
     from radixserve.detokenizer import IncrementalDetokenizer
 
-    real = IncrementalDetokenizer.step
+    real_step, real_flush = IncrementalDetokenizer.step, IncrementalDetokenizer.flush
 
-    def faulty(self: IncrementalDetokenizer, ids: list[int]) -> Any:
+    def faulty_step(self: IncrementalDetokenizer, ids: list[int]) -> Any:
         if "BOOM" in self.stop:
             raise UnicodeError(message)
-        return real(self, ids)
+        return real_step(self, ids)
 
-    monkeypatch.setattr(IncrementalDetokenizer, "step", faulty)
+    def faulty_flush(self: IncrementalDetokenizer) -> str:
+        if "BOOM" in self.stop:
+            raise UnicodeError(message)
+        return real_flush(self)
+
+    monkeypatch.setattr(IncrementalDetokenizer, "step", faulty_step)
+    monkeypatch.setattr(IncrementalDetokenizer, "flush", faulty_flush)
 
 
 def serves_as_before(engine: Any, reference: list[int]) -> None:
