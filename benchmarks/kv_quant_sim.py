@@ -6,8 +6,8 @@ scale per N values of a row: g64 is the shipped format, one scale per token and 
 64 x 64 Hadamard matrix first, then gN; the rotation is orthogonal, so a reader would rotate q instead and the
 scores are unchanged, while an outlier channel is spread over the whole row); a trailing `m3` stores each scale in
 one byte, rounded up to 3 mantissa bits (a float8 e4m3 scale's precision, without its range limit) instead of
-float16; a trailing `l16` stores each scale in one byte as a power of 2^(1/16), rounded up (2^(c / 16 - 15) for
-codes c = 0..255, radixserve/cache/kv_format.py's scale byte: the smallest code not below max |x| / 127). The
+float16; a trailing `l16` stores each scale in one byte as a power of 2^(1/16), rounded up (kv_format.SCALES:
+2^(c / 16 - 14) for codes c = 0..255, the shipped int8 format's scale byte). The
 dequantized rows are stored in float32, as the int8 engine's readers take them. Perplexity as benchmarks/quality.py
 measures it, bfloat16 weights, one engine per scheme.
 
@@ -21,6 +21,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as radixserve/__init__.py, before torch loads
 
 import argparse  # noqa: E402
+import re  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 from benchmarks.kv_quant import header  # noqa: E402
 from benchmarks.quality import TEXT, perplexity  # noqa: E402
 from radixserve import Engine  # noqa: E402
+from radixserve.cache.kv_format import SCALES  # noqa: E402
 from radixserve.cache.kv_pool import KVPool  # noqa: E402
 
 
@@ -47,22 +49,21 @@ def round_up_3_bits(s: torch.Tensor) -> torch.Tensor:
 
 
 def round_up_log16(s: torch.Tensor) -> torch.Tensor:
-    """Positive float32 s rounded up to a one-byte log scale 2^(c / 16 - 15), c = 0..255 (clamped at both ends)."""
-    table = torch.exp2(torch.arange(256, dtype=torch.float64) / 16 - 15).float()
-    return table[torch.searchsorted(table, s.contiguous()).clamp(max=255)]
+    """Positive float32 s rounded up to the int8 format's one-byte scales (kv_format.SCALES; clamped at both ends)."""
+    return SCALES[torch.searchsorted(SCALES, s.contiguous()).clamp(max=len(SCALES) - 1)]
 
 
 def fake_quantize(x: torch.Tensor, side: str) -> torch.Tensor:
     """x `[..., D]` through one side of a scheme and back, in float32 (what the int8 readers compute in)."""
     if side == "none":
         return x
-    byte_scale = {"m3": round_up_3_bits, "l16": round_up_log16}.get(side[3:]) if len(side) > 3 else None
-    side = side[:3] if byte_scale else side
+    kind, group, byte = re.fullmatch(r"([gh])(\d+)(m3|l16)?", side).groups()
+    byte_scale = {"m3": round_up_3_bits, "l16": round_up_log16}.get(byte)
     xf = x.float()
-    rot = hadamard(x.shape[-1]) if side[0] == "h" else None
+    rot = hadamard(x.shape[-1]) if kind == "h" else None
     if rot is not None:
         xf = xf @ rot
-    groups = xf.reshape(*xf.shape[:-1], -1, int(side[1:]))
+    groups = xf.reshape(*xf.shape[:-1], -1, int(group))
     amax = groups.abs().amax(-1, keepdim=True) / 127
     scale = byte_scale(amax.contiguous()) if byte_scale else amax.half().float()
     q = torch.where(scale > 0, groups / scale.clamp(min=1e-30), 0.0).round().clamp(-127, 127)
