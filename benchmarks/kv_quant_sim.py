@@ -7,7 +7,10 @@ scale per N values of a row: g64 is the shipped format, one scale per token and 
 scores are unchanged, while an outlier channel is spread over the whole row); a trailing `m3` stores each scale in
 one byte, rounded up to 3 mantissa bits (a float8 e4m3 scale's precision, without its range limit) instead of
 float16; a trailing `l16` stores each scale in one byte as a power of 2^(1/16), rounded up (kv_format.SCALES:
-2^(c / 16 - 14) for codes c = 0..255, the shipped int8 format's scale byte). The
+2^(c / 16 - 14) for codes c = 0..255); `l16n`: the nearer of those two scales (the group's largest value
+may clip); `u`: a float16 scale rounded up instead of to nearest; `s16` / `s8`: a
+float16 scale of the row (rounded up) and a 4-bit code per group, the group's scale 2^(-c / 16) or 2^(-c / 8)
+times the row's (64 values and 4 bytes of scales, as l16's width). The
 dequantized rows are stored in float32, as the int8 engine's readers take them. Perplexity as benchmarks/quality.py
 measures it, bfloat16 weights, one engine per scheme.
 
@@ -53,19 +56,44 @@ def round_up_log16(s: torch.Tensor) -> torch.Tensor:
     return SCALES[torch.searchsorted(SCALES, s.contiguous()).clamp(max=len(SCALES) - 1)]
 
 
+def nearest_log16(s: torch.Tensor) -> torch.Tensor:
+    """Positive float32 s rounded to the nearer of the two one-byte scales around it (kv_format.SCALES), so the
+    largest value of a group may clip by up to half a step (2.2%)."""
+    i = torch.searchsorted(SCALES, s.contiguous()).clamp(1, len(SCALES) - 1)
+    lo, hi = SCALES[i - 1], SCALES[i]
+    return torch.where(s < (lo + hi) / 2, lo, hi)
+
+
+def round_up_half(s: torch.Tensor) -> torch.Tensor:
+    """Positive float32 s rounded up to float16 (not to nearest, as the float16 scales are)."""
+    h = s.half()
+    return torch.where(h.float() < s, torch.nextafter(h, torch.tensor(torch.inf, dtype=torch.half)), h).float()
+
+
+def sub_scales(amax: torch.Tensor, steps: int) -> torch.Tensor:
+    """Group scales `[..., groups, 1]` from max |x| / 127 per group as a float16 scale of the row (its largest
+    group's, rounded up) times a 4-bit code per group, 2^(-c / steps) for c = 0..15: the smallest not below."""
+    row = round_up_half(amax.amax(-2, keepdim=True).contiguous())
+    c = (-torch.log2(amax.clamp(min=1e-30) / row) * steps).floor().clamp(0, 15)
+    return row * torch.exp2(-c / steps)
+
+
 def fake_quantize(x: torch.Tensor, side: str) -> torch.Tensor:
     """x `[..., D]` through one side of a scheme and back, in float32 (what the int8 readers compute in)."""
     if side == "none":
         return x
-    kind, group, byte = re.fullmatch(r"([gh])(\d+)(m3|l16)?", side).groups()
-    byte_scale = {"m3": round_up_3_bits, "l16": round_up_log16}.get(byte)
+    kind, group, byte = re.fullmatch(r"([gh])(\d+)(m3|l16n|l16|u|s8|s16)?", side).groups()
+    byte_scale = {"m3": round_up_3_bits, "l16": round_up_log16, "l16n": nearest_log16, "u": round_up_half}.get(byte)
     xf = x.float()
     rot = hadamard(x.shape[-1]) if kind == "h" else None
     if rot is not None:
         xf = xf @ rot
     groups = xf.reshape(*xf.shape[:-1], -1, int(group))
     amax = groups.abs().amax(-1, keepdim=True) / 127
-    scale = byte_scale(amax.contiguous()) if byte_scale else amax.half().float()
+    if byte in ("s8", "s16"):
+        scale = sub_scales(amax, int(byte[1:]))
+    else:
+        scale = byte_scale(amax.contiguous()) if byte_scale else amax.half().float()
     q = torch.where(scale > 0, groups / scale.clamp(min=1e-30), 0.0).round().clamp(-127, 127)
     out = (q * scale).reshape(xf.shape)
     return out @ rot.T if rot is not None else out
