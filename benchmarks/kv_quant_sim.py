@@ -6,7 +6,7 @@ scale per N values of a row: g64 is the shipped format, one scale per token and 
 64 x 64 Hadamard matrix first, then gN; the rotation is orthogonal, so a reader would rotate q instead and the
 scores are unchanged, while an outlier channel is spread over the whole row); a trailing `m3` stores each scale in
 one byte, rounded up to 3 mantissa bits (a float8 e4m3 scale's precision, without its range limit) instead of
-float16; a trailing `l16` stores each scale in one byte as a power of 2^(1/16), rounded up (kv_format.SCALES:
+float16; a trailing `l16` stores each scale in one byte as a power of 2^(1/16), rounded up (`SCALES`:
 2^(c / 16 - 14) for codes c = 0..255); `l16n`: the nearer of those two scales (the group's largest value
 may clip); `u`: a float16 scale rounded up instead of to nearest; `s16` / `s8`: a
 float16 scale of the row (rounded up) and a 4-bit code per group, the group's scale 2^(-c / 16) or 2^(-c / 8)
@@ -33,7 +33,6 @@ import torch  # noqa: E402
 from benchmarks.kv_quant import header  # noqa: E402
 from benchmarks.quality import TEXT, perplexity  # noqa: E402
 from radixserve import Engine  # noqa: E402
-from radixserve.cache.kv_format import SCALES  # noqa: E402
 from radixserve.cache.kv_pool import KVPool  # noqa: E402
 
 
@@ -51,13 +50,20 @@ def round_up_3_bits(s: torch.Tensor) -> torch.Tensor:
     return ((bits + (1 << 20) - 1) & ~((1 << 20) - 1)).view(torch.float32)
 
 
+# One-byte log scales: code c means 2^(c / 16 - 14) (16 steps an octave, 2^-14 .. 2^1.94, so max |x| up to 486
+# before values clip; Qwen2.5's scales span about 2^-13.6 .. 2^-0.5 over K and V). Built as the reverted format of
+# commit c0cde2c built it (the mantissa from pow, times an exact power of two), which this simulation matched bit
+# for bit.
+SCALES = torch.tensor([2.0 ** (i / 16) * 2.0 ** (c - 14) for c in range(16) for i in range(16)], dtype=torch.float32)
+
+
 def round_up_log16(s: torch.Tensor) -> torch.Tensor:
-    """Positive float32 s rounded up to the int8 format's one-byte scales (kv_format.SCALES; clamped at both ends)."""
+    """Positive float32 s rounded up to the int8 format's one-byte scales (`SCALES`; clamped at both ends)."""
     return SCALES[torch.searchsorted(SCALES, s.contiguous()).clamp(max=len(SCALES) - 1)]
 
 
 def nearest_log16(s: torch.Tensor) -> torch.Tensor:
-    """Positive float32 s rounded to the nearer of the two one-byte scales around it (kv_format.SCALES), so the
+    """Positive float32 s rounded to the nearer of the two one-byte scales around it (`SCALES`), so the
     largest value of a group may clip by up to half a step (2.2%)."""
     i = torch.searchsorted(SCALES, s.contiguous()).clamp(1, len(SCALES) - 1)
     lo, hi = SCALES[i - 1], SCALES[i]

@@ -188,7 +188,7 @@ def decode_attention(
     """Write into `out` `[B, H, D]` the attention of q `[B, H, D]` over the first seq_lens[b] tokens of request b.
 
     k_buf/v_buf are one layer's pool pages `[num_pages, page_size, kv_heads, row]` (row = head_dim, or int8 rows of
-    the values, then a scale byte per group: kernels/kv_load.py; int8 keys are stored rotated, so
+    the values, then a float16 scale per group: kernels/kv_load.py; int8 keys are stored rotated, so
     q must come rotated too: radixserve/cache/kv_format.py); page_table `[B, max_pages]`
     and seq_lens `[B]` are int32 on q's device. Every seq_len must be >= 1. `workspace` (from `decode_workspace`)
     is needed only for num_splits > 1 and allocated here if not given. Returns `out`.

@@ -1,9 +1,8 @@
 """Loading KV rows from the pool's pages in the attention kernels, whatever the KV format.
 
 Float pages hold head_dim values per row; int8 pages (radixserve/cache/kv_format.py) hold head_dim values followed by
-a one-byte scale code per group of them, code c meaning 2^(c / 16 - 14). Both kernels read pages through this one
-helper, so they decode int8 as the torch reference does: value x scale in float32, then the caller's cast to the
-query dtype (the scale from exp2 here, where the reference looks it up: equal to an ulp of the scale at most).
+a float16 scale per group of them. Both kernels read pages through this one helper, so they decode int8 exactly as the
+torch reference does: value x scale in float32, then the caller's cast to the query dtype.
 """
 
 from __future__ import annotations
@@ -12,20 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
-from radixserve.cache.kv_format import SCALE_BIAS as _BIAS
-from radixserve.cache.kv_format import SCALE_STEPS as _STEPS
-
-# Module constants a jitted function reads must be tl.constexpr.
-SCALE_STEPS = tl.constexpr(_STEPS)
-SCALE_BIAS = tl.constexpr(_BIAS)
-
 
 def scale_group(buf: torch.Tensor, head_dim: int) -> int:
-    """Values per scale of the pool buffer's int8 rows, read off the row width (head_dim + 1 byte a group); 0 for
+    """Values per scale of the pool buffer's int8 rows, read off the row width (head_dim + 2 bytes a group); 0 for
     float rows."""
     if buf.dtype != torch.int8:
         return 0
-    return head_dim // (buf.shape[-1] - head_dim)
+    return head_dim * 2 // (buf.shape[-1] - head_dim)
 
 
 @triton.jit
@@ -35,7 +27,7 @@ def load_kv_rows(Buf, row, offs_d, mask_n, mask_d, HEAD_DIM: tl.constexpr, SCALE
     mask = mask_n[:, None] & mask_d[None, :]
     x = tl.load(Buf + row[:, None] + offs_d[None, :], mask=mask, other=0)
     if SCALE_GROUP > 0:
-        at = Buf + row[:, None] + HEAD_DIM + offs_d[None, :] // SCALE_GROUP  # the scale code of each element's group
-        code = (tl.load(at, mask=mask, other=0).to(tl.int32) & 255).to(tl.float32)  # the byte unsigned
-        x = x.to(tl.float32) * tl.exp2(code / SCALE_STEPS - SCALE_BIAS)
+        at = Buf + row[:, None] + HEAD_DIM + 2 * (offs_d[None, :] // SCALE_GROUP)  # the scale of each element's group
+        scale = tl.load(at.to(tl.pointer_type(tl.float16)), mask=mask, other=0.0)
+        x = x.to(tl.float32) * scale.to(tl.float32)
     return x

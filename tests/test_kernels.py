@@ -303,7 +303,7 @@ def compile_for_gpu(arch: int) -> list[str]:
         data = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "K_buf", "V_buf")}
         index = {"PageTable": "*i32", "QoIndptr": "*i32", "PrefixLens": "*i32", "SeqLens": "*i32"}
         partial = {"PartialOut": "*fp32", "PartialLse": "*fp32"}
-        # int8 KV pages (SCALE_GROUP: values then a scale byte per group in each row) once, in the default
+        # int8 KV pages (SCALE_GROUP: values then a float16 scale per group in each row) once, in the default
         # model's shape.
         for scaled in (False, True) if (dt, group) == ("bf16", 4) else (False,):
             pages = data | ({"K_buf": "*i8", "V_buf": "*i8"} if scaled else {})

@@ -31,10 +31,10 @@ def test_the_budget_holds_about_twice_the_tokens_in_int8(make_engine, tiny_model
         pool = eng.runner.pool
         sizes[fmt] = pool.capacity * pool.page_size
         assert pool.num_pages * pool.page_size * pool.bytes_per_token <= (1 << 30) * 0.001 + 4 * pool.bytes_per_token
-    # int8 rows are head_dim bytes and a 1-byte scale per group (the tiny model's head_dim 16: one group, 17 bytes);
+    # int8 rows are head_dim bytes and a 2-byte scale per group (the tiny model's head_dim 16: one group, 18 bytes);
     # bfloat16 rows 2 * head_dim bytes
     g = scale_group(16)
-    assert g == 16 and sizes["int8"] / sizes["bfloat16"] == pytest.approx(2 * g / (g + 1), rel=0.01), sizes
+    assert g == 16 and sizes["int8"] / sizes["bfloat16"] == pytest.approx(2 * g / (g + 2), rel=0.01), sizes
     with pytest.raises(ParamError, match="set one"):
         make_engine(tiny_model_dir, kv_cache_gb=0.001, max_total_tokens=64)
 
@@ -47,10 +47,10 @@ def test_int8_pages_through_the_disk_tier_give_identical_output(make_engine, tin
         assert run(on, ids) == run(off, ids)
     s = on.cache_stats()
     assert s["disk_hit_tokens"] > 0 and s["loaded_pages"] > 0
-    # The explorer's bytes count the int8 format: rows of head_dim bytes and a 1-byte scale per 16.
+    # The explorer's bytes count the int8 format: rows of head_dim bytes and a 2-byte scale per 16.
     pool, cfg = on.runner.pool, on.runner.config
     assert s["device_bytes"] == s["device_pages"] * pool.page_size * pool.bytes_per_token
-    assert pool.bytes_per_token == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim // 16 * 17
+    assert pool.bytes_per_token == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim // 8 * 9
 
 
 def test_int8_kv_stays_close_to_float_kv(make_engine, tiny_model_dir) -> None:

@@ -3,8 +3,8 @@
 // out[r, h] = softmax_t(q[r, h] . K[r, t, h / ratio] * scale) . V[r, t, h / ratio] over t < seq_lens[r], where
 // key t of request r sits in pool page page_table[r, t / page_size], row t % page_size. The pool's per-layer
 // buffers are [num_pages, page_size, kv_heads, row] (radixserve/cache/kv_pool.py): bfloat16 or float32 rows of
-// head_dim, or int8 rows of head_dim values then a one-byte scale code per group of them (radixserve/cache/
-// kv_format.py; the group, a multiple of 16, is read off the row width; the code indexes kv_rotate.h's scales), read as value * its group's scale (one multiply per
+// head_dim, or int8 rows of head_dim values then a float16 scale per group of them (radixserve/cache/kv_format.py;
+// the group, a multiple of 16, is read off the row width), read as value * its group's scale (one multiply per
 // 16-lane register, as it is widened); q is [num_reqs, heads, head_dim] (bfloat16 or float32, rows may be strided),
 // the output has q's dtype. int8 keys are stored rotated (kv_rotate.h): over int8 pages the op rotates the query
 // the same way itself, so the caller passes q as the model computed it.
@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "kv_rotate.h"
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -61,18 +61,20 @@ inline float widen(float x) { return x; }
 inline float widen(at::BFloat16 x) { return static_cast<float>(x); }
 inline float widen(int8_t x) { return static_cast<float>(x); }
 
-// A stored row of D elements as D floats: float rows widened; int8 values times their group's scale, the group's
-// code at byte D + d / G (one table lookup a group, not a division per element).
+// The factor elements d of a stored row are multiplied by: 1 for float rows; for int8, the float16 scale of the
+// group of G holding d, stored after the D values.
 template <typename T>
-inline void widen_row(const T* r, int64_t D, int64_t, float* out) {
-  for (int64_t d = 0; d < D; d++) out[d] = widen(r[d]);
+inline float row_scale(const T*, int64_t, int64_t, int64_t) {
+  return 1.f;
 }
-inline void widen_row(const int8_t* r, int64_t D, int64_t G, float* out) {
-  const auto& scales = radixserve_kv::scales();
-  for (int64_t g = 0; g < D / G; g++) {
-    const float s = scales[static_cast<uint8_t>(r[D + g])];
-    for (int64_t d = g * G; d < (g + 1) * G; d++) out[d] = widen(r[d]) * s;
-  }
+inline float row_scale(const int8_t* row, int64_t D, int64_t G, int64_t d) {
+  uint16_t bits;
+  std::memcpy(&bits, row + D + 2 * (d / G), sizeof(bits));
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);  // one instruction; c10::Half's portable conversion is ~10 per key
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
 }
 
 // Plain C++: any head_dim. q [g, D] pre-scaled, s scratch [g, len], out [g, D] float32.
@@ -81,7 +83,7 @@ void attend_plain(const float* q, int64_t g, int64_t D, const Rows<T>& k, const 
   const int64_t L = k.len;
   std::vector<float> row(D);
   k.each([&](int64_t t, const T* kr) {
-    widen_row(kr, D, k.group, row.data());
+    for (int64_t d = 0; d < D; d++) row[d] = widen(kr[d]) * row_scale(kr, D, k.group, d);
     for (int64_t h = 0; h < g; h++) {
       float acc = 0;
       for (int64_t d = 0; d < D; d++) acc += q[h * D + d] * row[d];
@@ -98,7 +100,7 @@ void attend_plain(const float* q, int64_t g, int64_t D, const Rows<T>& k, const 
   }
   std::fill(out, out + g * D, 0.f);
   v.each([&](int64_t t, const T* vr) {
-    widen_row(vr, D, v.group, row.data());
+    for (int64_t d = 0; d < D; d++) row[d] = widen(vr[d]) * row_scale(vr, D, v.group, d);
     for (int64_t h = 0; h < g; h++)
       for (int64_t d = 0; d < D; d++) out[h * D + d] += s[h * L + t] * row[d];
   });
@@ -118,16 +120,15 @@ inline __m512 load16(const int8_t* p) {  // exact: |x| <= 127; the group's scale
 }
 
 // A stored row of D = 16 * C values as C float32 registers. An int8 register lies in one scale group: it is
-// multiplied by its group's scale, whose code is byte D + 16 c / G of the row; those offsets are worked out once
-// per call (ScaleOffsets), with the scale table's address. Both alternatives tried measured slower on Zen 4
-// (benchmarks/RESULTS.md, issue 40): a division by the runtime G per register, and widening a row's scales
-// together then a lane permute per register.
+// multiplied by its group's float16 scale, at byte D + 2 (16 c / G) of the row; those offsets are worked out once
+// per call (ScaleOffsets). Both alternatives tried measured slower on Zen 4 (benchmarks/RESULTS.md, issue 40): a
+// division by the runtime G per register, and widening a row's scales together (one F16C conversion) then a lane
+// permute per register.
 template <int C>
 struct ScaleOffsets {
   std::array<int64_t, C> at;
-  const float* table = radixserve_kv::scales().data();
   explicit ScaleOffsets(int64_t G) {
-    for (int c = 0; c < C; c++) at[c] = 16 * C + 16 * c / G;
+    for (int c = 0; c < C; c++) at[c] = 16 * C + 2 * (16 * c / G);
   }
 };
 
@@ -135,8 +136,9 @@ template <int C, typename T>
 inline void load_row(const T* row, const ScaleOffsets<C>& scales, __m512 (&out)[C]) {
   for (int c = 0; c < C; c++) {
     if constexpr (std::is_same_v<T, int8_t>) {
-      const float s = scales.table[static_cast<uint8_t>(row[scales.at[c]])];
-      out[c] = _mm512_mul_ps(load16(row + 16 * c), _mm512_set1_ps(s));
+      uint16_t bits;
+      std::memcpy(&bits, row + scales.at[c], sizeof(bits));
+      out[c] = _mm512_mul_ps(load16(row + 16 * c), _mm512_set1_ps(_cvtsh_ss(bits)));
     } else {
       out[c] = load16(row + 16 * c);
     }
@@ -328,7 +330,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pages, c
   const auto qt = q.scalar_type(), kt = k_pages.scalar_type();
   const int64_t G = radixserve_kv::scale_group(D, k_pages.size(3));
   TORCH_CHECK(kt == at::kChar ? G > 0 && G % 16 == 0 && radixserve_kv::is_pow2(D) : k_pages.size(3) == D,
-              "pool rows must be head_dim values (int8: head_dim a power of two, its values and a 1-byte scale per "
+              "pool rows must be head_dim values (int8: head_dim a power of two, its values and a 2-byte scale per "
               "group of a multiple of 16)");
   TORCH_CHECK(KV > 0 && H % KV == 0, "heads must be a multiple of kv_heads");
   TORCH_CHECK(page_table.scalar_type() == at::kInt && page_table.dim() == 2 && page_table.size(0) == R &&

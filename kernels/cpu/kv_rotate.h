@@ -7,8 +7,6 @@
 // tokens/s.
 #pragma once
 
-#include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 
@@ -28,31 +26,12 @@ inline void fwht(float* x, int64_t n) {
   for (int64_t j = 0; j < n; j++) x[j] *= norm;
 }
 
-// Values per scale of an int8 row of W bytes holding D values (then 1 scale byte per group), or 0 when W is no
+// Values per float16 scale of an int8 row of W bytes holding D values (then 2 bytes per group), or 0 when W is no
 // such row: the group is read off the pool's row width, so the ops follow kv_format.GROUP without a copy of it.
 inline int64_t scale_group(int64_t D, int64_t W) {
   const int64_t scale_bytes = W - D;
-  if (scale_bytes <= 0 || D % scale_bytes) return 0;
-  return D / scale_bytes;
-}
-
-// The scale a row's scale byte c means: 2^(c / 16 - 14), kv_format.SCALES, built the same way (the mantissa
-// 2^(i / 16) from the C library's pow in double, rounded once to float, times an exact power of two), so the store
-// op picks the codes and quotients KVFormat.encode does, bit for bit.
-inline const std::array<float, 256>& scales() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t{};
-    for (int c = 0; c < 256; c++)
-      t[c] = static_cast<float>(std::pow(2.0, (c % 16) / 16.0) * std::ldexp(1.0, c / 16 - 14));
-    return t;
-  }();
-  return table;
-}
-
-// The code of the smallest scale not below s (255 where none is): torch.searchsorted's left side, as the encoder.
-inline uint8_t scale_code(float s) {
-  const auto& t = scales();
-  return static_cast<uint8_t>(std::min<int64_t>(std::lower_bound(t.begin(), t.end(), s) - t.begin(), 255));
+  if (scale_bytes <= 0 || scale_bytes % 2 || D % (scale_bytes / 2)) return 0;
+  return D / (scale_bytes / 2);
 }
 
 }  // namespace radixserve_kv

@@ -1,12 +1,12 @@
 // int8 KV store: quantize each new token's K and V rows and write them, with their scales, into pool slots.
 //
-// The pool's int8 rows are head_dim values then a one-byte scale code per group of them (radixserve/cache/
-// kv_format.py; the group is read off the row width). Keys are rotated here first (kv_rotate.h), values are not. Why here: the
+// The pool's int8 rows are head_dim values then a float16 scale per group of them (radixserve/cache/kv_format.py;
+// the group is read off the row width). Keys are rotated here first (kv_rotate.h), values are not. Why here: the
 // torch expression of the same quantization is ~10 small ops per tensor, K and V, in every layer of every decode
 // step (~500 ops a step on the default model), whose dispatch cost more than the decode attention saved.
-// Bit-identical to KVFormat.encode(rotate_keys(k)) and KVFormat.encode(v): per group, the code of the smallest
-// scale not below max |x| / 127 (kv_rotate.h), then each value x / scale (float32 division) rounded half to even
-// and clamped to +-127.
+// Bit-identical to KVFormat.encode(rotate_keys(k)) and KVFormat.encode(v): per group, scale = float16(min(max |x| /
+// 127, 65504)) rounded to nearest even, then each value x / scale (float32 division) rounded half to even and clamped
+// to +-127; a zero scale stores zeros.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -23,19 +23,21 @@ namespace {
 inline float widen(float x) { return x; }
 inline float widen(at::BFloat16 x) { return static_cast<float>(x); }
 
-// Row x (D floats) -> D int8 values and a scale code per group of G, at out.
+// Row x (D floats) -> D int8 values and a float16 scale per group of G, at out.
 void quantize_row(const float* x, int64_t D, int64_t G, int8_t* out) {
-  const auto& scales = radixserve_kv::scales();
   for (int64_t g = 0; g < D / G; g++) {
     const float* xg = x + g * G;
     int8_t* og = out + g * G;
     float amax = 0.f;
     for (int64_t d = 0; d < G; d++) amax = std::max(amax, std::fabs(xg[d]));
-    const uint8_t code = radixserve_kv::scale_code(amax / 127.f);
-    const float s = scales[code];
-    // nearbyint rounds half to even in the default rounding mode, as torch.round does.
-    for (int64_t d = 0; d < G; d++) og[d] = static_cast<int8_t>(std::clamp(std::nearbyint(xg[d] / s), -127.f, 127.f));
-    out[D + g] = static_cast<int8_t>(code);
+    const at::Half scale(std::min(amax / 127.f, 65504.f));
+    const float s = static_cast<float>(scale);
+    for (int64_t d = 0; d < G; d++) {
+      // nearbyint rounds half to even in the default rounding mode, as torch.round does.
+      const float q = s > 0.f ? std::nearbyint(xg[d] / s) : 0.f;
+      og[d] = static_cast<int8_t>(std::clamp(q, -127.f, 127.f));
+    }
+    std::memcpy(out + D + 2 * g, &scale, sizeof(scale));
   }
 }
 
@@ -66,7 +68,7 @@ void store_kv_int8(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_
               "k_buf / v_buf must be contiguous int8 [num_pages, page_size, kv_heads, row]");
   TORCH_CHECK(k_buf.size(2) == k.size(1) && radixserve_kv::scale_group(k.size(2), k_buf.size(3)) > 0 &&
                   radixserve_kv::is_pow2(k.size(2)),
-              "pool rows must be head_dim values and a 1-byte scale per group (head_dim a power of two)");
+              "pool rows must be head_dim values and a 2-byte scale per group (head_dim a power of two)");
   TORCH_CHECK(loc.scalar_type() == at::kLong && loc.dim() == 1 && loc.numel() == k.size(0) && loc.is_contiguous(),
               "loc must be contiguous int64 [tokens]");
   const int64_t slots = k_buf.size(0) * k_buf.size(1);

@@ -35,7 +35,7 @@ class KVLayout:
     head_dim: int
     dtype: str  # torch dtype name of the stored elements, e.g. "bfloat16", "int8"
     itemsize: int
-    kv_dtype: str  # KVFormat.tag (int8: with its row encoding): part of the digest, so a tier is only ever read in its own format
+    kv_dtype: str  # the KV format's name: part of the digest, so a tier is only ever read in its own format
     row_width: int
 
     @property

@@ -1,25 +1,19 @@
 """KV page formats: how the pool stores a token's K or V row for one KV head, and how a reader gets floats back.
 
 A float format stores the row as is (`head_dim` elements of that dtype). `int8` stores the row quantized
-symmetrically to -127..127 with one scale per GROUP (16) values, the scales after the values, one byte each: scales
-per token, KV head and K/V. A scale byte c means 2^(c / 16 - 14) (`SCALES`: 16 steps an octave, 2^-14 .. 2^1.94, so
-max |x| up to 486 before values clip; Qwen2.5's scales span 2^-13.6 .. 2^-0.5 over K and V), and the encoder takes the smallest scale not below max |x| / 127, so no value clips; rounding
-the scale up costs at most 4.4% of the step (2.2% on average). A key row is first rotated by the orthonormal
-Hadamard matrix H (`rotate_keys`): with one scale per row and no rotation, Qwen2.5's keys cost +5.7% perplexity over
-4k tokens (the values barely matter); rotated, which spreads any large channel over the whole row, with a float16
-scale per 16 the loss measured +0.12%, per 32 +0.76%, and with these one-byte scales per 16 (benchmarks/RESULTS.md,
-issue 40). Why one byte: 64 values + 4 scale bytes = 68-byte rows for head_dim 64, 1.88x the tokens of bfloat16
-in the same memory, where float16 scales took 72 (1.78x) and the RAG hit rate fell short of 1.8x bfloat16's; a
-byte holds the scale's octave and 1/16 of it, while a float8 e4m3 scale's 3 mantissa bits round up by up to 12.5%
-and measured +0.89%. Readers rotate the query instead of the
-pages (q . k = (qH) . (kH), H orthogonal), and the values are not rotated. Why per token rather than per page: a
-page fills one token at a time during decode, so a page-wide scale would have to be re-derived and the page
-re-quantized whenever a larger value arrives (each time losing precision), and one outlier token would coarsen its
-15 neighbours; a row's own scale is final when it is written. Why in the row: every consumer that moves pages as
-bytes (partial-page copy, the host and disk tiers, tensor-parallel shards split by KV head) then carries the scales
-with the values and needs no second buffer. The readers take the group from the row width (head_dim + 1 byte a
-group), so GROUP is set here alone; `KVFormat.tag` names the encoding, so a tier written with another int8 layout
-is never read as this one.
+symmetrically to -127..127 with one scale per GROUP (16) values, the scales (float16, 2 int8 bytes each) after the
+values: scales per token, KV head and K/V. A key row is first rotated by the orthonormal Hadamard matrix H
+(`rotate_keys`): with one scale per row and no rotation, Qwen2.5's keys cost +5.7% perplexity over 4k tokens (the
+values barely matter); rotated, which spreads any large channel over the whole row, with a scale per 16 the loss
+measured +0.09%, with a scale per 32 +0.76% (benchmarks/RESULTS.md, issue 40), so the group stays 16. Readers rotate
+the query instead of the pages (q . k = (qH) . (kH), H orthogonal), and the values are not rotated. Why per token
+rather than per page: a page fills one token at a time during decode, so a page-wide scale would have to be
+re-derived and the page re-quantized whenever a larger value arrives (each time losing precision), and one outlier
+token would coarsen its 15 neighbours; a row's own scale is final when it is written. Why in the row: every consumer
+that moves pages as bytes (partial-page copy, the host and disk tiers, tensor-parallel shards split by KV head) then
+carries the scales with the values and needs no second buffer. The cost is 8 bytes in 72 per head_dim-64 row: the
+same memory holds 1.78x the tokens of bfloat16. The readers take the group from the row width (head_dim + 2 bytes a
+group), so GROUP is set here alone.
 
 `fp8_e4m3` stores `float8_e4m3fn` bits with no scale (a scale of 1, FlashInfer's default), values clamped to +-448,
 the format's largest: the layout FlashInfer's fp8 KV kernels read on CUDA (they get the buffers viewed as
@@ -42,15 +36,9 @@ _STORAGE = {
     "fp8_e4m3": torch.uint8,  # float8_e4m3fn bits (see the module docstring)
 }
 _FP8 = torch.float8_e4m3fn
-_SCALE_BYTES = 1  # one scale code per group of an int8 row
+_SCALE_DTYPE = torch.float16
+_SCALE_BYTES = 2  # one float16 per group of an int8 row
 GROUP = 16  # values per int8 scale, or the whole row where head_dim is smaller (see scale_group)
-SCALE_STEPS, SCALE_BIAS = 16, 14  # scale code c means 2^(c / SCALE_STEPS - SCALE_BIAS)
-# The 256 scales in float32: the mantissa 2^(i / 16) rounded once from the C library's pow (Python's ** on floats),
-# times an exact power of two; kernels/cpu/kv_rotate.h builds the same table the same way, so both give the same bits.
-SCALES = torch.tensor(
-    [2.0 ** (i / SCALE_STEPS) * 2.0 ** (c - SCALE_BIAS) for c in range(256 // SCALE_STEPS) for i in range(SCALE_STEPS)],
-    dtype=torch.float32,
-)
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0  # float8_e4m3fn's largest finite value: torch's cast does not saturate, so clamp first
 
@@ -83,12 +71,6 @@ class KVFormat:
     def scaled(self) -> bool:
         """Rows end with their own scale (int8)."""
         return self.name == "int8"
-
-    @property
-    def tag(self) -> str:
-        """The format and, for int8, its row encoding: what a tier's layout records, so pages written with another
-        encoding (float16 scales, another group) never feed this one."""
-        return f"int8-g{GROUP}-log{SCALE_STEPS}b{SCALE_BIAS}" if self.scaled else self.name
 
     def row_width(self, head_dim: int) -> int:
         """Elements of one stored row: head_dim, plus the scales' bytes for int8."""
@@ -128,16 +110,16 @@ class KVFormat:
         if self.name != "int8":
             return rows.to(dtype)
         scales = row_scales(rows)
-        values = rows[..., : -scales.shape[-1]].to(torch.float32).unflatten(-1, (scales.shape[-1], -1))
+        values = rows[..., : -scales.shape[-1] * _SCALE_BYTES].to(torch.float32).unflatten(-1, (scales.shape[-1], -1))
         return (values * scales[..., None]).flatten(-2).to(dtype)
 
 
 def row_scales(rows: torch.Tensor) -> torch.Tensor:
-    """The float32 scales `[..., groups]` whose codes follow the values of int8 rows `[..., row_width]`: a row of
-    head_dim >= GROUP holds head_dim / GROUP groups of GROUP + 1 bytes, a shorter one a single group, so the count
-    is the width over GROUP + 1, rounded up."""
+    """The float32 scales `[..., groups]` after the values of int8 rows `[..., row_width]`: a row of head_dim >=
+    GROUP holds head_dim / GROUP groups of GROUP + 2 bytes, a shorter one a single group, so the count is the width
+    over GROUP + 2, rounded up."""
     groups = -(-rows.shape[-1] // (GROUP + _SCALE_BYTES))
-    return SCALES[rows[..., -groups:].view(torch.uint8).long()]
+    return rows[..., -groups * _SCALE_BYTES :].contiguous().view(_SCALE_DTYPE).to(torch.float32)
 
 
 def scale_group(head_dim: int) -> int:
@@ -160,13 +142,15 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
 
 
 def _encode_int8(x: torch.Tensor) -> torch.Tensor:
-    """Symmetric quantization per scale_group(head_dim) values: the scale is the smallest of SCALES not below
-    max |x| / 127 (the largest where none is), and each value x / scale (float32 division) is rounded half to even
-    and clamped to +-127 (the clamp only acts past the largest scale)."""
+    """Symmetric quantization per scale_group(head_dim) values: scale = max |x| / 127, rounded to float16 first, so the values are
+    divided by exactly the scale a reader multiplies by (the clamp absorbs a scale that rounded down)."""
     xf = x.to(torch.float32).unflatten(-1, (-1, scale_group(x.shape[-1])))
-    code = torch.searchsorted(SCALES, (xf.abs().amax(-1) / _INT8_MAX).contiguous()).clamp_(max=len(SCALES) - 1)
-    q = (xf / SCALES[code][..., None]).round_().clamp_(-_INT8_MAX, _INT8_MAX).to(torch.int8).flatten(-2)
-    return torch.cat([q, code.to(torch.uint8).view(torch.int8)], -1)
+    scale = (xf.abs().amax(-1, keepdim=True) / _INT8_MAX).clamp(max=torch.finfo(_SCALE_DTYPE).max).to(_SCALE_DTYPE)
+    s = scale.to(torch.float32)
+    # An all-zero group (or one whose scale underflows float16) stores zeros: the division would give 0/0.
+    q = torch.where(s > 0, xf / s.clamp(min=torch.finfo(torch.float32).tiny), 0.0)
+    q = q.round_().clamp_(-_INT8_MAX, _INT8_MAX).to(torch.int8).flatten(-2)
+    return torch.cat([q, scale.squeeze(-1).contiguous().view(torch.int8)], -1)
 
 
 def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> KVFormat:

@@ -34,7 +34,7 @@ def _int8_store_op() -> Any | None:
 class KVPool:
     """`k_buffers[layer]` / `v_buffers[layer]` are `[num_pages, page_size, kv_heads, row_width]` of `dtype`, the
     storage type of the KV format (radixserve/cache/kv_format.py): row_width is head_dim for a float format, and
-    head_dim plus its scales' bytes for int8, whose rows end with a scale byte per group of values.
+    head_dim plus its scales' bytes for int8, whose rows end with a float16 scale per group of values.
 
     Page 0 is the padding sink: it is never handed out, so padded page-table entries may point at it.
     """

@@ -336,7 +336,7 @@ def open_tier(
         head_dim,
         storage,
         pool.dtype.itemsize,
-        fmt.tag,
+        fmt.name,
         fmt.row_width(head_dim),
     )
     host_bytes = host_tier_bytes(host_gb, pool, layout.page_bytes)
