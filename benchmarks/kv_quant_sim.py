@@ -10,7 +10,8 @@ float16; a trailing `l16` stores each scale in one byte as a power of 2^(1/16), 
 2^(c / 16 - 14) for codes c = 0..255); `l16n`: the nearer of those two scales (the group's largest value
 may clip); `u`: a float16 scale rounded up instead of to nearest; `s16` / `s8`: a
 float16 scale of the row (rounded up) and a 4-bit code per group, the group's scale 2^(-c / 16) or 2^(-c / 8)
-times the row's (64 values and 4 bytes of scales, as l16's width). The
+times the row's (64 values and 4 bytes of scales, as l16's width); `s16n` / `s8n`: the same with the row's
+scale rounded to nearest. The
 dequantized rows are stored in float32, as the int8 engine's readers take them. Perplexity as benchmarks/quality.py
 measures it, bfloat16 weights, one engine per scheme.
 
@@ -76,10 +77,12 @@ def round_up_half(s: torch.Tensor) -> torch.Tensor:
     return torch.where(h.float() < s, torch.nextafter(h, torch.tensor(torch.inf, dtype=torch.half)), h).float()
 
 
-def sub_scales(amax: torch.Tensor, steps: int) -> torch.Tensor:
+def sub_scales(amax: torch.Tensor, steps: int, nearest: bool) -> torch.Tensor:
     """Group scales `[..., groups, 1]` from max |x| / 127 per group as a float16 scale of the row (its largest
-    group's, rounded up) times a 4-bit code per group, 2^(-c / steps) for c = 0..15: the smallest not below."""
-    row = round_up_half(amax.amax(-2, keepdim=True).contiguous())
+    group's, rounded up, or to nearest) times a 4-bit code per group, 2^(-c / steps) for c = 0..15: the smallest
+    not below."""
+    row = amax.amax(-2, keepdim=True).contiguous()
+    row = row.half().float() if nearest else round_up_half(row)
     c = (-torch.log2(amax.clamp(min=1e-30) / row) * steps).floor().clamp(0, 15)
     return row * torch.exp2(-c / steps)
 
@@ -88,7 +91,7 @@ def fake_quantize(x: torch.Tensor, side: str) -> torch.Tensor:
     """x `[..., D]` through one side of a scheme and back, in float32 (what the int8 readers compute in)."""
     if side == "none":
         return x
-    kind, group, byte = re.fullmatch(r"([gh])(\d+)(m3|l16n|l16|u|s8|s16)?", side).groups()
+    kind, group, byte = re.fullmatch(r"([gh])(\d+)(m3|l16n|l16|u|s8n|s16n|s8|s16)?", side).groups()
     byte_scale = {"m3": round_up_3_bits, "l16": round_up_log16, "l16n": nearest_log16, "u": round_up_half}.get(byte)
     xf = x.float()
     rot = hadamard(x.shape[-1]) if kind == "h" else None
@@ -96,8 +99,8 @@ def fake_quantize(x: torch.Tensor, side: str) -> torch.Tensor:
         xf = xf @ rot
     groups = xf.reshape(*xf.shape[:-1], -1, int(group))
     amax = groups.abs().amax(-1, keepdim=True) / 127
-    if byte in ("s8", "s16"):
-        scale = sub_scales(amax, int(byte[1:]))
+    if byte and byte[0] == "s":
+        scale = sub_scales(amax, int(byte[1:].removesuffix("n")), byte.endswith("n"))
     else:
         scale = byte_scale(amax.contiguous()) if byte_scale else amax.half().float()
     q = torch.where(scale > 0, groups / scale.clamp(min=1e-30), 0.0).round().clamp(-127, 127)
