@@ -63,8 +63,11 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(int(q * len(xs)), len(xs) - 1)]
 
 
-def rag(doc: int, pool_docs: int, requests: int, seed: int) -> None:
-    """(b): the budget is `pool_docs` documents of bfloat16 KV; 2 * pool_docs documents are in play."""
+def rag(doc: int, pool_docs: int, requests: int, seed: int, null_model: bool = False, tokens: tuple = ()) -> None:
+    """(b): the budget is `pool_docs` documents of bfloat16 KV; 2 * pool_docs documents are in play. `null_model`:
+    engines without weights (fixed logits, no attention), for hit rates alone: they depend on the pool's size and
+    the request order, not on the arithmetic; `tokens`: more bfloat16 engines sized to hold that many tokens, the
+    pool a KV layout not built would have at the budget."""
     bf16_token = KVFormat("bfloat16").bytes_per_token(LAYERS, KV_HEADS, HEAD_DIM)
     gb = pool_docs * doc * bf16_token / (1 << 30)
     num_docs = 2 * pool_docs
@@ -72,7 +75,10 @@ def rag(doc: int, pool_docs: int, requests: int, seed: int) -> None:
     docs = [[rng.randrange(1000, 150_000) for _ in range(doc)] for _ in range(num_docs)]
     order = [rng.randrange(num_docs) for _ in range(requests)]
     print(f"{num_docs} documents of {doc} tokens; budget {gb * 1024:.1f} MiB = {pool_docs} documents of bfloat16 KV")
-    engines = {n: Engine(kv_cache_gb=gb, kv_cache_dtype=n, speculative="off") for n in ("bfloat16", "int8")}
+    kw = {"speculative": "off", "null_model": null_model} | ({"dtype": "bfloat16"} if null_model else {})
+    engines = {n: Engine(kv_cache_gb=gb, kv_cache_dtype=n, **kw) for n in ("bfloat16", "int8")}
+    for t in tokens:
+        engines[f"{t} tokens"] = Engine(max_total_tokens=t, kv_cache_dtype="bfloat16", **kw)
     try:
         tok = engines["int8"].tokenizer
         params = {"max_new_tokens": 1, "temperature": 0}
@@ -180,6 +186,8 @@ def main() -> None:
     r.add_argument("--pool-docs", type=int, default=8)
     r.add_argument("--requests", type=int, default=48)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--null-model", action="store_true", help="no weights: hit rates only, TTFT meaningless")
+    r.add_argument("--tokens", type=int, nargs="*", default=[], help="also bfloat16 pools of these many tokens")
     d = sub.add_parser("decode")
     d.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384])
     d.add_argument("--new-tokens", type=int, default=32)
@@ -189,7 +197,7 @@ def main() -> None:
     if args.cmd == "capacity":
         capacity(args.gb)
     elif args.cmd == "rag":
-        rag(args.doc, args.pool_docs, args.requests, args.seed)
+        rag(args.doc, args.pool_docs, args.requests, args.seed, args.null_model, tuple(args.tokens))
     else:
         decode(args.contexts, args.new_tokens, args.rounds)
 

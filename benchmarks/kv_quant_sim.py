@@ -5,7 +5,13 @@ A scheme is `K:V`, each side one of: `none` (bfloat16 values as computed), `gN` 
 scale per N values of a row: g64 is the shipped format, one scale per token and head), `hN` (the row rotated by the
 64 x 64 Hadamard matrix first, then gN; the rotation is orthogonal, so a reader would rotate q instead and the
 scores are unchanged, while an outlier channel is spread over the whole row); a trailing `m3` stores each scale in
-one byte, rounded up to 3 mantissa bits (radixserve/cache/kv_format.py's scale byte) instead of float16. The
+one byte, rounded up to 3 mantissa bits (a float8 e4m3 scale's precision, without its range limit) instead of
+float16; a trailing `l16` stores each scale in one byte as a power of 2^(1/16), rounded up (`SCALES`:
+2^(c / 16 - 14) for codes c = 0..255); `l16n`: the nearer of those two scales (the group's largest value
+may clip); `u`: a float16 scale rounded up instead of to nearest; `s16` / `s8`: a
+float16 scale of the row (rounded up) and a 4-bit code per group, the group's scale 2^(-c / 16) or 2^(-c / 8)
+times the row's (64 values and 4 bytes of scales, as l16's width); `s16n` / `s8n`: the same with the row's
+scale rounded to nearest. The
 dequantized rows are stored in float32, as the int8 engine's readers take them. Perplexity as benchmarks/quality.py
 measures it, bfloat16 weights, one engine per scheme.
 
@@ -19,6 +25,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as radixserve/__init__.py, before torch loads
 
 import argparse  # noqa: E402
+import re  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -44,19 +51,58 @@ def round_up_3_bits(s: torch.Tensor) -> torch.Tensor:
     return ((bits + (1 << 20) - 1) & ~((1 << 20) - 1)).view(torch.float32)
 
 
+# One-byte log scales: code c means 2^(c / 16 - 14) (16 steps an octave, 2^-14 .. 2^1.94, so max |x| up to 486
+# before values clip; Qwen2.5's scales span about 2^-13.6 .. 2^-0.5 over K and V). Built as the reverted format of
+# commit c0cde2c built it (the mantissa from pow, times an exact power of two), which this simulation matched bit
+# for bit.
+SCALES = torch.tensor([2.0 ** (i / 16) * 2.0 ** (c - 14) for c in range(16) for i in range(16)], dtype=torch.float32)
+
+
+def round_up_log16(s: torch.Tensor) -> torch.Tensor:
+    """Positive float32 s rounded up to the int8 format's one-byte scales (`SCALES`; clamped at both ends)."""
+    return SCALES[torch.searchsorted(SCALES, s.contiguous()).clamp(max=len(SCALES) - 1)]
+
+
+def nearest_log16(s: torch.Tensor) -> torch.Tensor:
+    """Positive float32 s rounded to the nearer of the two one-byte scales around it (`SCALES`), so the
+    largest value of a group may clip by up to half a step (2.2%)."""
+    i = torch.searchsorted(SCALES, s.contiguous()).clamp(1, len(SCALES) - 1)
+    lo, hi = SCALES[i - 1], SCALES[i]
+    return torch.where(s < (lo + hi) / 2, lo, hi)
+
+
+def round_up_half(s: torch.Tensor) -> torch.Tensor:
+    """Positive float32 s rounded up to float16 (not to nearest, as the float16 scales are)."""
+    h = s.half()
+    return torch.where(h.float() < s, torch.nextafter(h, torch.tensor(torch.inf, dtype=torch.half)), h).float()
+
+
+def sub_scales(amax: torch.Tensor, steps: int, nearest: bool) -> torch.Tensor:
+    """Group scales `[..., groups, 1]` from max |x| / 127 per group as a float16 scale of the row (its largest
+    group's, rounded up, or to nearest) times a 4-bit code per group, 2^(-c / steps) for c = 0..15: the smallest
+    not below."""
+    row = amax.amax(-2, keepdim=True).contiguous()
+    row = row.half().float() if nearest else round_up_half(row)
+    c = (-torch.log2(amax.clamp(min=1e-30) / row) * steps).floor().clamp(0, 15)
+    return row * torch.exp2(-c / steps)
+
+
 def fake_quantize(x: torch.Tensor, side: str) -> torch.Tensor:
     """x `[..., D]` through one side of a scheme and back, in float32 (what the int8 readers compute in)."""
     if side == "none":
         return x
-    byte_scale = side.endswith("m3")
-    side = side.removesuffix("m3")
+    kind, group, byte = re.fullmatch(r"([gh])(\d+)(m3|l16n|l16|u|s8n|s16n|s8|s16)?", side).groups()
+    byte_scale = {"m3": round_up_3_bits, "l16": round_up_log16, "l16n": nearest_log16, "u": round_up_half}.get(byte)
     xf = x.float()
-    rot = hadamard(x.shape[-1]) if side[0] == "h" else None
+    rot = hadamard(x.shape[-1]) if kind == "h" else None
     if rot is not None:
         xf = xf @ rot
-    groups = xf.reshape(*xf.shape[:-1], -1, int(side[1:]))
+    groups = xf.reshape(*xf.shape[:-1], -1, int(group))
     amax = groups.abs().amax(-1, keepdim=True) / 127
-    scale = round_up_3_bits(amax.contiguous()) if byte_scale else amax.half().float()
+    if byte and byte[0] == "s":
+        scale = sub_scales(amax, int(byte[1:].removesuffix("n")), byte.endswith("n"))
+    else:
+        scale = byte_scale(amax.contiguous()) if byte_scale else amax.half().float()
     q = torch.where(scale > 0, groups / scale.clamp(min=1e-30), 0.0).round().clamp(-127, 127)
     out = (q * scale).reshape(xf.shape)
     return out @ rot.T if rot is not None else out
