@@ -212,7 +212,7 @@ def main() -> None:
     agents = make_agents(args.agents, args.turns, args.context_tokens, args.result_tokens, args.time_scale, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or make_random_model(
-            Path(tmp) / "m", layers=4, hidden=512, heads=8, kv_heads=4, intermediate=1536, vocab=VOCAB, context=4096
+            Path(tmp) / "m", layers=4, hidden=512, heads=8, kv_heads=4, intermediate=1536, vocab=VOCAB, context=8192
         )
         eng = Engine(
             model=model,
