@@ -199,7 +199,7 @@ def main() -> None:
     ap.add_argument("--retained-share", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--turn-log", default=None, help="write every turn and round as JSON lines here")
+    ap.add_argument("--turn-log", default=None, help="append every turn and round to this file as JSON lines")
     ap.add_argument("--model", default=None, help="a model folder or GGUF (default: a random 4-layer Llama)")
     ap.add_argument(
         "--one-tenant",
@@ -232,16 +232,14 @@ def main() -> None:
                     assert eng.flush_cache()
                     asyncio.run(run_mode(eng, agents, mode, args, results[mode]))
                     eng.check_invariants()
+                    if args.turn_log:  # as each mode ends, so a run cut short still tells what it saw
+                        t = results[mode]
+                        with open(args.turn_log, "a") as f:
+                            for rec in [{"mode": mode, **t.rounds[-1]}] + t.turns[-args.agents * args.turns :]:
+                                f.write(json.dumps(rec) + "\n")
                     print(f"round {r + 1} {mode} done at {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
         finally:
             eng.shutdown()
-    if args.turn_log:
-        with open(args.turn_log, "w") as f:
-            for mode, t in results.items():
-                for rec in t.rounds:
-                    f.write(json.dumps({"mode": mode, **rec}) + "\n")
-                for rec in t.turns:
-                    f.write(json.dumps(rec) + "\n")
     report(results, args)
 
 
