@@ -15,11 +15,13 @@ Modes, on one in-process Engine (flushed between them; the same seeded gaps and 
 - cache_control: every agent turn carries `retention_seconds=300` (what a /v1/messages turn with a 5m
   cache_control marker gets).
 
-The defaults are the workload reasoned in benchmarks/RESULTS.md (issue 37, session 10): 8 agents of 4 turns, 3,072-token
-contexts, 256-token tool results, 32-token turns, the issue's gaps unscaled, a 40,960-token pool 0.8 of which may be
-retained (every agent's whole history fits), 3 rounds with the modes' order turned each round.
+The defaults are the workload reasoned in benchmarks/RESULTS.md (issue 37, sessions 10 and 11): 4 agents of 4 turns
+starting 4 s apart, 6,144-token contexts, 256-token tool results, 32-token turns, the issue's gaps unscaled, a
+36,864-token pool 0.8 of which may be retained (every agent's whole history fits, and the flood turns the pool over
+within a typical gap), 3 rounds with the modes' order turned each round. --turn-log keeps every turn, to see which
+turns of the slow agents missed or waited.
 
-    python -m benchmarks.agent_retention [--one-tenant] [--agents 8] [--pool-tokens 40960] [--rounds 3]
+    python -m benchmarks.agent_retention [--one-tenant] [--agents 4] [--pool-tokens 36864] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -185,17 +187,17 @@ def pct(xs: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--agents", type=int, default=8)
+    ap.add_argument("--agents", type=int, default=4)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--context-tokens", type=int, default=3072)
+    ap.add_argument("--context-tokens", type=int, default=6144)
     ap.add_argument("--result-tokens", type=int, default=256)
     ap.add_argument("--think-tokens", type=int, default=32)
     ap.add_argument("--time-scale", type=float, default=1.0, help="tool gaps are 1-20 s times this")
-    ap.add_argument("--stagger", type=float, default=0.3, help="seconds between agent starts")
+    ap.add_argument("--stagger", type=float, default=4.0, help="seconds between agent starts")
     ap.add_argument("--warmup", type=float, default=1.0, help="pools' worth of flood tokens before the agents start")
     ap.add_argument("--flood-workers", type=int, default=3)
     ap.add_argument("--flood-tokens", type=int, default=512)
-    ap.add_argument("--pool-tokens", type=int, default=40960)
+    ap.add_argument("--pool-tokens", type=int, default=36864)
     ap.add_argument("--retained-share", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
