@@ -17,11 +17,11 @@ Modes, on one in-process Engine (flushed between them; the same seeded gaps and 
 
 The defaults are the workload reasoned in benchmarks/RESULTS.md (issue 37, sessions 10 and 11): 4 agents of 4 turns
 starting 4 s apart, 6,144-token contexts, 256-token tool results, 32-token turns, the issue's gaps unscaled, a
-36,864-token pool 0.8 of which may be retained (every agent's whole history fits, and the flood turns the pool over
-within a typical gap), 3 rounds with the modes' order turned each round. --turn-log keeps every turn, to see which
+32,768-token pool 0.9 of which may be retained (every agent's whole history, 4 x 7,072 tokens, fits; the pool turns
+over within a typical gap), 3 rounds with the modes' order turned each round. --turn-log keeps every turn, to see which
 turns of the slow agents missed or waited.
 
-    python -m benchmarks.agent_retention [--one-tenant] [--agents 4] [--pool-tokens 36864] [--rounds 3]
+    python -m benchmarks.agent_retention [--one-tenant] [--agents 4] [--pool-tokens 32768] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -197,8 +197,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.0, help="pools' worth of flood tokens before the agents start")
     ap.add_argument("--flood-workers", type=int, default=3)
     ap.add_argument("--flood-tokens", type=int, default=512)
-    ap.add_argument("--pool-tokens", type=int, default=36864)
-    ap.add_argument("--retained-share", type=float, default=0.8)
+    ap.add_argument("--pool-tokens", type=int, default=32768)
+    ap.add_argument("--retained-share", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--turn-log", default=None, help="append every turn and round to this file as JSON lines")
