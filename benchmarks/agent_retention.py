@@ -15,11 +15,13 @@ Modes, on one in-process Engine (flushed between them; the same seeded gaps and 
 - cache_control: every agent turn carries `retention_seconds=300` (what a /v1/messages turn with a 5m
   cache_control marker gets).
 
-The defaults are the workload reasoned in benchmarks/RESULTS.md (issue 37, session 10): 8 agents of 4 turns, 3,072-token
-contexts, 256-token tool results, 32-token turns, the issue's gaps unscaled, a 40,960-token pool 0.8 of which may be
-retained (every agent's whole history fits), 3 rounds with the modes' order turned each round.
+The defaults are the workload reasoned in benchmarks/RESULTS.md (issue 37, sessions 10 and 11): 4 agents of 4 turns
+starting 4 s apart, 6,144-token contexts, 256-token tool results, 32-token turns, the issue's gaps unscaled, a
+32,768-token pool 0.9 of which may be retained (every agent's whole history, 4 x 7,072 tokens, fits; the pool turns
+over within a typical gap), 3 rounds with the modes' order turned each round. --turn-log keeps every turn, to see which
+turns of the slow agents missed or waited.
 
-    python -m benchmarks.agent_retention [--one-tenant] [--agents 8] [--pool-tokens 40960] [--rounds 3]
+    python -m benchmarks.agent_retention [--one-tenant] [--agents 4] [--pool-tokens 32768] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import os
 import platform
 import random
@@ -69,6 +72,8 @@ class Tally:
     later_decode: list[float] = field(default_factory=list)  # turns 2+: first token to last
     flood_done: int = 0
     flood_s: float = 0.0
+    turns: list[dict[str, Any]] = field(default_factory=list)  # one record a turn, for --turn-log
+    rounds: list[dict[str, Any]] = field(default_factory=list)  # one record a round: its agents' serving, the cache's
 
 
 def make_agents(n: int, turns: int, context: int, result: int, scale: float, seed: int) -> list[Agent]:
@@ -88,12 +93,31 @@ async def run_agent(eng: Engine, a: Agent, i: int, mode: str, gaps: ToolGaps, ta
     extra = {"retention_seconds": 300.0} if mode == "cache_control" else {}
     tenant = args.agent_tenant
     prompt, start, waited, group = list(a.context), time.perf_counter(), 0.0, ToolGaps.group(tenant, None)
-    history = 0
+    history, ttl = 0, None
     ps = args.page_size
     for turn in range(len(a.gaps) + 1):
+        sent = time.perf_counter()
         out = await eng.async_generate(input_ids=prompt, sampling_params=params, tenant=tenant, **extra)
+        meta = out["meta_info"]
+        # Why a slow agent was slow: which of its turns missed, whether the retention it had (auto) had run out
+        # before the turn was sent (gap > ttl) or after, and where its serving time went.
+        tally.turns.append(
+            {
+                "mode": mode,
+                "round": args.round,
+                "agent": i,
+                "turn": turn,
+                "sent": round(sent - args.t0, 2),
+                "history": history,
+                "cached": meta["cached_tokens"],
+                "gap": a.gaps[turn - 1] if turn else None,
+                "ttl": ttl,
+                "ttft": round(meta["ttft"], 3),
+                "e2e": round(meta["e2e_latency"], 3),
+                "served": round(time.perf_counter() - sent, 3),
+            }  # fmt: skip
+        )
         if turn > 0:
-            meta = out["meta_info"]
             tally.hit += min(meta["cached_tokens"], history)
             tally.history += history
             tally.later_ttft.append(meta["ttft"])
@@ -103,7 +127,8 @@ async def run_agent(eng: Engine, a: Agent, i: int, mode: str, gaps: ToolGaps, ta
         call_id = f"call-{mode}-{i}-{turn}"
         full = prompt + out["output_ids"]
         if mode == "auto":  # the turn ended in a tool call: what agent_retention.retain_turn does
-            eng.retain(full, gaps.called(group, [call_id]), PRIORITY, tenant=tenant, wait=False)
+            ttl = gaps.called(group, [call_id])
+            eng.retain(full, ttl, PRIORITY, tenant=tenant, wait=False)
         history = (len(full) - 1) // ps * ps  # the last output token has no KV yet; the tree keeps full pages
         await asyncio.sleep(a.gaps[turn])
         waited += a.gaps[turn]
@@ -134,10 +159,24 @@ async def run_mode(eng: Engine, agents: list[Agent], mode: str, args: Any, tally
         await asyncio.sleep(i * args.stagger)
         await run_agent(eng, a, i, mode, gaps, tally, args)
 
-    t0, before = time.perf_counter(), done[0]
+    t0, before, stats0 = time.perf_counter(), done[0], eng.cache_stats()
+    args.t0, first = t0, len(tally.serving)
     await asyncio.gather(*(staggered(i, a) for i, a in enumerate(agents)))
     tally.flood_s += time.perf_counter() - t0  # the flood's requests done while the agents ran
     tally.flood_done += done[0] - before
+    stats = eng.cache_stats()
+    tally.rounds.append(
+        {
+            "round": args.round,
+            "serving": [round(x, 2) for x in tally.serving[first:]],
+            "flood_req_s": round((done[0] - before) / (time.perf_counter() - t0), 2),
+            "load": os.getloadavg()[0],
+            **{
+                k: stats[k] - stats0[k]
+                for k in ("retentions", "retentions_refused", "retention_expired_nodes", "retention_displaced_nodes")
+            },
+        }  # fmt: skip
+    )
     stop.set()
     await asyncio.gather(*floods)
 
@@ -148,20 +187,21 @@ def pct(xs: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--agents", type=int, default=8)
+    ap.add_argument("--agents", type=int, default=4)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--context-tokens", type=int, default=3072)
+    ap.add_argument("--context-tokens", type=int, default=6144)
     ap.add_argument("--result-tokens", type=int, default=256)
     ap.add_argument("--think-tokens", type=int, default=32)
     ap.add_argument("--time-scale", type=float, default=1.0, help="tool gaps are 1-20 s times this")
-    ap.add_argument("--stagger", type=float, default=0.3, help="seconds between agent starts")
+    ap.add_argument("--stagger", type=float, default=4.0, help="seconds between agent starts")
     ap.add_argument("--warmup", type=float, default=1.0, help="pools' worth of flood tokens before the agents start")
     ap.add_argument("--flood-workers", type=int, default=3)
     ap.add_argument("--flood-tokens", type=int, default=512)
-    ap.add_argument("--pool-tokens", type=int, default=40960)
-    ap.add_argument("--retained-share", type=float, default=0.8)
+    ap.add_argument("--pool-tokens", type=int, default=32768)
+    ap.add_argument("--retained-share", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--turn-log", default=None, help="append every turn and round to this file as JSON lines")
     ap.add_argument("--model", default=None, help="a model folder or GGUF (default: a random 4-layer Llama)")
     ap.add_argument(
         "--one-tenant",
@@ -174,7 +214,7 @@ def main() -> None:
     agents = make_agents(args.agents, args.turns, args.context_tokens, args.result_tokens, args.time_scale, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or make_random_model(
-            Path(tmp) / "m", layers=4, hidden=512, heads=8, kv_heads=4, intermediate=1536, vocab=VOCAB, context=4096
+            Path(tmp) / "m", layers=4, hidden=512, heads=8, kv_heads=4, intermediate=1536, vocab=VOCAB, context=8192
         )
         eng = Engine(
             model=model,
@@ -186,12 +226,19 @@ def main() -> None:
         results = {mode: Tally() for mode in MODES}
         try:
             # Untimed: the first steps of every shape pay for packing and kernel builds.
-            asyncio.run(run_mode(eng, agents[:2], "lru", argparse.Namespace(**{**vars(args), "warmup": 0.1}), Tally()))
+            warm = argparse.Namespace(**{**vars(args), "warmup": 0.1, "round": 0})
+            asyncio.run(run_mode(eng, agents[:2], "lru", warm, Tally()))
             for r in range(args.rounds):  # the order turns each round, so a drifting machine hits every mode alike
+                args.round = r + 1
                 for mode in MODES if r % 2 == 0 else reversed(MODES):
                     assert eng.flush_cache()
                     asyncio.run(run_mode(eng, agents, mode, args, results[mode]))
                     eng.check_invariants()
+                    if args.turn_log:  # as each mode ends, so a run cut short still tells what it saw
+                        t = results[mode]
+                        with open(args.turn_log, "a") as f:
+                            for rec in [{"mode": mode, **t.rounds[-1]}] + t.turns[-args.agents * args.turns :]:
+                                f.write(json.dumps(rec) + "\n")
                     print(f"round {r + 1} {mode} done at {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
         finally:
             eng.shutdown()

@@ -12,6 +12,10 @@ from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.radix_cache import RadixCache
 from radixserve.cache.retention import Retention
 from radixserve.cache.tree_node import TreeNode
+from radixserve.request import Req
+from radixserve.sampling.info import SamplingInfo
+from radixserve.sampling_params import SamplingParams
+from radixserve.scheduler.scheduler import Scheduler, SchedulerConfig
 
 PS = 4
 
@@ -241,3 +245,22 @@ def test_reset_and_flush_drop_retention() -> None:
     cache.reset()
     assert cache.retained_pages == 0
     cache.check_invariants()
+
+
+def test_a_turn_that_arrives_in_time_keeps_its_prefix_while_it_waits() -> None:
+    """The retention runs from the request's arrival: steps that admit nobody (their prefill budget taken by
+    running chunks) match nobody, so a turn queued past its prefix's expiry would find it evicted."""
+    params = SamplingParams(max_new_tokens=1)
+    sched = Scheduler(SchedulerConfig(page_size=PS, context_length=1024), make()[0], frozenset())
+    cache, clock = sched.cache, Clock()
+    assert isinstance(cache, RadixCache)
+    cache.now = clock
+    history = seq(0, 4)
+    put(sched.pool, cache, history)
+    assert cache.retain(node_of(cache, history), Retention(10.0))
+    clock.t += 9.0  # the next turn comes back 1 s before the retention would run out, and waits in the queue
+    ids = history + [7, 7, 7]
+    sched.add(Req("turn", ids, params, SamplingInfo(params, None, [], ids)))
+    clock.t += 5.0
+    flood(sched.pool, cache, 10_000, 40)
+    assert cached(cache, history), "evicted while its turn waited, though the turn arrived within the retention"

@@ -140,6 +140,12 @@ class Scheduler(Admission, StepProcessor, PageKeeping, PartialReuse):
     def add(self, req: Req) -> None:
         req.status = ReqStatus.WAITING
         self.waiting.append(req)
+        # Touch the prefix it comes back for: a retained prefix's time (and its place in LRU) runs from the request's
+        # arrival, not from when a step first matches it. Steps whose prefill budget running chunks use up admit
+        # nobody and match nobody, so an agent turn that came back within its retention could otherwise wait past
+        # it in the queue and find the prefix evicted.
+        if self.cache.enabled:
+            self.cache.match_prefix(req.match_ids(), req.namespace)
 
     def abort(self, rid: str) -> None:
         """Drop a request wherever it is; what it held goes back (its computed full pages stay cached)."""
