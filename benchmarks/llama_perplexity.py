@@ -53,8 +53,8 @@ class LlamaRun:
     final_line: str
 
 
-def run_llama(binary: Path, gguf: Path, text: Path, ctx: int, threads: int, base: Path) -> LlamaRun:
-    cmd = [str(binary), "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "-t", str(threads)]
+def run_llama(binary: Path, gguf: Path, text: Path, ctx: int, threads: int, base: Path, extra: list[str]) -> LlamaRun:
+    cmd = [str(binary), "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "-t", str(threads), *extra]
     cmd += ["--ppl-output-type", "1", "--kl-divergence-base", str(base)]
     env = {**os.environ, "LD_LIBRARY_PATH": str(binary.parent)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
@@ -106,26 +106,33 @@ def score_windows(eng: Engine, run: LlamaRun) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="+", default=["bfloat16:gguf", "float32:gguf", "float32:none"])
-    ap.add_argument("--text", type=Path, default=TEXT)
+    ap.add_argument("--text", type=Path, nargs="+", default=[TEXT], help="several: joined by a blank line")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", type=Path, help="a GGUF (default: the default model's)")
     ap.add_argument("--llama", type=Path, default=PEERS / "llama-perplexity")
+    # Its own rounding choices as more columns, e.g. "-ctk f32 -ctv f32 -fa off" (its default KV cache is float16).
+    ap.add_argument("--llama-args", nargs="*", default=[], help="extra runs of it, each with these arguments")
     a = ap.parse_args()
     gguf = a.model or assemble_default_gguf(default_cache_dir())
     print(cpu_flags(), f"| load average {os.getloadavg()[0]:.2f}")
+    runs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        t = time.perf_counter()
-        run = run_llama(a.llama, gguf, a.text, a.ctx, a.threads, Path(tmp) / "base.bin")
-        print(f"llama-perplexity: {time.perf_counter() - t:.0f} s; {run.final_line}", flush=True)
+        text = Path(tmp) / "text.txt"
+        text.write_text("\n\n".join(p.read_text() for p in a.text))
+        for extra in ["", *a.llama_args]:
+            t = time.perf_counter()
+            runs[extra] = run_llama(a.llama, gguf, text, a.ctx, a.threads, Path(tmp) / "base.bin", extra.split())
+            print(f"llama-perplexity {extra}: {time.perf_counter() - t:.0f} s; {runs[extra].final_line}", flush=True)
+        text = text.read_text()
+    run = runs[""]
     per = a.ctx - a.ctx // 2 - 1
     n_chunk = len(run.window_nll)
-    cols = {"llama.cpp": (np.asarray(run.window_nll), None)}
+    cols = {f"llama.cpp {k}".strip(): (np.asarray(r.window_nll), r.logprobs) for k, r in runs.items()}
     for conf in a.configs:
         dtype, quant = conf.split(":")
         t = time.perf_counter()
         with Engine(model=str(gguf), dtype=dtype, quantization=quant, max_total_tokens=a.ctx + 512) as eng:
-            text = a.text.read_text()
             ids = eng.tokenizer.encode(text.removesuffix("\n"), add_special_tokens=True)[: n_chunk * a.ctx]
             same = sum(x == y for x, y in zip(ids, run.tokens.tolist()))
             print(f"{conf}: our tokenizer gives {same}/{len(run.tokens)} of llama.cpp's ids", flush=True)
@@ -142,9 +149,7 @@ def main() -> None:
     llama_ppl = math.exp(np.sum(run.window_nll) / (per * n_chunk))
     print("\n| config | perplexity | vs llama.cpp | mean abs d log-prob per token | largest |")
     print("|---|---|---|---|---|")
-    for conf, (nll, lp) in cols.items():
-        if lp is None:
-            continue
+    for conf, (nll, lp) in list(cols.items())[1:]:
         ppl = math.exp(nll.sum() / (per * n_chunk))
         d = np.abs(lp - run.logprobs)
         print(f"| {conf} | {ppl:.4f} | {100 * (ppl / llama_ppl - 1):+.3f}% | {d.mean():.4f} | {d.max():.3f} |")
