@@ -10,13 +10,14 @@ its 4-grams seen earlier in it) and whether greedy tokens were the same.
     .venv/bin/python -m benchmarks.speculative [--reps 2] [--max-tokens 8] [--only prose-sampled ...]
     .venv/bin/python -m benchmarks.speculative --step-cost   # a verify step's cost by batch size (for `auto`)
     .venv/bin/python -m benchmarks.speculative --float32-check   # greedy tokens on vs off in float32 (60 tokens)
-    .venv/bin/python -m benchmarks.speculative --pairs 40   # the gate's cost: median of per-pair ratios, sampled prose
+    .venv/bin/python -m benchmarks.speculative --pairs 40 [--only random-words]   # the gate's cost (see gate_cost)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.compare.workloads import WORDS
 from benchmarks.spec_workloads import Messages, Workload, repeated_share, workloads
 from radixserve import Engine
 from radixserve.forward_batch import ForwardBatch
@@ -132,6 +134,16 @@ def measure(off: Engine, on: Engine, load: Workload, reps: int) -> str:
     return row(load, sum(map(len, prompts)) // len(prompts), runs, proposed, accepted, steps)
 
 
+def random_words(n: int = 6, words: int = 60) -> Workload:
+    """Requests to continue lists of random words, sampled at temperature 1 without top-p/top-k: answers with
+    nothing to copy from their prompt or from themselves, so drafts are rare and almost never accepted (where the
+    gate must cost nothing; the sampled prose above still repeats enough for drafts to pay now and then)."""
+    rng = random.Random(7)
+    asks = [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n)]
+    msgs = [[{"role": "user", "content": f"Continue this list of unrelated words: {a}"}] for a in asks]
+    return Workload("random-words", msgs, 160, {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "ignore_eos": True})
+
+
 def gate_cost(off: Engine, on: Engine, load: Workload, pairs: int) -> None:
     """What `auto` costs where drafts do not pay: `pairs` requests to each engine, order alternating per pair
     (off/on, on/off, ...), each pair one prompt warmed into both caches; prints the per-pair ratio of decode tokens/s
@@ -192,7 +204,7 @@ def main() -> None:
     try:
         if a.pairs:
             only = a.only or ["prose-sampled"]
-            for load in workloads(first_answer(off)):
+            for load in [*workloads(first_answer(off)), random_words()]:
                 if load.name in only:
                     gate_cost(off, on, load, a.pairs)
             return
