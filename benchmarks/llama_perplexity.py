@@ -147,12 +147,20 @@ def main() -> None:
         vals = [(nll[r] / per if r < n_chunk else nll.sum() / (per * n_chunk)) for nll, _ in cols.values()]
         print(f"| {name} | " + " | ".join(f"{math.exp(v):.4f}" for v in vals) + " |")
     llama_ppl = math.exp(np.sum(run.window_nll) / (per * n_chunk))
-    print("\n| config | perplexity | vs llama.cpp | mean abs d log-prob per token | largest |")
-    print("|---|---|---|---|---|")
+    # The gap's noise: per token d = our log-prob - llama.cpp's; the log of the perplexity ratio is -mean(d), whose
+    # standard error sd(d)/sqrt(n) is what the tokens' rounding differences alone would move it by.
+    print(
+        "\n| config | perplexity | vs llama.cpp | standard error of the gap | mean abs d log-prob per token | largest |"
+    )
+    print("|---|---|---|---|---|---|")
     for conf, (nll, lp) in list(cols.items())[1:]:
         ppl = math.exp(nll.sum() / (per * n_chunk))
-        d = np.abs(lp - run.logprobs)
-        print(f"| {conf} | {ppl:.4f} | {100 * (ppl / llama_ppl - 1):+.3f}% | {d.mean():.4f} | {d.max():.3f} |")
+        d = lp - run.logprobs
+        se = 100 * d.std(ddof=1) / math.sqrt(d.size)
+        print(
+            f"| {conf} | {ppl:.4f} | {100 * (ppl / llama_ppl - 1):+.3f}% | {se:.3f}% | {np.abs(d).mean():.4f} "
+            f"| {np.abs(d).max():.3f} |"
+        )
 
 
 if __name__ == "__main__":
