@@ -7,12 +7,15 @@ model adds one) and scores the window's second half: logits at positions ctx/2 .
 ctx/2+1 .. ctx-1, so ctx/2 - 1 tokens a window. It prints the running totals; `--ppl-output-type 1` gives the running
 mean negative log-likelihood to six decimals, from which each window's own value follows.
 
-This module runs llama-perplexity once (`--kl-divergence-base` saves the token ids it scored and every scored row's
-log-probabilities, 16-bit coded), checks our tokenizer gives the same ids, then scores llama.cpp's ids through each
-of our configs with one request per window (`logprob_start_len=0`) and prints, per window and overall, both
-perplexities, the gap, and per token the mean and largest |our log-prob - llama.cpp's| (theirs decoded from the
-file: within ~1.2e-4 of the float they computed). A config `dtype:quantization`; `float32:none` is the same blocks
-dequantized to float32 (gguf-py's numbers) with float32 activations: the reference for what both engines round.
+This module runs llama-perplexity (`--kl-divergence-base` saves the token ids it scored and every scored row's
+log-probabilities, 16-bit coded; `--llama-args` adds runs with other settings of its own as columns), checks our
+tokenizer gives the same ids, then scores llama.cpp's ids through each of our configs with one request per window
+(`logprob_start_len=0`) and prints, per window and overall, both perplexities, the gap, its standard error from the
+paired per-token differences, and per token the mean and largest |our log-prob - llama.cpp's| (theirs decoded from
+the file: within ~1.2e-4 of the float they computed; a token whose logit is more than 16 below its row's largest is
+stored as that floor, so it is left out of the per-token columns, not of the perplexities). A config is
+`dtype:quantization`; `float32:none` is the same blocks dequantized to float32 (gguf-py's numbers) with float32
+activations: the reference for what both engines round.
 
     LD_LIBRARY_PATH=.peers/bin .venv/bin/python -m benchmarks.llama_perplexity --ctx 1024 \
         --configs bfloat16:gguf float32:gguf float32:none
@@ -82,7 +85,8 @@ def read_base(path: Path, per: int) -> tuple[np.ndarray, np.ndarray]:
         head = rows[c, :, :4].copy().view(np.float32)  # [per, 2]: scale, min log-prob
         targets = tokens[c * ctx + first + 1 : (c + 1) * ctx]
         codes = rows[c, np.arange(per), 4 + targets].astype(np.float64)
-        lp[c] = head[:, 1] + head[:, 0].astype(np.float64) * codes
+        # Code 0: a logit more than 16 below the row's largest, stored as that floor: its value is unknown (NaN).
+        lp[c] = np.where(codes > 0, head[:, 1] + head[:, 0].astype(np.float64) * codes, np.nan)
     return tokens, lp
 
 
@@ -156,6 +160,7 @@ def main() -> None:
     for conf, (nll, lp) in list(cols.items())[1:]:
         ppl = math.exp(nll.sum() / (per * n_chunk))
         d = lp - run.logprobs
+        d = d[~np.isnan(d)]  # tokens llama.cpp's file codes below its floor (see read_base) are left out
         se = 100 * d.std(ddof=1) / math.sqrt(d.size)
         print(
             f"| {conf} | {ppl:.4f} | {100 * (ppl / llama_ppl - 1):+.3f}% | {se:.3f}% | {np.abs(d).mean():.4f} "
