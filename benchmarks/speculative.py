@@ -10,12 +10,14 @@ its 4-grams seen earlier in it) and whether greedy tokens were the same.
     .venv/bin/python -m benchmarks.speculative [--reps 2] [--max-tokens 8] [--only prose-sampled ...]
     .venv/bin/python -m benchmarks.speculative --step-cost   # a verify step's cost by batch size (for `auto`)
     .venv/bin/python -m benchmarks.speculative --float32-check   # greedy tokens on vs off in float32 (60 tokens)
+    .venv/bin/python -m benchmarks.speculative --pairs 40 [--only random-words]   # the gate's cost (see gate_cost)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.compare.workloads import WORDS
 from benchmarks.spec_workloads import Messages, Workload, repeated_share, workloads
 from radixserve import Engine
 from radixserve.forward_batch import ForwardBatch
@@ -131,6 +134,45 @@ def measure(off: Engine, on: Engine, load: Workload, reps: int) -> str:
     return row(load, sum(map(len, prompts)) // len(prompts), runs, proposed, accepted, steps)
 
 
+def random_words(n: int = 6, words: int = 60) -> Workload:
+    """Requests to continue lists of random words, sampled at temperature 1 without top-p/top-k: answers with
+    nothing to copy from their prompt or from themselves, so drafts are rare and almost never accepted (where the
+    gate must cost nothing; the sampled prose above still repeats enough for drafts to pay now and then)."""
+    rng = random.Random(7)
+    asks = [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n)]
+    msgs = [[{"role": "user", "content": f"Continue this list of unrelated words: {a}"}] for a in asks]
+    return Workload("random-words", msgs, 160, {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "ignore_eos": True})
+
+
+def gate_cost(off: Engine, on: Engine, load: Workload, pairs: int) -> None:
+    """What `auto` costs where drafts do not pay: `pairs` requests to each engine, order alternating per pair
+    (off/on, on/off, ...), each pair one prompt warmed into both caches; prints the per-pair ratio of decode tokens/s
+    (on / off) as median and quartiles, so one slow time slice moves one pair, not the figure."""
+    prompts = [off.apply_chat_template(m) for m in load.requests]
+    for ids in prompts:
+        for eng in (off, on):
+            eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0})
+    before = spec_counts(on)
+    ratios, rates = [], {"off": [], "on": []}
+    for i in range(pairs):
+        ids = prompts[i % len(prompts)]
+        got = {}
+        for label, eng in (("off", off), ("on", on)) if i % 2 == 0 else (("on", on), ("off", off)):
+            r = run_once(eng, ids, load)
+            got[label] = (r.tokens - 1) / max(r.decode_s, 1e-9)
+            rates[label].append(got[label])
+        ratios.append(got["on"] / got["off"])
+    proposed, accepted, steps = (x - y for x, y in zip(spec_counts(on), before))
+    q = statistics.quantiles(ratios, n=4)
+    print(
+        f"{load.name}, {pairs} pairs of {load.max_new} tokens: decode tok/s median off {statistics.median(rates['off']):.1f}"
+        f" on {statistics.median(rates['on']):.1f}; per-pair on/off median {statistics.median(ratios):.3f}x "
+        f"(quartiles {q[0]:.3f}-{q[2]:.3f}, mean {statistics.mean(ratios):.3f}); verify steps {steps}, drafted "
+        f"{proposed}, accepted {accepted}; load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=2)
@@ -139,6 +181,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="workload names to run (default: all)")
     ap.add_argument("--step-cost", action="store_true", help="only measure a verify step's cost by batch size")
     ap.add_argument("--float32-check", action="store_true", help="only compare greedy tokens on/off in float32")
+    ap.add_argument("--pairs", type=int, default=0, help="only the gate's cost: this many off/on pairs (see gate_cost)")
+    ap.add_argument("--quantization", default="auto", help="both engines' weight format")
     a = ap.parse_args()
     print(
         f"cpu={cpu_select.cpu_capability()} bf16_hw={cpu_select.has_bf16_hardware()} threads={torch.get_num_threads()}"
@@ -150,14 +194,20 @@ def main() -> None:
         with Engine(speculative="off") as eng:
             step_cost(eng)
         return
-    off = Engine(speculative="off")
-    on = Engine(speculative=a.mode, speculative_max_tokens=a.max_tokens)
+    off = Engine(speculative="off", quantization=a.quantization)
+    on = Engine(speculative=a.mode, speculative_max_tokens=a.max_tokens, quantization=a.quantization)
     info = off.model_info()
     print(
         f"model={info['model_name']} dtype={info['dtype']} quantization={info['quantization']} "
         f"on: speculative={a.mode} speculative_max_tokens={a.max_tokens}"
     )
     try:
+        if a.pairs:
+            only = a.only or ["prose-sampled"]
+            for load in [*workloads(first_answer(off)), random_words()]:
+                if load.name in only:
+                    gate_cost(off, on, load, a.pairs)
+            return
         print(
             "| workload | requests | prompt tokens (mean) | answer tokens (off / on) | decode tok/s off | on | ratio | "
             "end-to-end tok/s off | on | ratio | acceptance | mean accepted length | repeated 4-grams (off / on) | "

@@ -72,11 +72,14 @@ def march() -> str:
 
 def build_dir() -> Path:
     """Where the compiled library of these sources lives on this CPU: $RADIXSERVE_CACHE (else ~/.cache/radixserve)
-    /cpu-kernels/<hash of sources, torch, CPU flags>."""
+    /cpu-kernels/<hash of sources, torch, CPU flags, the sources' folder>."""
     digest = hashlib.sha256()
     for src in [*SOURCES, *HEADERS]:
         digest.update(src.name.encode() + src.read_bytes())
     digest.update(f"{torch.__version__}|{cpu_flags()}|{march()}".encode())
+    # The folder too: cpp_extension's build.ninja names the sources by absolute path, so two checkouts with the same
+    # sources (git worktrees) sharing one folder rewrite it and rebuild everything on each alternation (minutes).
+    digest.update(str(SOURCES[0].resolve().parent).encode())
     root = Path(os.environ.get("RADIXSERVE_CACHE") or Path.home() / ".cache" / "radixserve")
     return root / "cpu-kernels" / digest.hexdigest()[:16]
 

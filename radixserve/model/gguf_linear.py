@@ -47,9 +47,13 @@ class BlockPart:
 
 
 class GGUFLinear(nn.Module):
-    """y = x W^T + b with W the stacked parts' blocks; returns the activations' dtype (float32 or bfloat16)."""
+    """y = x W^T + b with W the stacked parts' blocks; returns the activations' dtype (float32 or bfloat16), or
+    float32 with `float_output` (the LM head: bfloat16 input is widened exactly, and the kernel rounds it to int8
+    the same way from either)."""
 
-    def __init__(self, parts: list[BlockPart], in_features: int, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, parts: list[BlockPart], in_features: int, bias: torch.Tensor | None, float_output: bool = False
+    ) -> None:
         super().__init__()
         unsupported = sorted({p.type.name for p in parts if p.type not in KERNEL_TYPES})
         if unsupported:
@@ -62,10 +66,13 @@ class GGUFLinear(nn.Module):
         self._types = [int(p.type) for p in parts]
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
         self._dense: torch.Tensor | None = None
+        self.float_output = float_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        if self.float_output:
+            x2 = x2.float()
         ops = cpu_kernels.ops()
         if ops is not None and x.dtype in (torch.float32, torch.bfloat16):
             y = ops.gguf_linear(x2, self._blocks, self._types, self.bias)
@@ -73,7 +80,7 @@ class GGUFLinear(nn.Module):
             if self._dense is None:
                 self._dense = torch.cat([p.dequantize() for p in self.parts])
             y = x2.float() @ self._dense.T
-            y = (y if self.bias is None else y + self.bias).to(x.dtype)
+            y = (y if self.bias is None else y + self.bias).to(x2.dtype)
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -103,10 +103,13 @@ def load_gguf_model(gguf_path: str | Path, config: ModelConfig, dtype: torch.dty
             setattr(owner, attr, _linear(tensors, i, names, in_features))
     model.embed_tokens = GGUFEmbedding(tensors.part("token_embd.weight"), dtype)  # type: ignore[assignment]
     head = "output.weight" if "output.weight" in tensors.by_name else "token_embd.weight"
+    # float32 logits: the kernel rounds its input to int8 either way, so only the output's rounding differs, and
+    # bfloat16 logits (8 bits) moved the perplexity by 0.08% against llama-perplexity (RESULTS.md, issue 38 s11).
+    lm_head = GGUFLinear([tensors.part(head)], hidden, None, float_output=True)
     if model.lm_head is not None:
-        model.lm_head = GGUFLinear([tensors.part(head)], hidden, None)  # type: ignore[assignment]
+        model.lm_head = lm_head  # type: ignore[assignment]
     else:
-        model.tied_head = GGUFLinear([tensors.part(head)], hidden, None)  # type: ignore[assignment]
+        model.tied_head = lm_head  # type: ignore[assignment]
     _assign_floats(model, tensors, dtype)
     c = config
     model.rotary = RotaryEmbedding(c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
