@@ -20,6 +20,7 @@ from radixserve.model.deterministic import on_by_default, refusal
 from radixserve.gguf.convert import converted_source
 from radixserve.model.resolve import resolve_model
 from radixserve.constrained.grammar import GrammarCompiler
+from radixserve.cache.kv_format import resolve_kv_dtype
 from radixserve.engine_cache import CacheSurface, Checkpointer, attach_tier, close_tier
 from radixserve.engine_config import EngineConfig
 from radixserve.engine_loop import EngineLoop
@@ -93,7 +94,8 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         if self.device.type == "cuda" and self.device.index is None:  # pin it: each thread binds this same device
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.attention_backend = c.attention_backend or default_attention_backend(self.device, _DTYPES[dtype])
-        why_not = refusal(self.device.type, self.attention_backend, self.quantization, c.tp)
+        kv_pages = resolve_kv_dtype(c.kv_cache_dtype, _DTYPES[dtype]).name
+        why_not = refusal(self.device.type, self.attention_backend, self.quantization, c.tp, kv_pages)
         if c.deterministic and why_not is not None:
             raise ParamError("deterministic", why_not)
         # Unset: on where it can run and was measured to cost nothing (radixserve/model/deterministic.py).

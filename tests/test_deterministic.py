@@ -110,6 +110,23 @@ def test_on_by_default_where_measured_refused_where_it_cannot_run(
         make_engine(tiny_model_dir, attention_backend="flashinfer", quantization="int8", deterministic=True)
 
 
+@pytest.mark.parametrize("kv", ["float16", "fp8_e4m3"])
+def test_kv_pages_the_cpu_op_cannot_read_turn_the_mode_off_or_are_refused(
+    tiny_model_dir: Path, make_engine: Callable, monkeypatch: pytest.MonkeyPatch, kv: str
+) -> None:
+    """On the torch backend the mode's attention is the C++ decode op, which reads float32, bfloat16 and int8 pages:
+    with others, unset it stays off (the engine serves), asked for it is refused at start, not at the first step."""
+    from radixserve.errors import ParamError
+    from radixserve.model import cpu_select
+
+    monkeypatch.setattr(cpu_select, "cpu_kind", lambda: "AVX512_BF16")  # where the mode is on by default
+    eng = make_engine(tiny_model_dir, kv_cache_dtype=kv, **DEFAULTS)
+    assert eng.model_info()["deterministic"] is False
+    assert len(eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 3})["output_ids"]) == 3
+    with pytest.raises(ParamError, match="KV pages"):
+        make_engine(tiny_model_dir, kv_cache_dtype=kv, deterministic=True, **DEFAULTS)
+
+
 def test_gguf_blocks_give_the_same_answer_batched_chunked_and_cached(
     tiny_model_factory: Callable[..., Path], tmp_path: Path, make_engine: Callable
 ) -> None:

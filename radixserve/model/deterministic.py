@@ -45,14 +45,22 @@ from radixserve.model.quant import Int4Linear, Int8Linear
 
 
 BACKENDS = ("torch", "triton")  # the attention backends with a batch-invariant path
+CPU_OP_KV_DTYPES = ("float32", "bfloat16", "int8")  # the KV pages the CPU decode op reads
 
 
-def refusal(device_type: str, attention_backend: str, quantization: str, tp: int) -> str | None:
-    """Why deterministic mode cannot run with these settings, or None when it can."""
+def refusal(device_type: str, attention_backend: str, quantization: str, tp: int, kv_pages: str) -> str | None:
+    """Why deterministic mode cannot run with these settings (`kv_pages`: the KV format resolved, never "auto"), or
+    None when it can."""
     if device_type != "cpu":
         return f"deterministic mode runs on CPU only (device {device_type!r}: no batch-invariant GPU kernels yet)"
     if attention_backend not in BACKENDS:
         return f"deterministic mode needs the torch or triton attention backend, not {attention_backend!r}"
+    if attention_backend == "torch" and kv_pages not in CPU_OP_KV_DTYPES:
+        # its batch-invariant attention is the C++ decode op, one row per token, which reads only these pages
+        return (
+            f"deterministic mode on the torch backend needs KV pages the CPU decode op reads "
+            f"({', '.join(CPU_OP_KV_DTYPES)}), not {kv_pages!r}"
+        )
     if quantization not in ("int8", "gguf"):
         return (
             f"deterministic mode needs int8 weights (quantization 'auto' or 'int8') or a GGUF's own blocks "
