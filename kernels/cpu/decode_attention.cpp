@@ -4,10 +4,11 @@
 // key t of request r sits in pool page page_table[r, t / page_size], row t % page_size. The pool's per-layer
 // buffers are [num_pages, page_size, kv_heads, row] (radixserve/cache/kv_pool.py): bfloat16 or float32 rows of
 // head_dim, or int8 rows of head_dim values then a float16 scale per group of them (radixserve/cache/kv_format.py;
-// keys and values have their own groups, each a multiple of 16 read off its buffer's row width), read as value * its group's scale (one multiply per
-// 16-lane register, as it is widened); q is [num_reqs, heads, head_dim] (bfloat16 or float32, rows may be strided),
-// the output has q's dtype. int8 keys are stored rotated (kv_rotate.h): over int8 pages the op rotates the query
-// the same way itself, so the caller passes q as the model computed it.
+// keys and values have their own groups, each a multiple of 16 read off its buffer's row width: 72- and 66-byte
+// rows at head_dim 64), read as value * its group's scale (one multiply per 16-lane register, as it is widened);
+// q is [num_reqs, heads, head_dim] (bfloat16 or float32, rows may be strided), the output has q's dtype. int8 keys
+// are stored rotated (kv_rotate.h): over int8 pages the op rotates the query the same way itself, so the caller
+// passes q as the model computed it.
 //
 // Why: the pure-torch path gathers every request's pages into a contiguous copy (index_select) and then calls SDPA,
 // once per layer; on a CPU decode step that copy plus the per-op overheads cost more than the arithmetic. Here
@@ -331,7 +332,8 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pages, c
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), KV = k_pages.size(2);
   const int64_t num_pages = k_pages.size(0), ps = k_pages.size(1);
   const auto qt = q.scalar_type(), kt = k_pages.scalar_type();
-  const int64_t KG = radixserve_kv::scale_group(D, k_pages.size(3)), VG = radixserve_kv::scale_group(D, v_pages.size(3));
+  const int64_t KG = radixserve_kv::scale_group(D, k_pages.size(3));
+  const int64_t VG = radixserve_kv::scale_group(D, v_pages.size(3));
   TORCH_CHECK(kt == at::kChar ? KG > 0 && KG % 16 == 0 && VG > 0 && VG % 16 == 0 && radixserve_kv::is_pow2(D)
                               : k_pages.size(3) == D && v_pages.size(3) == D,
               "pool rows must be head_dim values (int8: head_dim a power of two, its values and a 2-byte scale per "

@@ -1,12 +1,12 @@
 // int8 KV store: quantize each new token's K and V rows and write them, with their scales, into pool slots.
 //
 // The pool's int8 rows are head_dim values then a float16 scale per group of them (radixserve/cache/kv_format.py:
-// 16 for keys, the whole row for values; each buffer's group is read off its own row width). Keys are rotated here first (kv_rotate.h), values are not. Why here: the
-// torch expression of the same quantization is ~10 small ops per tensor, K and V, in every layer of every decode
-// step (~500 ops a step on the default model), whose dispatch cost more than the decode attention saved.
-// Bit-identical to KVFormat.encode(rotate_keys(k)) and KVFormat.encode(v): per group, scale = float16(min(max |x| /
-// 127, 65504)) rounded to nearest even, then each value x / scale (float32 division) rounded half to even and clamped
-// to +-127; a zero scale stores zeros.
+// 16 for keys, the whole row for values; each buffer's group is read off its own row width). Keys are rotated here
+// first (kv_rotate.h), values are not. Why here: the torch expression of the same quantization is ~10 small ops
+// per tensor, K and V, in every layer of every decode step (~500 ops a step on the default model), whose dispatch
+// cost more than the decode attention saved. Bit-identical to KVFormat.encode(rotate_keys(k), "k") and
+// KVFormat.encode(v, "v"): per group, scale = float16(min(max |x| / 127, 65504)) rounded to nearest even, then each
+// value x / scale (float32 division) rounded half to even and clamped to +-127; a zero scale stores zeros.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
