@@ -161,7 +161,7 @@ def layer_op(context: int, iters: int = 50, rounds: int = 5) -> None:
     kv = {}
     for name in ("bfloat16", "int8"):
         fmt = KVFormat(name)
-        kv[name] = [fmt.encode(torch.randn(pages + 1, ps, KV_HEADS, HEAD_DIM)) for _ in range(2)]
+        kv[name] = [fmt.encode(torch.randn(pages + 1, ps, KV_HEADS, HEAD_DIM), kind) for kind in ("k", "v")]
     times: dict[str, list[float]] = {n: [] for n in kv}
     for _ in range(rounds):
         for name, (k, v) in kv.items():

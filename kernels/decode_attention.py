@@ -56,7 +56,8 @@ def _decode_split_kernel(
     SINGLE_SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    SCALE_GROUP: tl.constexpr,
+    K_SCALE_GROUP: tl.constexpr,
+    V_SCALE_GROUP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -92,8 +93,8 @@ def _decode_split_kernel(
         slot = n % PAGE_SIZE
         k_row = page * stride_kp + slot * stride_ks + kvh * stride_kh
         v_row = page * stride_vp + slot * stride_vs + kvh * stride_vh
-        k = load_kv_rows(K_buf, k_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALE_GROUP).to(q.dtype)
-        v = load_kv_rows(V_buf, v_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALE_GROUP).to(q.dtype)
+        k = load_kv_rows(K_buf, k_row, offs_d, mask_n, mask_d, HEAD_DIM, K_SCALE_GROUP).to(q.dtype)
+        v = load_kv_rows(V_buf, v_row, offs_d, mask_n, mask_d, HEAD_DIM, V_SCALE_GROUP).to(q.dtype)
         m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_PRECISION)
 
     if SINGLE_SPLIT:
@@ -242,7 +243,8 @@ def decode_attention(
         SINGLE_SPLIT=single,
         UPCAST=needs_upcast(_decode_split_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
-        SCALE_GROUP=scale_group(k_buf, dim),
+        K_SCALE_GROUP=scale_group(k_buf, dim),  # int8: keys a scale per 16, values one a row
+        V_SCALE_GROUP=scale_group(v_buf, dim),
         num_warps=num_warps or attention_num_warps(dim, q.dtype),
     )
     if single:

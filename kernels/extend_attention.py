@@ -62,7 +62,8 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    SCALE_GROUP: tl.constexpr,
+    K_SCALE_GROUP: tl.constexpr,
+    V_SCALE_GROUP: tl.constexpr,
     BATCH_INVARIANT: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -114,8 +115,8 @@ def _extend_kernel(
         slot = n % PAGE_SIZE
         k_row = page * stride_bkp + slot * stride_bks + kvh * stride_bkh
         v_row = page * stride_bvp + slot * stride_bvs + kvh * stride_bvh
-        k = load_kv_rows(K_buf, k_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALE_GROUP).to(q.dtype)
-        v = load_kv_rows(V_buf, v_row, offs_d, mask_n, mask_d, HEAD_DIM, SCALE_GROUP).to(q.dtype)
+        k = load_kv_rows(K_buf, k_row, offs_d, mask_n, mask_d, HEAD_DIM, K_SCALE_GROUP).to(q.dtype)
+        v = load_kv_rows(V_buf, v_row, offs_d, mask_n, mask_d, HEAD_DIM, V_SCALE_GROUP).to(q.dtype)
         if BATCH_INVARIANT:
             visible = (n[None, :] <= prefix_len + tok[:, None]) & mask_n[None, :]
         else:
@@ -219,7 +220,8 @@ def extend_attention(
         BLOCK_D=next_pow2(dim),
         UPCAST=needs_upcast(_extend_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
-        SCALE_GROUP=scale_group(k_buf, dim),
+        K_SCALE_GROUP=scale_group(k_buf, dim),  # int8: keys a scale per 16, values one a row
+        V_SCALE_GROUP=scale_group(v_buf, dim),
         BATCH_INVARIANT=batch_invariant,
         num_warps=num_warps or attention_num_warps(dim, q.dtype),
     )

@@ -1,7 +1,7 @@
 """Loading KV rows from the pool's pages in the attention kernels, whatever the KV format.
 
 Float pages hold head_dim values per row; int8 pages (radixserve/cache/kv_format.py) hold head_dim values followed by
-a float16 scale per group of them. Both kernels read pages through this one helper, so they decode int8 exactly as the
+a float16 scale per group of them (keys a scale per 16, values one a row: each buffer's group is its own). Both kernels read pages through this one helper, so they decode int8 exactly as the
 torch reference does: value x scale in float32, then the caller's cast to the query dtype.
 """
 

@@ -19,7 +19,7 @@ from radixserve.config import ModelConfig
 from radixserve.distributed import PageTransfer, TPGroup
 from radixserve.model.parallel import plan_shard
 
-HEADS_DIM = -2  # pages are [n, 2 (K, V), layers, page_size, kv_heads, head_dim]
+HEADS_DIM = -2  # pages are [n, layers, page_size, kv_heads, key row + value row] (KVPool.gather_pages)
 
 
 class ShardedPool:
@@ -38,7 +38,7 @@ class ShardedPool:
         return getattr(self.pool, name)
 
     def gather_pages(self, pages: torch.Tensor) -> torch.Tensor:
-        """Whole pages `[n, 2, layers, page_size, all KV heads, head_dim]` on rank 0's device."""
+        """Whole pages `[n, layers, page_size, all KV heads, key row + value row]` on rank 0's device."""
         local = self.pool.gather_pages(pages).cpu().contiguous()
         shards = self.tp.gather_pages(pages.cpu(), local)
         shape = (*local.shape[:HEADS_DIM], self.num_kv_heads, local.shape[-1])

@@ -273,7 +273,7 @@ def compile_for_gpu(arch: int) -> list[str]:
     from kernels.decode_attention import _decode_merge_kernel, _decode_split_kernel
     from kernels.extend_attention import _extend_kernel
     from kernels.kv_store import _store_kv_kernel
-    from radixserve.cache.kv_format import GROUP as KV_SCALE_GROUP
+    from radixserve.cache.kv_format import scale_group
 
     assert not is_interpreted(_extend_kernel), "run with TRITON_INTERPRET unset"
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -303,8 +303,8 @@ def compile_for_gpu(arch: int) -> list[str]:
         data = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "K_buf", "V_buf")}
         index = {"PageTable": "*i32", "QoIndptr": "*i32", "PrefixLens": "*i32", "SeqLens": "*i32"}
         partial = {"PartialOut": "*fp32", "PartialLse": "*fp32"}
-        # int8 KV pages (SCALE_GROUP: values then a float16 scale per group in each row) once, in the default
-        # model's shape.
+        # int8 KV pages (K_/V_SCALE_GROUP: values then a float16 scale per group in each row, keys per 16, values
+        # one a row) once, in the default model's shape.
         for scaled in (False, True) if (dt, group) == ("bf16", 4) else (False,):
             pages = data | ({"K_buf": "*i8", "V_buf": "*i8"} if scaled else {})
             for invariant in (False, True):  # the default kernel and deterministic mode's variant
@@ -322,7 +322,8 @@ def compile_for_gpu(arch: int) -> list[str]:
                             BLOCK_D=dim,
                             UPCAST=False,
                             DOT_PRECISION=prec,
-                            SCALE_GROUP=KV_SCALE_GROUP if scaled else 0,
+                            K_SCALE_GROUP=scale_group(dim, "k") if scaled else 0,
+                            V_SCALE_GROUP=scale_group(dim, "v") if scaled else 0,
                             BATCH_INVARIANT=invariant,
                         ),
                         dt,
@@ -344,7 +345,8 @@ def compile_for_gpu(arch: int) -> list[str]:
                             SINGLE_SPLIT=single,
                             UPCAST=False,
                             DOT_PRECISION=prec,
-                            SCALE_GROUP=KV_SCALE_GROUP if scaled else 0,
+                            K_SCALE_GROUP=scale_group(dim, "k") if scaled else 0,
+                            V_SCALE_GROUP=scale_group(dim, "v") if scaled else 0,
                         ),
                         dt,
                         warps,

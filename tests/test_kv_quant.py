@@ -14,14 +14,15 @@ import torch
 
 import kernels.cpu
 from radixserve.attention.torch_backend import TorchAttentionBackend
-from radixserve.cache.kv_format import GROUP, KVFormat, resolve_kv_dtype, row_scales
+from radixserve.cache.kv_format import KVFormat, resolve_kv_dtype, row_scales, scale_group
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
 
 OPS = kernels.cpu.ops()
 needs_ops = pytest.mark.skipif(OPS is None, reason="CPU kernels unavailable")
 KV_HEADS = 2
-W64 = KVFormat("int8").row_width(64)  # an int8 row of head_dim 64: the values, then a 2-byte scale per group
+# int8 rows of head_dim 64: the values, then a 2-byte scale per group (keys per 16: 72 bytes; values one: 66)
+KW64, VW64 = KVFormat("int8").key_width(64), KVFormat("int8").value_width(64)
 
 
 def _rows(seed: int = 0, n: int = 200, dim: int = 64) -> torch.Tensor:
@@ -33,22 +34,30 @@ def _rows(seed: int = 0, n: int = 200, dim: int = 64) -> torch.Tensor:
     return x
 
 
-def _step_bound(x: torch.Tensor) -> torch.Tensor:
+def _step_bound(x: torch.Tensor, kind: str = "k") -> torch.Tensor:
     """Half a quantization step of each value's group (max / 127), plus the float16 rounding of the scale
     (2^-11 relative) where the clamp absorbs it."""
-    amax = x.unflatten(-1, (-1, GROUP)).abs().amax(-1, keepdim=True)
-    return (0.5 * amax / 127 + amax * 2**-10 + 1e-30).expand(*x.shape[:-1], x.shape[-1] // GROUP, GROUP).flatten(-2)
+    g = scale_group(x.shape[-1], kind)
+    amax = x.unflatten(-1, (-1, g)).abs().amax(-1, keepdim=True)
+    return (0.5 * amax / 127 + amax * 2**-10 + 1e-30).expand(*x.shape[:-1], x.shape[-1] // g, g).flatten(-2)
 
 
-def test_int8_round_trip_error_is_within_half_a_step_of_its_group() -> None:
+@pytest.mark.parametrize(("kind", "width", "groups"), [("k", 72, 4), ("v", 66, 1)])
+def test_int8_round_trip_error_is_within_half_a_step_of_its_group(kind: str, width: int, groups: int) -> None:
+    """Keys carry a scale per 16 values, values one per row: each within half a step of its own group."""
     fmt = KVFormat("int8")
     x = _rows()
-    stored = fmt.encode(x)
-    assert stored.dtype == torch.int8 and stored.shape == (*x.shape[:-1], 64 + 2 * 64 // GROUP)
-    back = fmt.decode(stored, torch.float32)
-    assert ((back - x).abs() <= _step_bound(x)).all()
-    assert not back[7].any() and (row_scales(stored[7]) == 0).all()
+    stored = fmt.encode(x, kind)
+    assert stored.dtype == torch.int8 and stored.shape == (*x.shape[:-1], width) == (*x.shape[:-1], 64 + 2 * groups)
+    back = fmt.decode(stored, torch.float32, kind)
+    assert ((back - x).abs() <= _step_bound(x, kind)).all()
+    assert row_scales(stored, kind).shape == (*x.shape[:-1], groups)
+    assert not back[7].any() and (row_scales(stored[7], kind) == 0).all()
     assert (stored[..., :64].abs() <= 127).all()
+    if kind == "v":  # one scale: a row's small values lose to its largest (the outlier at [3, 0, 5] above all)
+        assert ((back - x).abs()[3, 0] > _step_bound(x, "k")[3, 0]).any()
+    with pytest.raises(ValueError, match="a key"):
+        fmt.encode(x, "kv")
 
 
 def test_int8_keys_round_trip_through_the_rotation() -> None:
@@ -62,7 +71,7 @@ def test_int8_keys_round_trip_through_the_rotation() -> None:
     while h.shape[0] < 64:  # Sylvester's construction of the Walsh-Hadamard matrix
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     torch.testing.assert_close(rotated, x @ h / 8, rtol=1e-6, atol=1e-4)
-    back = fmt.rotate_keys(fmt.decode(fmt.encode(rotated), torch.float32))
+    back = fmt.rotate_keys(fmt.decode(fmt.encode(rotated, "k"), torch.float32, "k"))
     assert ((back - x).norm(dim=-1) <= _step_bound(rotated).norm(dim=-1) * 1.0001).all()
 
 
@@ -73,13 +82,14 @@ def test_float_formats_round_trip_within_half_an_ulp(name: str, rel: float) -> N
     fmt = KVFormat(name)
     x = _rows() * 0.5  # within fp8's normal range, below its 448 clamp (and float16's, at 1e-3 * 0.5 and above)
     x = torch.where(x.abs() < 2**-6, torch.full_like(x, 0.25), x)  # no subnormal fp8 values: their bound differs
-    back = fmt.decode(fmt.encode(x), torch.float32)
-    assert ((back - x).abs() <= rel * x.abs()).all()
+    for kind in ("k", "v"):
+        back = fmt.decode(fmt.encode(x, kind), torch.float32, kind)
+        assert ((back - x).abs() <= rel * x.abs()).all()
 
 
 def test_fp8_clamps_to_its_largest_value_instead_of_nan() -> None:
     fmt = KVFormat("fp8_e4m3")
-    back = fmt.decode(fmt.encode(torch.tensor([1e4, -1e4, 3.0])), torch.float32)
+    back = fmt.decode(fmt.encode(torch.tensor([1e4, -1e4, 3.0]), "v"), torch.float32, "v")
     assert back.tolist() == [448.0, -448.0, 3.0]
 
 
@@ -91,39 +101,49 @@ def test_auto_keeps_the_model_dtype_and_a_bad_name_raises() -> None:
 
 
 def test_int8_holds_about_twice_the_tokens_of_bfloat16_in_the_same_bytes() -> None:
+    """138 bytes a K/V row pair at head_dim 64 (72 + 66) against bfloat16's 256: 1.86x the tokens."""
     bf16, int8 = (KVFormat(n).bytes_per_token(24, 2, 64) for n in ("bfloat16", "int8"))
-    assert bf16 == 2 * 24 * 2 * 64 * 2 and int8 == 2 * 24 * 2 * W64 and W64 == 64 + 2 * 64 // GROUP
-    assert bf16 / int8 >= 1.75
+    assert (KW64, VW64) == (72, 66) and bf16 == 2 * 24 * 2 * 64 * 2 and int8 == 24 * 2 * 138
+    assert bf16 / int8 > 1.85
+    assert KVFormat("bfloat16").key_width(64) == KVFormat("bfloat16").value_width(64) == 64
     with pytest.raises(ValueError, match="power of two"):
         KVPool(1, 4, 16, KV_HEADS, 48, torch.float32, kv_format=KVFormat("int8"))
 
 
 def test_pool_moves_int8_rows_with_their_scales() -> None:
     pool = KVPool(2, 6, 4, KV_HEADS, 64, torch.bfloat16, kv_format=KVFormat("int8"))
-    assert pool.k_buffers[0].shape == (6, 4, KV_HEADS, W64) and pool.bytes_per_token == 2 * 2 * KV_HEADS * W64
+    assert pool.k_buffers[0].shape == (6, 4, KV_HEADS, KW64) and pool.v_buffers[0].shape == (6, 4, KV_HEADS, VW64)
+    assert pool.bytes_per_token == 2 * KV_HEADS * 138 and pool.page_shape == (2, 4, KV_HEADS, 138)
     x = _rows(n=8)
     loc = torch.arange(4, 12)
     for layer in range(2):
         pool.store(layer, loc, x * (layer + 1), -x)
-    flat = pool.k_buffers[1].view(-1, KV_HEADS, W64)
+    flat = pool.k_buffers[1].view(-1, KV_HEADS, KW64)
+    vflat = pool.v_buffers[1].view(-1, KV_HEADS, VW64)
     fmt = KVFormat("int8")
-    assert torch.equal(flat[loc], fmt.encode(fmt.rotate_keys(x * 2)))  # keys rotated, then quantized
-    assert torch.equal(pool.v_buffers[1].view(-1, KV_HEADS, W64)[loc], fmt.encode(-x))
+    assert torch.equal(flat[loc], fmt.encode(fmt.rotate_keys(x * 2), "k"))  # keys rotated, then quantized
+    assert torch.equal(vflat[loc], fmt.encode(-x, "v"))
     pool.copy_slots(torch.tensor([4, 5]), torch.tensor([13, 14]))  # a partial-page copy keeps the bytes
-    assert torch.equal(flat[13:15], flat[4:6])
+    assert torch.equal(flat[13:15], flat[4:6]) and torch.equal(vflat[13:15], vflat[4:6])
     pages = torch.tensor([1, 2])
+    kv = pool.gather_pages(pages)  # each KV head's key row then its value row
+    assert kv.shape == (2, *pool.page_shape)
+    assert torch.equal(kv[:, 1, ..., :KW64], pool.k_buffers[1][1:3]) and torch.equal(
+        kv[:, 1, ..., KW64:], pool.v_buffers[1][1:3]
+    )
     other = KVPool(2, 6, 4, KV_HEADS, 64, torch.bfloat16, kv_format=KVFormat("int8"))
-    other.scatter_pages(torch.tensor([4, 5]), pool.gather_pages(pages))  # what the tiers do
-    assert torch.equal(other.gather_pages(torch.tensor([4, 5])), pool.gather_pages(pages))
+    other.scatter_pages(torch.tensor([4, 5]), kv)  # what the tiers do
+    assert torch.equal(other.gather_pages(torch.tensor([4, 5])), kv)
+    assert torch.equal(other.v_buffers[1][4:6], pool.v_buffers[1][1:3])
 
 
 def _dequantized_pool(pool: KVPool) -> KVPool:
     """A float32 pool holding exactly the values `pool`'s rows decode to (keys rotated back)."""
     out = KVPool(len(pool.k_buffers), pool.num_pages, pool.page_size, KV_HEADS, pool.head_dim, torch.float32)
     for src, dst in zip(pool.k_buffers, out.k_buffers):
-        dst.copy_(pool.format.rotate_keys(pool.format.decode(src, torch.float32)))
+        dst.copy_(pool.format.rotate_keys(pool.format.decode(src, torch.float32, "k")))
     for src, dst in zip(pool.v_buffers, out.v_buffers):
-        dst.copy_(pool.format.decode(src, torch.float32))
+        dst.copy_(pool.format.decode(src, torch.float32, "v"))
     return out
 
 
@@ -168,8 +188,8 @@ def test_attention_over_quantized_pages_equals_attention_over_the_dequantized_pa
     got = _attend(quant, specs, q, new_k, new_v, tables, cpu_op)
     # The float pool gets the new rows as the quantized pool will read them back (keys rotated back).
     f = quant.format
-    fk = f.rotate_keys(f.decode(f.encode(f.rotate_keys(new_k)), torch.float32))
-    fv = f.decode(f.encode(new_v), torch.float32)
+    fk = f.rotate_keys(f.decode(f.encode(f.rotate_keys(new_k), "k"), torch.float32, "k"))
+    fv = f.decode(f.encode(new_v, "v"), torch.float32, "v")
     want = _attend(floats, specs, q, fk, fv, tables, cpu_op)
     # atol: outputs near 0 are sums of values of ~3 that cancel, where the keys' float32 rotations (there and back,
     # 6 rounded stages each) show as ~1e-5 (measured 1.2e-5 once in 62,720 outputs).
@@ -186,7 +206,8 @@ def test_cpu_op_reads_int8_pages_as_their_dequantized_values(head_dim: int, q_dt
     gen = torch.Generator().manual_seed(2)
     fmt, ps, lens = KVFormat("int8"), 16, [2000, 1, 517]
     pages = [(n + ps - 1) // ps for n in lens]
-    k, v = (fmt.encode(torch.randn(1 + sum(pages), ps, KV_HEADS, head_dim, generator=gen) * 2) for _ in range(2))
+    k, v = (fmt.encode(torch.randn(1 + sum(pages), ps, KV_HEADS, head_dim, generator=gen) * 2, c) for c in "kv")
+    assert k.shape[-1] == head_dim * 9 // 8 and v.shape[-1] == head_dim + 2  # keys a scale per 16, values one
     perm = (torch.randperm(sum(pages), generator=gen) + 1).to(torch.int32)
     table = torch.zeros(len(lens), max(pages), dtype=torch.int32)
     for r, (start, n) in enumerate(zip([0, *torch.tensor(pages).cumsum(0).tolist()], pages)):
@@ -194,7 +215,7 @@ def test_cpu_op_reads_int8_pages_as_their_dequantized_values(head_dim: int, q_dt
     q = torch.randn(len(lens), KV_HEADS * 7, head_dim, generator=gen).to(q_dtype)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     got = OPS.decode_attention(q, k, v, table, seq_lens, head_dim**-0.5)
-    kf, vf = fmt.rotate_keys(fmt.decode(k, torch.float32)), fmt.decode(v, torch.float32)
+    kf, vf = fmt.rotate_keys(fmt.decode(k, torch.float32, "k")), fmt.decode(v, torch.float32, "v")
     want = OPS.decode_attention(q, kf, vf, table, seq_lens, head_dim**-0.5)
     tol = 1e-5 if q_dtype == torch.float32 else 2**-7  # bfloat16 outputs: one ulp, where the two round apart
     torch.testing.assert_close(got, want, rtol=tol, atol=1e-5)
@@ -211,12 +232,12 @@ def test_the_fused_cpu_store_writes_the_encoders_bytes(dtype: torch.dtype) -> No
     fmt = KVFormat("int8")
     x = _rows(n=64).to(dtype)
     ties = torch.arange(64, dtype=torch.float32) - 31.5  # x.5 values: ties to round half to even
-    ties[::GROUP] = 127.0  # every group's scale exactly 1, so every x / scale is its tie
+    ties[::16] = 127.0  # every group's scale exactly 1 (keys' groups of 16 and values' one), so x / scale is its tie
     x[1, 0] = ties.to(dtype)  # stored unrotated as the values (-x), rotated (no ties left) as the keys
-    buf = [torch.zeros(20, 4, KV_HEADS, W64, dtype=torch.int8) for _ in range(2)]
+    buf = [torch.zeros(20, 4, KV_HEADS, w, dtype=torch.int8) for w in (KW64, VW64)]
     loc = torch.randperm(80)[:64]
     OPS.store_kv_int8(x, -x, buf[0], buf[1], loc)
-    assert torch.equal(buf[0].view(-1, KV_HEADS, W64)[loc], fmt.encode(fmt.rotate_keys(x)))
-    assert torch.equal(buf[1].view(-1, KV_HEADS, W64)[loc], fmt.encode(-x))
+    assert torch.equal(buf[0].view(-1, KV_HEADS, KW64)[loc], fmt.encode(fmt.rotate_keys(x), "k"))
+    assert torch.equal(buf[1].view(-1, KV_HEADS, VW64)[loc], fmt.encode(-x, "v"))
     with pytest.raises(RuntimeError, match="not a pool slot"):
         OPS.store_kv_int8(x, x, buf[0], buf[1], loc + 80)

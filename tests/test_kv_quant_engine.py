@@ -1,6 +1,7 @@
-"""Engines on quantized KV pages (issue 40), tiny model: --kv-cache-gb sizes the pool by format (int8 1.78x
-bfloat16's tokens at head_dim 16); the disk tier stores int8 pages as they are (greedy output
-identical with the tier on and off under heavy eviction); int8 KV stays close to float KV; a backend refuses a format
+"""Engines on quantized KV pages (issue 40), tiny models: --kv-cache-gb sizes the pool by format (int8 1.86x
+bfloat16's tokens at head_dim 64, where key rows are 72 bytes and value rows 66; 1.78x at head_dim 16, where both are
+one group of 18); the disk tier stores int8 pages of both widths as they are (greedy output identical with the tier on
+and off under heavy eviction); int8 KV stays close to float KV; a backend refuses a format
 it cannot read. Every engine ends at rest (the make_engine fixture)."""
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.cache.kv_format import scale_group
 from radixserve.errors import ParamError
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0}
@@ -24,33 +24,44 @@ def run(engine, ids: list[list[int]]) -> list[list[int]]:
     return [engine.generate(input_ids=x, sampling_params=GREEDY)["output_ids"] for x in ids]
 
 
-def test_the_budget_holds_about_twice_the_tokens_in_int8(make_engine, tiny_model_dir) -> None:
+@pytest.fixture(scope="module")
+def dim64_model_dir(tiny_model_factory) -> Path:
+    """A tiny model of head_dim 64 (the default model's), where int8 key and value rows differ in width."""
+    return tiny_model_factory("qwen2", hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+
+
+@pytest.mark.parametrize(("dim", "ratio"), [(64, 256 / 138), (16, 32 / 18)])
+def test_the_budget_holds_about_twice_the_tokens_in_int8(
+    make_engine, tiny_model_dir, dim64_model_dir, dim: int, ratio: float
+) -> None:
+    """bfloat16 rows are 2 * head_dim bytes; int8 rows head_dim bytes and a 2-byte scale per group: keys per 16,
+    values one a row (head_dim 64: 72 + 66 bytes against 256; head_dim 16: 18 + 18 against 64)."""
     sizes = {}
     for fmt in ("bfloat16", "int8"):
-        eng = make_engine(tiny_model_dir, kv_cache_gb=0.001, kv_cache_dtype=fmt, page_size=4)
+        eng = make_engine(
+            dim64_model_dir if dim == 64 else tiny_model_dir, kv_cache_gb=0.001, kv_cache_dtype=fmt, page_size=4
+        )
         pool = eng.runner.pool
+        assert pool.head_dim == dim
         sizes[fmt] = pool.capacity * pool.page_size
         assert pool.num_pages * pool.page_size * pool.bytes_per_token <= (1 << 30) * 0.001 + 4 * pool.bytes_per_token
-    # int8 rows are head_dim bytes and a 2-byte scale per group (the tiny model's head_dim 16: one group, 18 bytes);
-    # bfloat16 rows 2 * head_dim bytes
-    g = scale_group(16)
-    assert g == 16 and sizes["int8"] / sizes["bfloat16"] == pytest.approx(2 * g / (g + 2), rel=0.01), sizes
+    assert sizes["int8"] / sizes["bfloat16"] == pytest.approx(ratio, rel=0.01), sizes
     with pytest.raises(ParamError, match="set one"):
         make_engine(tiny_model_dir, kv_cache_gb=0.001, max_total_tokens=64)
 
 
-def test_int8_pages_through_the_disk_tier_give_identical_output(make_engine, tiny_model_dir, tmp_path: Path) -> None:
-    on = make_engine(tiny_model_dir, kv_cache_dir=tmp_path, **INT8)
-    off = make_engine(tiny_model_dir, **INT8)
+def test_int8_pages_through_the_disk_tier_give_identical_output(make_engine, dim64_model_dir, tmp_path: Path) -> None:
+    on = make_engine(dim64_model_dir, kv_cache_dir=tmp_path, **INT8)
+    off = make_engine(dim64_model_dir, **INT8)
     ids = prompts()  # 6 x 64 tokens: 96 pages of KV for a pool of 24
     for _ in range(2):
         assert run(on, ids) == run(off, ids)
     s = on.cache_stats()
     assert s["disk_hit_tokens"] > 0 and s["loaded_pages"] > 0
-    # The explorer's bytes count the int8 format: rows of head_dim bytes and a 2-byte scale per 16.
+    # The explorer's bytes count the int8 format: 72-byte key rows (a 2-byte scale per 16) and 66-byte value rows.
     pool, cfg = on.runner.pool, on.runner.config
     assert s["device_bytes"] == s["device_pages"] * pool.page_size * pool.bytes_per_token
-    assert pool.bytes_per_token == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim // 8 * 9
+    assert cfg.head_dim == 64 and pool.bytes_per_token == cfg.num_layers * cfg.num_kv_heads * (72 + 66)
 
 
 def test_int8_kv_stays_close_to_float_kv(make_engine, tiny_model_dir) -> None:

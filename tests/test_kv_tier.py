@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ import torch
 
 from radixserve.cache import disk_tier as disk_tier_mod
 from radixserve.cache.disk_tier import DiskTier, TierLockedError
-from radixserve.cache.kv_digest import KVLayout
+from radixserve.cache.kv_digest import KVLayout, kv_digest
+from radixserve.cache.kv_format import KVFormat
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.kv_tier import KVTier, open_tier
 from radixserve.cache.radix_cache import RadixCache
@@ -29,7 +31,8 @@ LAYOUT = KVLayout(
     dtype="bfloat16",
     itemsize=2,
     kv_dtype="bfloat16",
-    row_width=8,
+    key_width=8,
+    value_width=8,
 )
 DIGEST = "a" * 32
 
@@ -220,3 +223,29 @@ def test_unusable_directory_means_no_tier(tmp_path: Path, monkeypatch, caplog) -
     model.write_text("{}")
     assert open_tier(tmp_path / "kv", 1.0, None, model, "none", pool, 2, 2, 8) is None
     assert "unusable" in caplog.text
+
+
+def test_int8_pages_round_trip_and_a_tier_in_another_row_layout_is_never_read(tmp_path: Path) -> None:
+    """int8 pages hold 72-byte key rows and 66-byte value rows at head_dim 64, side by side per KV head; they come back
+    from disk as they were. The digest names both widths (and the page format's version), so pages written in another
+    row layout (72-byte value rows, as before values had one scale a row) sit in another folder and are never read."""
+    model = tmp_path / "config.json"
+    model.write_text("{}")
+    pool = KVPool(2, 16, PS, 2, 64, torch.bfloat16, kv_format=KVFormat("int8"))
+    tier = open_tier(tmp_path / "kv", 1.0, None, model, "none", pool, 2, 2, 64)
+    assert tier is not None and tier.store is not None
+    assert (tier.layout.key_width, tier.layout.value_width) == (72, 66) and tier.layout.page_shape == (2, PS, 2, 138)
+    cache = RadixCache(pool, PS)
+    cache.tier = tier
+    tokens = list(range(200, 216))  # 4 pages
+    before = pool.gather_pages(torch.tensor(put_prompt(pool, cache, tokens))).clone()
+    assert cache.evict(cache.evictable_pages) == 4 and len(files(cache)) == 4
+    assert tier.load_prefix(cache, tokens + [1], "") == 4
+    assert torch.equal(pool.gather_pages(torch.tensor(cache.match_prefix(tokens + [1]).pages)), before)
+    digest = tier.store.digest
+    tier.close(cache)
+    old = replace(tier.layout, value_width=72)
+    assert kv_digest(model, "none", old) != digest
+    other = DiskTier(tmp_path / "kv", 1 << 30, kv_digest(model, "none", old), old.page_bytes)
+    assert other.num_pages == 0 and other.dir != tier.store.dir
+    other.close()

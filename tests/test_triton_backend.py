@@ -168,8 +168,9 @@ def test_int8_pages_match_the_torch_backend(batch_kind: str, seed: int) -> None:
     fmt = KVFormat("int8")
     pools = [KVPool(NUM_LAYERS, num_pages, page_size, NUM_KV_HEADS, head_dim, torch.float32, DEVICE, fmt) for _ in "ab"]
     for layer in range(NUM_LAYERS):
-        for bufs in ("k_buffers", "v_buffers"):
-            rows = fmt.encode(torch.randn(getattr(pools[0], bufs)[layer].shape[:-1] + (head_dim,), generator=gen) * 3)
+        for bufs, kind in (("k_buffers", "k"), ("v_buffers", "v")):  # keys a scale per 16, values one a row
+            shape = getattr(pools[0], bufs)[layer].shape[:-1] + (head_dim,)
+            rows = fmt.encode(torch.randn(shape, generator=gen) * 3, kind)
             for pool in pools:
                 getattr(pool, bufs)[layer].copy_(rows)
     batch = random_batch(lens, page_size, num_pages, gen)
@@ -186,3 +187,4 @@ def test_int8_pages_match_the_torch_backend(batch_kind: str, seed: int) -> None:
         out = tri.forward(layer, q, k, v, out=torch.full_like(q, float("nan")))
         torch.testing.assert_close(out, expect, rtol=TOLERANCE[torch.float32], atol=TOLERANCE[torch.float32])
         assert torch.equal(pools[0].k_buffers[layer], pools[1].k_buffers[layer])
+        assert torch.equal(pools[0].v_buffers[layer], pools[1].v_buffers[layer])

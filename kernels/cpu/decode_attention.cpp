@@ -4,10 +4,11 @@
 // key t of request r sits in pool page page_table[r, t / page_size], row t % page_size. The pool's per-layer
 // buffers are [num_pages, page_size, kv_heads, row] (radixserve/cache/kv_pool.py): bfloat16 or float32 rows of
 // head_dim, or int8 rows of head_dim values then a float16 scale per group of them (radixserve/cache/kv_format.py;
-// the group, a multiple of 16, is read off the row width), read as value * its group's scale (one multiply per
-// 16-lane register, as it is widened); q is [num_reqs, heads, head_dim] (bfloat16 or float32, rows may be strided),
-// the output has q's dtype. int8 keys are stored rotated (kv_rotate.h): over int8 pages the op rotates the query
-// the same way itself, so the caller passes q as the model computed it.
+// keys and values have their own groups, each a multiple of 16 read off its buffer's row width: 72- and 66-byte
+// rows at head_dim 64), read as value * its group's scale (one multiply per 16-lane register, as it is widened);
+// q is [num_reqs, heads, head_dim] (bfloat16 or float32, rows may be strided), the output has q's dtype. int8 keys
+// are stored rotated (kv_rotate.h): over int8 pages the op rotates the query the same way itself, so the caller
+// passes q as the model computed it.
 //
 // Why: the pure-torch path gathers every request's pages into a contiguous copy (index_select) and then calls SDPA,
 // once per layer; on a CPU decode step that copy plus the per-op overheads cost more than the arithmetic. Here
@@ -285,8 +286,10 @@ template <typename Q, typename T>
 void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const at::Tensor& table,
          const at::Tensor& lens, double scale, at::Tensor& out) {
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), KV = kb.size(2), ps = kb.size(1), G = H / KV;
-  const int64_t W = kb.size(3);  // the stored row: D, or for int8 D values and their scales
-  const int64_t SG = std::is_same_v<T, int8_t> ? radixserve_kv::scale_group(D, W) : D;  // values per scale
+  // The stored rows: D, or for int8 D values and their scales; K and V rows differ in width (and group) there.
+  const int64_t KW = kb.size(3), VW = vb.size(3);
+  const int64_t KG = std::is_same_v<T, int8_t> ? radixserve_kv::scale_group(D, KW) : D;  // values per scale
+  const int64_t VG = std::is_same_v<T, int8_t> ? radixserve_kv::scale_group(D, VW) : D;
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), P = table.size(1);
   const Q* qp = q.data_ptr<Q>();
   Q* op = out.data_ptr<Q>();
@@ -307,7 +310,8 @@ void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const 
       if constexpr (std::is_same_v<T, int8_t>)
         for (int64_t h = 0; h < G; h++) radixserve_kv::fwht(qf.data() + h * D, D);
       if (L > 0) {
-        const Rows<T> k{kp + kvh * W, tp + r * P, ps, KV * W, L, SG}, v{vp + kvh * W, tp + r * P, ps, KV * W, L, SG};
+        const Rows<T> k{kp + kvh * KW, tp + r * P, ps, KV * KW, L, KG};
+        const Rows<T> v{vp + kvh * VW, tp + r * P, ps, KV * VW, L, VG};
         attend(qf.data(), G, D, k, v, s.data(), of.data());
       } else {
         std::fill(of.begin(), of.end(), 0.f);
@@ -322,14 +326,16 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pages, c
                             const at::Tensor& page_table, const at::Tensor& seq_lens, double scale) {
   TORCH_CHECK(q_in.dim() == 3, "q must be [num_reqs, heads, head_dim]");
   const at::Tensor q = q_in.stride(2) == 1 ? q_in : q_in.contiguous();  // rows and heads may be strided
-  TORCH_CHECK(k_pages.dim() == 4 && k_pages.sizes() == v_pages.sizes() && k_pages.is_contiguous() &&
-                  v_pages.is_contiguous() && k_pages.scalar_type() == v_pages.scalar_type(),
-              "k_pages / v_pages must be contiguous [num_pages, page_size, kv_heads, head_dim] of one dtype");
+  TORCH_CHECK(k_pages.dim() == 4 && v_pages.dim() == 4 && k_pages.sizes().slice(0, 3) == v_pages.sizes().slice(0, 3) &&
+                  k_pages.is_contiguous() && v_pages.is_contiguous() && k_pages.scalar_type() == v_pages.scalar_type(),
+              "k_pages / v_pages must be contiguous [num_pages, page_size, kv_heads, row] of one dtype");
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), KV = k_pages.size(2);
   const int64_t num_pages = k_pages.size(0), ps = k_pages.size(1);
   const auto qt = q.scalar_type(), kt = k_pages.scalar_type();
-  const int64_t G = radixserve_kv::scale_group(D, k_pages.size(3));
-  TORCH_CHECK(kt == at::kChar ? G > 0 && G % 16 == 0 && radixserve_kv::is_pow2(D) : k_pages.size(3) == D,
+  const int64_t KG = radixserve_kv::scale_group(D, k_pages.size(3));
+  const int64_t VG = radixserve_kv::scale_group(D, v_pages.size(3));
+  TORCH_CHECK(kt == at::kChar ? KG > 0 && KG % 16 == 0 && VG > 0 && VG % 16 == 0 && radixserve_kv::is_pow2(D)
+                              : k_pages.size(3) == D && v_pages.size(3) == D,
               "pool rows must be head_dim values (int8: head_dim a power of two, its values and a 2-byte scale per "
               "group of a multiple of 16)");
   TORCH_CHECK(KV > 0 && H % KV == 0, "heads must be a multiple of kv_heads");

@@ -27,7 +27,8 @@ inline void fwht(float* x, int64_t n) {
 }
 
 // Values per float16 scale of an int8 row of W bytes holding D values (then 2 bytes per group), or 0 when W is no
-// such row: the group is read off the pool's row width, so the ops follow kv_format.GROUP without a copy of it.
+// such row: the group is read off each pool buffer's row width (keys a scale per 16, values one a row: 72 and 66
+// bytes at D 64), so the ops follow kv_format.scale_group without a copy of it.
 inline int64_t scale_group(int64_t D, int64_t W) {
   const int64_t scale_bytes = W - D;
   if (scale_bytes <= 0 || scale_bytes % 2 || D % (scale_bytes / 2)) return 0;

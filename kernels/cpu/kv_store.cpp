@@ -1,12 +1,12 @@
 // int8 KV store: quantize each new token's K and V rows and write them, with their scales, into pool slots.
 //
-// The pool's int8 rows are head_dim values then a float16 scale per group of them (radixserve/cache/kv_format.py;
-// the group is read off the row width). Keys are rotated here first (kv_rotate.h), values are not. Why here: the
-// torch expression of the same quantization is ~10 small ops per tensor, K and V, in every layer of every decode
-// step (~500 ops a step on the default model), whose dispatch cost more than the decode attention saved.
-// Bit-identical to KVFormat.encode(rotate_keys(k)) and KVFormat.encode(v): per group, scale = float16(min(max |x| /
-// 127, 65504)) rounded to nearest even, then each value x / scale (float32 division) rounded half to even and clamped
-// to +-127; a zero scale stores zeros.
+// The pool's int8 rows are head_dim values then a float16 scale per group of them (radixserve/cache/kv_format.py:
+// 16 for keys, the whole row for values; each buffer's group is read off its own row width). Keys are rotated here
+// first (kv_rotate.h), values are not. Why here: the torch expression of the same quantization is ~10 small ops
+// per tensor, K and V, in every layer of every decode step (~500 ops a step on the default model), whose dispatch
+// cost more than the decode attention saved. Bit-identical to KVFormat.encode(rotate_keys(k), "k") and
+// KVFormat.encode(v, "v"): per group, scale = float16(min(max |x| / 127, 65504)) rounded to nearest even, then each
+// value x / scale (float32 division) rounded half to even and clamped to +-127; a zero scale stores zeros.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -64,10 +64,11 @@ void store_kv_int8(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_
   TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes(),
               "k and v must be [tokens, kv_heads, head_dim] of one dtype");
   TORCH_CHECK(k_buf.scalar_type() == at::kChar && v_buf.scalar_type() == at::kChar && k_buf.is_contiguous() &&
-                  v_buf.is_contiguous() && k_buf.sizes() == v_buf.sizes() && k_buf.dim() == 4,
-              "k_buf / v_buf must be contiguous int8 [num_pages, page_size, kv_heads, row]");
+                  v_buf.is_contiguous() && k_buf.dim() == 4 && v_buf.dim() == 4 &&
+                  k_buf.sizes().slice(0, 3) == v_buf.sizes().slice(0, 3),
+              "k_buf / v_buf must be contiguous int8 [num_pages, page_size, kv_heads, row] (rows of any width)");
   TORCH_CHECK(k_buf.size(2) == k.size(1) && radixserve_kv::scale_group(k.size(2), k_buf.size(3)) > 0 &&
-                  radixserve_kv::is_pow2(k.size(2)),
+                  radixserve_kv::scale_group(k.size(2), v_buf.size(3)) > 0 && radixserve_kv::is_pow2(k.size(2)),
               "pool rows must be head_dim values and a 2-byte scale per group (head_dim a power of two)");
   TORCH_CHECK(loc.scalar_type() == at::kLong && loc.dim() == 1 && loc.numel() == k.size(0) && loc.is_contiguous(),
               "loc must be contiguous int64 [tokens]");

@@ -176,8 +176,8 @@ class TorchAttentionBackend(AttentionBackend):
         q = fmt.rotate_keys(q).to(q.dtype)
         n, heads, dim = q.shape
         kv = self.num_kv_heads
-        keys = fmt.decode(self._gather(k_pages, g), q.dtype)  # [G, KV, P * page_size, D]
-        values = fmt.decode(self._gather(v_pages, g), q.dtype)
+        keys = fmt.decode(self._gather(k_pages, g), q.dtype, "k")  # [G, KV, P * page_size, D]
+        values = fmt.decode(self._gather(v_pages, g), q.dtype, "v")
         bias = None if g.bias is None else g.bias.to(q.dtype)
         if g.pad_index is None:
             # Decode: the query heads sharing a KV head become that head's queries (q_len = gqa ratio), which is

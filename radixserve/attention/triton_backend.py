@@ -92,8 +92,8 @@ class TritonAttentionBackend(AttentionBackend):
             # The extend kernel reads the new tokens from k/v, not the pages: give them as the pages hold them, as
             # the torch backend (which reads them back from the pool) and every later step see them.
             fmt = self.pool.format
-            k = fmt.decode(fmt.encode(fmt.rotate_keys(k)), q.dtype)
-            v = fmt.decode(fmt.encode(v), q.dtype)
+            k = fmt.decode(fmt.encode(fmt.rotate_keys(k), "k"), q.dtype, "k")
+            v = fmt.decode(fmt.encode(v, "v"), q.dtype, "v")
         return extend_attention(
             q,
             k,

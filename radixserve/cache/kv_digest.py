@@ -20,14 +20,17 @@ import xxhash
 _SAMPLES = 16
 _SAMPLE_BYTES = 64 * 1024
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin")
-FORMAT_VERSION = 3  # bump when the page file layout or what a page holds changes (3: the KV format, kv_dtype)
+# Bump when the page file layout or what a page holds changes (3: the KV format, kv_dtype; 4: K and V rows side by
+# side with their own widths, int8 value rows of one scale).
+FORMAT_VERSION = 4
 
 
 @dataclass(frozen=True)
 class KVLayout:
-    """What one page holds: K and V for `num_layers` layers, each `[page_size, num_kv_heads, row_width]` of `dtype`
-    elements, in KV format `kv_dtype` (radixserve/cache/kv_format.py: row_width is head_dim, or for int8 head_dim and
-    the bytes of the scales each row carries)."""
+    """What one page holds: for `num_layers` layers, `[page_size, num_kv_heads, key_width + value_width]` of `dtype`
+    elements, each KV head's key row then its value row, in KV format `kv_dtype` (radixserve/cache/kv_format.py: a
+    width is head_dim, or for int8 head_dim and the bytes of the scales each row carries, which differ for K and V).
+    Both widths are in the digest, so pages of another row layout are never read."""
 
     num_layers: int
     page_size: int
@@ -36,12 +39,13 @@ class KVLayout:
     dtype: str  # torch dtype name of the stored elements, e.g. "bfloat16", "int8"
     itemsize: int
     kv_dtype: str  # the KV format's name: part of the digest, so a tier is only ever read in its own format
-    row_width: int
+    key_width: int
+    value_width: int
 
     @property
-    def page_shape(self) -> tuple[int, int, int, int, int]:
-        """[K/V, layer, token, kv head, stored row] of one page's payload."""
-        return (2, self.num_layers, self.page_size, self.num_kv_heads, self.row_width)
+    def page_shape(self) -> tuple[int, int, int, int]:
+        """[layer, token, kv head, stored key row then value row] of one page's payload."""
+        return (self.num_layers, self.page_size, self.num_kv_heads, self.key_width + self.value_width)
 
     @property
     def page_bytes(self) -> int:

@@ -1,19 +1,22 @@
 """KV page formats: how the pool stores a token's K or V row for one KV head, and how a reader gets floats back.
 
 A float format stores the row as is (`head_dim` elements of that dtype). `int8` stores the row quantized
-symmetrically to -127..127 with one scale per GROUP (16) values, the scales (float16, 2 int8 bytes each) after the
-values: scales per token, KV head and K/V. A key row is first rotated by the orthonormal Hadamard matrix H
-(`rotate_keys`): with one scale per row and no rotation, Qwen2.5's keys cost +5.7% perplexity over 4k tokens (the
-values barely matter); rotated, which spreads any large channel over the whole row, with a scale per 16 the loss
-measured +0.09%, with a scale per 32 +0.76% (benchmarks/RESULTS.md, issue 40), so the group stays 16. Readers rotate
-the query instead of the pages (q . k = (qH) . (kH), H orthogonal), and the values are not rotated. Why per token
-rather than per page: a page fills one token at a time during decode, so a page-wide scale would have to be
-re-derived and the page re-quantized whenever a larger value arrives (each time losing precision), and one outlier
-token would coarsen its 15 neighbours; a row's own scale is final when it is written. Why in the row: every consumer
-that moves pages as bytes (partial-page copy, the host and disk tiers, tensor-parallel shards split by KV head) then
-carries the scales with the values and needs no second buffer. The cost is 8 bytes in 72 per head_dim-64 row: the
-same memory holds 1.78x the tokens of bfloat16. The readers take the group from the row width (head_dim + 2 bytes a
-group), so GROUP is set here alone.
+symmetrically to -127..127, the float16 scales (2 int8 bytes each) after the values, and K and V rows have different
+widths. A key row is first rotated by the orthonormal Hadamard matrix H (`rotate_keys`) and carries one scale per
+KEY_GROUP (16) values: with one scale per row and no rotation, Qwen2.5's keys cost +5.7% perplexity over 4k tokens;
+rotated, which spreads any large channel over the whole row, with a scale per 16 the loss measured +0.09%, with a
+scale per 32 +0.76% (benchmarks/RESULTS.md, issue 40), so the key group stays 16. A value row is not rotated and
+carries ONE scale for the whole row: the values barely matter (simulated, scheme h16:g64, keys per 16 and values
+per row cost +0.12% perplexity at 4k tokens, +0.24% at 8k, benchmarks/RESULTS.md issue 40). Readers
+rotate the query instead of the pages (q . k = (qH) . (kH), H orthogonal). Why per token rather than per page: a
+page fills one token at a time during decode, so a page-wide scale would have to be re-derived and the page
+re-quantized whenever a larger value arrives (each time losing precision), and one outlier token would coarsen its
+15 neighbours; a row's own scale is final when it is written. Why in the row: every consumer that moves pages as
+bytes (partial-page copy, the host and disk tiers, tensor-parallel shards split by KV head) then carries the scales
+with the values and needs no second buffer. For head_dim 64 a key row is 64 + 4 x 2 = 72 bytes, a value row
+64 + 2 = 66: 138 bytes a K/V pair against bfloat16's 256, so the same memory holds 1.86x the tokens (72/72 rows
+held 1.78x). The readers take each buffer's group from its row width (head_dim + 2 bytes a group), so the groups
+are set here alone.
 
 `fp8_e4m3` stores `float8_e4m3fn` bits with no scale (a scale of 1, FlashInfer's default), values clamped to +-448,
 the format's largest: the layout FlashInfer's fp8 KV kernels read on CUDA (they get the buffers viewed as
@@ -38,7 +41,8 @@ _STORAGE = {
 _FP8 = torch.float8_e4m3fn
 _SCALE_DTYPE = torch.float16
 _SCALE_BYTES = 2  # one float16 per group of an int8 row
-GROUP = 16  # values per int8 scale, or the whole row where head_dim is smaller (see scale_group)
+KEY_GROUP = 16  # values per scale of an int8 key row, or the whole row where head_dim is smaller (see scale_group)
+KINDS = ("k", "v")  # which rows: keys (rotated, a scale per KEY_GROUP) or values (one scale a row)
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0  # float8_e4m3fn's largest finite value: torch's cast does not saturate, so clamp first
 
@@ -72,9 +76,15 @@ class KVFormat:
         """Rows end with their own scale (int8)."""
         return self.name == "int8"
 
-    def row_width(self, head_dim: int) -> int:
-        """Elements of one stored row: head_dim, plus the scales' bytes for int8."""
-        return head_dim + (head_dim // scale_group(head_dim) * _SCALE_BYTES if self.scaled else 0)
+    def row_width(self, head_dim: int, kind: str) -> int:
+        """Elements of one stored key (`kind` "k") or value ("v") row: head_dim, plus the scales' bytes for int8."""
+        return head_dim + (head_dim // scale_group(head_dim, kind) * _SCALE_BYTES if self.scaled else 0)
+
+    def key_width(self, head_dim: int) -> int:
+        return self.row_width(head_dim, "k")
+
+    def value_width(self, head_dim: int) -> int:
+        return self.row_width(head_dim, "v")
 
     def check_head_dim(self, head_dim: int) -> None:
         """int8 needs head_dim a power of two >= 16: whole scale groups of a multiple of 16 (the CPU decode kernel
@@ -91,40 +101,50 @@ class KVFormat:
 
     def bytes_per_token(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         """Bytes of K and V one token takes in the pool, over all layers."""
-        return 2 * num_layers * num_kv_heads * self.row_width(head_dim) * self.storage.itemsize
+        width = self.key_width(head_dim) + self.value_width(head_dim)
+        return num_layers * num_kv_heads * width * self.storage.itemsize
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Rows `[..., head_dim]` (any float dtype; keys already through rotate_keys) -> stored rows
-        `[..., row_width]`."""
+    def encode(self, x: torch.Tensor, kind: str) -> torch.Tensor:
+        """Key (`kind` "k") or value ("v") rows `[..., head_dim]` (any float dtype; keys already through
+        rotate_keys) -> stored rows `[..., row_width(head_dim, kind)]`."""
         if self.name == "int8":
-            return _encode_int8(x)
+            return _encode_int8(x, scale_group(x.shape[-1], kind))
         if self.name == "fp8_e4m3":
             return x.clamp(-_FP8_MAX, _FP8_MAX).to(_FP8).view(torch.uint8)
         return x.to(self.storage)
 
-    def decode(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Stored rows `[..., row_width]` -> values `[..., head_dim]` in `dtype` (for int8, value times scale is
-        taken in float32, then rounded once to `dtype`; int8 keys come back in their rotated space)."""
+    def decode(self, rows: torch.Tensor, dtype: torch.dtype, kind: str) -> torch.Tensor:
+        """Stored key (`kind` "k") or value ("v") rows `[..., row_width]` -> `[..., head_dim]` in `dtype` (for int8,
+        value times scale is taken in float32, then rounded once to `dtype`; int8 keys come back in their rotated
+        space)."""
         if self.name == "fp8_e4m3":
             return rows.view(_FP8).to(dtype)
         if self.name != "int8":
             return rows.to(dtype)
-        scales = row_scales(rows)
+        scales = row_scales(rows, kind)
         values = rows[..., : -scales.shape[-1] * _SCALE_BYTES].to(torch.float32).unflatten(-1, (scales.shape[-1], -1))
         return (values * scales[..., None]).flatten(-2).to(dtype)
 
 
-def row_scales(rows: torch.Tensor) -> torch.Tensor:
-    """The float32 scales `[..., groups]` after the values of int8 rows `[..., row_width]`: a row of head_dim >=
-    GROUP holds head_dim / GROUP groups of GROUP + 2 bytes, a shorter one a single group, so the count is the width
-    over GROUP + 2, rounded up."""
-    groups = -(-rows.shape[-1] // (GROUP + _SCALE_BYTES))
+def row_scales(rows: torch.Tensor, kind: str) -> torch.Tensor:
+    """The float32 scales `[..., groups]` after the values of int8 key (`kind` "k") or value ("v") rows
+    `[..., row_width]`. A value row holds one. A key row of head_dim >= KEY_GROUP holds head_dim / KEY_GROUP groups
+    of KEY_GROUP + 2 bytes, a shorter one a single group, so the count is the width over KEY_GROUP + 2, rounded up
+    (the width alone cannot tell: a 66-byte row is 64 values and one scale, or 55 values and 11 groups of 5)."""
+    groups = 1 if _kind(kind) == "v" else -(-rows.shape[-1] // (KEY_GROUP + _SCALE_BYTES))
     return rows[..., -groups * _SCALE_BYTES :].contiguous().view(_SCALE_DTYPE).to(torch.float32)
 
 
-def scale_group(head_dim: int) -> int:
-    """Values per scale in an int8 row of head_dim values: GROUP, or the whole row where head_dim is smaller."""
-    return min(GROUP, head_dim)
+def scale_group(head_dim: int, kind: str) -> int:
+    """Values per scale in an int8 key (`kind` "k") or value ("v") row of head_dim values: for keys KEY_GROUP, or
+    the whole row where head_dim is smaller; for values the whole row."""
+    return head_dim if _kind(kind) == "v" else min(KEY_GROUP, head_dim)
+
+
+def _kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"a KV row is a key ('k') or a value ('v'); got {kind!r}")
+    return kind
 
 
 def fwht(x: torch.Tensor) -> torch.Tensor:
@@ -141,10 +161,10 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
     return x * torch.tensor(n**-0.5, dtype=torch.float32)
 
 
-def _encode_int8(x: torch.Tensor) -> torch.Tensor:
-    """Symmetric quantization per scale_group(head_dim) values: scale = max |x| / 127, rounded to float16 first, so the values are
+def _encode_int8(x: torch.Tensor, group: int) -> torch.Tensor:
+    """Symmetric quantization per `group` values: scale = max |x| / 127, rounded to float16 first, so the values are
     divided by exactly the scale a reader multiplies by (the clamp absorbs a scale that rounded down)."""
-    xf = x.to(torch.float32).unflatten(-1, (-1, scale_group(x.shape[-1])))
+    xf = x.to(torch.float32).unflatten(-1, (-1, group))
     scale = (xf.abs().amax(-1, keepdim=True) / _INT8_MAX).clamp(max=torch.finfo(_SCALE_DTYPE).max).to(_SCALE_DTYPE)
     s = scale.to(torch.float32)
     # An all-zero group (or one whose scale underflows float16) stores zeros: the division would give 0/0.

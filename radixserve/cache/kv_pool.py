@@ -32,9 +32,10 @@ def _int8_store_op() -> Any | None:
 
 
 class KVPool:
-    """`k_buffers[layer]` / `v_buffers[layer]` are `[num_pages, page_size, kv_heads, row_width]` of `dtype`, the
-    storage type of the KV format (radixserve/cache/kv_format.py): row_width is head_dim for a float format, and
-    head_dim plus its scales' bytes for int8, whose rows end with a float16 scale per group of values.
+    """`k_buffers[layer]` / `v_buffers[layer]` are `[num_pages, page_size, kv_heads, key_width]` /
+    `[..., value_width]` of `dtype`, the storage type of the KV format (radixserve/cache/kv_format.py): both widths
+    are head_dim for a float format; for int8 each is head_dim plus its scales' bytes (rows end with a float16 scale
+    per group of values: 16 for keys, the whole row for values, so the widths differ).
 
     Page 0 is the padding sink: it is never handed out, so padded page-table entries may point at it.
     """
@@ -62,9 +63,10 @@ class KVPool:
         self.format.check_head_dim(head_dim)
         self.head_dim = head_dim
         self.device = torch.device(device)
-        shape = (num_pages, page_size, num_kv_heads, self.format.row_width(head_dim))
-        self.k_buffers = [_zeros(shape, self.dtype, self.device) for _ in range(num_layers)]
-        self.v_buffers = [_zeros(shape, self.dtype, self.device) for _ in range(num_layers)]
+        self.key_width, self.value_width = self.format.key_width(head_dim), self.format.value_width(head_dim)
+        shape = (num_pages, page_size, num_kv_heads)
+        self.k_buffers = [_zeros((*shape, self.key_width), self.dtype, self.device) for _ in range(num_layers)]
+        self.v_buffers = [_zeros((*shape, self.value_width), self.dtype, self.device) for _ in range(num_layers)]
         # int8 on CPU: our fused quantize-and-store op where the CPU kernels build (bit-identical to the format's
         # torch encoder, which runs elsewhere): the torch expression is ~20 small ops per layer and step.
         self._store_int8 = _int8_store_op() if self.format.scaled and self.device.type == "cpu" else None
@@ -116,8 +118,8 @@ class KVPool:
             self._store_int8(k, v, kb, vb, loc)  # rotates the keys itself
             return
         k = self.format.rotate_keys(k)  # int8: keys are stored rotated (kv_format.py)
-        kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, self.format.encode(k))
-        vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, self.format.encode(v))
+        kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, self.format.encode(k, "k"))
+        vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, self.format.encode(v, "v"))
 
     @property
     def bytes_per_token(self) -> int:
@@ -125,23 +127,26 @@ class KVPool:
         return self.format.bytes_per_token(len(self.k_buffers), self.k_buffers[0].shape[2], self.head_dim)
 
     def gather_pages(self, pages: torch.Tensor) -> torch.Tensor:
-        """`[n, 2 (K, V), layers, page_size, kv_heads, row_width]` copies of pool pages `pages` (int64, on the pool's
-        device), stored rows as they are (int8 with their scales): what the host and disk tiers store per page."""
+        """`[n, layers, page_size, kv_heads, key_width + value_width]` copies of pool pages `pages` (int64, on the
+        pool's device): each KV head's stored key row then its value row, as they are (int8 with their scales), what
+        the host and disk tiers store per page. K and V side by side on the last dim rather than stacked, because
+        int8 key and value rows differ in width; the KV heads stay one dim, which tensor-parallel shards split."""
         k = torch.stack([b.index_select(0, pages) for b in self.k_buffers], 1)
         v = torch.stack([b.index_select(0, pages) for b in self.v_buffers], 1)
-        return torch.stack([k, v], 1)
+        return torch.cat([k, v], -1)
 
     def scatter_pages(self, pages: torch.Tensor, kv: torch.Tensor) -> None:
-        """The inverse of `gather_pages`: write `kv` `[n, 2, layers, page_size, kv_heads, row_width]` (on the pool's
-        device) into pool pages `pages`."""
+        """The inverse of `gather_pages`: write `kv` `[n, layers, page_size, kv_heads, key_width + value_width]` (on
+        the pool's device) into pool pages `pages`."""
+        kw = self.key_width
         for layer, (kb, vb) in enumerate(zip(self.k_buffers, self.v_buffers)):
-            kb.index_copy_(0, pages, kv[:, 0, layer])
-            vb.index_copy_(0, pages, kv[:, 1, layer])
+            kb.index_copy_(0, pages, kv[:, layer, ..., :kw].contiguous())
+            vb.index_copy_(0, pages, kv[:, layer, ..., kw:].contiguous())
 
     @property
     def page_shape(self) -> tuple[int, ...]:
-        """One page as `gather_pages` returns it: `[2, layers, page_size, kv_heads, row_width]`."""
-        return (2, len(self.k_buffers), *self.k_buffers[0].shape[1:])
+        """One page as `gather_pages` returns it: `[layers, page_size, kv_heads, key_width + value_width]`."""
+        return (len(self.k_buffers), *self.k_buffers[0].shape[1:3], self.key_width + self.value_width)
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy K and V at flat slots `src` to flat slots `dst` in every layer (int64, on the pool's device): one

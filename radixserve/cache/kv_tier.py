@@ -337,7 +337,8 @@ def open_tier(
         storage,
         pool.dtype.itemsize,
         fmt.name,
-        fmt.row_width(head_dim),
+        fmt.key_width(head_dim),
+        fmt.value_width(head_dim),
     )
     host_bytes = host_tier_bytes(host_gb, pool, layout.page_bytes)
     host = HostTier(host_bytes, layout, pool) if host_bytes >= layout.page_bytes else None
