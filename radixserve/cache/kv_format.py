@@ -6,8 +6,9 @@ widths. A key row is first rotated by the orthonormal Hadamard matrix H (`rotate
 KEY_GROUP (16) values: with one scale per row and no rotation, Qwen2.5's keys cost +5.7% perplexity over 4k tokens;
 rotated, which spreads any large channel over the whole row, with a scale per 16 the loss measured +0.09%, with a
 scale per 32 +0.76% (benchmarks/RESULTS.md, issue 40), so the key group stays 16. A value row is not rotated and
-carries ONE scale for the whole row: the values barely matter (simulated, scheme h16:g64, keys per 16 and values
-per row cost +0.12% perplexity at 4k tokens, +0.24% at 8k, benchmarks/RESULTS.md issue 40). Readers
+carries ONE scale for the whole row: the engine measured +0.38% perplexity at 4k tokens and +0.61% at 8k, against
++0.12% and +0.42% with values per 16 too (a simulation had said +0.12% / +0.24%: not yet explained), and the 4%
+more tokens are what reach the RAG hit-rate goal (benchmarks/RESULTS.md, issue 40, session 11). Readers
 rotate the query instead of the pages (q . k = (qH) . (kH), H orthogonal). Why per token rather than per page: a
 page fills one token at a time during decode, so a page-wide scale would have to be re-derived and the page
 re-quantized whenever a larger value arrives (each time losing precision), and one outlier token would coarsen its
