@@ -30,7 +30,7 @@ import httpx
 from benchmarks.compare import engines as eng
 from benchmarks.compare.__main__ import default_models
 from benchmarks.kv_quant import header
-from benchmarks.quality import AGREE_TOKENS, PROMPTS, TEXT, agreement_row
+from benchmarks.quality import AGREE_TOKENS, PROMPTS, TEXT, agreement_row, agreement_table
 
 KV_TYPES = {"f16": ["-ctk", "f16", "-ctv", "f16", "-fa", "on"], "q8_0": ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]}
 
@@ -105,12 +105,7 @@ def main() -> None:
         reference, ppl_ref = reference or outs, ppl_ref or ppl
         rows.append(agreement_row(name, ppl, ppl_ref, outs, reference))
         print(f"{name}: greedy done; load {os.getloadavg()[0]:.1f}", flush=True)
-    print(
-        f"| llama.cpp KV | perplexity (ctx {a.ctx}) | vs f16 | leading tokens equal to f16 | prompts equal for all "
-        f"{AGREE_TOKENS} | median leading run |"
-    )
-    print("|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print(agreement_table("llama.cpp KV", f"ctx {a.ctx}", "f16", rows))
 
 
 if __name__ == "__main__":

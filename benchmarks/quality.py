@@ -122,6 +122,18 @@ def agreement_row(name: str, ppl: float, ppl_ref: float, outs: list[list[int]], 
     )
 
 
+def agreement_table(first: str, ppl_label: str, ref: str, rows: list[str]) -> str:
+    """The table agreement_row's rows go in: `first` names the first column, `ref` the reference row."""
+    return "\n".join(
+        [
+            f"| {first} | perplexity ({ppl_label}) | vs {ref} | leading tokens equal to {ref} | prompts equal for all "
+            f"{AGREE_TOKENS} | median leading run |",
+            "|---|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="+", default=["float32:none", "bfloat16:none", "bfloat16:int8", "bfloat16:int4"])
@@ -154,12 +166,7 @@ def main() -> None:
         ppl_ref = ppl_ref or ppl
         rows.append(agreement_row(conf, ppl, ppl_ref, outs, reference))
         print(f"{conf}: {time.perf_counter() - t:.0f} s", flush=True)
-    print(
-        f"| dtype:quantization[:kv] | perplexity ({a.ppl_tokens} tokens) | vs {a.configs[0]} | leading tokens equal to "
-        f"{a.configs[0]} | prompts equal for all {AGREE_TOKENS} | median leading run |"
-    )
-    print("|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print(agreement_table("dtype:quantization[:kv]", f"{a.ppl_tokens} tokens", a.configs[0], rows))
 
 
 if __name__ == "__main__":
