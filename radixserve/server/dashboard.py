@@ -36,7 +36,7 @@ from radixserve.server.errors import ApiError, bad_request
 from radixserve.server.scope import NamespaceScope, view_scope
 from radixserve.server.chat_job import chat_messages
 from radixserve.server.protocol import ChatMessage
-from radixserve.server.serving import cache_salt, engine_errors, read_json, server_state
+from radixserve.server.serving import cache_salt, engine_errors, read_json, server_state, sse_json
 from radixserve.timeline import RequestTimeline
 
 STATIC = resources.files("radixserve.server") / "static"
@@ -264,7 +264,7 @@ async def cache_events(request: Request) -> Response:
 
     async def events() -> Any:
         while not state.draining:  # a draining server ends the stream, so an open page never delays its exit
-            yield b"event: stats\ndata: " + enc.encode(exp.stats(scope)) + b"\n\n"
+            yield b"event: stats\ndata: " + sse_json(enc, exp.stats(scope)) + b"\n\n"
             await asyncio.sleep(interval)
 
     return StreamingResponse(

@@ -46,7 +46,7 @@ from radixserve.server.messages_protocol import (
     ToolUseBlock,
 )
 from radixserve.server.handler import json_response, parse
-from radixserve.server.serving import EventStream, ServerState
+from radixserve.server.serving import EventStream, ServerState, sse_json
 from radixserve.server.tool_calls import ToolCall
 from radixserve.server.turns import (
     CallDone,
@@ -91,7 +91,7 @@ async def count_tokens(request: Request) -> Response:
 
 def _sse(state: ServerState, event: MessageEvent | AnthropicErrorBody) -> bytes:
     tag = "error" if isinstance(event, AnthropicErrorBody) else event.__struct_config__.tag
-    return b"event: " + str(tag).encode() + b"\ndata: " + state.json.encode(event) + b"\n\n"
+    return b"event: " + str(tag).encode() + b"\ndata: " + sse_json(state.json, event) + b"\n\n"
 
 
 class _Blocks:

@@ -22,7 +22,7 @@ from radixserve.server.responses_protocol import (
     TextDeltaEvent,
     TextDoneEvent,
 )
-from radixserve.server.serving import ServerState
+from radixserve.server.serving import ServerState, sse_json
 from radixserve.server.tool_calls import ToolCall
 from radixserve.server.turns import ReasoningDelta, TextDelta
 
@@ -41,7 +41,7 @@ class Emitter:
         event = make(sequence_number=self.seq, **fields)
         self.seq += 1
         tag = make.__struct_config__.tag
-        return b"event: " + str(tag).encode() + b"\ndata: " + self.state.json.encode(event) + b"\n\n"
+        return b"event: " + str(tag).encode() + b"\ndata: " + sse_json(self.state.json, event) + b"\n\n"
 
     def delta(self, ev: TextDelta | ReasoningDelta) -> list[bytes]:
         """A piece of text or reasoning, into the open item of its kind (closing one of the other kind first)."""

@@ -367,5 +367,19 @@ class EventStream(StreamingResponse):
             await self._events.aclose()  # type: ignore[attr-defined]
 
 
+# JSON leaves U+0085, U+2028 and U+2029 raw inside strings, but line readers (Python's str.splitlines, httpx's
+# iter_lines, JavaScript before ES2019) end a line there and would cut a `data:` line of sampled text in two.
+_LINE_BREAKS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def sse_json(encoder: msgspec.json.Encoder, obj: Any) -> bytes:
+    """`obj` as JSON that holds no character any line reader splits on (the three are escaped, the same string)."""
+    data = encoder.encode(obj)
+    for raw, escaped in _LINE_BREAKS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data
+
+
 def sse(state: ServerState, obj: Any) -> bytes:
-    return b"data: " + state.json.encode(obj) + b"\n\n"
+    return b"data: " + sse_json(state.json, obj) + b"\n\n"
