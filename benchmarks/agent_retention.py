@@ -213,8 +213,17 @@ def main() -> None:
     args.agent_tenant, args.flood_tenant = ("", "") if args.one_tenant else ("agents", "flood")
     agents = make_agents(args.agents, args.turns, args.context_tokens, args.result_tokens, args.time_scale, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
+        # The random model's positions cover the longest turn: its context, every result and every answer.
+        longest = args.context_tokens + (args.turns - 1) * args.result_tokens + args.turns * args.think_tokens
         model = args.model or make_random_model(
-            Path(tmp) / "m", layers=4, hidden=512, heads=8, kv_heads=4, intermediate=1536, vocab=VOCAB, context=8192
+            Path(tmp) / "m",
+            layers=4,
+            hidden=512,
+            heads=8,
+            kv_heads=4,
+            intermediate=1536,
+            vocab=VOCAB,
+            context=max(8192, -(-longest // 1024) * 1024),
         )
         eng = Engine(
             model=model,

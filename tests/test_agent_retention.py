@@ -46,8 +46,8 @@ def test_default_until_enough_gaps_then_the_p90_with_a_margin() -> None:
 def test_ttl_is_bounded() -> None:
     clock = Clock()
     gaps = ToolGaps(clock)
-    cycle(gaps, clock, "fast", 0.01, 8)
-    cycle(gaps, clock, "slow", 5000.0, 8)
+    cycle(gaps, clock, "fast", 0.01, ar.MIN_GAPS)
+    cycle(gaps, clock, "slow", 5000.0, ar.MIN_GAPS)
     assert gaps.ttl("fast") == ar.MIN_S and gaps.ttl("slow") == ar.MAX_S
 
 
@@ -78,3 +78,15 @@ def test_pending_calls_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     gaps = ToolGaps(Clock())
     gaps.called("g", ["a", "b", "c", "d", "e"])
     assert list(gaps.pending) == ["c", "d", "e"]
+
+
+def test_a_few_short_gaps_do_not_cut_the_ttl_while_a_long_call_is_still_out() -> None:
+    # Agents start together: the first results back are the fast tools', while the slow tool's call is still out.
+    clock = Clock()
+    gaps = ToolGaps(clock)
+    slow_ttl = gaps.called("g", ["slow"])
+    cycle(gaps, clock, "g", 2.0, 6, tag="fast")
+    later_ttl = gaps.called("g", ["later"])
+    clock.t = 15.0
+    gaps.results("g", [result("slow")])
+    assert slow_ttl >= 15.0 and later_ttl == ar.DEFAULT_S >= 15.0, "six 2 s gaps are not a 90th percentile"

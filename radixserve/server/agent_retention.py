@@ -26,7 +26,10 @@ from radixserve.server.serving import ServerState
 DEFAULT_S = 30.0  # before a group has MIN_GAPS gaps
 MIN_S, MAX_S = 2.0, 600.0
 MARGIN = 1.25  # the p90 gap times this: a gap a little past the percentile still finds its prefix
-MIN_GAPS = 4
+# Below 10 gaps the 90th percentile is only the largest gap seen, and the first gaps to come back are the short ones
+# (the long calls are still out), so a percentile learned from 4-7 gaps handed out TTLs shorter than gaps still due:
+# 26 of 288 gaps of 1-20 s came back late in benchmarks/tool_gap_replay.py (8 agents, seeds 0-11), 2 with 10.
+MIN_GAPS = 10
 WINDOW = 64  # gaps remembered per group
 MAX_GROUPS = 4096
 MAX_PENDING = 16384  # tool calls waiting for their results, oldest dropped first
