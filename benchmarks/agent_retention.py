@@ -15,13 +15,15 @@ Modes, on one in-process Engine (flushed between them; the same seeded gaps and 
 - cache_control: every agent turn carries `retention_seconds=300` (what a /v1/messages turn with a 5m
   cache_control marker gets).
 
-The defaults are the workload reasoned in benchmarks/RESULTS.md (issue 37, sessions 10 and 11): 4 agents of 4 turns
-starting 4 s apart, 6,144-token contexts, 256-token tool results, 32-token turns, the issue's gaps unscaled, a
-32,768-token pool 0.9 of which may be retained (every agent's whole history, 4 x 7,072 tokens, fits; the pool turns
-over within a typical gap), 3 rounds with the modes' order turned each round. --turn-log keeps every turn, to see which
-turns of the slow agents missed or waited.
+The defaults are the workload reasoned in benchmarks/RESULTS.md (issue 37, sessions 10-12): 4 agents of 6 turns
+starting 4 s apart, 8,192-token contexts, 256-token tool results, 32-token turns, the issue's gaps unscaled, a
+45,056-token pool 0.9 of which may be retained (every agent's whole history, 4 x 9,664 tokens, fits; the pool turns
+over within a typical gap), 3 rounds with the modes' order turned each round. A later turn's recompute must cost a
+good part of a gap for retention to show in the job time, and turn 0 (the same cold prefill in every mode) weighs
+less the more turns an agent runs. --turn-log keeps every turn, to see which turns of the slow agents missed or
+waited.
 
-    python -m benchmarks.agent_retention [--one-tenant] [--agents 4] [--pool-tokens 32768] [--rounds 3]
+    python -m benchmarks.agent_retention [--one-tenant] [--agents 4] [--pool-tokens 45056] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -188,8 +190,8 @@ def pct(xs: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=4)
-    ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--context-tokens", type=int, default=6144)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--context-tokens", type=int, default=8192)
     ap.add_argument("--result-tokens", type=int, default=256)
     ap.add_argument("--think-tokens", type=int, default=32)
     ap.add_argument("--time-scale", type=float, default=1.0, help="tool gaps are 1-20 s times this")
@@ -197,7 +199,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.0, help="pools' worth of flood tokens before the agents start")
     ap.add_argument("--flood-workers", type=int, default=3)
     ap.add_argument("--flood-tokens", type=int, default=512)
-    ap.add_argument("--pool-tokens", type=int, default=32768)
+    ap.add_argument("--pool-tokens", type=int, default=45056)
     ap.add_argument("--retained-share", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
