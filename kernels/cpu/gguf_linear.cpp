@@ -45,6 +45,9 @@ constexpr int64_t kPrefetch = 4096;
 // thread at 1 MiB (~30 us each, 48 calls a decode step, single-thread CPU time) while the pool's worker, spinning
 // from the layer's previous linear, waited for the next.
 constexpr int64_t kSerialBytes = int64_t{128} << 10;
+// How much of the next linears' blocks the pool prefetches between two linears: what the gaps between them (norms,
+// attention, Python: tens of us) can fetch, and well within the L3 the next linear reads it from.
+constexpr int64_t kAheadBytes = int64_t{8} << 20;
 
 // One weight row unpacked (gguf_blocks.h), padded like the activations.
 struct RowView {
@@ -329,8 +332,11 @@ Tiles plan(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& ty
 }
 
 // y = x W^T + bias with W the stacked GGUF blocks: x float32 or bfloat16 [M, K], y [M, N] in x's dtype.
+// `ahead`: the blocks the next linears will read, in order; their first kAheadBytes are handed to the pool to
+// prefetch while the caller does the serial work between this linear and the next (SpinPool::prefetch_ahead).
 at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types,
-                       const std::optional<at::Tensor>& bias) {
+                       const std::optional<at::Tensor>& bias,
+                       const std::optional<std::vector<at::Tensor>>& ahead) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "x must be float32 or bfloat16 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
@@ -354,6 +360,17 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
     work(0, T);
   else
     radixserve::SpinPool::get().run(T, work);
+  if (ahead && !ahead->empty()) {
+    std::vector<std::pair<const uint8_t*, int64_t>> regions;
+    int64_t left = kAheadBytes;
+    for (const at::Tensor& a : *ahead) {
+      TORCH_CHECK(a.is_contiguous(), "ahead: contiguous blocks");
+      const int64_t n = std::min<int64_t>(left, a.numel() * a.element_size());
+      regions.emplace_back(static_cast<const uint8_t*>(a.data_ptr()), n);
+      if ((left -= n) == 0) break;
+    }
+    radixserve::SpinPool::get().prefetch_ahead(std::move(regions));
+  }
   if (direct) return out;
   const at::Tensor bc = bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const float* b = bias ? bc.data_ptr<float>() : nullptr;
@@ -372,7 +389,7 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
-  m.def("gguf_linear(Tensor x, Tensor[] blocks, int[] types, Tensor? bias) -> Tensor");
+  m.def("gguf_linear(Tensor x, Tensor[] blocks, int[] types, Tensor? bias, Tensor[]? ahead=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {

@@ -67,6 +67,13 @@ class GGUFLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
         self._dense: torch.Tensor | None = None
         self.float_output = float_output
+        self._ahead: list[torch.Tensor] | None = None  # see prefetch_in_order
+
+    def prefetch_in_order(self, ahead: list[torch.Tensor]) -> None:
+        """After each call, have the kernels' thread pool prefetch `ahead` (the blocks the next linears of a step
+        read, in order; the kernel takes their first few MB) while the caller does the serial work between the two
+        (kernels/cpu/spin_pool.h, prefetch_ahead)."""
+        self._ahead = ahead or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -75,7 +82,7 @@ class GGUFLinear(nn.Module):
             x2 = x2.float()
         ops = cpu_kernels.ops()
         if ops is not None and x.dtype in (torch.float32, torch.bfloat16):
-            y = ops.gguf_linear(x2, self._blocks, self._types, self.bias)
+            y = ops.gguf_linear(x2, self._blocks, self._types, self.bias, self._ahead)
         else:
             if self._dense is None:
                 self._dense = torch.cat([p.dequantize() for p in self.parts])
