@@ -37,3 +37,22 @@ def test_add_rms_norm_is_add_then_norm(dtype, with_residual):
         assert torch.equal(normed, ref)
     else:  # torch sums the squares in vector lanes, the op in double: within an ulp or two
         torch.testing.assert_close(normed, ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_rope_rotates_q_and_k_of_one_qkv_row_in_one_op(rows, monkeypatch):
+    """Attention's q and k views of the qkv output are rotated as one tensor (one op a layer), at one token too,
+    where `view` gives q and k different (moot) row strides; the values are those of rotating each alone."""
+    from radixserve.model import rope
+
+    torch.manual_seed(rows)
+    qkv = torch.randn(rows, 18 * 64).bfloat16()
+    q, k, _ = (part.view(rows, -1, 64) for part in qkv.split([14 * 64, 2 * 64, 2 * 64], dim=-1))
+    cos, sin = torch.randn(rows, 1, 32).bfloat16(), torch.randn(rows, 1, 32).bfloat16()
+    alone = rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin)
+    calls = []
+    one = rope.apply_rope
+    monkeypatch.setattr(rope, "apply_rope", lambda x, c, s: calls.append(x.shape) or one(x, c, s))
+    rq, rk = rope.RopeStep(torch.arange(rows), cos, sin, torch.empty(0), None).rotate(q, k)
+    assert calls == [(rows, 16, 64)]
+    assert torch.equal(rq, alone[0]) and torch.equal(rk, alone[1])

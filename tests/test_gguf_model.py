@@ -61,6 +61,28 @@ def test_gguf_model_matches_the_converted_float_model(arch, tiny_model_factory, 
     assert not any(p.numel() > cfg.hidden_size for p in native.parameters() if p.dim() == 2)  # no float matrix
 
 
+def test_each_linear_prefetches_the_next_ones_in_step_order(tiny_model_factory, tmp_path):
+    """After each linear the kernels' pool prefetches the blocks of the linears a decode step runs next (each
+    layer's qkv, o, gate_up, down, the LM head, then the first layer's for the next step), and the values do not
+    change."""
+    from test_gguf import write_gguf
+
+    gguf_path = write_gguf(tmp_path / "tiny.gguf", "qwen2", tiny_model_factory("qwen2"), TYPES)
+    cfg, native = load_model(
+        resolve_model(gguf_path, cache_dir=tmp_path / "cache", progress=False), torch.float32, quantization="gguf"
+    )
+    names = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+    order = [native.get_submodule(f"layers.{i}.{n}") for i in range(cfg.num_layers) for n in names]
+    order.append(native.lm_head if native.lm_head is not None else native.tied_head)
+    for i, lin in enumerate(order):
+        after = [p.blocks for nxt in order[i + 1 :] + order[:i] for p in nxt.parts]
+        assert lin._ahead is not None and [id(t) for t in lin._ahead] == [id(t) for t in after]  # all: a tiny model
+    x = torch.randn(3, order[0].in_features)
+    y = order[0](x)
+    order[0]._ahead = None
+    assert torch.equal(order[0](x), y)
+
+
 def test_gguf_quantization_needs_a_gguf_source(tiny_model_factory):
     with pytest.raises(ValueError, match="not converted from one"):
         load_model(tiny_model_factory("qwen2"), torch.float32, quantization="gguf")

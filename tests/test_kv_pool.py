@@ -85,6 +85,27 @@ def test_store_casts_to_pool_dtype() -> None:
     assert pool.k_buffers[0].dtype == torch.float16 and pool.k_buffers[0][1, 1].tolist() == [[1.0, 1.0]]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_float_pool_on_cpu_stores_with_one_op(dtype: torch.dtype) -> None:
+    """bfloat16 and float32 pools on CPU copy a step's K and V rows with kernels/cpu/kv_store.cpp's store_kv (one op
+    a layer where two index_copy_ ran): the same bytes in the same slots; a slot outside the pool raises."""
+    import kernels.cpu
+
+    if kernels.cpu.ops() is None:
+        pytest.skip("no C++ toolchain: the CPU kernels cannot be built")
+    pool, ref = KVPool(2, 6, 4, 2, 64, dtype), KVPool(2, 6, 4, 2, 64, dtype)
+    assert pool._store_rows is not None
+    ref._store_rows = None  # the index_copy_ path
+    torch.manual_seed(0)
+    loc, k, v = torch.tensor([9, 15, 20]), torch.randn(3, 2, 64).to(dtype), torch.randn(3, 2, 64).to(dtype)
+    pool.store(1, loc, k, v)
+    ref.store(1, loc, k, v)
+    for ours, theirs in zip(pool.k_buffers + pool.v_buffers, ref.k_buffers + ref.v_buffers):
+        assert torch.equal(ours, theirs)
+    with pytest.raises(RuntimeError, match="not a pool slot"):
+        pool.store(0, torch.tensor([24]), k[:1], v[:1])
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))

@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -40,7 +41,13 @@ constexpr int64_t kRowBlock = 4;  // activation rows sharing one load of the cod
 // Bytes ahead of the row being unpacked that are prefetched: unpacking stalled on each cache line of the blocks
 // (measured: half the time of a Q8_0 LM head on one load), the hardware prefetcher alone does not run far enough.
 constexpr int64_t kPrefetch = 4096;
-constexpr int64_t kSerialBytes = int64_t{1} << 20;  // below this many block bytes one thread does the whole call
+// Below this many block bytes one thread does the whole call. A layer's q/k/v (0.7 MB) and o (0.55 MB) took one
+// thread at 1 MiB (~30 us each, 48 calls a decode step, single-thread CPU time) while the pool's worker, spinning
+// from the layer's previous linear, waited for the next.
+constexpr int64_t kSerialBytes = int64_t{128} << 10;
+// How much of the next linears' blocks the pool prefetches between two linears: what the gaps between them (norms,
+// attention, Python: tens of us) can fetch, and well within the L3 the next linear reads it from.
+constexpr int64_t kAheadBytes = int64_t{8} << 20;
 
 // One weight row unpacked (gguf_blocks.h), padded like the activations.
 struct RowView {
@@ -279,15 +286,19 @@ struct Tiles {
   void run(const QuantX& x, int64_t M, int64_t K, int64_t t0, int64_t t1, float* y, int64_t N) const {
     thread_local std::vector<uint8_t> u;
     thread_local std::vector<float> a, b;
-    u.assign(kTile * x.K64, 0);  // zero padding: the columns past K contribute nothing
-    a.assign(kTile * x.S, 0.f);
-    b.assign(kTile * x.S, 0.f);
+    bool cleared = false;  // filled at this call's first unpacked tile: a decode step's fused calls never need them
     for (int64_t t = t0; t < t1; t++) {
       const Part& p = parts[index[t].first];
       const int64_t r0 = index[t].second, rows = std::min(kTile, p.rows - r0);
       if (fused(p.type, M, K)) {
         fused_rows(p.type, p.data + r0 * p.row_bytes, p.row_bytes, rows, x, M, y + p.first + r0, N);
         continue;
+      }
+      if (!cleared) {
+        u.assign(kTile * x.K64, 0);  // zero padding: the columns past K contribute nothing
+        a.assign(kTile * x.S, 0.f);
+        b.assign(kTile * x.S, 0.f);
+        cleared = true;
       }
       for (int64_t r = 0; r < rows; r++) {
         const uint8_t* next = p.data + (r0 + r) * p.row_bytes + kPrefetch;
@@ -321,8 +332,11 @@ Tiles plan(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& ty
 }
 
 // y = x W^T + bias with W the stacked GGUF blocks: x float32 or bfloat16 [M, K], y [M, N] in x's dtype.
+// `ahead`: the blocks the next linears will read, in order; their first kAheadBytes are handed to the pool to
+// prefetch while the caller does the serial work between this linear and the next (SpinPool::prefetch_ahead).
 at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types,
-                       const std::optional<at::Tensor>& bias) {
+                       const std::optional<at::Tensor>& bias,
+                       const std::optional<std::vector<at::Tensor>>& ahead) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "x must be float32 or bfloat16 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
@@ -332,24 +346,39 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
   TORCH_CHECK(!bias || bias->numel() == N, "bias must have ", N, " values");
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0) return out;
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const QuantX xq = quantize_rows(xf.data_ptr<float>(), M, K);
-  std::vector<float> y(M * N);
+  const at::Tensor xc = x.contiguous();  // rounded from its own dtype: a float32 copy was a pass and an allocation
+  const QuantX xq = x.scalar_type() == at::kFloat ? quantize_rows(xc.data_ptr<float>(), M, K)
+                                                  : quantize_rows(xc.data_ptr<at::BFloat16>(), M, K);
+  // float32 without a bias: the kernels write the output itself. Otherwise a float32 buffer (every entry is
+  // written, so it is not cleared: a zeroed 150k-entry LM head buffer cost a pass over 0.6 MB a step), then the bias
+  // and the cast in one loop (separate torch ops cost ~10 us of dispatch each, ~100 linears a step).
+  const bool direct = x.scalar_type() == at::kFloat && !bias;
+  std::unique_ptr<float[]> buffer(direct ? nullptr : new float[M * N]);
+  float* y = direct ? out.data_ptr<float>() : buffer.get();
   const int64_t T = static_cast<int64_t>(tiles.index.size());
-  auto work = [&](int64_t t0, int64_t t1) { tiles.run(xq, M, K, t0, t1, y.data(), N); };
+  auto work = [&](int64_t t0, int64_t t1) { tiles.run(xq, M, K, t0, t1, y, N); };
   if (bytes < kSerialBytes)
     work(0, T);
   else
     radixserve::SpinPool::get().run(T, work);
-  // The bias and the cast in one loop here: separate torch ops cost ~10 us of dispatch each, ~100 linears a step.
-  std::vector<float> b(N, 0.f);
-  if (bias) {
-    const at::Tensor bc = bias->to(at::kFloat).contiguous();
-    std::copy_n(bc.data_ptr<float>(), N, b.data());
+  if (ahead && !ahead->empty()) {
+    std::vector<std::pair<const uint8_t*, int64_t>> regions;
+    int64_t left = kAheadBytes;
+    for (const at::Tensor& a : *ahead) {
+      TORCH_CHECK(a.is_contiguous(), "ahead: contiguous blocks");
+      const int64_t n = std::min<int64_t>(left, a.numel() * a.element_size());
+      regions.emplace_back(static_cast<const uint8_t*>(a.data_ptr()), n);
+      if ((left -= n) == 0) break;
+    }
+    radixserve::SpinPool::get().prefetch_ahead(std::move(regions));
   }
+  if (direct) return out;
+  const at::Tensor bc = bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const float* b = bias ? bc.data_ptr<float>() : nullptr;
   auto store = [&](auto* o) {
+    using Out = std::remove_pointer_t<decltype(o)>;
     for (int64_t m = 0; m < M; m++)
-      for (int64_t n = 0; n < N; n++) o[m * N + n] = static_cast<std::remove_pointer_t<decltype(o)>>(y[m * N + n] + b[n]);
+      for (int64_t n = 0; n < N; n++) o[m * N + n] = static_cast<Out>(b ? y[m * N + n] + b[n] : y[m * N + n]);
   };
   if (x.scalar_type() == at::kFloat)
     store(out.data_ptr<float>());
@@ -361,7 +390,7 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
-  m.def("gguf_linear(Tensor x, Tensor[] blocks, int[] types, Tensor? bias) -> Tensor");
+  m.def("gguf_linear(Tensor x, Tensor[] blocks, int[] types, Tensor? bias, Tensor[]? ahead=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {

@@ -1,4 +1,5 @@
-// int8 KV store: quantize each new token's K and V rows and write them, with their scales, into pool slots.
+// KV store: quantize each new token's K and V rows and write them, with their scales, into int8 pool slots; or
+// copy them into a float pool's (store_kv, at the end).
 //
 // The pool's int8 rows are head_dim values then a float16 scale per group of them (radixserve/cache/kv_format.py:
 // 16 for keys, the whole row for values; each buffer's group is read off its own row width). Keys are rotated here
@@ -88,10 +89,41 @@ void store_kv_int8(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_
   }
 }
 
+// Float pools (bfloat16, float32): each token's K and V rows (all its kv heads) copied into slot loc[t] as they are,
+// in one op where two index_copy_ and their Python ran in every layer of every decode step (KVPool.store of one
+// bfloat16 token: 7.0 us with them, 1.4 us with this, one thread's CPU time).
+void store_kv(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_buf, at::Tensor v_buf, const at::Tensor& loc) {
+  const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
+  TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type(),
+              "k and v must be [tokens, kv_heads, head_dim] of one dtype");
+  TORCH_CHECK(k_buf.scalar_type() == k.scalar_type() && v_buf.scalar_type() == k.scalar_type() &&
+                  k_buf.is_contiguous() && v_buf.is_contiguous() && k_buf.dim() == 4 && k_buf.sizes() == v_buf.sizes() &&
+                  k_buf.size(2) == k.size(1) && k_buf.size(3) == k.size(2),
+              "k_buf / v_buf must be contiguous [num_pages, page_size, kv_heads, head_dim] of k's dtype");
+  TORCH_CHECK(loc.scalar_type() == at::kLong && loc.dim() == 1 && loc.numel() == k.size(0) && loc.is_contiguous(),
+              "loc must be contiguous int64 [tokens]");
+  const int64_t slots = k_buf.size(0) * k_buf.size(1), row = k.size(1) * k.size(2) * k.element_size();
+  const int64_t* lp = loc.data_ptr<int64_t>();
+  for (int64_t t = 0; t < loc.numel(); t++)
+    TORCH_CHECK(lp[t] >= 0 && lp[t] < slots, "loc[", t, "] = ", lp[t], " is not a pool slot");
+  auto* kb = static_cast<uint8_t*>(k_buf.data_ptr());
+  auto* vb = static_cast<uint8_t*>(v_buf.data_ptr());
+  const auto* kp = static_cast<const uint8_t*>(k.data_ptr());
+  const auto* vp = static_cast<const uint8_t*>(v.data_ptr());
+  for (int64_t t = 0; t < loc.numel(); t++) {
+    std::memcpy(kb + lp[t] * row, kp + t * row, row);
+    std::memcpy(vb + lp[t] * row, vp + t * row, row);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("store_kv_int8(Tensor k, Tensor v, Tensor(a!) k_buf, Tensor(b!) v_buf, Tensor loc) -> ()");
+  m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_buf, Tensor(b!) v_buf, Tensor loc) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(radixserve, CPU, m) { m.impl("store_kv_int8", &store_kv_int8); }
+TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
+  m.impl("store_kv_int8", &store_kv_int8);
+  m.impl("store_kv", &store_kv);
+}

@@ -5,11 +5,13 @@
 // decode step of the default model opens ~50 of them for its large matrices. These workers spin for kSpinMicros
 // after a task (the gap to the next linear of the same step is usually shorter), then sleep, so between steps they
 // cost nothing. The pool has torch's thread count minus one workers; the caller takes chunks too, so when the
-// workers are not running (a busy machine) it does the work alone rather than wait for them.
+// workers are not running (a busy machine) it does the work alone rather than wait for them. While it spins, the
+// first worker prefetches what the caller said the next runs will read (prefetch_ahead).
 #pragma once
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -17,6 +19,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <unistd.h>
 #include <vector>
 #if defined(__x86_64__)
@@ -75,12 +78,25 @@ class SpinPool {
     }
   }
 
+  // Memory the coming runs will read (the next linears' weights), for the first worker to prefetch once it has
+  // left the current run: the caller is then in serial work (norms, attention, Python) during which no thread reads
+  // weights, so the prefetched bytes are read from the caches when the next run starts instead of from DRAM. The
+  // worker walks the regions in order, a slice at a time, and stops as soon as a run starts or newer regions come.
+  // Only prefetch instructions touch them, so a region unmapped meanwhile costs nothing (a prefetch never faults).
+  void prefetch_ahead(std::vector<std::pair<const uint8_t*, int64_t>> regions) {
+    if (workers_.empty()) return;
+    std::lock_guard<std::mutex> lock(ahead_mutex_);
+    ahead_ = std::move(regions);
+    ahead_gen_.fetch_add(1, std::memory_order_release);
+  }
+
  private:
   static constexpr int64_t kChunksPerThread = 8;
   static constexpr uint64_t kClosed = 0xFFFF0000u;  // an index past any run's chunks, with room for late claims
+  static constexpr int64_t kAheadSlice = 16384;    // bytes prefetched between looks for a new run
 
   explicit SpinPool(int64_t workers) {
-    for (int64_t i = 0; i < workers; i++) workers_.emplace_back([this] { loop(); });
+    for (int64_t i = 0; i < workers; i++) workers_.emplace_back([this, i] { loop(i == 0); });
     for (auto& t : workers_) t.detach();  // they live as long as the process
   }
 
@@ -105,12 +121,36 @@ class SpinPool {
     }
   }
 
-  void loop() {
-    uint64_t seen = 0;
+  // Prefetch the posted regions until they end, a run after `seen` starts or newer regions are posted; returns the
+  // posting walked.
+  uint64_t walk_ahead(uint64_t seen) {
+    std::vector<std::pair<const uint8_t*, int64_t>> regions;
+    uint64_t posted;
+    {
+      std::lock_guard<std::mutex> lock(ahead_mutex_);
+      regions = ahead_;
+      posted = ahead_gen_.load(std::memory_order_acquire);
+    }
+    for (const auto& [data, bytes] : regions)
+      for (int64_t off = 0; off < bytes; off += kAheadSlice) {
+        if ((claim_.load(std::memory_order_acquire) >> 32) != seen || ahead_gen_.load(std::memory_order_acquire) != posted)
+          return posted;
+        for (int64_t o = off; o < std::min(bytes, off + kAheadSlice); o += 64) __builtin_prefetch(data + o, 0, 2);
+      }
+    return posted;
+  }
+
+  void loop(bool prefetcher) {
+    uint64_t seen = 0, walked = 0;
     for (;;) {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+      auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
       auto current = [&] { return claim_.load(std::memory_order_acquire) >> 32; };
       while (current() == seen && std::chrono::steady_clock::now() < until) {
+        if (prefetcher && ahead_gen_.load(std::memory_order_acquire) != walked) {
+          walked = walk_ahead(seen);
+          until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+          continue;
+        }
         for (int i = 0; i < 64 && current() == seen; i++) pause();
         std::this_thread::yield();  // the caller, or anyone else, gets this core if it needs it
       }
@@ -135,6 +175,9 @@ class SpinPool {
   bool caller_waits_ = false;
   std::atomic<uint64_t> claim_{0};  // run number << 32 | next chunk to claim
   std::atomic<int> active_{0};       // workers between reading a run's fields and leaving it
+  std::mutex ahead_mutex_;
+  std::vector<std::pair<const uint8_t*, int64_t>> ahead_;  // prefetch_ahead's regions
+  std::atomic<uint64_t> ahead_gen_{0};                    // postings of them so far
   const std::function<void(int64_t, int64_t)>* task_ = nullptr;
   int64_t n_ = 0, chunks_ = 1;
 };

@@ -23,12 +23,12 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
 
 
-def _int8_store_op() -> Any | None:
-    """kernels/cpu/kv_store.cpp's op, or None where the CPU kernels are off or do not build."""
-    import kernels.cpu  # deferred: building the CPU kernels is a cost only int8 pools on CPU pay
+def _store_op(name: str) -> Any | None:
+    """kernels/cpu/kv_store.cpp's op `name`, or None where the CPU kernels are off or do not build."""
+    import kernels.cpu  # deferred: building the CPU kernels is a cost only pools on CPU pay
 
     ops = kernels.cpu.ops()
-    return None if ops is None else ops.store_kv_int8
+    return None if ops is None else getattr(ops, name)
 
 
 class KVPool:
@@ -69,7 +69,10 @@ class KVPool:
         self.v_buffers = [_zeros((*shape, self.value_width), self.dtype, self.device) for _ in range(num_layers)]
         # int8 on CPU: our fused quantize-and-store op where the CPU kernels build (bit-identical to the format's
         # torch encoder, which runs elsewhere): the torch expression is ~20 small ops per layer and step.
-        self._store_int8 = _int8_store_op() if self.format.scaled and self.device.type == "cpu" else None
+        self._store_int8 = _store_op("store_kv_int8") if self.format.scaled and self.device.type == "cpu" else None
+        # bfloat16 / float32 on CPU: one op copies a step's K and V rows (two index_copy_ and their dispatch a layer).
+        plain = self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
+        self._store_rows = _store_op("store_kv") if plain and not self.format.scaled else None
         # Popping from the end hands out low page ids first, which keeps tests readable.
         self._free: list[int] = list(range(num_pages - 1, 0, -1))
         self._is_free = [False] + [True] * (num_pages - 1)
@@ -116,6 +119,9 @@ class KVPool:
         kb, vb = self.k_buffers[layer_id], self.v_buffers[layer_id]
         if self._store_int8 is not None and k.dtype == v.dtype and v.dtype in (torch.float32, torch.bfloat16):
             self._store_int8(k, v, kb, vb, loc)  # rotates the keys itself
+            return
+        if self._store_rows is not None and k.dtype == v.dtype == self.dtype:
+            self._store_rows(k, v, kb, vb, loc)
             return
         k = self.format.rotate_keys(k)  # int8: keys are stored rotated (kv_format.py)
         kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, self.format.encode(k, "k"))

@@ -28,6 +28,7 @@ KERNEL_TYPES = frozenset(
         GGMLQuantizationType.Q6_K,
     }
 )
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activations gguf_linear.cpp takes
 
 
 @dataclass(frozen=True)
@@ -67,15 +68,25 @@ class GGUFLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
         self._dense: torch.Tensor | None = None
         self.float_output = float_output
+        self._ahead: list[torch.Tensor] | None = None  # see prefetch_in_order
+
+    def prefetch_in_order(self, ahead: list[torch.Tensor]) -> None:
+        """After each call, have the kernels' thread pool prefetch `ahead` (the blocks the next linears of a step
+        read, in order; the kernel takes their first few MB) while the caller does the serial work between the two
+        (kernels/cpu/spin_pool.h, prefetch_ahead)."""
+        self._ahead = ahead or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops = cpu_kernels.ops()
+        if ops is not None and x.dim() == 2 and not self.float_output and x.dtype in _KERNEL_DTYPES:
+            # The layers' case, ~100 calls a decode step: straight to the op, without the reshapes below.
+            return ops.gguf_linear(x, self._blocks, self._types, self.bias, self._ahead)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if self.float_output:
             x2 = x2.float()
-        ops = cpu_kernels.ops()
-        if ops is not None and x.dtype in (torch.float32, torch.bfloat16):
-            y = ops.gguf_linear(x2, self._blocks, self._types, self.bias)
+        if ops is not None and x.dtype in _KERNEL_DTYPES:
+            y = ops.gguf_linear(x2, self._blocks, self._types, self.bias, self._ahead)
         else:
             if self._dense is None:
                 self._dense = torch.cat([p.dequantize() for p in self.parts])

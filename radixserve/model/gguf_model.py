@@ -88,6 +88,30 @@ def _assign_floats(model: LlamaForCausalLM, tensors: _Tensors, dtype: torch.dtyp
         module._parameters[attr] = nn.Parameter(value.reshape(param.shape).to(dtype), requires_grad=False)
 
 
+# What each linear hands the pool to prefetch (the kernel takes at most 8 MB of it): the next linears' blocks
+# up to this many bytes, so the list stays short.
+_AHEAD_BYTES = 8 << 20
+
+
+def _prefetch_in_step_order(model: LlamaForCausalLM, head: GGUFLinear) -> None:
+    """Each linear of a decode step prefetches the blocks of the linears after it, in the order a step runs them
+    (each layer's qkv, o, gate_up, down, then the LM head, then the next step's first layer)."""
+    order = [
+        m
+        for layer in model.layers
+        for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    ] + [head]
+    for i, lin in enumerate(order):
+        ahead: list[torch.Tensor] = []
+        size = 0
+        for nxt in order[i + 1 :] + order[:i]:
+            for part in nxt.parts:
+                if size < _AHEAD_BYTES:
+                    ahead.append(part.blocks)
+                    size += part.blocks.numel()
+        lin.prefetch_in_order(ahead)
+
+
 def load_gguf_model(gguf_path: str | Path, config: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
     """The model over the file's blocks, activations in `dtype` (float32 or bfloat16); ValueError for a tensor
     whose block type has no kernel."""
@@ -111,6 +135,7 @@ def load_gguf_model(gguf_path: str | Path, config: ModelConfig, dtype: torch.dty
     else:
         model.tied_head = lm_head  # type: ignore[assignment]
     _assign_floats(model, tensors, dtype)
+    _prefetch_in_step_order(model, lm_head)
     c = config
     model.rotary = RotaryEmbedding(c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
     return model

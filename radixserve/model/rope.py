@@ -151,9 +151,11 @@ def lookup(cos_sin_cache: torch.Tensor, positions: torch.Tensor, dtype: torch.dt
 
 def _adjacent(q: torch.Tensor, k: torch.Tensor) -> bool:
     """True when k `[T, KH, D]` continues q `[T, H, D]` in every row of one buffer (same strides, k's first head
-    right after q's last)."""
+    right after q's last). With one token the row stride is moot (views of a `[1, N]` row give each part its own),
+    and a decode step at one stream is that case."""
     return (
-        q.stride() == k.stride()
+        (q.stride(0) == k.stride(0) or q.shape[0] == 1)
+        and q.stride()[1:] == k.stride()[1:]
         and q.stride(1) == q.shape[2]
         and q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
         and k.storage_offset() == q.storage_offset() + q.shape[1] * q.shape[2]

@@ -54,22 +54,32 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torc
     if rep_rows:
         ids, _, any_valid = _padded_ids([[*infos[i].prompt_ids, *infos[i].output_ids] for i in rep_rows], vocab, device)
         p = device_tensor([infos[i].params.repetition_penalty for i in rep_rows], device)[:, None]
-        rows = device_tensor(rep_rows, device)
-        sub = logits[rows]
+        rows, sub = _rows_of(logits, rep_rows)
         seen = sub.gather(1, ids)
         # a repeated id writes the same value twice, so each token is penalised once however often it occurs
         new = torch.where(any_valid, torch.where(seen > 0, seen / p, seen * p), seen)
-        logits[rows] = sub.scatter_(1, ids, new)
+        sub.scatter_(1, ids, new)
+        if rows is not None:
+            logits[rows] = sub
 
     if fp_rows:
         ids, valid, any_valid = _padded_ids([infos[i].output_ids for i in fp_rows], vocab, device)
         freq = device_tensor([infos[i].params.frequency_penalty for i in fp_rows], device)[:, None]
         pres = device_tensor([infos[i].params.presence_penalty for i in fp_rows], device)[:, None]
-        rows = device_tensor(fp_rows, device)
-        sub = logits[rows]
+        rows, sub = _rows_of(logits, fp_rows)
         # presence: idempotent write (once per distinct id); frequency: one subtraction per occurrence
         seen = sub.gather(1, ids)
         sub.scatter_(1, ids, torch.where(any_valid, seen - pres, seen))
         sub.scatter_add_(1, ids, torch.where(valid, -freq, 0.0).expand_as(ids).contiguous())
-        logits[rows] = sub
+        if rows is not None:
+            logits[rows] = sub
     return logits
+
+
+def _rows_of(logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(index, a copy of those rows to write back through it), or (None, logits itself) when every row is one of
+    them: at one stream that spares two copies of the vocabulary-wide row a step (the caller's clone is written)."""
+    if len(rows) == logits.shape[0]:
+        return None, logits
+    index = device_tensor(rows, logits.device)
+    return index, logits[index]
