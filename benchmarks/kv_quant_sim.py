@@ -16,11 +16,13 @@ of 1, 0.99, ..., 0.80: the largest values may clip). The
 dequantized rows are stored in float32, as the int8 engine's readers take them. Perplexity as benchmarks/quality.py
 measures it, bfloat16 weights, one engine per scheme.
 
-`--engine-keys` keeps rotated keys (`hN`) in the rotated space, as the int8 engine stores them, and rotates the query
-with kv_format.fwht rounded to bfloat16 as the engine's readers do (without it the keys are rotated back in float32
-and the query is not rotated: the same scores up to rounding, a different rounding). `--key-signs SEED` multiplies
-each key (and query) channel by a random sign before the rotation (H diag(s) is as orthogonal as H): the same format
-with another realization of its rounding, so a spread over seeds measures how much a perplexity moves by that alone.
+`--engine-space` keeps K and V in the rotated space, as the int8 engine stores them (an `hN` side is quantized
+there, any other side quantized as it is, then rotated), and the readers rotate the query and the attention output
+with kv_format.fwht, each rounded to bfloat16, as the engine's do (without it an `hN` row is rotated back in float32
+before it is stored, and the query is not rotated: the same scores up to rounding, a different rounding).
+`--signs SEED` flips the sign of random channels of q and k, and of others of v (the output flipped back), as
+attention takes them: exact in any dtype and the same attention, but another realization of the rotated rows'
+rounding; a spread over seeds measures how much a perplexity moves by that alone.
 
     .venv/bin/python -m benchmarks.kv_quant_sim [--schemes none:none g64:g64 none:g64 g64:none g16:g64 h64:g64 ...]
 """
@@ -42,6 +44,7 @@ import torch  # noqa: E402
 from benchmarks.kv_quant import header  # noqa: E402
 from benchmarks.quality import TEXT, perplexity  # noqa: E402
 from radixserve import Engine  # noqa: E402
+from radixserve.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from radixserve.cache.kv_format import KVFormat, fwht  # noqa: E402
 from radixserve.cache.kv_pool import KVPool  # noqa: E402
 
@@ -139,16 +142,26 @@ def fake_quantize(
     return unrot(out) if kind == "h" and unrot is not None else out
 
 
-def key_rotation(n: int, seed: int | None, engine: bool) -> tuple[Callable, Callable | None]:
-    """(rotate, rotate back or None) for keys of n channels: kv_format.fwht as the engine runs it (`engine`: no way
-    back, the keys stay rotated) or the Hadamard product, after random channel signs where `seed` is given."""
-    signs = torch.ones(n)
-    if seed is not None:
-        signs = torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(seed)).float() * 2 - 1
-    if engine:
-        return (lambda y: fwht(y.float() * signs)), None
-    h = hadamard(n)
-    return (lambda y: (y.float() * signs) @ h), (lambda y: (y @ h.T) * signs)
+def signed_forward(forward: Callable, dim: int, seed: int) -> Callable:
+    """A backend `forward` over q and k with random channel signs (the same for both), v with others, and the output
+    with v's signs again: sign flips are exact and the signs cancel in q . k and in the output."""
+    gen = torch.Generator().manual_seed(seed)
+    sk, sv = (torch.randint(0, 2, (dim,), generator=gen).float() * 2 - 1 for _ in range(2))
+
+    def signed(self, layer_id, q, k, v):  # noqa: ANN001, ANN202
+        return forward(self, layer_id, q * sk.to(q.dtype), k * sk.to(k.dtype), v * sv.to(v.dtype)) * sv.to(q.dtype)
+
+    return signed
+
+
+def to_space(x: torch.Tensor, side: str, engine: bool) -> torch.Tensor:
+    """K or V rows through one side, in the space the readers take them: as the model computed them, or for
+    `engine` (--engine-space) rotated as the int8 engine stores them."""
+    if not engine:
+        return fake_quantize(x, side)
+    if side.startswith("h"):
+        return fake_quantize(x, side, lambda y: fwht(y.float()), None)
+    return fwht(fake_quantize(x, side).float())
 
 
 def main() -> None:
@@ -156,14 +169,18 @@ def main() -> None:
     ap.add_argument("--schemes", nargs="+", default=["none:none", "g64:g64", "none:g64", "g64:none", "h64:g64"])
     ap.add_argument("--ppl-tokens", type=int, default=1024)
     ap.add_argument("--text", type=Path, nargs="+", default=[TEXT])
-    ap.add_argument(
-        "--engine-keys", action="store_true", help="keys stay rotated and the query is rotated (module doc)"
-    )
-    ap.add_argument("--key-signs", type=int, default=None, metavar="SEED", help="random channel signs before H")
+    ap.add_argument("--engine-space", action="store_true", help="K and V kept rotated, as the engine does")
+    ap.add_argument("--signs", type=int, default=None, metavar="SEED", help="random channel signs (module doc)")
     a = ap.parse_args()
     header()
     text = "\n\n".join(p.read_text() for p in a.text)
-    store, rotate_keys = KVPool.store, KVFormat.rotate_keys
+    saved = KVPool.store, KVFormat.rotate, TorchAttentionBackend.forward, TorchAttentionBackend.use_cpu_kernels
+    if a.engine_space:
+        # The float32 pool's readers rotate as int8's do; on the SDPA path alone (the C++ op rotates int8 pages only).
+        KVFormat.rotate = lambda self, x: fwht(x.to(torch.float32))
+        TorchAttentionBackend.use_cpu_kernels = False
+    if a.signs is not None:
+        TorchAttentionBackend.forward = signed_forward(saved[2], 64, a.signs)
     print(f"| K:V scheme | perplexity ({a.ppl_tokens} tokens) | vs {a.schemes[0]} |")
     print("|---|---|---|")
     base = None
@@ -172,23 +189,11 @@ def main() -> None:
             k_side, v_side = scheme.split(":")
 
             def fake_store(self, layer, loc, k, v, k_side=k_side, v_side=v_side):  # noqa: ANN001, ANN202
-                rotated = a.engine_keys and k_side.startswith("h")
-                k = fake_quantize(k, k_side, *key_rotation(k.shape[-1], a.key_signs, rotated))
-                v = fake_quantize(v, v_side)
-                if not rotated:
-                    return store(self, layer, loc, k, v)
-                for buf, x in (
-                    (self.k_buffers[layer], k),
-                    (self.v_buffers[layer], v),
-                ):  # as the engine keeps them: rotated
+                k, v = to_space(k, k_side, a.engine_space), to_space(v, v_side, a.engine_space)
+                for buf, x in ((self.k_buffers[layer], k), (self.v_buffers[layer], v)):
                     buf.view(-1, *buf.shape[2:]).index_copy_(0, loc, x.to(buf.dtype))
 
-            def rotate_query(self, x, k_side=k_side):  # noqa: ANN001, ANN202
-                if not (a.engine_keys and k_side.startswith("h")):
-                    return x
-                return key_rotation(x.shape[-1], a.key_signs, True)[0](x)
-
-            KVPool.store, KVFormat.rotate_keys = fake_store, rotate_query
+            KVPool.store = fake_store
             t = time.perf_counter()
             kw = {"dtype": "bfloat16", "quantization": "none", "speculative": "off"}
             with Engine(kv_cache_dtype="float32", max_total_tokens=a.ppl_tokens + 512, **kw) as eng:
@@ -196,7 +201,7 @@ def main() -> None:
             base = base or ppl
             print(f"| {scheme} | {ppl:.3f} | {100 * (ppl / base - 1):+.2f}% | ({time.perf_counter() - t:.0f} s)")
     finally:
-        KVPool.store, KVFormat.rotate_keys = store, rotate_keys
+        KVPool.store, KVFormat.rotate, TorchAttentionBackend.forward, TorchAttentionBackend.use_cpu_kernels = saved
 
 
 if __name__ == "__main__":

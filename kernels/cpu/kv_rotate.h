@@ -1,10 +1,10 @@
-// The int8 KV format's key rotation and row layout (radixserve/cache/kv_format.py), shared by the store and decode ops.
+// The int8 KV format's rotation and row layout (radixserve/cache/kv_format.py), shared by the store and decode ops.
 //
 // Rotation: x times the n x n Walsh-Hadamard matrix / sqrt(n), as the fast transform, stage by stage exactly as
 // kv_format.fwht runs it (a + b, a - b on pairs h apart, h = 1, 2, 4, ..., then one multiply), so the store op writes
-// the bytes KVFormat.encode(rotate_keys(k)) gives. Why in C++: in torch it was a float32 cast and a 64 x 64 product
+// the bytes KVFormat.encode(rotate(k)) gives. Why in C++: in torch it was a float32 cast and a 64 x 64 product
 // for the new keys and the query in every layer of every decode step, small ops whose dispatch cost showed in decode
-// tokens/s.
+// tokens/s; the values and the attention output take the same transform.
 #pragma once
 
 #include <cmath>

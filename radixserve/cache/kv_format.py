@@ -2,14 +2,16 @@
 
 A float format stores the row as is (`head_dim` elements of that dtype). `int8` stores the row quantized
 symmetrically to -127..127, the float16 scales (2 int8 bytes each) after the values, and K and V rows have different
-widths. A key row is first rotated by the orthonormal Hadamard matrix H (`rotate_keys`) and carries one scale per
-KEY_GROUP (16) values: with one scale per row and no rotation, Qwen2.5's keys cost +5.7% perplexity over 4k tokens;
-rotated, which spreads any large channel over the whole row, with a scale per 16 the loss measured +0.09%, with a
-scale per 32 +0.76% (benchmarks/RESULTS.md, issue 40), so the key group stays 16. A value row is not rotated and
-carries ONE scale for the whole row: the engine measured +0.38% perplexity at 4k tokens and +0.61% at 8k, against
-+0.12% and +0.42% with values per 16 too (a simulation had said +0.12% / +0.24%: not yet explained), and the 4%
-more tokens are what reach the RAG hit-rate goal (benchmarks/RESULTS.md, issue 40, session 11). Readers
-rotate the query instead of the pages (q . k = (qH) . (kH), H orthogonal). Why per token rather than per page: a
+widths. Both rows are first rotated by the orthonormal Hadamard matrix H (`rotate`), which spreads any large channel
+over the whole row. A key row carries one scale per KEY_GROUP (16) values: with one scale per row and no rotation,
+Qwen2.5's keys cost +5.7% perplexity over 4k tokens; rotated, with a scale per 16 the loss measured +0.09%, with a
+scale per 32 +0.76% (benchmarks/RESULTS.md, issue 40), so the key group stays 16. A value row carries ONE scale for
+the whole row, and the 4% more tokens than with values per 16 are what reach the RAG hit-rate goal; unrotated, such
+value rows cost +0.38% perplexity at 4k tokens and +0.61% at 8k (against +0.12% and +0.42% with values per 16);
+rotated, their squared error over the default model's values drops by a third (benchmarks/RESULTS.md, issue 40,
+session 12). Readers rotate the query instead of the key pages (q . k = (qH) . (kH), H orthogonal) and the attention
+output instead of the value pages (it is linear in the values: sum p v = (sum p vH) H, H symmetric and H H = I).
+Why per token rather than per page: a
 page fills one token at a time during decode, so a page-wide scale would have to be re-derived and the page
 re-quantized whenever a larger value arrives (each time losing precision), and one outlier token would coarsen its
 15 neighbours; a row's own scale is final when it is written. Why in the row: every consumer that moves pages as
@@ -43,7 +45,7 @@ _FP8 = torch.float8_e4m3fn
 _SCALE_DTYPE = torch.float16
 _SCALE_BYTES = 2  # one float16 per group of an int8 row
 KEY_GROUP = 16  # values per scale of an int8 key row, or the whole row where head_dim is smaller (see scale_group)
-KINDS = ("k", "v")  # which rows: keys (rotated, a scale per KEY_GROUP) or values (one scale a row)
+KINDS = ("k", "v")  # which rows: keys (a scale per KEY_GROUP) or values (one scale a row), both rotated
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0  # float8_e4m3fn's largest finite value: torch's cast does not saturate, so clamp first
 
@@ -93,9 +95,10 @@ class KVFormat:
         if self.scaled and (head_dim < 16 or head_dim & (head_dim - 1)):
             raise ValueError(f"kv_cache_dtype int8 needs head_dim a power of two >= 16; got {head_dim}")
 
-    def rotate_keys(self, x: torch.Tensor) -> torch.Tensor:
-        """Keys (or queries) `[..., head_dim]` into the space int8 key pages are stored in, in float32; the identity
-        (x itself) for the other formats. H is symmetric, so the same product also rotates back."""
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """Keys, values or queries `[..., head_dim]` into the space int8 pages are stored in, in float32; the
+        identity (x itself) for the other formats. H is symmetric and H H = I, so the same product also rotates
+        back (keys read from the pages, or an attention output over int8 values)."""
         if not self.scaled:
             return x
         return fwht(x.to(torch.float32))
@@ -106,8 +109,8 @@ class KVFormat:
         return num_layers * num_kv_heads * width * self.storage.itemsize
 
     def encode(self, x: torch.Tensor, kind: str) -> torch.Tensor:
-        """Key (`kind` "k") or value ("v") rows `[..., head_dim]` (any float dtype; keys already through
-        rotate_keys) -> stored rows `[..., row_width(head_dim, kind)]`."""
+        """Key (`kind` "k") or value ("v") rows `[..., head_dim]` (any float dtype; int8 rows already through
+        `rotate`) -> stored rows `[..., row_width(head_dim, kind)]`."""
         if self.name == "int8":
             return _encode_int8(x, scale_group(x.shape[-1], kind))
         if self.name == "fp8_e4m3":
@@ -116,7 +119,7 @@ class KVFormat:
 
     def decode(self, rows: torch.Tensor, dtype: torch.dtype, kind: str) -> torch.Tensor:
         """Stored key (`kind` "k") or value ("v") rows `[..., row_width]` -> `[..., head_dim]` in `dtype` (for int8,
-        value times scale is taken in float32, then rounded once to `dtype`; int8 keys come back in their rotated
+        value times scale is taken in float32, then rounded once to `dtype`; int8 rows come back in their rotated
         space)."""
         if self.name == "fp8_e4m3":
             return rows.view(_FP8).to(dtype)
