@@ -18,7 +18,8 @@ measures it, bfloat16 weights, one engine per scheme.
 
 `--engine-space` keeps K and V in the rotated space, as the int8 engine stores them (an `hN` side is quantized
 there, any other side quantized as it is, then rotated), and the readers rotate the query and the attention output
-with kv_format.fwht, each rounded to bfloat16, as the engine's do (without it an `hN` row is rotated back in float32
+with the int8 format's transforms (values by H S: kv_format.VALUE_SIGNS), each rounded to bfloat16, as the
+engine's do (without it an `hN` row is rotated back in float32
 before it is stored, and the query is not rotated: the same scores up to rounding, a different rounding).
 `--signs SEED` flips the sign of random channels of q and k, and of others of v (the output flipped back), as
 attention takes them: exact in any dtype and the same attention, but another realization of the rotated rows'
@@ -45,7 +46,7 @@ from benchmarks.kv_quant import header  # noqa: E402
 from benchmarks.quality import TEXT, perplexity  # noqa: E402
 from radixserve import Engine  # noqa: E402
 from radixserve.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from radixserve.cache.kv_format import KVFormat, fwht  # noqa: E402
+from radixserve.cache.kv_format import KVFormat, flip_value_signs, fwht  # noqa: E402
 from radixserve.cache.kv_pool import KVPool  # noqa: E402
 
 
@@ -154,14 +155,19 @@ def signed_forward(forward: Callable, dim: int, seed: int) -> Callable:
     return signed
 
 
-def to_space(x: torch.Tensor, side: str, engine: bool) -> torch.Tensor:
-    """K or V rows through one side, in the space the readers take them: as the model computed them, or for
-    `engine` (--engine-space) rotated as the int8 engine stores them."""
+# The int8 format's rotations (KVFormat.rotate, rotate_values and unrotate_values), from the functions they call:
+# --engine-space patches them onto the float32 pool's format, so they cannot be the methods themselves.
+ROTATIONS = {"k": lambda x: fwht(x.to(torch.float32)), "v": lambda x: fwht(flip_value_signs(x.to(torch.float32)))}
+
+
+def to_space(x: torch.Tensor, side: str, engine: bool, kind: str) -> torch.Tensor:
+    """K (`kind` "k") or V rows through one side, in the space the readers take them: as the model computed them,
+    or for `engine` (--engine-space) rotated as the int8 engine stores them."""
     if not engine:
         return fake_quantize(x, side)
     if side.startswith("h"):
-        return fake_quantize(x, side, lambda y: fwht(y.float()), None)
-    return fwht(fake_quantize(x, side).float())
+        return fake_quantize(x, side, ROTATIONS[kind], None)
+    return ROTATIONS[kind](fake_quantize(x, side))
 
 
 def main() -> None:
@@ -174,13 +180,20 @@ def main() -> None:
     a = ap.parse_args()
     header()
     text = "\n\n".join(p.read_text() for p in a.text)
-    saved = KVPool.store, KVFormat.rotate, TorchAttentionBackend.forward, TorchAttentionBackend.use_cpu_kernels
+    saved = (
+        KVPool.store,
+        KVFormat.rotate,
+        KVFormat.unrotate_values,
+        TorchAttentionBackend.forward,
+        TorchAttentionBackend.use_cpu_kernels,
+    )
     if a.engine_space:
         # The float32 pool's readers rotate as int8's do; on the SDPA path alone (the C++ op rotates int8 pages only).
-        KVFormat.rotate = lambda self, x: fwht(x.to(torch.float32))
+        KVFormat.rotate = lambda self, x: ROTATIONS["k"](x)
+        KVFormat.unrotate_values = lambda self, x: flip_value_signs(fwht(x.to(torch.float32)))
         TorchAttentionBackend.use_cpu_kernels = False
     if a.signs is not None:
-        TorchAttentionBackend.forward = signed_forward(saved[2], 64, a.signs)
+        TorchAttentionBackend.forward = signed_forward(saved[3], 64, a.signs)
     print(f"| K:V scheme | perplexity ({a.ppl_tokens} tokens) | vs {a.schemes[0]} |")
     print("|---|---|---|")
     base = None
@@ -189,7 +202,7 @@ def main() -> None:
             k_side, v_side = scheme.split(":")
 
             def fake_store(self, layer, loc, k, v, k_side=k_side, v_side=v_side):  # noqa: ANN001, ANN202
-                k, v = to_space(k, k_side, a.engine_space), to_space(v, v_side, a.engine_space)
+                k, v = to_space(k, k_side, a.engine_space, "k"), to_space(v, v_side, a.engine_space, "v")
                 for buf, x in ((self.k_buffers[layer], k), (self.v_buffers[layer], v)):
                     buf.view(-1, *buf.shape[2:]).index_copy_(0, loc, x.to(buf.dtype))
 
@@ -201,7 +214,8 @@ def main() -> None:
             base = base or ppl
             print(f"| {scheme} | {ppl:.3f} | {100 * (ppl / base - 1):+.2f}% | ({time.perf_counter() - t:.0f} s)")
     finally:
-        KVPool.store, KVFormat.rotate, TorchAttentionBackend.forward, TorchAttentionBackend.use_cpu_kernels = saved
+        KVPool.store, KVFormat.rotate, KVFormat.unrotate_values = saved[:3]
+        TorchAttentionBackend.forward, TorchAttentionBackend.use_cpu_kernels = saved[3:]
 
 
 if __name__ == "__main__":

@@ -26,6 +26,15 @@ inline void fwht(float* x, int64_t n) {
   for (int64_t j = 0; j < n; j++) x[j] *= norm;
 }
 
+// Value rows are rotated by H S (S: these channels negated first, bit d % 64 for channel d) and read back by S H;
+// kv_format.VALUE_SIGNS is the same constant (tests/test_kv_quant.py compares the ops with the torch encoder).
+constexpr uint64_t kValueSigns = 0x9D5C26DD7FEBC391ull;
+
+inline void flip_value_signs(float* x, int64_t n) {
+  for (int64_t d = 0; d < n; d++)
+    if ((kValueSigns >> (d % 64)) & 1) x[d] = -x[d];
+}
+
 // Values per float16 scale of an int8 row of W bytes holding D values (then 2 bytes per group), or 0 when W is no
 // such row: the group is read off each pool buffer's row width (keys a scale per 16, values one a row: 72 and 66
 // bytes at D 64), so the ops follow kv_format.scale_group without a copy of it.

@@ -173,7 +173,7 @@ class TorchAttentionBackend(AttentionBackend):
         fmt = self.pool.format
         if g.table is not None:
             return self.cpu_ops.decode_attention(q, k_pages, v_pages, g.table, g.seq_lens, self.scale)
-        return fmt.rotate(self._sdpa(g, fmt.rotate(q).to(q.dtype), k_pages, v_pages)).to(q.dtype)
+        return fmt.unrotate_values(self._sdpa(g, fmt.rotate(q).to(q.dtype), k_pages, v_pages)).to(q.dtype)
 
     def _sdpa(self, g: _Group, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
         """SDPA over the group's gathered pages, decoded to q's dtype (for int8, all in the rotated space)."""

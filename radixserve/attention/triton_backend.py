@@ -91,9 +91,9 @@ class TritonAttentionBackend(AttentionBackend):
             # The extend kernel reads the new tokens from k/v, not the pages: give them as the pages hold them, as
             # the torch backend (which reads them back from the pool) and every later step see them.
             k = fmt.decode(fmt.encode(fmt.rotate(k), "k"), q.dtype, "k")
-            v = fmt.decode(fmt.encode(fmt.rotate(v), "v"), q.dtype, "v")
+            v = fmt.decode(fmt.encode(fmt.rotate_values(v), "v"), q.dtype, "v")
         self._attend(fmt.rotate(q).to(q.dtype), k, v, out, k_buf, v_buf)
-        return out.copy_(fmt.rotate(out))
+        return out.copy_(fmt.unrotate_values(out))
 
     def _attend(
         self,

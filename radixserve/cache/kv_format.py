@@ -29,6 +29,7 @@ move uses, do not take float8 tensors.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,12 @@ _SCALE_DTYPE = torch.float16
 _SCALE_BYTES = 2  # one float16 per group of an int8 row
 KEY_GROUP = 16  # values per scale of an int8 key row, or the whole row where head_dim is smaller (see scale_group)
 KINDS = ("k", "v")  # which rows: keys (a scale per KEY_GROUP) or values (one scale a row), both rotated
+# Channels of a value row negated before its rotation (bit d % 64 set: channel d), so value rows are rotated by
+# H S, not H alone. Why: the plain H suits Qwen2.5's keys (random signs there cost +1.5% perplexity at 4k), but its
+# value rows did worse under H than under each of four random sign patterns tried, at 4k and 8k tokens
+# (benchmarks/RESULTS.md, issue 40, session 12); this is the second of them. kernels/cpu/kv_rotate.h holds the same
+# constant (the store and decode tests compare the two).
+VALUE_SIGNS = 0x9D5C26DD7FEBC391
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0  # float8_e4m3fn's largest finite value: torch's cast does not saturate, so clamp first
 
@@ -96,12 +103,25 @@ class KVFormat:
             raise ValueError(f"kv_cache_dtype int8 needs head_dim a power of two >= 16; got {head_dim}")
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
-        """Keys, values or queries `[..., head_dim]` into the space int8 pages are stored in, in float32; the
-        identity (x itself) for the other formats. H is symmetric and H H = I, so the same product also rotates
-        back (keys read from the pages, or an attention output over int8 values)."""
+        """Keys or queries `[..., head_dim]` into the space int8 key pages are stored in, in float32; the identity
+        (x itself) for the other formats. H is symmetric and H H = I, so the same product also rotates back."""
         if not self.scaled:
             return x
         return fwht(x.to(torch.float32))
+
+    def rotate_values(self, x: torch.Tensor) -> torch.Tensor:
+        """Values `[..., head_dim]` into the space int8 value pages are stored in (H S: the VALUE_SIGNS, then H), in
+        float32; the identity for the other formats."""
+        if not self.scaled:
+            return x
+        return fwht(flip_value_signs(x.to(torch.float32)))
+
+    def unrotate_values(self, x: torch.Tensor) -> torch.Tensor:
+        """The inverse of rotate_values (S H), for values read back or an attention output over int8 value pages (a
+        sum of rotated values), in float32; the identity for the other formats."""
+        if not self.scaled:
+            return x
+        return flip_value_signs(fwht(x.to(torch.float32)))
 
     def bytes_per_token(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         """Bytes of K and V one token takes in the pool, over all layers."""
@@ -149,6 +169,16 @@ def _kind(kind: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"a KV row is a key ('k') or a value ('v'); got {kind!r}")
     return kind
+
+
+def flip_value_signs(x: torch.Tensor) -> torch.Tensor:
+    """x `[..., n]` with channel d negated where bit d % 64 of VALUE_SIGNS is set (exact in any dtype)."""
+    return torch.where(_value_flips(x.shape[-1]).to(x.device), -x, x)
+
+
+@functools.cache
+def _value_flips(n: int) -> torch.Tensor:
+    return torch.tensor([bool(VALUE_SIGNS >> (d % 64) & 1) for d in range(n)])
 
 
 def fwht(x: torch.Tensor) -> torch.Tensor:

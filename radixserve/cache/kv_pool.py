@@ -117,7 +117,7 @@ class KVPool:
         if self._store_int8 is not None and k.dtype == v.dtype and v.dtype in (torch.float32, torch.bfloat16):
             self._store_int8(k, v, kb, vb, loc)  # rotates the rows itself
             return
-        k, v = self.format.rotate(k), self.format.rotate(v)  # int8: rows are stored rotated (kv_format.py)
+        k, v = self.format.rotate(k), self.format.rotate_values(v)  # int8: rows are stored rotated (kv_format.py)
         kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, self.format.encode(k, "k"))
         vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, self.format.encode(v, "v"))
 
