@@ -21,9 +21,7 @@ there, any other side quantized as it is, then rotated), and the readers rotate 
 with the int8 format's transforms (values by H S: kv_format.VALUE_SIGNS), each rounded to bfloat16, as the
 engine's do (without it an `hN` row is rotated back in float32
 before it is stored, and the query is not rotated: the same scores up to rounding, a different rounding).
-`--signs SEED` flips the sign of random channels of q and k, and of others of v (the output flipped back), as
-attention takes them: exact in any dtype and the same attention, but another realization of the rotated rows'
-rounding; a spread over seeds measures how much a perplexity moves by that alone.
+benchmarks/kv_quant_signs.py measures how far the engine's perplexity moves by rounding alone.
 
     .venv/bin/python -m benchmarks.kv_quant_sim [--schemes none:none g64:g64 none:g64 g64:none g16:g64 h64:g64 ...]
 """
@@ -143,18 +141,6 @@ def fake_quantize(
     return unrot(out) if kind == "h" and unrot is not None else out
 
 
-def signed_forward(forward: Callable, dim: int, seed: int) -> Callable:
-    """A backend `forward` over q and k with random channel signs (the same for both), v with others, and the output
-    with v's signs again: sign flips are exact and the signs cancel in q . k and in the output."""
-    gen = torch.Generator().manual_seed(seed)
-    sk, sv = (torch.randint(0, 2, (dim,), generator=gen).float() * 2 - 1 for _ in range(2))
-
-    def signed(self, layer_id, q, k, v):  # noqa: ANN001, ANN202
-        return forward(self, layer_id, q * sk.to(q.dtype), k * sk.to(k.dtype), v * sv.to(v.dtype)) * sv.to(q.dtype)
-
-    return signed
-
-
 # The int8 format's rotations (KVFormat.rotate, rotate_values and unrotate_values), from the functions they call:
 # --engine-space patches them onto the float32 pool's format, so they cannot be the methods themselves.
 ROTATIONS = {"k": lambda x: fwht(x.to(torch.float32)), "v": lambda x: fwht(flip_value_signs(x.to(torch.float32)))}
@@ -176,24 +162,15 @@ def main() -> None:
     ap.add_argument("--ppl-tokens", type=int, default=1024)
     ap.add_argument("--text", type=Path, nargs="+", default=[TEXT])
     ap.add_argument("--engine-space", action="store_true", help="K and V kept rotated, as the engine does")
-    ap.add_argument("--signs", type=int, default=None, metavar="SEED", help="random channel signs (module doc)")
     a = ap.parse_args()
     header()
     text = "\n\n".join(p.read_text() for p in a.text)
-    saved = (
-        KVPool.store,
-        KVFormat.rotate,
-        KVFormat.unrotate_values,
-        TorchAttentionBackend.forward,
-        TorchAttentionBackend.use_cpu_kernels,
-    )
+    saved = KVPool.store, KVFormat.rotate, KVFormat.unrotate_values, TorchAttentionBackend.use_cpu_kernels
     if a.engine_space:
         # The float32 pool's readers rotate as int8's do; on the SDPA path alone (the C++ op rotates int8 pages only).
         KVFormat.rotate = lambda self, x: ROTATIONS["k"](x)
         KVFormat.unrotate_values = lambda self, x: flip_value_signs(fwht(x.to(torch.float32)))
         TorchAttentionBackend.use_cpu_kernels = False
-    if a.signs is not None:
-        TorchAttentionBackend.forward = signed_forward(saved[3], 64, a.signs)
     print(f"| K:V scheme | perplexity ({a.ppl_tokens} tokens) | vs {a.schemes[0]} |")
     print("|---|---|---|")
     base = None
@@ -214,8 +191,7 @@ def main() -> None:
             base = base or ppl
             print(f"| {scheme} | {ppl:.3f} | {100 * (ppl / base - 1):+.2f}% | ({time.perf_counter() - t:.0f} s)")
     finally:
-        KVPool.store, KVFormat.rotate, KVFormat.unrotate_values = saved[:3]
-        TorchAttentionBackend.forward, TorchAttentionBackend.use_cpu_kernels = saved[3:]
+        KVPool.store, KVFormat.rotate, KVFormat.unrotate_values, TorchAttentionBackend.use_cpu_kernels = saved
 
 
 if __name__ == "__main__":
