@@ -2,15 +2,17 @@
 
 A float format stores the row as is (`head_dim` elements of that dtype). `int8` stores the row quantized
 symmetrically to -127..127, the float16 scales (2 int8 bytes each) after the values, and K and V rows have different
-widths. Both rows are first rotated by the orthonormal Hadamard matrix H (`rotate`), which spreads any large channel
-over the whole row. A key row carries one scale per KEY_GROUP (16) values: with one scale per row and no rotation,
-Qwen2.5's keys cost +5.7% perplexity over 4k tokens; rotated, with a scale per 16 the loss measured +0.09%, with a
-scale per 32 +0.76% (benchmarks/RESULTS.md, issue 40), so the key group stays 16. A value row carries ONE scale for
-the whole row, and the 4% more tokens than with values per 16 are what reach the RAG hit-rate goal; unrotated, such
-value rows cost +0.38% perplexity at 4k tokens and +0.61% at 8k (against +0.12% and +0.42% with values per 16);
-rotated, their squared error over the default model's values drops by a third (benchmarks/RESULTS.md, issue 40,
-session 12). Readers rotate the query instead of the key pages (q . k = (qH) . (kH), H orthogonal) and the attention
-output instead of the value pages (it is linear in the values: sum p v = (sum p vH) H, H symmetric and H H = I).
+widths. Both rows are first rotated by an orthonormal Hadamard transform (keys by H, `rotate`; values by H S,
+`rotate_values`, S a fixed sign pattern: VALUE_SIGNS), which spreads any large channel over the whole row. A key row
+carries one scale per KEY_GROUP (16) values: with one scale per row and no rotation, Qwen2.5's keys cost +5.7%
+perplexity over 4k tokens; rotated, with a scale per 16 the loss measured +0.09%, with a scale per 32 +0.76%
+(benchmarks/RESULTS.md, issue 40), so the key group stays 16. A value row carries ONE scale for the whole row, and
+the 4% more tokens than with values per 16 are what reach the RAG hit-rate goal; the rotation cuts such rows'
+squared error by a third (over the default model's values), and perplexity against bfloat16 KV measured +0.13% at
+4k tokens and +0.38% at 8k (unrotated: +0.38% and +0.61%; benchmarks/RESULTS.md, issue 40, session 12, which also
+shows how far rounding alone moves those figures). Readers rotate the query instead of the key pages
+(q . k = (qH) . (kH), H orthogonal) and the attention output instead of the value pages (it is linear in the
+values: sum p v = S H (sum p H S v), as H H = I and S S = I; S is applied first, then H).
 Why per token rather than per page: a
 page fills one token at a time during decode, so a page-wide scale would have to be re-derived and the page
 re-quantized whenever a larger value arrives (each time losing precision), and one outlier token would coarsen its
@@ -48,10 +50,11 @@ _SCALE_BYTES = 2  # one float16 per group of an int8 row
 KEY_GROUP = 16  # values per scale of an int8 key row, or the whole row where head_dim is smaller (see scale_group)
 KINDS = ("k", "v")  # which rows: keys (a scale per KEY_GROUP) or values (one scale a row), both rotated
 # Channels of a value row negated before its rotation (bit d % 64 set: channel d), so value rows are rotated by
-# H S, not H alone. Why: the plain H suits Qwen2.5's keys (random signs there cost +1.5% perplexity at 4k), but its
-# value rows did worse under H than under each of four random sign patterns tried, at 4k and 8k tokens
-# (benchmarks/RESULTS.md, issue 40, session 12); this is the second of them. kernels/cpu/kv_rotate.h holds the same
-# constant (the store and decode tests compare the two).
+# H S rather than H. Which way rows round moves perplexity by a few tenths of a percent on our texts: five value
+# encodings of one error (H, and H S for four random S) measured -0.05% to +0.41% at 4k tokens and +0.38% to +0.68%
+# at 8k (benchmarks/RESULTS.md, issue 40, session 12). This S (the second) measured +0.13% and +0.38%, H alone +0.35%
+# and +0.68%: it was chosen on figures of the text it was measured on. Keys keep H alone: random signs there cost
+# +1.5% at 4k. kernels/cpu/kv_rotate.h holds the same constant (the store and decode tests compare the two).
 VALUE_SIGNS = 0x9D5C26DD7FEBC391
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0  # float8_e4m3fn's largest finite value: torch's cast does not saturate, so clamp first
