@@ -9,8 +9,8 @@ perplexity over 4k tokens; rotated, with a scale per 16 the loss measured +0.09%
 (benchmarks/RESULTS.md, issue 40), so the key group stays 16. A value row carries ONE scale for the whole row, and
 the 4% more tokens than with values per 16 are what reach the RAG hit-rate goal; the rotation cuts such rows'
 squared error by a third (over the default model's values), and perplexity against bfloat16 KV measured +0.13% at
-4k tokens and +0.38% at 8k (unrotated: +0.38% and +0.61%; benchmarks/RESULTS.md, issue 40, session 12, which also
-shows how far rounding alone moves those figures). Readers rotate the query instead of the key pages
+4k tokens and +0.38% at 8k on one text, +0.84% at 8k on another (unrotated: +0.38%, +0.61%, +0.90%;
+benchmarks/RESULTS.md, issue 40, session 12, which also shows how far rounding alone moves those figures). Readers rotate the query instead of the key pages
 (q . k = (qH) . (kH), H orthogonal) and the attention output instead of the value pages (it is linear in the
 values: sum p v = S H (sum p H S v), as H H = I and S S = I; S is applied first, then H).
 Why per token rather than per page: a
