@@ -59,7 +59,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         # radixserve.cache.kv_format.KV_DTYPES, spelled out: this module imports no torch (tests/test_cli.py checks)
         choices=["auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3"],
-        help="how KV pages are stored: int8 (keys rotated, a scale per 16 values; values a scale a row) holds 1.86x "
+        help="how KV pages are stored: int8 (rows rotated; keys a scale per 16 values, values a scale a row) holds 1.86x "
         "the tokens of bfloat16; "
         "fp8_e4m3 is for FlashInfer on CUDA (default: %(default)s, the model's dtype)",
     )

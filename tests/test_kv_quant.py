@@ -14,7 +14,7 @@ import torch
 
 import kernels.cpu
 from radixserve.attention.torch_backend import TorchAttentionBackend
-from radixserve.cache.kv_format import KVFormat, resolve_kv_dtype, row_scales, scale_group
+from radixserve.cache.kv_format import VALUE_SIGNS, KVFormat, resolve_kv_dtype, row_scales, scale_group
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
 
@@ -60,19 +60,39 @@ def test_int8_round_trip_error_is_within_half_a_step_of_its_group(kind: str, wid
         fmt.encode(x, "kv")
 
 
-def test_int8_keys_round_trip_through_the_rotation() -> None:
-    """Keys are stored rotated by H (orthonormal, symmetric: the fast transform equals the matrix product): rotating
-    back gives them within the rotated rows' error, in norm (the rotation preserves norms)."""
+@pytest.mark.parametrize("kind", ["k", "v"])
+def test_int8_rows_round_trip_through_the_rotation(kind: str) -> None:
+    """Rows are stored rotated, keys by H, values by H S (S: VALUE_SIGNS' channels negated; both orthonormal, the
+    fast transform equals the matrix product, H is its own inverse): rotating back gives them within the rotated
+    rows' error, in norm (the rotations preserve norms)."""
     fmt = KVFormat("int8")
     x = _rows()
     x[:, :, 9] += 40.0  # a large channel in every row, as Qwen2.5's keys have
-    rotated = fmt.rotate_keys(x)
+    rotate, back_of = (fmt.rotate, fmt.rotate) if kind == "k" else (fmt.rotate_values, fmt.unrotate_values)
+    rotated = rotate(x)
     h = torch.ones(1, 1)
     while h.shape[0] < 64:  # Sylvester's construction of the Walsh-Hadamard matrix
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    torch.testing.assert_close(rotated, x @ h / 8, rtol=1e-6, atol=1e-4)
-    back = fmt.rotate_keys(fmt.decode(fmt.encode(rotated, "k"), torch.float32, "k"))
-    assert ((back - x).norm(dim=-1) <= _step_bound(rotated).norm(dim=-1) * 1.0001).all()
+    signs = torch.ones(64) if kind == "k" else torch.tensor([-1.0 if VALUE_SIGNS >> d & 1 else 1.0 for d in range(64)])
+    torch.testing.assert_close(rotated, (x * signs) @ h / 8, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(back_of(rotated), x, rtol=1e-6, atol=1e-4)
+    back = back_of(fmt.decode(fmt.encode(rotated, kind), torch.float32, kind))
+    assert ((back - x).norm(dim=-1) <= _step_bound(rotated, kind).norm(dim=-1) * 1.0001).all()
+
+
+@pytest.mark.parametrize("cpu_op", [False, pytest.param(True, marks=needs_ops)], ids=["sdpa", "cpu_op"])
+def test_a_value_row_with_a_large_channel_keeps_its_small_ones(cpu_op: bool) -> None:
+    """One scale per value row: unrotated, a large channel (as Qwen2.5's values have in some heads) would set the
+    step of all 64 and leave the small ones an error of up to 40 / 254 each. Rotated, the row's error is the
+    rotated row's, in norm. Attention over a single key returns its value row, so each reader's output shows it."""
+    gen = torch.Generator().manual_seed(3)
+    pool = KVPool(1, 2, 16, KV_HEADS, 64, torch.float32, kv_format=KVFormat("int8"))
+    v = torch.randn(1, KV_HEADS, 64, generator=gen)
+    v[..., 9] = 40.0
+    got = _attend(pool, [(0, 1)], torch.randn(1, KV_HEADS * 7, 64, generator=gen), v, v, [[1]], cpu_op)
+    err = (got.view(KV_HEADS, 7, 64) - v.view(KV_HEADS, 1, 64)).norm(dim=-1)
+    bound = _step_bound(pool.format.rotate_values(v), "v").norm(dim=-1).view(KV_HEADS, 1)
+    assert (err <= bound * 1.0001 + 1e-5).all() and (bound < 0.5).all()  # unrotated: ~0.7 (63 errors of ~0.09 rms)
 
 
 @pytest.mark.parametrize(
@@ -121,8 +141,8 @@ def test_pool_moves_int8_rows_with_their_scales() -> None:
     flat = pool.k_buffers[1].view(-1, KV_HEADS, KW64)
     vflat = pool.v_buffers[1].view(-1, KV_HEADS, VW64)
     fmt = KVFormat("int8")
-    assert torch.equal(flat[loc], fmt.encode(fmt.rotate_keys(x * 2), "k"))  # keys rotated, then quantized
-    assert torch.equal(vflat[loc], fmt.encode(-x, "v"))
+    assert torch.equal(flat[loc], fmt.encode(fmt.rotate(x * 2), "k"))  # rows rotated, then quantized
+    assert torch.equal(vflat[loc], fmt.encode(fmt.rotate_values(-x), "v"))
     pool.copy_slots(torch.tensor([4, 5]), torch.tensor([13, 14]))  # a partial-page copy keeps the bytes
     assert torch.equal(flat[13:15], flat[4:6]) and torch.equal(vflat[13:15], vflat[4:6])
     pages = torch.tensor([1, 2])
@@ -138,12 +158,12 @@ def test_pool_moves_int8_rows_with_their_scales() -> None:
 
 
 def _dequantized_pool(pool: KVPool) -> KVPool:
-    """A float32 pool holding exactly the values `pool`'s rows decode to (keys rotated back)."""
+    """A float32 pool holding exactly the values `pool`'s rows decode to (rotated back)."""
     out = KVPool(len(pool.k_buffers), pool.num_pages, pool.page_size, KV_HEADS, pool.head_dim, torch.float32)
     for src, dst in zip(pool.k_buffers, out.k_buffers):
-        dst.copy_(pool.format.rotate_keys(pool.format.decode(src, torch.float32, "k")))
+        dst.copy_(pool.format.rotate(pool.format.decode(src, torch.float32, "k")))
     for src, dst in zip(pool.v_buffers, out.v_buffers):
-        dst.copy_(pool.format.decode(src, torch.float32, "v"))
+        dst.copy_(pool.format.unrotate_values(pool.format.decode(src, torch.float32, "v")))
     return out
 
 
@@ -186,13 +206,14 @@ def test_attention_over_quantized_pages_equals_attention_over_the_dequantized_pa
     q = torch.randn(tokens, heads, head_dim, generator=gen)
     new_k, new_v = (torch.randn(tokens, KV_HEADS, head_dim, generator=gen) * 3 for _ in range(2))
     got = _attend(quant, specs, q, new_k, new_v, tables, cpu_op)
-    # The float pool gets the new rows as the quantized pool will read them back (keys rotated back).
+    # The float pool gets the new rows as the quantized pool will read them back (rotated back).
     f = quant.format
-    fk = f.rotate_keys(f.decode(f.encode(f.rotate_keys(new_k), "k"), torch.float32, "k"))
-    fv = f.decode(f.encode(new_v, "v"), torch.float32, "v")
+    fk = f.rotate(f.decode(f.encode(f.rotate(new_k), "k"), torch.float32, "k"))
+    fv = f.unrotate_values(f.decode(f.encode(f.rotate_values(new_v), "v"), torch.float32, "v"))
     want = _attend(floats, specs, q, fk, fv, tables, cpu_op)
-    # atol: outputs near 0 are sums of values of ~3 that cancel, where the keys' float32 rotations (there and back,
-    # 6 rounded stages each) show as ~1e-5 (measured 1.2e-5 once in 62,720 outputs).
+    # atol: outputs near 0 are sums of values of ~3 that cancel, where the float32 rotations (there and back, 6
+    # rounded stages each, of the keys and of the values or output) show as ~1e-5 (measured 1.2e-5 once in 62,720
+    # outputs with the keys' alone).
     torch.testing.assert_close(got, want, rtol=1e-5, atol=3e-5)
 
 
@@ -201,8 +222,8 @@ def test_attention_over_quantized_pages_equals_attention_over_the_dequantized_pa
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 def test_cpu_op_reads_int8_pages_as_their_dequantized_values(head_dim: int, q_dtype: torch.dtype) -> None:
     """The op alone, long enough (2,000 keys) to split over threads: int8 pages against the float32 pages they
-    decode to, keys rotated back (over int8 pages the op rotates the query itself), both through the op (AVX-512
-    at 64 and 128, the plain path at 32)."""
+    decode to, rotated back (over int8 pages the op rotates the query and its output itself), both through the op
+    (AVX-512 at 64 and 128, the plain path at 32)."""
     gen = torch.Generator().manual_seed(2)
     fmt, ps, lens = KVFormat("int8"), 16, [2000, 1, 517]
     pages = [(n + ps - 1) // ps for n in lens]
@@ -215,7 +236,7 @@ def test_cpu_op_reads_int8_pages_as_their_dequantized_values(head_dim: int, q_dt
     q = torch.randn(len(lens), KV_HEADS * 7, head_dim, generator=gen).to(q_dtype)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     got = OPS.decode_attention(q, k, v, table, seq_lens, head_dim**-0.5)
-    kf, vf = fmt.rotate_keys(fmt.decode(k, torch.float32, "k")), fmt.decode(v, torch.float32, "v")
+    kf, vf = fmt.rotate(fmt.decode(k, torch.float32, "k")), fmt.unrotate_values(fmt.decode(v, torch.float32, "v"))
     want = OPS.decode_attention(q, kf, vf, table, seq_lens, head_dim**-0.5)
     tol = 1e-5 if q_dtype == torch.float32 else 2**-7  # bfloat16 outputs: one ulp, where the two round apart
     torch.testing.assert_close(got, want, rtol=tol, atol=1e-5)
@@ -226,18 +247,24 @@ def test_cpu_op_reads_int8_pages_as_their_dequantized_values(head_dim: int, q_dt
 @needs_ops
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_fused_cpu_store_writes_the_encoders_bytes(dtype: torch.dtype) -> None:
-    """kernels/cpu/kv_store.cpp (what an int8 pool on CPU stores with) against KVFormat.encode, byte for byte, keys
-    through rotate_keys first (the op's fast transform runs the same float32 adds in the same order): rows with exact
+    """kernels/cpu/kv_store.cpp (what an int8 pool on CPU stores with) against KVFormat.encode, byte for byte, rows
+    through `rotate` first (the op's fast transform runs the same float32 adds in the same order): rows with exact
     halves (round half to even), zeros, outliers, bfloat16 and float32 inputs."""
     fmt = KVFormat("int8")
     x = _rows(n=64).to(dtype)
     ties = torch.arange(64, dtype=torch.float32) - 31.5  # x.5 values: ties to round half to even
     ties[::16] = 127.0  # every group's scale exactly 1 (keys' groups of 16 and values' one), so x / scale is its tie
-    x[1, 0] = ties.to(dtype)  # stored unrotated as the values (-x), rotated (no ties left) as the keys
+    # Stored rotated: the row whose rotation is `ties` (exact at 64: sums of halves, and 1/8 a power of two; in
+    # bfloat16 that row rounds, so only float32 inputs carry the ties), as a key and (-x) as a value.
+    x[1, 0] = fmt.rotate(ties).to(dtype)
+    x[1, 1] = -fmt.unrotate_values(ties).to(dtype)
+    assert dtype != torch.float32 or (
+        torch.equal(fmt.rotate(x[1, 0]), ties) and torch.equal(fmt.rotate_values(-x[1, 1]), ties)
+    )
     buf = [torch.zeros(20, 4, KV_HEADS, w, dtype=torch.int8) for w in (KW64, VW64)]
     loc = torch.randperm(80)[:64]
     OPS.store_kv_int8(x, -x, buf[0], buf[1], loc)
-    assert torch.equal(buf[0].view(-1, KV_HEADS, KW64)[loc], fmt.encode(fmt.rotate_keys(x), "k"))
-    assert torch.equal(buf[1].view(-1, KV_HEADS, VW64)[loc], fmt.encode(-x, "v"))
+    assert torch.equal(buf[0].view(-1, KV_HEADS, KW64)[loc], fmt.encode(fmt.rotate(x), "k"))
+    assert torch.equal(buf[1].view(-1, KV_HEADS, VW64)[loc], fmt.encode(fmt.rotate_values(-x), "v"))
     with pytest.raises(RuntimeError, match="not a pool slot"):
         OPS.store_kv_int8(x, x, buf[0], buf[1], loc + 80)

@@ -7,8 +7,9 @@
 // keys and values have their own groups, each a multiple of 16 read off its buffer's row width: 72- and 66-byte
 // rows at head_dim 64), read as value * its group's scale (one multiply per 16-lane register, as it is widened);
 // q is [num_reqs, heads, head_dim] (bfloat16 or float32, rows may be strided), the output has q's dtype. int8 keys
-// are stored rotated (kv_rotate.h): over int8 pages the op rotates the query the same way itself, so the caller
-// passes q as the model computed it.
+// and values are stored rotated (kv_rotate.h): over int8 pages the op rotates the query the same way itself, and its
+// float32 output (a sum of rotated values) back, S H, before the one rounding to q's dtype, so the caller passes q as the
+// model computed it and gets the output in the model's space.
 //
 // Why: the pure-torch path gathers every request's pages into a contiguous copy (index_select) and then calls SDPA,
 // once per layer; on a CPU decode step that copy plus the per-op overheads cost more than the arithmetic. Here
@@ -316,6 +317,11 @@ void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const 
       } else {
         std::fill(of.begin(), of.end(), 0.f);
       }
+      if constexpr (std::is_same_v<T, int8_t>)
+        for (int64_t h = 0; h < G; h++) {
+          radixserve_kv::fwht(of.data() + h * D, D);
+          radixserve_kv::flip_value_signs(of.data() + h * D, D);
+        }
       for (int64_t h = 0; h < G; h++)
         for (int64_t d = 0; d < D; d++) op[(r * H + h0 + h) * D + d] = static_cast<Q>(of[h * D + d]);
     }

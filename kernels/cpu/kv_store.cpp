@@ -2,11 +2,11 @@
 // copy them into a float pool's (store_kv, at the end).
 //
 // The pool's int8 rows are head_dim values then a float16 scale per group of them (radixserve/cache/kv_format.py:
-// 16 for keys, the whole row for values; each buffer's group is read off its own row width). Keys are rotated here
-// first (kv_rotate.h), values are not. Why here: the torch expression of the same quantization is ~10 small ops
+// 16 for keys, the whole row for values; each buffer's group is read off its own row width). Both are rotated here
+// first (kv_rotate.h; values with their sign flips). Why here: the torch expression of the same quantization is ~10 small ops
 // per tensor, K and V, in every layer of every decode step (~500 ops a step on the default model), whose dispatch
-// cost more than the decode attention saved. Bit-identical to KVFormat.encode(rotate_keys(k), "k") and
-// KVFormat.encode(v, "v"): per group, scale = float16(min(max |x| / 127, 65504)) rounded to nearest even, then each
+// cost more than the decode attention saved. Bit-identical to KVFormat.encode(rotate(k), "k") and
+// KVFormat.encode(rotate_values(v), "v"): per group, scale = float16(min(max |x| / 127, 65504)) rounded to nearest even, then each
 // value x / scale (float32 division) rounded half to even and clamped to +-127; a zero scale stores zeros.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -43,7 +43,7 @@ void quantize_row(const float* x, int64_t D, int64_t G, int8_t* out) {
 }
 
 template <typename T>
-void store(const at::Tensor& x, at::Tensor& buf, const int64_t* loc, bool rotate) {
+void store(const at::Tensor& x, at::Tensor& buf, const int64_t* loc, bool values) {
   const int64_t T_ = x.size(0), KV = x.size(1), D = x.size(2), W = buf.size(-1);
   const int64_t G = radixserve_kv::scale_group(D, W);
   const T* xp = x.data_ptr<T>();
@@ -53,7 +53,8 @@ void store(const at::Tensor& x, at::Tensor& buf, const int64_t* loc, bool rotate
     for (int64_t i = i0; i < i1; i++) {
       const int64_t t = i / KV, h = i % KV;
       for (int64_t d = 0; d < D; d++) row[d] = widen(xp[(t * KV + h) * D + d]);
-      if (rotate) radixserve_kv::fwht(row.data(), D);
+      if (values) radixserve_kv::flip_value_signs(row.data(), D);
+      radixserve_kv::fwht(row.data(), D);
       quantize_row(row.data(), D, G, bp + (loc[t] * KV + h) * W);
     }
   });
@@ -81,11 +82,11 @@ void store_kv_int8(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_
   TORCH_CHECK((dt == at::kFloat || dt == at::kBFloat16) && v.scalar_type() == dt,
               "store_kv_int8: k and v must be float32 or bfloat16, of one dtype");
   if (dt == at::kFloat) {
-    store<float>(k, k_buf, lp, true);
-    store<float>(v, v_buf, lp, false);
+    store<float>(k, k_buf, lp, false);
+    store<float>(v, v_buf, lp, true);
   } else {
-    store<at::BFloat16>(k, k_buf, lp, true);
-    store<at::BFloat16>(v, v_buf, lp, false);
+    store<at::BFloat16>(k, k_buf, lp, false);
+    store<at::BFloat16>(v, v_buf, lp, true);
   }
 }
 

