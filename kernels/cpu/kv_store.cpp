@@ -60,6 +60,16 @@ void store(const at::Tensor& x, at::Tensor& buf, const int64_t* loc, bool values
   });
 }
 
+// loc's slots, each checked to lie in the pool (a slot out of range would write outside the buffers).
+const int64_t* checked_slots(const at::Tensor& loc, int64_t tokens, int64_t slots) {
+  TORCH_CHECK(loc.scalar_type() == at::kLong && loc.dim() == 1 && loc.numel() == tokens && loc.is_contiguous(),
+              "loc must be contiguous int64 [tokens]");
+  const int64_t* lp = loc.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; t++)
+    TORCH_CHECK(lp[t] >= 0 && lp[t] < slots, "loc[", t, "] = ", lp[t], " is not a pool slot");
+  return lp;
+}
+
 void store_kv_int8(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_buf, at::Tensor v_buf,
                    const at::Tensor& loc) {
   const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
@@ -72,12 +82,7 @@ void store_kv_int8(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_
   TORCH_CHECK(k_buf.size(2) == k.size(1) && radixserve_kv::scale_group(k.size(2), k_buf.size(3)) > 0 &&
                   radixserve_kv::scale_group(k.size(2), v_buf.size(3)) > 0 && radixserve_kv::is_pow2(k.size(2)),
               "pool rows must be head_dim values and a 2-byte scale per group (head_dim a power of two)");
-  TORCH_CHECK(loc.scalar_type() == at::kLong && loc.dim() == 1 && loc.numel() == k.size(0) && loc.is_contiguous(),
-              "loc must be contiguous int64 [tokens]");
-  const int64_t slots = k_buf.size(0) * k_buf.size(1);
-  const int64_t* lp = loc.data_ptr<int64_t>();
-  for (int64_t t = 0; t < loc.numel(); t++)
-    TORCH_CHECK(lp[t] >= 0 && lp[t] < slots, "loc[", t, "] = ", lp[t], " is not a pool slot");
+  const int64_t* lp = checked_slots(loc, k.size(0), k_buf.size(0) * k_buf.size(1));
   const auto dt = k.scalar_type();
   TORCH_CHECK((dt == at::kFloat || dt == at::kBFloat16) && v.scalar_type() == dt,
               "store_kv_int8: k and v must be float32 or bfloat16, of one dtype");
@@ -101,12 +106,8 @@ void store_kv(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_buf, 
                   k_buf.is_contiguous() && v_buf.is_contiguous() && k_buf.dim() == 4 && k_buf.sizes() == v_buf.sizes() &&
                   k_buf.size(2) == k.size(1) && k_buf.size(3) == k.size(2),
               "k_buf / v_buf must be contiguous [num_pages, page_size, kv_heads, head_dim] of k's dtype");
-  TORCH_CHECK(loc.scalar_type() == at::kLong && loc.dim() == 1 && loc.numel() == k.size(0) && loc.is_contiguous(),
-              "loc must be contiguous int64 [tokens]");
-  const int64_t slots = k_buf.size(0) * k_buf.size(1), row = k.size(1) * k.size(2) * k.element_size();
-  const int64_t* lp = loc.data_ptr<int64_t>();
-  for (int64_t t = 0; t < loc.numel(); t++)
-    TORCH_CHECK(lp[t] >= 0 && lp[t] < slots, "loc[", t, "] = ", lp[t], " is not a pool slot");
+  const int64_t* lp = checked_slots(loc, k.size(0), k_buf.size(0) * k_buf.size(1));
+  const int64_t row = k.size(1) * k.size(2) * k.element_size();
   auto* kb = static_cast<uint8_t*>(k_buf.data_ptr());
   auto* vb = static_cast<uint8_t*>(v_buf.data_ptr());
   const auto* kp = static_cast<const uint8_t*>(k.data_ptr());
