@@ -132,8 +132,8 @@ class KVFormat:
         return num_layers * num_kv_heads * width * self.storage.itemsize
 
     def encode(self, x: torch.Tensor, kind: str) -> torch.Tensor:
-        """Key (`kind` "k") or value ("v") rows `[..., head_dim]` (any float dtype; int8 rows already through
-        `rotate`) -> stored rows `[..., row_width(head_dim, kind)]`."""
+        """Key (`kind` "k") or value ("v") rows `[..., head_dim]` (any float dtype; int8 rows already rotated,
+        keys by `rotate`, values by `rotate_values`) -> stored rows `[..., row_width(head_dim, kind)]`."""
         if self.name == "int8":
             return _encode_int8(x, scale_group(x.shape[-1], kind))
         if self.name == "fp8_e4m3":
