@@ -3,11 +3,12 @@
 // How: the activations are quantized to int8 per block of 32 (scale = absmax / 127, as ggml's q8_0), then for each
 // tile of kTile weight rows the blocks are unpacked into a small buffer of uint8 codes with a float (a, b) per 16
 // weights, and every activation row is multiplied with the tile: an integer dot product of codes and int8
-// activations per 64 columns (AVX-512 VNNI vpdpbusd; AVX2 widens to int16 and uses vpmaddwd; plain C++ otherwise),
+// activations per 64 columns (AVX-512 VNNI vpdpbusd; per 32 with AVX2's vpmaddubsw + vpmaddwd; plain C++ otherwise),
 // scaled per lane by a * x_scale in float, minus sum_j b_j * x_scale_j * (sum of the activation codes of block j).
 // The tile stays in L1/L2 while all rows pass over it, so a prefill reads each weight byte once, like a decode step.
-// On VNNI, formats with a fixed zero point take it out inside the integer dot product instead (zero_shift), and
-// decode steps (at most kFusedRows rows) skip the tile: codes go from the blocks to registers (gguf_decode.h).
+// With VNNI or AVX2, formats with a fixed zero point take it out inside the integer dot product instead, and decode
+// steps (at most kFusedRows rows) skip the tile: codes go from the blocks to registers (gguf_decode.h on VNNI,
+// gguf_decode_avx2.h on AVX2).
 //
 // Batch invariance: the result for row m depends only on x[m] and the weights. Every row takes the same quantization,
 // the same unpacking and the same sequence of float operations whatever the step's row count or how the rows are
@@ -20,6 +21,7 @@
 #include "gguf_activations.h"
 #include "gguf_blocks.h"
 #include "gguf_decode.h"
+#include "gguf_decode_avx2.h"
 #include "spin_pool.h"
 
 #include <algorithm>
@@ -175,10 +177,52 @@ inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX&
   }
 }
 
-// Decode (whole 64-column chunks, few rows): gguf_decode.h, NR weight rows side by side (fewer when more activation
-// rows need their accumulators in registers), activation rows kRowBlock at a time over the same weights, which the
-// earlier block left in L1/L2.
-constexpr int64_t kFusedRows = 8;  // measured at 8 rows: gate_up 1.13x faster than the tiles, down the same
+#elif defined(__AVX2__) && defined(__FMA__)
+
+// No VNNI: gguf_decode_avx2.h, 32 columns a step; the tiles run the sequence of its decode rows.
+template <int64_t Type>
+void dot_tile(const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t m = 0;
+    for (; m + kRowBlock <= M; m += kRowBlock) tile_rows<Type, kRowBlock>(w[r].u, w[r].a, w[r].b, x, m, y + m * ldy + r, ldy);
+    for (; m < M; m++) tile_rows<Type, 1>(w[r].u, w[r].a, w[r].b, x, m, y + m * ldy + r, ldy);
+  }
+}
+
+inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  switch (type) {
+    case kQ4_0: return dot_tile<kQ4_0>(w, rows, x, M, y, ldy);
+    case kQ5_0: return dot_tile<kQ5_0>(w, rows, x, M, y, ldy);
+    case kQ8_0: return dot_tile<kQ8_0>(w, rows, x, M, y, ldy);
+    case kQ4_K: return dot_tile<kQ4_K>(w, rows, x, M, y, ldy);
+    default: return dot_tile<kQ6_K>(w, rows, x, M, y, ldy);
+  }
+}
+
+#else
+
+template <int RB>
+inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  for (int r = 0; r < RB; r++) {
+    const int64_t m = m0 + r;
+    float acc = 0.f;
+    for (int64_t j = 0; j < x.K64 / kSub; j++) {
+      int32_t dot = 0;
+      for (int64_t l = 0; l < kSub; l++) dot += w.u[j * kSub + l] * x.q[m * x.K64 + j * kSub + l];
+      acc += static_cast<float>(dot) * (w.a[j] * x.scale16[m * x.S + j]);
+    }
+    y[r * ldy] = acc - offsets(w.b, &x.corr[m * x.S], x.S);
+  }
+}
+
+#endif
+
+#if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)) || (defined(__AVX2__) && defined(__FMA__))
+
+// Decode (few rows): gguf_decode.h (VNNI) or gguf_decode_avx2.h (AVX2), NR weight rows side by side (fewer when
+// more activation rows need their accumulators in registers), activation rows kRowBlock at a time over the same
+// weights, which the earlier block left in L1/L2.
+constexpr int64_t kFusedRows = 8;  // measured on VNNI at 8 rows: gate_up 1.13x faster than the tiles, down the same
 inline bool fused(int64_t, int64_t M, int64_t K) { return M <= kFusedRows && K % kChunk == 0; }
 
 template <int64_t Type, int RB>
@@ -214,51 +258,8 @@ inline void fused_rows(int64_t type, const uint8_t* row, int64_t row_bytes, int6
   }
 }
 
-#elif defined(__AVX2__) && defined(__FMA__)
-
-// No vpdpbusd: codes and activations widened to int16, vpmaddwd sums pairs exactly (vpmaddubsw would saturate at
-// 255 * 127 * 2), one (a * scale) per 16 columns.
-template <int RB>
-inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
-  __m256 acc[RB];
-  for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < x.K64 / kSub; j++) {
-    const __m256i u = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.u + j * kSub)));
-    for (int r = 0; r < RB; r++) {
-      const int64_t m = m0 + r;
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&x.q[m * x.K64 + j * kSub]));
-      const __m256i dot = _mm256_madd_epi16(u, _mm256_cvtepi8_epi16(q));
-      const __m256 s = _mm256_set1_ps(w.a[j] * x.scale16[m * x.S + j]);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc[r]);
-    }
-  }
-  for (int r = 0; r < RB; r++) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    y[r * ldy] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h))) - offsets(w.b, &x.corr[(m0 + r) * x.S], x.S);
-  }
-}
-
 #else
-
-template <int RB>
-inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
-  for (int r = 0; r < RB; r++) {
-    const int64_t m = m0 + r;
-    float acc = 0.f;
-    for (int64_t j = 0; j < x.K64 / kSub; j++) {
-      int32_t dot = 0;
-      for (int64_t l = 0; l < kSub; l++) dot += w.u[j * kSub + l] * x.q[m * x.K64 + j * kSub + l];
-      acc += static_cast<float>(dot) * (w.a[j] * x.scale16[m * x.S + j]);
-    }
-    y[r * ldy] = acc - offsets(w.b, &x.corr[m * x.S], x.S);
-  }
-}
-
-#endif
-
-#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
-// Without VNNI every call takes the tiles (AVX2 and plain C++ are correct, not tuned).
+// Plain C++: every call takes the tiles (correct, not tuned).
 inline bool fused(int64_t, int64_t, int64_t) { return false; }
 inline void fused_rows(int64_t, const uint8_t*, int64_t, int64_t, const QuantX&, int64_t, float*, int64_t) {}
 

@@ -1,0 +1,209 @@
+// The GGUF linears' dot products on AVX2 (no VNNI): one 32-column chunk at a time, for the tiles of gguf_linear.cpp
+// (prefill: codes unpacked by gguf_blocks.h) and for decode steps, whose codes go from the blocks straight into
+// registers (at most kFusedRows activation rows; no tile buffer, no second pass over the codes).
+//
+// The integers: vpmaddubsw multiplies unsigned codes by the activations' int8 codes and adds pairs into int16, then
+// vpmaddwd by ones adds those pairs, so int32 lane l holds columns 4l .. 4l + 3, as a vpdpbusd lane does. It is exact
+// for codes up to 63 (2 * 63 * 127 < 2^15): Q4_0, Q5_0, Q4_K, Q6_K. The fixed zero points (Q4_0 8, Q5_0 16, Q6_K 32)
+// come out in the integers (minus zero * the lane's sum of activation codes, nsum4). Q8_0's codes would saturate
+// vpmaddubsw, so its signed codes go through ggml's sign trick: |q| times x with q's sign, exact (2 * 128 * 127).
+// Either way a lane holds the exact sum of x * (u - zero) over its 4 columns, so the method does not change a bit.
+//
+// The floats, the same in both paths: per chunk acc += float(lane) * (a * x_scale) with a per 16 columns (lanes 0-3
+// and 4-7), chunks in column order, then `hsum8`; Q4_K subtracts its offsets b * corr summed as `offsets8` sums
+// them. So a row's result does not depend on whether it ran in a tile or in a decode step, nor on the row count.
+#pragma once
+
+#include "gguf_activations.h"
+#include "gguf_blocks.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
+
+namespace radixserve::gguf {
+
+constexpr int64_t kChunk32 = 32;
+
+// The zero point taken out in the integers: 2^shift; Q8_0 (sign trick) and Q4_K (float offsets) take none.
+constexpr int avx2_zero_shift(int64_t type) { return type == kQ4_0 ? 3 : type == kQ5_0 ? 4 : type == kQ6_K ? 5 : -1; }
+
+inline float hsum8(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+// One activation row's chunk as every weight row reads it: codes, minus zero * lane sums, scale.
+struct XChunk {
+  __m256i q, init;
+  __m256 scale;
+};
+
+template <int64_t Type>
+inline XChunk x_chunk(const QuantX& x, int64_t m, int64_t c) {
+  XChunk xc;
+  xc.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[m * x.K64 + c * kChunk32]));
+  // Both 16-column halves of a 32-column chunk lie in one activation block: one scale for all 8 lanes.
+  xc.scale = _mm256_set1_ps(x.scale16[m * x.S + 2 * c]);
+  constexpr int shift = avx2_zero_shift(Type);
+  if constexpr (shift >= 0)
+    xc.init = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.nsum4[m * x.K64 / 4 + c * 8])), shift);
+  return xc;
+}
+
+// acc + float(sum of x * (u - zero) per lane) * (a * scale). `u`: the codes as unpacked (Q8_0: q + 128).
+template <int64_t Type>
+inline __m256 step2(__m256 acc, __m256i u, __m256 a, const XChunk& xc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i lanes;
+  if constexpr (Type == kQ8_0) {
+    // |q| (128 for -128: unsigned) times x with q's sign; the activations' codes are within +-127.
+    const __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
+    lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xc.q, q)), ones);
+  } else {
+    lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xc.q), ones);
+    if constexpr (avx2_zero_shift(Type) >= 0) lanes = _mm256_add_epi32(lanes, xc.init);
+  }
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_mul_ps(a, xc.scale), acc);
+}
+
+// a per 16 columns (a0: columns 0-15, a1: 16-31) to the lanes of a 32-column chunk.
+inline __m256 spread2(float a0, float a1) { return _mm256_set_m128(_mm_set1_ps(a1), _mm_set1_ps(a0)); }
+
+// sum_j b[j] * corr[j] over S (a multiple of 8) in 8 lanes, then hsum8: the offsets' share of a row (Q4_K).
+inline __m256 offsets_step(__m256 acc, const float* b, const float* corr) {
+  return _mm256_fmadd_ps(_mm256_loadu_ps(b), _mm256_loadu_ps(corr), acc);
+}
+
+// y[r] for RB activation rows from m0 against one unpacked weight row (u, a, b as gguf_blocks.h unpacks them).
+template <int64_t Type, int RB>
+inline void tile_rows(const uint8_t* u, const float* a, const float* b, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  __m256 acc[RB];
+  for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
+    const __m256i uc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + c * kChunk32));
+    const __m256 ac = spread2(a[2 * c], a[2 * c + 1]);
+    for (int r = 0; r < RB; r++) acc[r] = step2<Type>(acc[r], uc, ac, x_chunk<Type>(x, m0 + r, c));
+  }
+  for (int r = 0; r < RB; r++) {
+    y[r * ldy] = hsum8(acc[r]);
+    if constexpr (Type == kQ4_K) {
+      __m256 off = _mm256_setzero_ps();
+      for (int64_t j = 0; j < x.S; j += 8) off = offsets_step(off, b + j, &x.corr[(m0 + r) * x.S + j]);
+      y[r * ldy] -= hsum8(off);
+    }
+  }
+}
+
+// Readers for decode: `begin(s)` prepares super-block s of the row (kWeights columns), `chunk(c, a)` gives its
+// 32-column chunk c as the codes unpack_row would store and the a of its two 16-column halves.
+template <int64_t Type>
+struct Reader {  // Q4_0, Q5_0, Q8_0: a super-block is one block of 32
+  static constexpr int64_t kWeights = 32, kChunks = 1, kBytes = format_bytes(Type);
+  const uint8_t* row;
+  const uint8_t* blk = nullptr;
+
+  void begin(int64_t s) { blk = row + s * kBytes; }
+  __m256i chunk(int, __m256& a) const {
+    a = _mm256_set1_ps(fp16(blk));
+    return codes32<Type>(blk);
+  }
+};
+
+template <>
+struct Reader<kQ4_K> {  // chunk c: sub-block c, the low (even c) or high nibbles of qs[32 (c / 2) ..]
+  static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = 144;
+  const uint8_t* row;
+  const uint8_t* blk = nullptr;
+  float a8[8];
+  __m256 b[2];  // b per 16 columns of the super-block, as unpack_q4_k stores them
+
+  void begin(int64_t s) {
+    blk = row + s * kBytes;
+    const float d = fp16(blk), dmin = fp16(blk + 2);
+    const uint8_t* sc = blk + 4;
+    float m8[8];
+    for (int j = 0; j < 8; j++) {  // unpack_q4_k's scales and products, in float as there
+      const int scj = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4);
+      const int mj = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+      a8[j] = d * scj;
+      m8[j] = dmin * mj;
+    }
+    b[0] = _mm256_set_ps(m8[3], m8[3], m8[2], m8[2], m8[1], m8[1], m8[0], m8[0]);
+    b[1] = _mm256_set_ps(m8[7], m8[7], m8[6], m8[6], m8[5], m8[5], m8[4], m8[4]);
+  }
+  __m256i chunk(int c, __m256& a) const {
+    a = _mm256_set1_ps(a8[c]);
+    const __m256i v = load32(blk + 16 + 32 * (c / 2));
+    return c % 2 == 0 ? low4(v) : high4(v);
+  }
+};
+
+template <>
+struct Reader<kQ6_K> {  // chunk c: half c / 4, part t = c % 4 of unpack_q6_k's four stores
+  static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = 210;
+  const uint8_t* row;
+  const uint8_t* blk = nullptr;
+  float a16[16];
+
+  void begin(int64_t s) {
+    blk = row + s * kBytes;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const float d = fp16(blk + 208);
+    for (int j = 0; j < 16; j++) a16[j] = d * sc[j];
+  }
+  __m256i chunk(int c, __m256& a) const {
+    a = spread2(a16[2 * c], a16[2 * c + 1]);
+    const int half = c / 4, t = c % 4;
+    const __m256i l = load32(blk + 64 * half + (t % 2) * 32), h = load32(blk + 128 + 32 * half);
+    const __m256i two = _mm256_set1_epi8(0x30);
+    const __m256i nib = t < 2 ? low4(l) : high4(l);
+    const __m256i hs = t == 0 ? _mm256_slli_epi16(h, 4) : t == 1 ? _mm256_slli_epi16(h, 2) : t == 2 ? h : _mm256_srli_epi16(h, 2);
+    return _mm256_or_si256(nib, _mm256_and_si256(hs, two));
+  }
+};
+
+// Bytes ahead of the rows being read that are prefetched (as gguf_decode.h: one sweep at the rows' pace).
+constexpr int64_t kPrefetchAhead = 12288;
+
+// y[r * ldy + j] for RB activation rows from m0 against NR consecutive weight rows (row_bytes apart) from `row`.
+template <int64_t Type, int NR, int RB>
+inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  using R = Reader<Type>;
+  constexpr int64_t span = NR * R::kBytes;  // bytes of the NR rows per super-block
+  const uint8_t* ahead = row + kPrefetchAhead;
+  R w[NR];
+  for (int j = 0; j < NR; j++) w[j].row = row + j * row_bytes;
+  __m256 acc[RB][NR], off[RB][NR];
+  for (int r = 0; r < RB; r++)
+    for (int j = 0; j < NR; j++) acc[r][j] = off[r][j] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < x.K64 / R::kWeights; s++) {
+    for (int j = 0; j < NR; j++) w[j].begin(s);
+    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
+    ahead += span;
+    for (int c = 0; c < R::kChunks; c++) {
+      XChunk xc[RB];
+      for (int r = 0; r < RB; r++) xc[r] = x_chunk<Type>(x, m0 + r, s * R::kChunks + c);
+      for (int j = 0; j < NR; j++) {
+        __m256 a;
+        const __m256i u = w[j].chunk(c, a);
+        for (int r = 0; r < RB; r++) acc[r][j] = step2<Type>(acc[r][j], u, a, xc[r]);
+      }
+    }
+    if constexpr (Type == kQ4_K)  // the offsets in tile_rows' order: 16 per super-block, 8 at a time
+      for (int r = 0; r < RB; r++)
+        for (int j = 0; j < NR; j++)
+          for (int h = 0; h < 2; h++) {
+            const float* corr = &x.corr[(m0 + r) * x.S + 16 * s + 8 * h];
+            off[r][j] = _mm256_fmadd_ps(w[j].b[h], _mm256_loadu_ps(corr), off[r][j]);
+          }
+  }
+  for (int r = 0; r < RB; r++)
+    for (int j = 0; j < NR; j++) {
+      y[r * ldy + j] = hsum8(acc[r][j]);
+      if constexpr (Type == kQ4_K) y[r * ldy + j] -= hsum8(off[r][j]);
+    }
+}
+
+}  // namespace radixserve::gguf
+
+#endif
