@@ -104,7 +104,7 @@ struct Reader {  // Q4_0, Q5_0, Q8_0: a super-block is one block of 32
 
   void begin(int64_t s) { blk = row + s * kBytes; }
   __m256i chunk(int, __m256& a) const {
-    a = _mm256_set1_ps(fp16(blk));
+    a = _mm256_set1_ps(fp16(blk));  // (converting two blocks' d at once measured no faster)
     return codes32<Type>(blk);
   }
 };
@@ -143,16 +143,18 @@ struct Reader<kQ6_K> {  // chunk c: half c / 4, part t = c % 4 of unpack_q6_k's 
   static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = 210;
   const uint8_t* row;
   const uint8_t* blk = nullptr;
-  float a16[16];
+  __m256 a16[2];  // d * scale j (as unpack_q6_k's products) for j = 0-7 and 8-15
 
   void begin(int64_t s) {
     blk = row + s * kBytes;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-    const float d = fp16(blk + 208);
-    for (int j = 0; j < 16; j++) a16[j] = d * sc[j];
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    const __m256 d = _mm256_set1_ps(fp16(blk + 208));
+    a16[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+    a16[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
   }
   __m256i chunk(int c, __m256& a) const {
-    a = spread2(a16[2 * c], a16[2 * c + 1]);
+    const int j = 2 * (c % 4);  // scales j and j + 1 of a16[c / 4] to lanes 0-3 and 4-7
+    a = _mm256_permutevar8x32_ps(a16[c / 4], _mm256_set_epi32(j + 1, j + 1, j + 1, j + 1, j, j, j, j));
     const int half = c / 4, t = c % 4;
     const __m256i l = load32(blk + 64 * half + (t % 2) * 32), h = load32(blk + 128 + 32 * half);
     const __m256i two = _mm256_set1_epi8(0x30);
