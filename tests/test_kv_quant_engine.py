@@ -84,16 +84,19 @@ def test_int8_kv_stays_close_to_float_kv(make_engine, tiny_model_dir) -> None:
 
 @pytest.fixture(scope="module")
 def key_bias_model_dir(dim64_model_dir, tmp_path_factory) -> Path:
-    """dim64_model_dir with a k_proj bias of norm ~240 per KV head (a random N(0, 30) vector per layer), the keys'
-    own spread ~1 around it: the shape of Qwen2.5's layer-0 keys (mean norm ~270), scaled to this model."""
+    """dim64_model_dir with a k_proj bias of norm ~240 per KV head on its 8 slowest rotary pairs (channels 24-31 and
+    56-63, which turn by under 0.07 rad over 64 positions), the keys' own spread ~1 around it: the shape of Qwen2.5's
+    layer-0 keys (a mean of norm ~270 per KV head, 94% of it on pairs that turn by under pi/3 over 8k positions)."""
     out = tmp_path_factory.mktemp("key-bias")
     for f in dim64_model_dir.iterdir():
         shutil.copy(f, out / f.name)
     weights = load_file(out / "model.safetensors")
     gen = torch.Generator().manual_seed(1)
+    slow = torch.zeros(64)
+    slow[24:32] = slow[56:64] = 1
     for name, w in weights.items():
         if name.endswith("k_proj.bias"):
-            weights[name] = w + 30 * torch.randn(w.shape, generator=gen)
+            weights[name] = w + 60 * torch.randn(w.shape, generator=gen) * slow.repeat(w.numel() // 64)
     save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
     return out
 
@@ -123,23 +126,23 @@ def test_int8_pages_of_centered_keys_keep_a_large_k_bias_from_costing_precision(
     make_engine, key_bias_model_dir
 ) -> None:
     """Keys that are mostly their bias: int8 rows scaled by the bias round the keys' own part coarsely (uncentered:
-    a logprob error many times the centered one); stored centered, int8 stays close to float32 KV."""
+    a mean logprob error many times the centered one); stored centered, int8 stays close to float32 KV."""
     ref = make_engine(key_bias_model_dir, page_size=4, max_total_tokens=256)
     quant = make_engine(key_bias_model_dir, **INT8)
     uncentered = make_engine(key_bias_model_dir, **INT8)
     assert all(layer.self_attn.k_center is not None for layer in quant.runner.model.layers)
     for layer in uncentered.runner.model.layers:
         layer.self_attn.k_center = None
-    err = {"centered": 0.0, "uncentered": 0.0}
+    err: dict[str, list[float]] = {"centered": [], "uncentered": []}
     for ids in prompts(4):
         tokens, want = scored(ref, ids)
         for name, eng in (("centered", quant), ("uncentered", uncentered)):
             got_tokens, got = scored(eng, ids)
             n = len(ids) - 1 + next((i for i, (a, b) in enumerate(zip(tokens, got_tokens)) if a != b), len(tokens))
-            err[name] = max(err[name], max(abs(x - y) for x, y in zip(want[:n], got[:n])))
-    print(err)
-    assert err["centered"] < 0.05, err
-    assert err["uncentered"] > 5 * err["centered"], err
+            err[name] += [abs(x - y) for x, y in zip(want[:n], got[:n])]
+    mean = {name: sum(e) / len(e) for name, e in err.items()}
+    assert mean["centered"] < 0.03, mean  # measured 0.011, as int8 KV of this model without the bias
+    assert mean["uncentered"] > 5 * mean["centered"], mean  # measured 0.16-0.17
 
 
 def test_backends_refuse_a_format_they_cannot_read(make_engine, tiny_model_dir) -> None:
