@@ -2,13 +2,13 @@
 
 Softmax over q . k_j is unchanged when every key of a head moves by the same vector c (each score moves by q . c,
 the same for every j), so centered keys give the same attention. They quantize far better in models whose keys
-are mostly their k_proj bias: Qwen2.5's layer-0 keys have a mean of norm ~270 per KV head and a spread of a few
-units around it, which an int8 scale sized by the mean rounds away (RESULTS.md, issue 40, session 13).
+are mostly their k_proj bias: Qwen2.5's layer-0 keys have a mean of norm ~270 per KV head (their rms norm: 278),
+so an int8 scale sized by the mean rounds the rest coarsely (RESULTS.md, issue 40, sessions 12-13).
 
 The bias b is added before RoPE, so at position p a rotary pair holds R(theta p) b: a pair that turns by phi is left
 |R(phi) b - b| = 2 |b| sin(phi / 2) off center by c = b, more than |b| (c = 0) once phi > pi/3. So c is b on the
 pairs that turn by less than pi/3 over CENTER_SPAN positions (or the model's context, if shorter), zero on the rest.
-Most of Qwen2.5's large biases sit on those slow pairs (94-99% of the bias in its layers 0-2 and 8).
+Most of Qwen2.5's large biases sit on those slow pairs (94-99.8% of the bias in its layers 0-2 and 8).
 
 The center is subtracted in the model, after RoPE and before attention, so every reader and writer (the C++
 store and decode op, SDPA, Triton, speculative verify, partial-page copies, TP shards with their own bias slice)
@@ -35,7 +35,7 @@ def slow_pairs(config: ModelConfig) -> torch.Tensor:
     """`[head_dim]` bool: the channels of the rotary pairs (i, i + head_dim / 2) that turn by less than pi/3 over
     min(CENTER_SPAN, the context) positions."""
     span = min(CENTER_SPAN, config.max_position_embeddings)
-    inv_freq, _ = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling, span)
+    inv_freq, _ = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings)
     return (inv_freq * span < math.pi / 3).repeat(2)
 
 
