@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from radixserve.cache import disk_tier as disk_tier_mod
+from radixserve.cache import kv_digest as kv_digest_mod
 from radixserve.cache.disk_tier import DiskTier, TierLockedError
 from radixserve.cache.kv_digest import KVLayout, kv_digest
 from radixserve.cache.kv_format import KVFormat
@@ -225,10 +226,13 @@ def test_unusable_directory_means_no_tier(tmp_path: Path, monkeypatch, caplog) -
     assert "unusable" in caplog.text
 
 
-def test_int8_pages_round_trip_and_a_tier_in_another_row_layout_is_never_read(tmp_path: Path) -> None:
+def test_int8_pages_round_trip_and_a_tier_in_another_row_layout_is_never_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """int8 pages hold 72-byte key rows and 66-byte value rows at head_dim 64, side by side per KV head; they come back
-    from disk as they were. The digest names both widths (and the page format's version), so pages written in another
-    row layout (72-byte value rows, as before values had one scale a row) sit in another folder and are never read."""
+    from disk as they were. The digest names both widths and the page format's version, so pages written in another
+    row layout (72-byte value rows, as before values had one scale a row) or by format 5 (int8 keys uncentered, before
+    radixserve/model/key_center.py) sit in another folder and are never read."""
     model = tmp_path / "config.json"
     model.write_text("{}")
     pool = KVPool(2, 16, PS, 2, 64, torch.bfloat16, kv_format=KVFormat("int8"))
@@ -249,3 +253,6 @@ def test_int8_pages_round_trip_and_a_tier_in_another_row_layout_is_never_read(tm
     other = DiskTier(tmp_path / "kv", 1 << 30, kv_digest(model, "none", old), old.page_bytes)
     assert other.num_pages == 0 and other.dir != tier.store.dir
     other.close()
+    assert kv_digest_mod.FORMAT_VERSION >= 6
+    monkeypatch.setattr(kv_digest_mod, "FORMAT_VERSION", 5)
+    assert kv_digest(model, "none", tier.layout) != digest

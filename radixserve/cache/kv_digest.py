@@ -21,8 +21,9 @@ _SAMPLES = 16
 _SAMPLE_BYTES = 64 * 1024
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin")
 # Bump when the page file layout or what a page holds changes (3: the KV format, kv_dtype; 4: K and V rows side by
-# side with their own widths, int8 value rows of one scale; 5: int8 value rows stored rotated, as the keys).
-FORMAT_VERSION = 5
+# side with their own widths, int8 value rows of one scale; 5: int8 value rows stored rotated, as the keys; 6: int8
+# keys stored centered by the k bias, radixserve/model/key_center.py).
+FORMAT_VERSION = 6
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,8 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, config.hidden_size, _o_proj_bias(config), dtype)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        # `[num_kv_heads, head_dim]` subtracted from every key after RoPE (int8 KV pages: radixserve/model/key_center.py)
+        self.k_center: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, rope: RopeStep, attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
@@ -103,6 +105,8 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope.rotate(q, k)
+        if self.k_center is not None:
+            k = k.sub_(self.k_center)  # in place: k is this step's own (the qkv output or RoPE's result)
         out = attn.forward(self.layer_id, q, k, v)
         return self.o_proj(out.reshape(t, self.q_size))
 

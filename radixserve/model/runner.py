@@ -11,6 +11,7 @@ import torch
 from radixserve.host_memory import available_ram
 from radixserve.attention.base import AttentionBackend
 from radixserve.cache.kv_format import resolve_kv_dtype
+from radixserve.model.key_center import center_keys
 from radixserve.cache.kv_pool import KVPool
 from radixserve.config import ModelConfig
 from radixserve.distributed import PageTransfer
@@ -132,6 +133,8 @@ class ModelRunner:
             cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device, kv_format
         )
         self.attn = make_backend(attention_backend, self.pool, cfg, max_running_requests)
+        if kv_format.name == "int8":  # keys stored centered (radixserve/model/key_center.py)
+            center_keys(self.model, dtype)
         if deterministic:  # batch-invariant linears and attention (radixserve/model/deterministic.py)
             from radixserve.model.deterministic import make_deterministic
 
