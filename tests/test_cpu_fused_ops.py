@@ -56,3 +56,46 @@ def test_rope_rotates_q_and_k_of_one_qkv_row_in_one_op(rows, monkeypatch):
     rq, rk = rope.RopeStep(torch.arange(rows), cos, sin, torch.empty(0), None).rotate(q, k)
     assert calls == [(rows, 16, 64)]
     assert torch.equal(rq, alone[0]) and torch.equal(rk, alone[1])
+
+
+def _all_bfloat16() -> torch.Tensor:
+    """Every bfloat16 value but the NaNs, in rows of 4,864 (the default model's MLP width)."""
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    every = every[~torch.isnan(every.float())]
+    return every[: every.numel() - every.numel() % 4864].view(-1, 4864)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_is_torchs_silu_times_up(dtype):
+    """Every bfloat16 value as a gate (in float32 too), and widths with torch's scalar tail: the same values as
+    F.silu(gate) * up, NaN for NaN (gate -inf)."""
+    torch.manual_seed(0)
+    gate = _all_bfloat16().to(dtype)
+    up = torch.randn(gate.shape).to(dtype)
+    got = cpu_kernels.ops().silu_mul(torch.cat([gate, up], 1))
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=0, atol=0, equal_nan=True)
+    for width in (1, 33, 100, 4864 + 17):
+        gate_up = (torch.randn(3, 2 * width) * 8).to(dtype)
+        gate, up = gate_up.split(width, 1)
+        assert torch.equal(cpu_kernels.ops().silu_mul(gate_up), F.silu(gate) * up)
+
+
+def test_argmax_rows_is_torchs_argmax():
+    """The greedy sampler's op: the first of equal largest values, the first NaN before any number, a NaN or a tie
+    in the vector part or the tail, -inf rows, widths below a vector."""
+    torch.manual_seed(0)
+    x = torch.randn(12, 151936)
+    x[1, 7], x[1, 151930] = 50.0, 50.0  # a tie: the first wins
+    x[2, 100] = float("nan")
+    x[3, 151935] = float("nan")  # in the tail after the vectors
+    x[4] = float("-inf")
+    x[5, 3], x[5, 19] = 60.0, 60.0  # equal maxima in different lanes
+    x[6, 0], x[6, 16] = -0.0, 0.0
+    x[6, 1:16], x[6, 17:] = -1.0, -1.0  # -0.0 == 0.0: the first
+    x[7, 151920], x[7, 151930] = 70.0, 70.0  # the max in the last vector and again in the tail
+    x[8, 5], x[8, 3] = float("nan"), float("nan")
+    for row in x:
+        assert torch.equal(cpu_kernels.ops().argmax_rows(row[None]), row[None].argmax(-1))
+    for width in (1, 5, 16, 17, 33):
+        y = torch.randn(4, width)
+        assert torch.equal(cpu_kernels.ops().argmax_rows(y), y.argmax(-1))
