@@ -41,8 +41,8 @@ def test_add_rms_norm_is_add_then_norm(dtype, with_residual):
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_rope_rotates_q_and_k_of_one_qkv_row_in_one_op(rows, monkeypatch):
-    """Attention's q and k views of the qkv output are rotated as one tensor (one op a layer), at one token too,
-    where `view` gives q and k different (moot) row strides; the values are those of rotating each alone."""
+    """Attention's q and k views of the qkv output (strided rows; at one token `view` gives them different, moot
+    row strides) are rotated by one op a layer, rope_qk, with the values of rotating each alone."""
     from radixserve.model import rope
 
     torch.manual_seed(rows)
@@ -51,10 +51,12 @@ def test_rope_rotates_q_and_k_of_one_qkv_row_in_one_op(rows, monkeypatch):
     cos, sin = torch.randn(rows, 1, 32).bfloat16(), torch.randn(rows, 1, 32).bfloat16()
     alone = rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin)
     calls = []
-    one = rope.apply_rope
-    monkeypatch.setattr(rope, "apply_rope", lambda x, c, s: calls.append(x.shape) or one(x, c, s))
+    ops = cpu_kernels.ops()
+    counted = type("Counted", (), {"rope_qk": lambda self, *a: calls.append("rope_qk") or ops.rope_qk(*a)})()
+    monkeypatch.setattr(rope.cpu_kernels, "ops", lambda: counted)
+    monkeypatch.setattr(rope, "apply_rope", lambda *a: calls.append("apply_rope") or alone)
     rq, rk = rope.RopeStep(torch.arange(rows), cos, sin, torch.empty(0), None).rotate(q, k)
-    assert calls == [(rows, 16, 64)]
+    assert calls == ["rope_qk"]
     assert torch.equal(rq, alone[0]) and torch.equal(rk, alone[1])
 
 
