@@ -299,17 +299,3 @@ def test_on_cuda_seeded_rows_and_filters_hold() -> None:
     assert batch[2] in logits[2].topk(40).indices.tolist()
     probs = logits[3].softmax(-1)
     assert probs[batch[3]] >= 0.05 * probs.max()
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_private_copy_is_a_separate_equal_tensor(dtype) -> None:
-    """The penalties' and biases' copy (numpy's one-thread copy for float32 on CPU): the same values in memory of
-    its own, so writing it leaves the caller's logits alone."""
-    from radixserve.sampling.row_copy import private_copy
-
-    logits = torch.randn(3, 1000).to(dtype)
-    before = logits.clone()
-    copy = private_copy(logits)
-    assert copy.dtype == dtype and torch.equal(copy, logits)
-    copy.fill_(0)
-    assert torch.equal(logits, before)

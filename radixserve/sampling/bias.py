@@ -8,7 +8,6 @@ from collections.abc import Sequence
 import torch
 
 from radixserve.sampling.info import SamplingInfo
-from radixserve.sampling.row_copy import private_copy
 from radixserve.transfer import device_tensor
 
 
@@ -26,7 +25,7 @@ def apply_bias(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.Ten
         return logits
     rows, ids, biases = zip(*entries)
     device = logits.device
-    logits = private_copy(logits)
+    logits = logits.clone()
     # index_put_ with accumulate adds every entry, so an id both biased and banned ends at -inf
     logits.index_put_(
         (device_tensor(list(rows), device, torch.long), device_tensor(list(ids), device, torch.long)),

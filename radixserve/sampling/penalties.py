@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import torch
 
 from radixserve.sampling.info import SamplingInfo
-from radixserve.sampling.row_copy import private_copy
 from radixserve.transfer import device_tensor
 
 
@@ -49,7 +48,7 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torc
     ]
     if not rep_rows and not fp_rows:
         return logits
-    logits = private_copy(logits)
+    logits = logits.clone()
     vocab, device = logits.shape[1], logits.device
 
     if rep_rows:
