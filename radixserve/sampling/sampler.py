@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels.cpu as cpu_kernels
-
 from radixserve.sampling.bias import apply_bias
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling.penalties import apply_penalties
@@ -137,23 +135,14 @@ def sample_ids(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> tuple[tor
     logits = apply_bias(apply_penalties(logits, infos), infos)
     greedy = [info.params.is_greedy for info in infos]
     if all(greedy):
-        return greedy_ids(logits), raw_logprobs
+        return logits.argmax(dim=-1), raw_logprobs
     random_rows = [i for i, g in enumerate(greedy) if not g]
     sampled = _sample_rows(logits[random_rows], [infos[i] for i in random_rows])
     if len(random_rows) == len(infos):
         return sampled, raw_logprobs
-    next_ids = greedy_ids(logits)
+    next_ids = logits.argmax(dim=-1)
     next_ids[random_rows] = sampled
     return next_ids, raw_logprobs
-
-
-def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
-    """torch.argmax over the last dimension of float32 logits [B, V]; on CPU our one-thread op (kernels/cpu/
-    argmax.cpp, the same ids), since torch's parallel one wakes a sleeping OpenMP thread for each step."""
-    ops = cpu_kernels.ops() if logits.device.type == "cpu" else None
-    if ops is not None and logits.dtype == torch.float32 and logits.dim() == 2 and logits.shape[1] > 0:
-        return ops.argmax_rows(logits)
-    return logits.argmax(dim=-1)
 
 
 def chosen_logprobs(
