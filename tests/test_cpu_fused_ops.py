@@ -58,3 +58,25 @@ def test_rope_rotates_q_and_k_of_one_qkv_row_in_one_op(rows, monkeypatch):
     rq, rk = rope.RopeStep(torch.arange(rows), cos, sin, torch.empty(0), None).rotate(q, k)
     assert calls == ["rope_qk"]
     assert torch.equal(rq, alone[0]) and torch.equal(rk, alone[1])
+
+
+def _all_bfloat16() -> torch.Tensor:
+    """Every bfloat16 value but the NaNs, in rows of 4,864 (the default model's MLP width)."""
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    every = every[~torch.isnan(every.float())]
+    return every[: every.numel() - every.numel() % 4864].view(-1, 4864)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_is_torchs_silu_times_up(dtype):
+    """Every bfloat16 value as a gate (in float32 too), and widths with torch's scalar tail: the same values as
+    F.silu(gate) * up, NaN for NaN (gate -inf)."""
+    torch.manual_seed(0)
+    gate = _all_bfloat16().to(dtype)
+    up = torch.randn(gate.shape).to(dtype)
+    got = cpu_kernels.ops().silu_mul(torch.cat([gate, up], 1))
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=0, atol=0, equal_nan=True)
+    for width in (1, 33, 100, 4864 + 17):
+        gate_up = (torch.randn(3, 2 * width) * 8).to(dtype)
+        gate, up = gate_up.split(width, 1)
+        assert torch.equal(cpu_kernels.ops().silu_mul(gate_up), F.silu(gate) * up)
