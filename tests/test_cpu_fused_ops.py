@@ -41,8 +41,8 @@ def test_add_rms_norm_is_add_then_norm(dtype, with_residual):
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_rope_rotates_q_and_k_of_one_qkv_row_in_one_op(rows, monkeypatch):
-    """Attention's q and k views of the qkv output are rotated as one tensor (one op a layer), at one token too,
-    where `view` gives q and k different (moot) row strides; the values are those of rotating each alone."""
+    """Attention's q and k views of the qkv output (strided rows; at one token `view` gives them different, moot
+    row strides) are rotated by one op a layer, rope_qk, with the values of rotating each alone."""
     from radixserve.model import rope
 
     torch.manual_seed(rows)
@@ -51,8 +51,32 @@ def test_rope_rotates_q_and_k_of_one_qkv_row_in_one_op(rows, monkeypatch):
     cos, sin = torch.randn(rows, 1, 32).bfloat16(), torch.randn(rows, 1, 32).bfloat16()
     alone = rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin)
     calls = []
-    one = rope.apply_rope
-    monkeypatch.setattr(rope, "apply_rope", lambda x, c, s: calls.append(x.shape) or one(x, c, s))
+    ops = cpu_kernels.ops()
+    counted = type("Counted", (), {"rope_qk": lambda self, *a: calls.append("rope_qk") or ops.rope_qk(*a)})()
+    monkeypatch.setattr(rope.cpu_kernels, "ops", lambda: counted)
+    monkeypatch.setattr(rope, "apply_rope", lambda *a: calls.append("apply_rope") or alone)
     rq, rk = rope.RopeStep(torch.arange(rows), cos, sin, torch.empty(0), None).rotate(q, k)
-    assert calls == [(rows, 16, 64)]
+    assert calls == ["rope_qk"]
     assert torch.equal(rq, alone[0]) and torch.equal(rk, alone[1])
+
+
+def _all_bfloat16() -> torch.Tensor:
+    """Every bfloat16 value but the NaNs, in rows of 4,864 (the default model's MLP width)."""
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    every = every[~torch.isnan(every.float())]
+    return every[: every.numel() - every.numel() % 4864].view(-1, 4864)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_is_torchs_silu_times_up(dtype):
+    """Every bfloat16 value as a gate (in float32 too), and widths with torch's scalar tail: the same values as
+    F.silu(gate) * up, NaN for NaN (gate -inf)."""
+    torch.manual_seed(0)
+    gate = _all_bfloat16().to(dtype)
+    up = torch.randn(gate.shape).to(dtype)
+    got = cpu_kernels.ops().silu_mul(torch.cat([gate, up], 1))
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=0, atol=0, equal_nan=True)
+    for width in (1, 33, 100, 4864 + 17):
+        gate_up = (torch.randn(3, 2 * width) * 8).to(dtype)
+        gate, up = gate_up.split(width, 1)
+        assert torch.equal(cpu_kernels.ops().silu_mul(gate_up), F.silu(gate) * up)

@@ -101,14 +101,24 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   return out;
 }
 
+// q and k of one step rotated by one call (the attention's q and k views of its qkv output, or Qwen3's normed
+// ones): rope(q) and rope(k), with one dispatch where the Python that joined the two views into one cost more than
+// the op.
+std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                           const at::Tensor& sin) {
+  return {rope(q, cos, sin), rope(k, cos, sin)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("add_rms_norm(Tensor h, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def("rope_qk(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("rope", &rope);
+  m.impl("rope_qk", &rope_qk);
 }

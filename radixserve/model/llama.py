@@ -120,8 +120,10 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        fused = cuda_ops.for_tensor(gate_up)
-        act = fused.silu_mul(gate_up) if fused is not None else None
+        act = _cpu_silu_mul(gate_up)
+        if act is None:
+            fused = cuda_ops.for_tensor(gate_up)
+            act = fused.silu_mul(gate_up) if fused is not None else None
         if act is None:
             gate, up = gate_up.split(self.intermediate_size, dim=-1)
             act = F.silu(gate) * up
@@ -265,6 +267,15 @@ class LlamaForCausalLM(nn.Module):
                 targets[f"{prefix}{part}.{kind}"] = (param, offset, rows)
                 offset += rows
         return targets
+
+
+def _cpu_silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """SiLU(gate) * up as one op on CPU (kernels/cpu/silu_mul.cpp: torch's values, without the split, the two
+    dispatches and the intermediate), or None where it does not apply."""
+    if gate_up.device.type != "cpu" or gate_up.dim() != 2 or gate_up.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    ops = cpu_kernels.ops()
+    return ops.silu_mul(gate_up) if ops is not None else None
 
 
 def _o_proj_bias(config: ModelConfig) -> bool:

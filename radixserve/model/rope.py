@@ -127,15 +127,18 @@ class RopeStep:
     fused: cuda_ops.FusedOps | None
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q `[T, H, D]` and k `[T, KH, D]` rotated. The fused kernel rotates them in place; the torch path
-        rotates them as one tensor when k's heads follow q's in memory (the qkv projection's output), which
-        halves its ops per layer."""
+        """q `[T, H, D]` and k `[T, KH, D]` rotated. The fused CUDA kernel rotates them in place; on CPU one op
+        (kernels/cpu/norm_rope.cpp rope_qk) rotates both; the torch path rotates them as one tensor when k's heads
+        follow q's in memory (the qkv projection's output), which halves its ops per layer."""
         if self.fused is not None and self.fused.rope_qk(q, k, self.positions, self.cos_sin_cache):
             return q, k
         if self.cos is None or self.sin is None:  # a shape the kernel refused: look up as the torch path does
             cos, sin = lookup(self.cos_sin_cache, self.positions, q.dtype)
         else:
             cos, sin = self.cos, self.sin
+        ops = cpu_kernels.ops() if q.device.type == "cpu" and q.dtype in _FUSED_DTYPES else None
+        if ops is not None and _heads_dense(q) and _heads_dense(k) and k.dtype == q.dtype:
+            return ops.rope_qk(q, k, cos, sin)  # one op, no joined view to check and split (~5 us a layer)
         if _adjacent(q, k):
             qk = q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
             return apply_rope(qk, cos, sin).split([q.shape[1], k.shape[1]], dim=1)
@@ -147,6 +150,11 @@ def lookup(cos_sin_cache: torch.Tensor, positions: torch.Tensor, dtype: torch.dt
     layer)."""
     rows = cos_sin_cache.index_select(0, positions).to(dtype)
     return tuple(half.contiguous().unsqueeze(1) for half in rows.chunk(2, dim=-1))
+
+
+def _heads_dense(x: torch.Tensor) -> bool:
+    """The CPU rope ops' layout: each row's heads and their values dense (rows may be strided)."""
+    return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
 
 def _adjacent(q: torch.Tensor, k: torch.Tensor) -> bool:
