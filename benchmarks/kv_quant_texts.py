@@ -23,6 +23,7 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from benchmarks.quality import token_logprobs  # noqa: E402
 from radixserve import Engine  # noqa: E402
 
 
@@ -35,13 +36,6 @@ def read_text(spec: str) -> str:
         else:
             parts.append(Path(f).read_text())
     return "\n\n".join(parts)
-
-
-def token_logprobs(eng: Engine, ids: list[int]) -> list[float]:
-    out = eng.generate(
-        input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=0
-    )
-    return [lp for lp, _ in out["meta_info"]["input_token_logprobs"][1:]]  # the first token has no context
 
 
 def main() -> None:

@@ -92,11 +92,16 @@ PROMPTS = [
 ]
 
 
-def perplexity(eng: Engine, ids: list[int]) -> float:
+def token_logprobs(eng: Engine, ids: list[int]) -> list[float]:
+    """The logprob of every token of `ids` but the first, each scored from those before it (one prefill)."""
     out = eng.generate(
         input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=0
     )
-    lps = [lp for lp, _ in out["meta_info"]["input_token_logprobs"][1:]]  # the first token has no context
+    return [lp for lp, _ in out["meta_info"]["input_token_logprobs"][1:]]  # the first token has no context
+
+
+def perplexity(eng: Engine, ids: list[int]) -> float:
+    lps = token_logprobs(eng, ids)
     return math.exp(-sum(lps) / len(lps))
 
 

@@ -69,11 +69,6 @@ inline __m256 step2(__m256 acc, __m256i u, __m256 a, const XChunk& xc) {
 // a per 16 columns (a0: columns 0-15, a1: 16-31) to the lanes of a 32-column chunk.
 inline __m256 spread2(float a0, float a1) { return _mm256_set_m128(_mm_set1_ps(a1), _mm_set1_ps(a0)); }
 
-// sum_j b[j] * corr[j] over S (a multiple of 8) in 8 lanes, then hsum8: the offsets' share of a row (Q4_K).
-inline __m256 offsets_step(__m256 acc, const float* b, const float* corr) {
-  return _mm256_fmadd_ps(_mm256_loadu_ps(b), _mm256_loadu_ps(corr), acc);
-}
-
 // y[r] for RB activation rows from m0 against one unpacked weight row (u, a, b as gguf_blocks.h unpacks them).
 template <int64_t Type, int RB>
 inline void tile_rows(const uint8_t* u, const float* a, const float* b, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
@@ -87,8 +82,9 @@ inline void tile_rows(const uint8_t* u, const float* a, const float* b, const Qu
   for (int r = 0; r < RB; r++) {
     y[r * ldy] = hsum8(acc[r]);
     if constexpr (Type == kQ4_K) {
-      __m256 off = _mm256_setzero_ps();
-      for (int64_t j = 0; j < x.S; j += 8) off = offsets_step(off, b + j, &x.corr[(m0 + r) * x.S + j]);
+      __m256 off = _mm256_setzero_ps();  // sum_j b[j] corr[j], 8 lanes in column order, as decode_rows sums it
+      for (int64_t j = 0; j < x.S; j += 8)
+        off = _mm256_fmadd_ps(_mm256_loadu_ps(b + j), _mm256_loadu_ps(&x.corr[(m0 + r) * x.S + j]), off);
       y[r * ldy] -= hsum8(off);
     }
   }

@@ -64,13 +64,7 @@ inline float offsets(const float* b, const float* corr, int64_t S) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t j = 0; j < S; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(b + j), _mm512_loadu_ps(corr + j), acc);
   return _mm512_reduce_add_ps(acc);
-#elif defined(__AVX2__) && defined(__FMA__)
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t j = 0; j < S; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(b + j), _mm256_loadu_ps(corr + j), acc);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-#else
+#else  // (AVX2 builds sum their offsets in gguf_decode_avx2.h, in the order its decode rows use)
   float acc = 0.f;
   for (int64_t j = 0; j < S; j++) acc += b[j] * corr[j];
   return acc;
