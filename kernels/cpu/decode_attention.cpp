@@ -21,6 +21,7 @@
 //
 // Paths, chosen at compile time (-march=native): AVX-512 for head_dim 64 or 128 (one row = 4 or 8 registers);
 // plain C++ otherwise (any head_dim, or a CPU without AVX-512).
+#include "ops.h"
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -328,6 +329,10 @@ void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const 
   });
 }
 
+}  // namespace
+
+namespace radixserve::cpu {
+
 at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pages, const at::Tensor& v_pages,
                             const at::Tensor& page_table, const at::Tensor& seq_lens, double scale) {
   TORCH_CHECK(q_in.dim() == 3, "q must be [num_reqs, heads, head_dim]");
@@ -377,7 +382,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pages, c
   return out;
 }
 
-}  // namespace
+}  // namespace radixserve::cpu
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def(
@@ -385,4 +390,4 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
       "-> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(radixserve, CPU, m) { m.impl("decode_attention", &decode_attention); }
+TORCH_LIBRARY_IMPL(radixserve, CPU, m) { m.impl("decode_attention", &radixserve::cpu::decode_attention); }

@@ -15,6 +15,7 @@
 // grouped (rows are blocked in registers by kRowBlock, each with its own accumulator; the fused decode runs the same
 // `step` as the tiles), so a token's logits do not change with the batch it runs in (tests/test_gguf_kernels.py).
 // What does differ is the instruction set: each build is invariant on its own.
+#include "ops.h"
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -326,6 +327,10 @@ Tiles plan(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& ty
   return tiles;
 }
 
+}  // namespace
+
+namespace radixserve::cpu {
+
 // y = x W^T + bias with W the stacked GGUF blocks: x float32 or bfloat16 [M, K], y [M, N] in x's dtype.
 // `ahead`: the blocks the next linears will read, in order; their first kAheadBytes are handed to the pool to
 // prefetch while the caller does the serial work between this linear and the next (SpinPool::prefetch_ahead).
@@ -382,12 +387,12 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
   return out;
 }
 
-}  // namespace
+}  // namespace radixserve::cpu
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("gguf_linear(Tensor x, Tensor[] blocks, int[] types, Tensor? bias, Tensor[]? ahead=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
-  m.impl("gguf_linear", &gguf_linear);
+  m.impl("gguf_linear", &radixserve::cpu::gguf_linear);
 }

@@ -8,6 +8,7 @@
 // cost more than the decode attention saved. Bit-identical to KVFormat.encode(rotate(k), "k") and
 // KVFormat.encode(rotate_values(v), "v"): per group, scale = float16(min(max |x| / 127, 65504)) rounded to nearest even, then each
 // value x / scale (float32 division) rounded half to even and clamped to +-127; a zero scale stores zeros.
+#include "ops.h"
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -70,6 +71,10 @@ const int64_t* checked_slots(const at::Tensor& loc, int64_t tokens, int64_t slot
   return lp;
 }
 
+}  // namespace
+
+namespace radixserve::cpu {
+
 void store_kv_int8(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_buf, at::Tensor v_buf,
                    const at::Tensor& loc) {
   const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
@@ -118,7 +123,7 @@ void store_kv(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_buf, 
   }
 }
 
-}  // namespace
+}  // namespace radixserve::cpu
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("store_kv_int8(Tensor k, Tensor v, Tensor(a!) k_buf, Tensor(b!) v_buf, Tensor loc) -> ()");
@@ -126,6 +131,6 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
-  m.impl("store_kv_int8", &store_kv_int8);
-  m.impl("store_kv", &store_kv);
+  m.impl("store_kv_int8", &radixserve::cpu::store_kv_int8);
+  m.impl("store_kv", &radixserve::cpu::store_kv);
 }

@@ -5,6 +5,7 @@
 // model. Each op here rounds where the torch sequence it replaces rounds (to the tensor's dtype after every
 // elementwise step, as torch's bf16 ops do; the files build with -ffp-contract=off, so no multiply-add is fused),
 // so the values are the torch path's: only RMSNorm's float32 sum of squares may add up in another order.
+#include "ops.h"
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -38,6 +39,10 @@ void add_rms_norm_rows(T* h, const T* residual, const T* weight, float eps, T* o
     }
   });
 }
+
+}  // namespace
+
+namespace radixserve::cpu {
 
 // (h + residual, RMSNorm(h + residual) * weight), or (h, RMSNorm(h) * weight) without a residual; the inputs are
 // not written. h and residual [rows, dim], weight [dim], all of one dtype.
@@ -109,7 +114,7 @@ std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& q, const at::Tensor
   return {rope(q, cos, sin), rope(k, cos, sin)};
 }
 
-}  // namespace
+}  // namespace radixserve::cpu
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("add_rms_norm(Tensor h, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");
@@ -118,7 +123,7 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
-  m.impl("add_rms_norm", &add_rms_norm);
-  m.impl("rope", &rope);
-  m.impl("rope_qk", &rope_qk);
+  m.impl("add_rms_norm", &radixserve::cpu::add_rms_norm);
+  m.impl("rope", &radixserve::cpu::rope);
+  m.impl("rope_qk", &radixserve::cpu::rope_qk);
 }

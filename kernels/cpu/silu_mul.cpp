@@ -7,6 +7,7 @@
 // float32 and rounds (the file builds with -ffp-contract=off: nothing is fused). So this does the same, with the same
 // Sleef functions (exported by libtorch_cpu): expf16 on AVX-512, expf8 on AVX2. A build for neither (x86-64) runs
 // torch's own ops here, since its silu would still use a vector exp we cannot call.
+#include "ops.h"
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -100,6 +101,10 @@ void silu_mul_rows(const at::Tensor& x, at::Tensor& out, int64_t rows, int64_t n
 }
 #endif
 
+}  // namespace
+
+namespace radixserve::cpu {
+
 // gate_up [rows, 2n] (gate then up, as MLP's fused projection writes them), float32 or bfloat16 -> [rows, n].
 at::Tensor silu_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up [rows, 2n]");
@@ -121,8 +126,8 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 #endif
 }
 
-}  // namespace
+}  // namespace radixserve::cpu
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) { m.def("silu_mul(Tensor gate_up) -> Tensor"); }
 
-TORCH_LIBRARY_IMPL(radixserve, CPU, m) { m.impl("silu_mul", &silu_mul); }
+TORCH_LIBRARY_IMPL(radixserve, CPU, m) { m.impl("silu_mul", &radixserve::cpu::silu_mul); }

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class DecodeOpStep:
+    """A step whose every token is a row of the CPU decode op, stored by a C++ op: what kernels/cpu/decoder_stack.cpp
+    needs to store and attend in every layer as `forward` would."""
+
+    k_buffers: list[torch.Tensor]
+    v_buffers: list[torch.Tensor]
+    out_cache_loc: torch.Tensor  # int64 slots of the step's tokens
+    table: torch.Tensor  # [T, P] int32 page table, a row per token
+    seq_lens: torch.Tensor  # [T] int32 keys each row attends over
+    scale: float
+    int8: bool  # pages quantized by store_kv_int8; else copied by store_kv
 
 
 class AttentionBackend(ABC):
@@ -31,3 +46,8 @@ class AttentionBackend(ABC):
     @abstractmethod
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q `[T, num_heads, head_dim]`, k/v `[T, kv_heads, head_dim]` -> output `[T, num_heads, head_dim]`."""
+
+    def decode_op_step(self, dtype: torch.dtype) -> DecodeOpStep | None:
+        """After `plan`: this step as DecodeOpStep when `forward` would store k/v of `dtype` with a C++ op and attend
+        every row with the CPU decode op; None where it takes another path."""
+        return None

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels.cpu
-from radixserve.attention.base import AttentionBackend
+from radixserve.attention.base import AttentionBackend, DecodeOpStep
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
 
@@ -165,6 +165,18 @@ class TorchAttentionBackend(AttentionBackend):
             # index_select / index_copy_: advanced indexing is many times slower on CPU, in bf16 above all.
             out.index_copy_(0, g.rows, self._attend(g, q.index_select(0, g.rows), k_pages, v_pages))
         return out
+
+    def decode_op_step(self, dtype: torch.dtype) -> DecodeOpStep | None:
+        if self.cpu_ops is None or len(self.groups) != 1:
+            return None
+        g = self.groups[0]
+        store = self.pool.store_op(dtype)
+        if g.rows is not None or g.table is None or g.seq_lens is None or store is None:
+            return None
+        p = self.pool
+        return DecodeOpStep(
+            p.k_buffers, p.v_buffers, self.out_cache_loc, g.table, g.seq_lens, self.scale, store == "int8"
+        )
 
     def _attend(self, g: _Group, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
         """Attention for one group; q holds the group's tokens `[n, H, D]` in request order. int8 keys and values are

@@ -117,15 +117,25 @@ class KVPool:
         index_copy_ into the flat slot views: cheaper than advanced indexing (on CPU above all) and free of host
         syncs, so it is also safe inside a CUDA-graph capture."""
         kb, vb = self.k_buffers[layer_id], self.v_buffers[layer_id]
-        if self._store_int8 is not None and k.dtype == v.dtype and v.dtype in (torch.float32, torch.bfloat16):
+        op = self.store_op(k.dtype) if k.dtype == v.dtype else None
+        if op == "int8":
             self._store_int8(k, v, kb, vb, loc)  # rotates the rows itself
             return
-        if self._store_rows is not None and k.dtype == v.dtype == self.dtype:
+        if op == "rows":
             self._store_rows(k, v, kb, vb, loc)
             return
         k, v = self.format.rotate(k), self.format.rotate_values(v)  # int8: rows are stored rotated (kv_format.py)
         kb.view(-1, *kb.shape[2:]).index_copy_(0, loc, self.format.encode(k, "k"))
         vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, self.format.encode(v, "v"))
+
+    def store_op(self, dtype: torch.dtype) -> str | None:
+        """The C++ op `store` writes k and v of `dtype` with: "int8" (store_kv_int8), "rows" (store_kv), or None
+        (the format's torch expression)."""
+        if self._store_int8 is not None and dtype in (torch.float32, torch.bfloat16):
+            return "int8"
+        if self._store_rows is not None and dtype == self.dtype:
+            return "rows"
+        return None
 
     @property
     def bytes_per_token(self) -> int:

@@ -21,6 +21,7 @@ import kernels.cuda_ops as cuda_ops
 from radixserve.attention.base import AttentionBackend
 from radixserve.config import ModelConfig
 from radixserve.forward_batch import ForwardBatch
+from radixserve.model.cpu_stack import run_stack
 from radixserve.model.rope import RopeStep, RotaryEmbedding
 
 
@@ -170,6 +171,7 @@ class LlamaForCausalLM(nn.Module):
         )
         self.tied_head: Linear | None = None  # pack_for_cpu's packed copy of a tied embedding
         self.packing = None  # a DeferredPacking (radixserve/model/packing.py) when the loader deferred packing
+        self.cpu_stack = None  # the layers as one C++ call on CPU (radixserve/model/cpu_stack.py), set by the runner
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
@@ -178,6 +180,10 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states `[T, hidden]` after the final norm for every packed token; writes each layer's K/V via `attn`."""
         h = self.embed_tokens(batch.input_ids)
         rope = self.rotary(batch.positions, h.dtype, cuda_ops.for_tensor(h))
+        if self.cpu_stack is not None:
+            out = run_stack(self.cpu_stack, h, rope, attn, self.norm.weight.dtype)
+            if out is not None:
+                return out
         residual = None
         for layer in self.layers:
             h, residual = layer(h, residual, rope, attn)

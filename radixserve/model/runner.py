@@ -11,7 +11,9 @@ import torch
 from radixserve.host_memory import available_ram
 from radixserve.attention.base import AttentionBackend
 from radixserve.cache.kv_format import resolve_kv_dtype
+from radixserve.model.cpu_stack import build_stack
 from radixserve.model.key_center import center_keys
+from radixserve.model.llama import LlamaForCausalLM
 from radixserve.cache.kv_pool import KVPool
 from radixserve.config import ModelConfig
 from radixserve.distributed import PageTransfer
@@ -139,6 +141,8 @@ class ModelRunner:
             from radixserve.model.deterministic import make_deterministic
 
             make_deterministic(self.model, self.attn)
+        if device.type == "cpu" and isinstance(self.model, LlamaForCausalLM):  # after the key centers are set
+            self.model.cpu_stack = build_stack(self.model)
         # Token ids sampled by the latest step, by request slot: the next step's decode inputs may name them before
         # the CPU has seen them (overlapped scheduling). Steps execute in order, so a slot is written before read.
         self.future_ids = torch.zeros(max_running_requests, dtype=torch.int64, device=device)

@@ -1,0 +1,105 @@
+// The decoder layers of a GGUF model on CPU as one call per step (radixserve/model/cpu_stack.py): every layer runs
+// the ops its Python runs, in the same order with the same arguments (ops.h: the functions torch.ops.radixserve
+// dispatches to), so the two paths give the same bits.
+//
+// Why: in Python each layer is ~15 op dispatches plus the module calls around them, ~2 ms of a ~13 ms decode step
+// of the default model (24 layers), all of it serial while the second core waits; here it is one dispatch a step.
+// Only the case the Python path serves with these ops comes here: the linears over the file's blocks, no QK norm,
+// rotary embedding by table (cos, sin), and attention by the decode op for every row of the step.
+#include "ops.h"
+
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace {
+
+using namespace radixserve::cpu;  // NOLINT: the ops the layers run
+
+// One GGUFLinear: its parts' blocks and types, bias, and what it hands the pool to prefetch after it runs.
+struct Linear {
+  std::vector<at::Tensor> blocks;
+  std::vector<int64_t> types;
+  std::optional<at::Tensor> bias;
+  std::optional<std::vector<at::Tensor>> ahead;
+
+  at::Tensor operator()(const at::Tensor& x) const { return gguf_linear(x, blocks, types, bias, ahead); }
+};
+
+struct Layer {
+  at::Tensor in_norm, post_norm;
+  std::optional<at::Tensor> k_center;  // subtracted from the rotated keys (int8 KV pages: key_center.py)
+  std::vector<Linear> linears;         // qkv, o, gate_up, down
+};
+
+class DecoderStack : public torch::CustomClassHolder {
+ public:
+  DecoderStack(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, at::Tensor final_norm)
+      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps), final_norm_(std::move(final_norm)) {}
+
+  void add_layer(at::Tensor in_norm, at::Tensor post_norm, std::optional<at::Tensor> k_center) {
+    layers_.push_back({std::move(in_norm), std::move(post_norm), std::move(k_center), {}});
+  }
+
+  // The next linear of the last layer added: qkv, o, gate_up, then down.
+  void add_linear(std::vector<at::Tensor> blocks, std::vector<int64_t> types, std::optional<at::Tensor> bias,
+                  std::vector<at::Tensor> ahead) {
+    TORCH_CHECK(!layers_.empty() && layers_.back().linears.size() < 4, "add_layer first; four linears a layer");
+    std::optional<std::vector<at::Tensor>> next;
+    if (!ahead.empty()) next = std::move(ahead);
+    layers_.back().linears.push_back({std::move(blocks), std::move(types), std::move(bias), std::move(next)});
+  }
+
+  // The final norm's output [T, hidden] for the embedded tokens h [T, hidden]; writes each layer's K/V into
+  // k_bufs[l] / v_bufs[l] at slots loc (int8 pages: quantized, else copied), then attends by the decode op with the
+  // page table [T, P] and seq_lens [T] (int32).
+  at::Tensor run(at::Tensor h, at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> k_bufs,
+                 std::vector<at::Tensor> v_bufs, at::Tensor loc, at::Tensor table, at::Tensor seq_lens, double scale,
+                 bool int8_kv) const {
+    TORCH_CHECK(k_bufs.size() == layers_.size() && v_bufs.size() == layers_.size(), "one K and V buffer a layer");
+    const int64_t t = h.size(0), q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
+    std::optional<at::Tensor> residual;
+    for (size_t l = 0; l < layers_.size(); l++) {
+      const Layer& layer = layers_[l];
+      TORCH_CHECK(layer.linears.size() == 4, "layer ", l, " has ", layer.linears.size(), " linears, not 4");
+      // Attention (llama.py's Attention.forward, TorchAttentionBackend.forward)
+      auto [sum, x] = add_rms_norm(h, residual, layer.in_norm, eps_);
+      const at::Tensor qkv = layer.linears[0](x);
+      const at::Tensor q = qkv.narrow(1, 0, q_size).view({t, -1, head_dim_});
+      const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({t, -1, head_dim_});
+      const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({t, -1, head_dim_});
+      auto [q_rot, k_rot] = rope_qk(q, k, cos, sin);
+      if (layer.k_center) k_rot.sub_(*layer.k_center);
+      if (int8_kv)
+        store_kv_int8(k_rot, v, k_bufs[l], v_bufs[l], loc);
+      else
+        store_kv(k_rot, v, k_bufs[l], v_bufs[l], loc);
+      const at::Tensor out = decode_attention(q_rot, k_bufs[l], v_bufs[l], table, seq_lens, scale);
+      const at::Tensor o = layer.linears[1](out.reshape({t, q_size}));
+      // MLP (llama.py's DecoderLayer.forward, MLP.forward)
+      auto [sum2, x2] = add_rms_norm(o, sum, layer.post_norm, eps_);
+      h = layer.linears[3](silu_mul(layer.linears[2](x2)));
+      residual = sum2;
+    }
+    return std::get<1>(add_rms_norm(h, residual, final_norm_, eps_));
+  }
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  double eps_;
+  at::Tensor final_norm_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixserve, m) {
+  m.class_<DecoderStack>("DecoderStack")
+      .def(torch::init<int64_t, int64_t, int64_t, double, at::Tensor>())
+      .def("add_layer", &DecoderStack::add_layer)
+      .def("add_linear", &DecoderStack::add_linear)
+      .def("run", &DecoderStack::run);
+}
