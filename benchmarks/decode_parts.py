@@ -4,7 +4,9 @@ torch.profiler's own cost per op is larger than most of the ops it times, see be
 One greedy request with a random prompt of `--context` tokens, then `--tokens` decode steps; per step, the mean
 milliseconds in the layers' linears (qkv, o, gate_up, down), the attention backend (plan and forward, KV writes
 included), the LM head, the sampler, and the whole `execute` (the rest of it: embedding, norms, RoPE, residual adds,
-SiLU, Python). Tokens/s is over the whole request, engine loop included.
+SiLU, Python). Tokens/s is over the whole request, engine loop included. A GGUF model on CPU runs its layers as one
+C++ call a step (radixserve/model/cpu_stack.py): then "layer stack" holds the layers' linears, attention, norms and
+glue, and "rest" what is left around them; `--no-stack` times the Python layers part by part instead.
 
 Against the floor: the bytes a decode step must read (the layers' weights and the LM head's, as the model holds
 them: int8 codes, the GGUF's blocks, bfloat16...) over this machine's read bandwidth (measured first: the best of a
@@ -12,6 +14,7 @@ few passes over a buffer larger than the caches, all threads; or `--bandwidth`),
 their floor (1.0: memory-bound).
 
     .venv/bin/python -m benchmarks.decode_parts [--context 30 1000] [--tokens 64] [--dtype auto] [--quantization auto]
+        [--no-stack]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import radixserve.model.cpu_stack as cpu_stack
 from benchmarks.profile_step import step_parts, wrapped
 from benchmarks.quant_engine import cpu_flags
 from radixserve import Engine
@@ -50,10 +54,15 @@ def measure(eng: Engine, context: int, tokens: int, seed: int) -> tuple[float, d
 
         return run
 
+    stack = eng.runner.model.cpu_stack
+    if stack is not None:
+        stack.take_times()  # zeroed: the warm-up's are not counted
     with wrapped([*step_parts(eng), (eng.runner, "execute", "execute")], timed):
         t = time.perf_counter()
         eng.generate(input_ids=ids[:-1] + [7], sampling_params={**greedy, "max_new_tokens": tokens + 1})
         wall = time.perf_counter() - t
+    if stack is not None:  # the stack's own clocks, part by part: "stack: <part>"
+        totals.update({f"stack: {k}": v for k, v in stack.take_times().items()})
     return tokens / wall, {k: v / (tokens + 1) * 1e3 for k, v in totals.items()}
 
 
@@ -96,13 +105,16 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--quantization", default="auto")
     ap.add_argument("--bandwidth", type=float, help="GB/s to take as the floor's bandwidth instead of measuring it")
+    ap.add_argument("--no-stack", action="store_true", help="the Python layers, not the C++ stack")
     a = ap.parse_args()
+    cpu_stack.ENABLED = not a.no_stack
     print(cpu_flags(), f"load={os.getloadavg()[0]:.1f}")
     bandwidth = a.bandwidth * 1e9 if a.bandwidth else read_bandwidth()
     with Engine(dtype=a.dtype, quantization=a.quantization, speculative="off", max_total_tokens=4096) as eng:
         info = eng.model_info()
         lin_bytes, head_bytes = step_bytes(eng)
-        floor = {"layer linears": lin_bytes / bandwidth * 1e3, "lm_head": head_bytes / bandwidth * 1e3}
+        lin_floor = lin_bytes / bandwidth * 1e3
+        floor = {"layer linears": lin_floor, "layer stack": lin_floor, "lm_head": head_bytes / bandwidth * 1e3}
         print(
             f"dtype {info['dtype']}, weights {info['quantization']}; read bandwidth {bandwidth / 1e9:.1f} GB/s; a step "
             f"reads {lin_bytes / 1e6:.0f} MB of linears (floor {floor['layer linears']:.2f} ms) and "
@@ -110,18 +122,22 @@ def main() -> None:
             f"{1e3 / (floor['layer linears'] + floor['lm_head']):.0f} tok/s at most"
         )
         print(
-            "| context | tok/s | linears ms (x floor) | attention ms | lm_head ms (x floor) | sampler ms | execute ms "
-            "| rest of execute ms |"
+            "| context | tok/s | linears ms (x floor) | layer stack ms (x linears' floor) | attention ms "
+            "| lm_head ms (x floor) | sampler ms | execute ms | rest of execute ms |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for i, context in enumerate(a.context):
             rate, ms = measure(eng, context, a.tokens, seed=i)
-            parts = ("layer linears", "attention", "lm_head", "sampler")
-            rest = ms["execute"] - sum(ms[p] for p in parts)
+            parts = ("layer linears", "layer stack", "attention", "lm_head", "sampler")
+            rest = ms["execute"] - sum(ms.get(p, 0.0) for p in parts)
             cells = [
-                f"{ms[p]:.2f}" + (f" ({ms[p] / floor[p]:.1f}x)" if p in floor else "") for p in (*parts, "execute")
+                f"{ms.get(p, 0.0):.2f}" + (f" ({ms.get(p, 0.0) / floor[p]:.1f}x)" if p in floor else "")
+                for p in (*parts, "execute")
             ]
             print(f"| {context} | {rate:.1f} | " + " | ".join(cells) + f" | {rest:.2f} |", flush=True)
+            inside = {k.removeprefix("stack: "): v for k, v in ms.items() if k.startswith("stack: ")}
+            if any(inside.values()):
+                print("  inside the stack, ms a step: " + ", ".join(f"{k} {v:.2f}" for k, v in inside.items()))
         print(f"load={os.getloadavg()[0]:.1f}")
 
 

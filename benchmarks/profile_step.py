@@ -25,11 +25,14 @@ from typing import Any  # noqa: E402
 
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
+import radixserve.model.llama as llama_mod  # noqa: E402
 import radixserve.model.runner as runner_mod  # noqa: E402
 from benchmarks.quant_engine import cpu_flags  # noqa: E402
 from radixserve import Engine  # noqa: E402
 
-PARTS = ("layer linears", "attention", "lm_head", "sampler")
+# "layer stack": the layers as one C++ call (radixserve/model/cpu_stack.py: a GGUF model on CPU), linears, attention,
+# norms and the rest of each layer inside it
+PARTS = ("layer linears", "layer stack", "attention", "lm_head", "sampler")
 PREFIX = 1000
 
 
@@ -50,6 +53,7 @@ def step_parts(eng: Engine) -> list[tuple[Any, str, str]]:
         for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
     ]
     parts += [(attn, "forward", "attention"), (attn, "plan", "attention"), (model, "compute_logits", "lm_head")]
+    parts.append((llama_mod, "run_stack", "layer stack"))
     return [*parts, (runner_mod, "sample_ids", "sampler")]
 
 

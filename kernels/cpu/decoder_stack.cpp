@@ -11,8 +11,11 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace {
@@ -27,6 +30,25 @@ struct Linear {
   std::optional<std::vector<at::Tensor>> ahead;
 
   at::Tensor operator()(const at::Tensor& x) const { return gguf_linear(x, blocks, types, bias, ahead); }
+};
+
+// Where the stack's time goes (benchmarks/decode_parts.py): its parts' wall seconds summed over calls, in the
+// order of `kParts`. A clock read costs ~20 ns; a layer reads eight.
+constexpr std::array<const char*, 6> kParts = {"qkv", "o", "gate_up", "down", "attention", "norms, rope, silu"};
+
+class Clock {
+ public:
+  explicit Clock(std::array<double, kParts.size()>& into) : into_(into), last_(now()) {}
+  void lap(size_t part) {
+    const auto t = now();
+    into_[part] += std::chrono::duration<double>(t - last_).count();
+    last_ = t;
+  }
+
+ private:
+  static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
+  std::array<double, kParts.size()>& into_;
+  std::chrono::steady_clock::time_point last_;
 };
 
 struct Layer {
@@ -62,29 +84,51 @@ class DecoderStack : public torch::CustomClassHolder {
     TORCH_CHECK(k_bufs.size() == layers_.size() && v_bufs.size() == layers_.size(), "one K and V buffer a layer");
     const int64_t t = h.size(0), q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
     std::optional<at::Tensor> residual;
+    Clock clock(seconds_);
     for (size_t l = 0; l < layers_.size(); l++) {
       const Layer& layer = layers_[l];
       TORCH_CHECK(layer.linears.size() == 4, "layer ", l, " has ", layer.linears.size(), " linears, not 4");
       // Attention (llama.py's Attention.forward, TorchAttentionBackend.forward)
       auto [sum, x] = add_rms_norm(h, residual, layer.in_norm, eps_);
+      clock.lap(5);
       const at::Tensor qkv = layer.linears[0](x);
+      clock.lap(0);
       const at::Tensor q = qkv.narrow(1, 0, q_size).view({t, -1, head_dim_});
       const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({t, -1, head_dim_});
       const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({t, -1, head_dim_});
       auto [q_rot, k_rot] = rope_qk(q, k, cos, sin);
       if (layer.k_center) k_rot.sub_(*layer.k_center);
+      clock.lap(5);
       if (int8_kv)
         store_kv_int8(k_rot, v, k_bufs[l], v_bufs[l], loc);
       else
         store_kv(k_rot, v, k_bufs[l], v_bufs[l], loc);
       const at::Tensor out = decode_attention(q_rot, k_bufs[l], v_bufs[l], table, seq_lens, scale);
+      clock.lap(4);
       const at::Tensor o = layer.linears[1](out.reshape({t, q_size}));
+      clock.lap(1);
       // MLP (llama.py's DecoderLayer.forward, MLP.forward)
       auto [sum2, x2] = add_rms_norm(o, sum, layer.post_norm, eps_);
-      h = layer.linears[3](silu_mul(layer.linears[2](x2)));
+      clock.lap(5);
+      const at::Tensor gate_up = layer.linears[2](x2);
+      clock.lap(2);
+      const at::Tensor act = silu_mul(gate_up);
+      clock.lap(5);
+      h = layer.linears[3](act);
+      clock.lap(3);
       residual = sum2;
     }
-    return std::get<1>(add_rms_norm(h, residual, final_norm_, eps_));
+    at::Tensor normed = std::get<1>(add_rms_norm(h, residual, final_norm_, eps_));
+    clock.lap(5);
+    return normed;
+  }
+
+  // {part: seconds} since the last call (kParts), then zeroed.
+  c10::Dict<std::string, double> take_times() {
+    c10::Dict<std::string, double> out;
+    for (size_t i = 0; i < kParts.size(); i++) out.insert(kParts[i], seconds_[i]);
+    seconds_.fill(0.0);
+    return out;
   }
 
  private:
@@ -92,6 +136,7 @@ class DecoderStack : public torch::CustomClassHolder {
   double eps_;
   at::Tensor final_norm_;
   std::vector<Layer> layers_;
+  mutable std::array<double, kParts.size()> seconds_{};  // take_times
 };
 
 }  // namespace
@@ -101,5 +146,6 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
       .def(torch::init<int64_t, int64_t, int64_t, double, at::Tensor>())
       .def("add_layer", &DecoderStack::add_layer)
       .def("add_linear", &DecoderStack::add_linear)
-      .def("run", &DecoderStack::run);
+      .def("run", &DecoderStack::run)
+      .def("take_times", &DecoderStack::take_times);
 }

@@ -11,11 +11,12 @@ only the steps the Python path would run through exactly those ops, and returns 
 - attention where every token is a row of the CPU decode op and K/V are stored by a C++ op (`decode_op_step`):
   decode steps, and every step in deterministic mode.
 
-`ENABLED = False` turns it off (the tests and benchmarks compare the two paths).
+`RADIXSERVE_CPU_STACK=0` (or `ENABLED = False`) turns it off: the benchmarks and tests compare the two paths.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from radixserve.attention.base import AttentionBackend
 from radixserve.model.gguf_linear import GGUFLinear
 from radixserve.model.rope import RopeStep
 
-ENABLED = True
+ENABLED = os.environ.get("RADIXSERVE_CPU_STACK", "1") != "0"
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
