@@ -80,6 +80,18 @@ inline float row_scale(const int8_t* row, int64_t D, int64_t G, int64_t d) {
 #endif
 }
 
+// a . b over D values as 8 running sums (lane d % 8, then a tree): a fixed order the compiler turns into one vector
+// register where the CPU has them (AVX2: the path every CPU without AVX-512 takes); a sum in d order cannot be
+// vectorized without reordering it, and ran 2x slower at 1,000 keys (14 x 64 heads, float32 pages, warm).
+inline float dot8(const float* a, const float* b, int64_t D) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    for (int l = 0; l < 8; l++) acc[l] += a[d + l] * b[d + l];
+  for (; d < D; d++) acc[d % 8] += a[d] * b[d];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 // Plain C++: any head_dim. q [g, D] pre-scaled, s scratch [g, len], out [g, D] float32.
 template <typename T>
 void attend_plain(const float* q, int64_t g, int64_t D, const Rows<T>& k, const Rows<T>& v, float* s, float* out) {
@@ -87,11 +99,7 @@ void attend_plain(const float* q, int64_t g, int64_t D, const Rows<T>& k, const 
   std::vector<float> row(D);
   k.each([&](int64_t t, const T* kr) {
     for (int64_t d = 0; d < D; d++) row[d] = widen(kr[d]) * row_scale(kr, D, k.group, d);
-    for (int64_t h = 0; h < g; h++) {
-      float acc = 0;
-      for (int64_t d = 0; d < D; d++) acc += q[h * D + d] * row[d];
-      s[h * L + t] = acc;
-    }
+    for (int64_t h = 0; h < g; h++) s[h * L + t] = dot8(q + h * D, row.data(), D);
   });
   std::vector<float> sum(g);
   for (int64_t h = 0; h < g; h++) {
