@@ -149,10 +149,15 @@ def test_large_matrix_split_between_threads_equals_one_thread(ops):
     assert torch.equal(y, halves)
 
 
-@pytest.mark.parametrize("march", ["haswell", "x86-64"])
+@pytest.mark.parametrize("march", ["haswell", "x86-64", "skylake-avx512"])
 def test_other_instruction_sets(ops, march):
-    """The AVX2 (haswell) and plain C++ (x86-64) builds, compiled here and run in a fresh process (one library per
-    process registers the ops), through the same checks; this CPU runs the AVX-512 VNNI path in-process."""
+    """The AVX2 (haswell) and plain C++ (x86-64) builds, and AVX-512 without VNNI (skylake-avx512: its decode takes
+    the AVX2 path, its activations AVX-512 code), compiled here and run in a fresh process (one library per process
+    registers the ops), through the same checks; this CPU runs its own path (AVX-512 VNNI here) in-process."""
+    if march == "skylake-avx512" and not {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(
+        cpu_kernels.cpu_flags().split()
+    ):
+        pytest.skip("this CPU cannot run an AVX-512 build")
     env = {**os.environ, "RADIXSERVE_CPU_MARCH": march}
     root = Path(__file__).resolve().parents[1]
     tests = "test_dequantize_equals_gguf_py or test_linear_equals or test_fused_parts or test_activation_rounding"
