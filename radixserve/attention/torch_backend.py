@@ -90,6 +90,8 @@ class TorchAttentionBackend(AttentionBackend):
         from r's pages (its own K/V is stored before the op runs)."""
         if self.cpu_ops is None:
             raise RuntimeError("deterministic attention needs the CPU decode_attention op")
+        if batch.is_decode:  # one row per request over all its keys: the same rows, without the index arithmetic
+            return self._op_rows(batch, torch.arange(batch.batch_size), batch.seq_lens, None)
         ext = batch.extend_lens.long()
         req = torch.repeat_interleave(torch.arange(ext.numel()), ext)
         within = torch.arange(int(ext.sum())) - torch.repeat_interleave(batch.qo_indptr[:-1].long(), ext)
