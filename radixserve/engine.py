@@ -18,6 +18,7 @@ from radixserve.errors import ParamError
 from radixserve.model.cpu_select import choose
 from radixserve.model.deterministic import on_by_default, refusal
 from radixserve.gguf.convert import converted_source
+from radixserve.host_memory import release_freed_heap
 from radixserve.model.resolve import resolve_model
 from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.cache.kv_format import resolve_kv_dtype
@@ -221,6 +222,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         # torch's threads are torn down under it (that aborts the process), and persists its cache tree to the disk
         # tier.
         self._finalizer = weakref.finalize(self, _stop, self.loop, self.outputs, self.scheduler, self.tp)
+        release_freed_heap()  # what loading freed (the tokenizer's parse above all) leaves the RSS
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> "Engine":
