@@ -128,6 +128,7 @@ class MLP(nn.Module):
         if act is None:
             gate, up = gate_up.split(self.intermediate_size, dim=-1)
             act = F.silu(gate) * up
+        del gate_up  # freed before down runs: at a prefill chunk it is the step's largest tensor (peak RSS)
         return self.down_proj(act)
 
 
