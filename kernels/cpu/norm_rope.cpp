@@ -40,6 +40,25 @@ void add_rms_norm_rows(T* h, const T* residual, const T* weight, float eps, T* o
   });
 }
 
+template <typename T>
+void rope_rows(const T* x, int64_t rows, int64_t heads, int64_t dim, int64_t x_row_stride, const T* cos,
+               const T* sin, T* out) {
+  const int64_t half = dim / 2;
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++)
+      for (int64_t hd = 0; hd < heads; hd++) {
+        const T* xi = x + r * x_row_stride + hd * dim;
+        T* o = out + (r * heads + hd) * dim;
+        for (int64_t j = 0; j < half; j++) {
+          const float c = static_cast<float>(cos[r * half + j]), s = static_cast<float>(sin[r * half + j]);
+          const float x1 = static_cast<float>(xi[j]), x2 = static_cast<float>(xi[half + j]);
+          o[j] = static_cast<T>(rnd<T>(x1 * c) - rnd<T>(x2 * s));
+          o[half + j] = static_cast<T>(rnd<T>(x2 * c) + rnd<T>(x1 * s));
+        }
+      }
+  });
+}
+
 }  // namespace
 
 namespace radixserve::cpu {
@@ -65,25 +84,6 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& h, const std::
                       w.data_ptr<at::BFloat16>(), static_cast<float>(eps), out.data_ptr<at::BFloat16>(), rows, dim);
   }
   return {sum, out};
-}
-
-template <typename T>
-void rope_rows(const T* x, int64_t rows, int64_t heads, int64_t dim, int64_t x_row_stride, const T* cos,
-               const T* sin, T* out) {
-  const int64_t half = dim / 2;
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++)
-      for (int64_t hd = 0; hd < heads; hd++) {
-        const T* xi = x + r * x_row_stride + hd * dim;
-        T* o = out + (r * heads + hd) * dim;
-        for (int64_t j = 0; j < half; j++) {
-          const float c = static_cast<float>(cos[r * half + j]), s = static_cast<float>(sin[r * half + j]);
-          const float x1 = static_cast<float>(xi[j]), x2 = static_cast<float>(xi[half + j]);
-          o[j] = static_cast<T>(rnd<T>(x1 * c) - rnd<T>(x2 * s));
-          o[half + j] = static_cast<T>(rnd<T>(x2 * c) + rnd<T>(x1 * s));
-        }
-      }
-  });
 }
 
 // radixserve/model/rope.py's apply_rope: x [T, heads, dim] (rows may be strided: a slice of the qkv output, heads
