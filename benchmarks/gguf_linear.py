@@ -1,8 +1,11 @@
 """The GGUF block linears (kernels/cpu/gguf_linear.cpp) against our int8 linear on the same weights, per projection
 of the default model: one pass over all 24 layers' tensors (so the weights come from DRAM as in a decode step, not
 from a cache that one layer's matrix would fit), the two interleaved in one process, medians. Prints the load.
+The int8 side runs its batch-invariant path at every row count, as deterministic mode (on by default on AVX-512
+BF16) does; `--dense-int8` gives it the dense matmul from 48 rows on instead, as without that mode.
 
     .venv/bin/python -m benchmarks.gguf_linear [--threads 1] [--rows 1 96] [--repeats 9] [--projections o down]
+        [--layers 24] [--no-int8] [--dense-int8]
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ def main() -> None:
     ap.add_argument("--projections", nargs="+", default=list(PROJECTIONS))
     ap.add_argument("--layers", type=int, default=24, help="fewer: the weights stay in the caches (compute-bound)")
     ap.add_argument("--no-int8", action="store_true", help="time the GGUF kernels alone")
+    ap.add_argument(
+        "--dense-int8", action="store_true", help="int8 from 48 rows on by the dense matmul (not in deterministic mode)"
+    )
     ap.add_argument("--wall", action="store_true", help="wall time (default with one thread: this thread's CPU time)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -80,6 +86,8 @@ def main() -> None:
     for name in a.projections:
         gg = layers_of(table, name, a.layers)
         q8 = [] if a.no_int8 else [as_int8(lin) for lin in gg]
+        for q in q8:  # as deterministic mode runs them (the default on AVX-512 BF16): one path for every row count
+            q.batch_invariant = not a.dense_int8
         g_bytes = sum(p.blocks.numel() for lin in gg for p in lin.parts)
         q_bytes = sum(q.codes.numel() for q in q8)
         types = "+".join(p.type.name for p in gg[0].parts)

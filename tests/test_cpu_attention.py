@@ -1,8 +1,13 @@
 """The fused CPU decode attention op (kernels/cpu/decode_attention.cpp) against a float64 softmax reference on random
 paged pools: its AVX-512 paths (head_dim 64, 128) and its plain one (48), both thread splits, the checks on its
-inputs. TorchAttentionBackend's use of it is covered by tests/test_torch_backend.py (op and SDPA paths alike)."""
+inputs, and the AVX2 and plain builds in a process of their own. TorchAttentionBackend's use of it is covered by tests/test_torch_backend.py (op and SDPA paths alike)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,3 +115,17 @@ def test_bad_inputs_raise() -> None:
         OPS.decode_attention(q, k, v, table.long(), lens, 0.125)
     with pytest.raises(RuntimeError, match="multiple of kv_heads"):
         OPS.decode_attention(q[:, :13], k, v, table, lens, 0.125)
+
+
+@pytest.mark.parametrize("march", ["haswell", "x86-64"])
+def test_other_instruction_sets(march: str) -> None:
+    """The AVX2 (haswell: decode_attention_avx2.h) and plain C++ (x86-64) builds through the same checks and the
+    int8 pages' one, compiled here and run in a fresh process (one library per process registers the ops); this
+    CPU's own path runs above."""
+    env = {**os.environ, "RADIXSERVE_CPU_MARCH": march}
+    root = Path(__file__).resolve().parents[1]
+    int8_pages = f"{root}/tests/test_kv_quant.py::test_cpu_op_reads_int8_pages_as_their_dequantized_values"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, int8_pages]
+    cmd += ["-k", "not other_instruction"]
+    done = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

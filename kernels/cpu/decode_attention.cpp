@@ -19,8 +19,8 @@
 // reduces 4 dot products (a horizontal sum per dot product took ~40% longer at 1,000 keys), then max, exp and
 // sum per head, then the weighted sum of values. The scores buffer is 4 floats per key (16 KiB per 1,000 keys).
 //
-// Paths, chosen at compile time (-march=native): AVX-512 for head_dim 64 or 128 (one row = 4 or 8 registers);
-// plain C++ otherwise (any head_dim, or a CPU without AVX-512).
+// Paths, chosen at compile time (-march=native): AVX-512 for head_dim 64 or 128 (one row = 4 or 8 registers); AVX2
+// with FMA for the same head_dims (decode_attention_avx2.h); plain C++ otherwise (any head_dim, or an older CPU).
 #include "ops.h"
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "kv_rotate.h"
-#if defined(__AVX512F__) || defined(__F16C__)
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -274,6 +274,8 @@ void attend_heads(const float* q, int64_t g, const Rows<T>& k, const Rows<T>& v,
   }
 }
 
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "decode_attention_avx2.h"
 #endif
 
 template <typename T>
@@ -281,6 +283,9 @@ void attend(const float* q, int64_t g, int64_t D, const Rows<T>& k, const Rows<T
 #if defined(__AVX512F__)
   if (D == 64) return attend_heads<4>(q, g, k, v, s, out);
   if (D == 128) return attend_heads<8>(q, g, k, v, s, out);
+#elif defined(__AVX2__) && defined(__FMA__)
+  if (D == 64) return attend_heads<8>(q, g, k, v, s, out);
+  if (D == 128) return attend_heads<16>(q, g, k, v, s, out);
 #endif
   attend_plain(q, g, D, k, v, s, out);
 }
