@@ -21,7 +21,7 @@ FORMATS = [T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K]
 FP16_FIELDS = {T.Q4_0: (0,), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
 # (rows M, out N, in K): 1-2 rows (decode), a few past the kernel's 4-row register block, K = 896 and 4864 as in
 # the default model (K = 896 is not a multiple of 256: K-quant shapes use 1024 and 4864).
-SHAPES = [(1, 40, 256), (2, 33, 1024), (7, 17, 4864), (5, 24, 896)]
+SHAPES = [(1, 40, 256), (2, 33, 1024), (7, 17, 4864), (5, 24, 896), (40, 24, 896)]
 
 # The kernel against the float64 product of the same rounded activations and the same weights: it sums per-lane
 # float32 terms a * x_scale * (integer dot) and subtracts the offsets b * x_scale * sum(codes) separately, so its
@@ -128,6 +128,8 @@ def test_fused_parts_of_several_types_and_batch_invariance(ops):
     assert torch.equal(y, singles)
     for rows in (range(1), range(1, 3), range(7, 10), range(2, 6), range(3, 11), range(4, 9)):
         assert torch.equal(ops.gguf_linear(x[list(rows)], blocks, types, None), y[list(rows)])
+    # 44 rows: the activations are rounded on the pool's threads (from 32 rows), the same values per row.
+    assert torch.equal(ops.gguf_linear(x.repeat(4, 1), blocks, types, None), y.repeat(4, 1))
     bf = ops.gguf_linear(x.bfloat16(), blocks, types, None)
     assert bf.dtype == torch.bfloat16
     assert torch.equal(bf, ops.gguf_linear(x.bfloat16().float(), blocks, types, None).bfloat16())
