@@ -52,15 +52,19 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torc
     vocab, device = logits.shape[1], logits.device
 
     if rep_rows:
-        ids, _, any_valid = _padded_ids([[*infos[i].prompt_ids, *infos[i].output_ids] for i in rep_rows], vocab, device)
-        p = device_tensor([infos[i].params.repetition_penalty for i in rep_rows], device)[:, None]
-        rows, sub = _rows_of(logits, rep_rows)
-        seen = sub.gather(1, ids)
-        # a repeated id writes the same value twice, so each token is penalised once however often it occurs
-        new = torch.where(any_valid, torch.where(seen > 0, seen / p, seen * p), seen)
-        sub.scatter_(1, ids, new)
-        if rows is not None:
-            logits[rows] = sub
+        # Every (row, seen id) as one index into the flattened logits, with its row's p: a handful of ops whatever
+        # the batch (per-row padding took ~20 small ops, 0.3 ms of a CPU decode step). A repeated id writes the same
+        # value twice, so each token is penalised once however often it occurs.
+        flat, ps = [], []
+        for i in rep_rows:
+            seen_ids = [t for t in {*infos[i].prompt_ids, *infos[i].output_ids} if 0 <= t < vocab]
+            flat += [i * vocab + t for t in seen_ids]
+            ps += [infos[i].params.repetition_penalty] * len(seen_ids)
+        if flat:
+            index, p = device_tensor(flat, device, torch.long), device_tensor(ps, device)
+            view = logits.view(-1)
+            seen = view[index]
+            view[index] = torch.where(seen > 0, seen / p, seen * p)
 
     if fp_rows:
         ids, valid, any_valid = _padded_ids([infos[i].output_ids for i in fp_rows], vocab, device)
