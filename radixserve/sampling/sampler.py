@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels.cpu as cpu_kernels
 from radixserve.sampling.bias import apply_bias
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling.penalties import apply_penalties
@@ -124,13 +123,6 @@ def _sample_rows(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.T
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=vocab - 1)
 
 
-def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
-    """logits.argmax(dim=-1) for float32 [R, V]; on a CPU by our op (kernels/cpu/argmax.cpp: the same ids, without
-    waking torch's sleeping threads for a step's one row)."""
-    ops = cpu_kernels.ops() if logits.device.type == "cpu" else None
-    return ops.argmax_rows(logits) if ops is not None else logits.argmax(dim=-1)
-
-
 def sample_ids(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The next id per row of logits [B, V] under that row's settings, left on logits' device (greedy and plain
     temperature sampling never wait for the device), and the raw log_softmax when any row asks for logprobs."""
@@ -143,12 +135,12 @@ def sample_ids(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> tuple[tor
     logits = apply_bias(apply_penalties(logits, infos), infos)
     greedy = [info.params.is_greedy for info in infos]
     if all(greedy):
-        return greedy_ids(logits), raw_logprobs
+        return logits.argmax(dim=-1), raw_logprobs
     random_rows = [i for i, g in enumerate(greedy) if not g]
     sampled = _sample_rows(logits[random_rows], [infos[i] for i in random_rows])
     if len(random_rows) == len(infos):
         return sampled, raw_logprobs
-    next_ids = greedy_ids(logits)
+    next_ids = logits.argmax(dim=-1)
     next_ids[random_rows] = sampled
     return next_ids, raw_logprobs
 
