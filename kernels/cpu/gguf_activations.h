@@ -64,7 +64,8 @@ inline void quantize_block(const In* x, int8_t* q, float& scale) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(c)));
   }
 #elif defined(__AVX2__)
-  // The same operations 8 lanes at a time (the scalar loop below took ~2 ns a value: a tenth of an AVX2 prefill).
+  // The same operations 8 lanes at a time (with the scalar loop below, rounding and sums together, the AVX2 build's
+  // 512-row linears took 4-8% longer: benchmarks.gguf_linear, RESULTS.md issue 38 session 15).
   __m256 v[4];
   for (int h = 0; h < 4; h++) {
     if constexpr (std::is_same_v<In, float>) {
