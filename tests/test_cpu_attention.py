@@ -4,15 +4,11 @@ inputs, and the AVX2 and plain builds in a process of their own. TorchAttentionB
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import kernels.cpu
+from other_builds import failure_on_build
 
 OPS = kernels.cpu.ops()
 pytestmark = pytest.mark.skipif(
@@ -122,10 +118,6 @@ def test_other_instruction_sets(march: str) -> None:
     """The AVX2 (haswell: decode_attention_avx2.h) and plain C++ (x86-64) builds through the same checks and the
     int8 pages' one, compiled here and run in a fresh process (one library per process registers the ops); this
     CPU's own path runs above."""
-    env = {**os.environ, "RADIXSERVE_CPU_MARCH": march}
-    root = Path(__file__).resolve().parents[1]
-    int8_pages = f"{root}/tests/test_kv_quant.py::test_cpu_op_reads_int8_pages_as_their_dequantized_values"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, int8_pages]
-    cmd += ["-k", "not other_instruction"]
-    done = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    int8_pages = "tests/test_kv_quant.py::test_cpu_op_reads_int8_pages_as_their_dequantized_values"
+    failure = failure_on_build(march, [__file__, int8_pages], "not other_instruction")
+    assert failure is None, failure

@@ -3,17 +3,13 @@ PyTorch dequantize-then-matmul, on random blocks of every format we read (issue 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 import kernels.cpu as cpu_kernels
+from other_builds import failure_on_build
 
 T = GGMLQuantizationType
 FORMATS = [T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K]
@@ -160,9 +156,6 @@ def test_other_instruction_sets(ops, march):
         cpu_kernels.cpu_flags().split()
     ):
         pytest.skip("this CPU cannot run an AVX-512 build")
-    env = {**os.environ, "RADIXSERVE_CPU_MARCH": march}
-    root = Path(__file__).resolve().parents[1]
     tests = "test_dequantize_equals_gguf_py or test_linear_equals or test_fused_parts or test_activation_rounding"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", tests]
-    done = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    failure = failure_on_build(march, [__file__], tests)
+    assert failure is None, failure

@@ -1,8 +1,8 @@
 // decode_attention.cpp's path for CPUs with AVX2 and FMA but no AVX-512 (the AVX2 kind, and AVX-512 CPUs built for
 // it): the same two passes as its AVX-512 path, in 8-lane registers. Included by decode_attention.cpp inside its
-// anonymous namespace, after Rows and row_scale. Why its own path: the plain C++ one (dot8, std::exp, a scalar
-// weighted sum) took 0.6 ms a decode step at 30 tokens of context and 1.6 ms at 160 (24 layers of 14 x 64 heads,
-// AVX2 build), where the AVX-512 path takes ~0.2.
+// anonymous namespace, after Rows, row_scale and the exp constants. Why its own path: the plain C++ one (dot8,
+// std::exp, a scalar weighted sum) took 0.6 ms a decode step at 30 tokens of context and 1.6 ms at 160 (24 layers
+// of 14 x 64 heads, AVX2 build), where the AVX-512 path takes ~0.2.
 //
 // Register budget (16 ymm): a key row of head_dim 64 is 8 registers, so the score pass reads the query heads from
 // L1 rather than holding them, and the value pass takes 16 columns (2 registers) of the block's heads at a time,
@@ -28,22 +28,17 @@ inline __m256 load8_scaled(const T* row, int64_t D, int64_t G, int64_t c) {
     return load8(row + 8 * c);
 }
 
-// exp(x) for the softmax's x <= 0: 2^n * p(r) as exp16 in decode_attention.cpp, with 2^n made in the exponent bits
-// (no scalef in AVX2), so x < -87 (2^n below float's normal range) is flushed to 0.
+// exp(x) for the softmax's x <= 0: 2^n * p(r) as exp16 in decode_attention.cpp (its constants), 2^n made in the
+// exponent bits (no scalef in AVX2), so x < -87 (2^n below float's normal range) is flushed to 0.
 inline __m256 exp8(__m256 x) {
   const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_LT_OQ);
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps(1.f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpTaylor[0]);
+  for (int i = 1; i < 7; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpTaylor[i]));
   const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)));
 }
