@@ -13,7 +13,7 @@ int8 codes once per step at close to the memory bandwidth, half of bf16's bytes 
 larger steps widen the codes a cache-sized slice at a time for the dense matmul in the activations' dtype
 (RESULTS.md, issue 14 fourth pass), except in deterministic mode (radixserve/model/deterministic.py; on by default
 on AVX512_BF16), where every step runs the kernel's one batch-invariant path. int4 decodes from fewer bytes but fails the perplexity bar, so it stays an
-explicit choice. Activations: bf16 where the CPU has bf16 hardware (AMX, AVX512_BF16), float32 elsewhere.
+explicit choice. A GGUF model (the default one is) runs the file's own blocks where the table says int8 (GGUF_AUTO). Activations: bf16 where the CPU has bf16 hardware (AMX, AVX512_BF16), float32 elsewhere.
 """
 
 from __future__ import annotations
@@ -55,10 +55,11 @@ CHOICES: dict[str, tuple[str, str, str]] = {
 
 # What quantization="auto" runs on a model whose weights are a GGUF file, where the kind's table asks for int8:
 # "gguf" multiplies with the file's own blocks (issue 38: nothing dequantized or prepared, the file is all the disk
-# it takes, 0.64x int8's bytes per token); "int8" re-quantizes them per output channel (a 768 MB prepared copy
-# beside the file, built once). int8 stays until the block kernels are shown faster: decode at one stream was not
-# separable from int8, prefill 0.44-0.54x on the 2-core EPYC (RESULTS.md, issue 38 first and second pass).
-GGUF_AUTO = "int8"
+# it takes, 0.79x int8's bytes per decode step); "int8" re-quantizes them per output channel (a 768 MB prepared copy
+# beside the file, built at the first start). The blocks decode one stream 1.3-1.4x faster than int8 and use less
+# memory; int8 stays ahead where a step is compute-bound (prefill 1.16x, eight streams 1.12x, multi-turn TTFT p50
+# 0.69x the blocks'): RESULTS.md, issue 38 session 16. An explicit --quantization int8 still gives int8.
+GGUF_AUTO = "gguf"
 
 
 def auto_weight_format(table_format: str, gguf_model: bool) -> tuple[str, str]:
