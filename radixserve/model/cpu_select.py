@@ -56,9 +56,9 @@ CHOICES: dict[str, tuple[str, str, str]] = {
 # What quantization="auto" runs on a model whose weights are a GGUF file, where the kind's table asks for int8:
 # "gguf" multiplies with the file's own blocks (issue 38: nothing dequantized or prepared, the file is all the disk
 # it takes, 0.79x int8's bytes per decode step); "int8" re-quantizes them per output channel (a 768 MB prepared copy
-# beside the file, built at the first start). The blocks decode one stream 1.3-1.4x faster than int8 and use less
-# memory; int8 stays ahead where a step is compute-bound (prefill 1.16x, eight streams 1.12x, multi-turn TTFT p50
-# 0.69x the blocks'): RESULTS.md, issue 38 session 16. An explicit --quantization int8 still gives int8.
+# beside the file, built at the first start). The blocks decode one stream 1.30-1.37x faster than int8 and use
+# less memory; int8 stays ahead where a step is compute-bound (prefill 1.15x, eight streams 1.12-1.18x, multi-turn
+# TTFT p50 0.69-0.74x the blocks'): RESULTS.md, issue 38 session 16. --quantization int8 still gives int8.
 GGUF_AUTO = "gguf"
 
 
