@@ -12,8 +12,10 @@ speculative verify) run our kernel (kernels/cpu/int8_linear.cpp: AVX-512 VNNI, e
 int8 codes once per step at close to the memory bandwidth, half of bf16's bytes and a quarter of float32's;
 larger steps widen the codes a cache-sized slice at a time for the dense matmul in the activations' dtype
 (RESULTS.md, issue 14 fourth pass), except in deterministic mode (radixserve/model/deterministic.py; on by default
-on AVX512_BF16), where every step runs the kernel's one batch-invariant path. int4 decodes from fewer bytes but fails the perplexity bar, so it stays an
-explicit choice. A GGUF model (the default one is) runs the file's own blocks where the table says int8 (GGUF_AUTO). Activations: bf16 where the CPU has bf16 hardware (AMX, AVX512_BF16), float32 elsewhere.
+on AVX512_BF16), where every step runs the kernel's one batch-invariant path. int4 decodes from fewer bytes but
+fails the perplexity bar, so it stays an explicit choice. A GGUF model (the default one is) runs the file's own
+blocks where the table says int8 (GGUF_AUTO). Activations: bf16 where the CPU has bf16 hardware (AMX, AVX512_BF16),
+float32 elsewhere.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ CHOICES: dict[str, tuple[str, str, str]] = {
 # "gguf" multiplies with the file's own blocks (issue 38: nothing dequantized or prepared, the file is all the disk
 # it takes, 0.79x int8's bytes per decode step); "int8" re-quantizes them per output channel (a 768 MB prepared copy
 # beside the file, built at the first start). The blocks decode one stream 1.30-1.37x faster than int8 and use
-# less memory; int8 stays ahead where a step is compute-bound (prefill 1.15x, eight streams 1.12-1.18x, multi-turn
+# less memory; int8 stays ahead where a step is compute-bound (prefill 1.15-1.16x, eight streams 1.12-1.18x, multi-turn
 # TTFT p50 0.69-0.74x the blocks'): RESULTS.md, issue 38 session 16. --quantization int8 still gives int8.
 GGUF_AUTO = "gguf"
 
