@@ -217,7 +217,15 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 // Decode (few rows): gguf_decode.h (VNNI) or gguf_decode_avx2.h (AVX2), NR weight rows side by side (fewer when
 // more activation rows need their accumulators in registers), activation rows kRowBlock at a time over the same
 // weights, which the earlier block left in L1/L2.
-constexpr int64_t kFusedRows = 8;  // measured on VNNI at 8 rows: gate_up 1.13x faster than the tiles, down the same
+// Up to this many activation rows a call takes the decode path (blocks to registers, activation rows 4 at a time over
+// the same weights) instead of the tiles. Measured (benchmarks.gguf_linear, one thread, all layers): on VNNI at 9-16
+// rows the decode path is faster (gate_up -9-17%, down -2-9%, qkv -8-15% against the tiles); on AVX2 slower (gate_up
+// +23-38%), so it keeps 8 there.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+constexpr int64_t kFusedRows = 16;
+#else
+constexpr int64_t kFusedRows = 8;
+#endif
 inline bool fused(int64_t, int64_t M, int64_t K) { return M <= kFusedRows && K % kChunk == 0; }
 
 // Weight rows side by side: 4, or 2 where the activation rows' accumulators would fill the registers (AVX2 has 16;
