@@ -18,6 +18,11 @@
 #include <immintrin.h>
 #endif
 
+// The kernels' widest path: AVX-512 with VNNI (gguf_decode.h), else AVX2 + FMA (gguf_decode_avx2.h), else plain C++.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define RADIXSERVE_GGUF_VNNI 1
+#endif
+
 namespace radixserve::gguf {
 
 // ggml's type ids (GGMLQuantizationType in gguf-py).

@@ -12,7 +12,7 @@
 #include "gguf_activations.h"
 #include "gguf_blocks.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(RADIXSERVE_GGUF_VNNI)
 
 namespace radixserve::gguf {
 

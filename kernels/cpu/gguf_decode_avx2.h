@@ -17,7 +17,7 @@
 #include "gguf_activations.h"
 #include "gguf_blocks.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
+#if defined(__AVX2__) && defined(__FMA__) && !defined(RADIXSERVE_GGUF_VNNI)
 
 namespace radixserve::gguf {
 

@@ -72,7 +72,7 @@ inline float offsets(const float* b, const float* corr, int64_t S) {
 #endif
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(RADIXSERVE_GGUF_VNNI)
 
 // One 64-column chunk c of one weight row (codes u, a per 16 in a4) into the accumulators of RB activation rows.
 // The fused decode below and the tiles run this same sequence, so their results are equal bit for bit.
@@ -212,34 +212,25 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 
 #endif
 
-#if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(RADIXSERVE_GGUF_VNNI) || (defined(__AVX2__) && defined(__FMA__))
 
-// Decode (few rows): gguf_decode.h (VNNI) or gguf_decode_avx2.h (AVX2), NR weight rows side by side (fewer when
-// more activation rows need their accumulators in registers), activation rows kRowBlock at a time over the same
-// weights, which the earlier block left in L1/L2.
-// Up to this many activation rows a call takes the decode path (blocks to registers, activation rows 4 at a time over
-// the same weights) instead of the tiles. Measured (benchmarks.gguf_linear, one thread, all layers): on VNNI at 9-16
-// rows the decode path is faster (gate_up -9-17%, down -2-9%, qkv -8-15% against the tiles); on AVX2 slower (gate_up
-// +23-38%), so it keeps 8 there.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// Decode (up to kFusedRows rows): gguf_decode.h (VNNI) or gguf_decode_avx2.h (AVX2), the blocks straight into
+// registers, activation rows kRowBlock at a time over the same weights (which the earlier block left in L1/L2), NR
+// = side_by_side weight rows side by side: 4, or 2 where the activation rows' accumulators would fill the registers
+// (AVX2 has 16; on AVX-512, Q4_K's offsets double them). Measured (benchmarks.gguf_linear, one thread, all layers;
+// RESULTS.md, issue 38 session 16): on VNNI the decode path beats the tiles up to 16 rows (at 9-16: gate_up 9-17%
+// faster) and 4 rows side by side beat 2 at 3-8 activation rows (gate_up 7-16%, down 12-29%); on AVX2 the decode
+// path at 9-16 rows was slower than its tiles. Each pair runs the same sequence either way: the same bits.
+#if defined(RADIXSERVE_GGUF_VNNI)
 constexpr int64_t kFusedRows = 16;
+template <int64_t Type, int RB>
+constexpr int side_by_side() { return RB <= 2 || Type != kQ4_K ? 4 : 2; }
 #else
 constexpr int64_t kFusedRows = 8;
+template <int64_t, int RB>
+constexpr int side_by_side() { return RB <= 2 ? 4 : 2; }
 #endif
 inline bool fused(int64_t, int64_t M, int64_t K) { return M <= kFusedRows && K % kChunk == 0; }
-
-// Weight rows side by side: 4, or 2 where the activation rows' accumulators would fill the registers (AVX2 has 16;
-// on AVX-512, Q4_K's offsets double them). Measured on VNNI (benchmarks.gguf_linear, one thread, all layers): 4 rows
-// side by side against 2 at 3-4 activation rows, gate_up 12.3-13.3 -> 10.7-10.8 ms at 4 rows, 21.3-22.3 -> 19.2-20.3
-// at 8, qkv -12%; the same bits (each pair runs the same sequence).
-template <int64_t Type, int RB>
-constexpr int side_by_side() {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-  return RB <= 2 || Type != kQ4_K ? 4 : 2;
-#else
-  return RB <= 2 ? 4 : 2;
-#endif
-}
 
 template <int64_t Type, int RB>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
