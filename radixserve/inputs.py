@@ -13,7 +13,7 @@ from radixserve.cache.retention import DEFAULT_PRIORITY, MAX_PRIORITY, MAX_RETEN
 from radixserve.constrained.grammar import CompiledGrammar, GrammarCompiler, built
 from radixserve.errors import ParamError
 from radixserve.request import Req
-from radixserve.sampling.info import SamplingInfo
+from radixserve.sampling.info import SamplingInfo, SeenIds
 from radixserve.sampling.sampler import make_generator
 from radixserve.sampling_params import SamplingParams
 from radixserve.tokenizer import Tokenizer
@@ -257,6 +257,7 @@ class RequestBuilder:
                 generator=None if p.is_greedy else make_generator(p.seed),
                 output_ids=[],
                 prompt_ids=spec.input_ids,
+                seen=SeenIds(spec.input_ids) if p.repetition_penalty != 1.0 else None,
                 top_logprobs_num=spec.top_logprobs_num,
                 return_logprob=spec.return_logprob,
                 stop_ids=frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids),

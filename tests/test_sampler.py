@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixserve.sampling.info import SeenIds
 from radixserve.sampling.penalties import apply_penalties
 from radixserve.sampling.sampler import (
     TOP_P_CANDIDATES,
@@ -186,6 +187,28 @@ def test_repetition_penalty_hf_semantics() -> None:
     logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]])
     out = apply_penalties(logits, [info(repetition_penalty=2.0, prompt=[0, 1], output=[1, 3])])
     assert torch.allclose(out, torch.tensor([[1.0, -4.0, 1.0, -2.0, 0.5]]))
+
+
+def test_repetition_penalty_kept_ids_match_a_rebuild_every_step() -> None:
+    # A request's SeenIds grows with its live output list; each step must penalise exactly what a fresh set would,
+    # ids at or above the head's vocabulary (a larger tokenizer) included only once they fit.
+    prompt = [3, 3, 60, 70, 5]
+    kept, fresh = info(repetition_penalty=1.7, prompt=prompt), info(repetition_penalty=1.7, prompt=prompt)
+    kept.seen = SeenIds(prompt)
+    other = info(repetition_penalty=1.3, prompt=[1, 2])
+    other.seen = SeenIds([1, 2])
+    for step, new in enumerate([9, 9, 3, 63, 12, 0]):
+        logits = rand_logits(2, 500 + step)
+        expected = apply_penalties(
+            logits, [fresh, info(repetition_penalty=1.3, prompt=[1, 2], output=other.output_ids)]
+        )
+        assert torch.equal(apply_penalties(logits, [kept, other]), expected)
+        for row in (kept, fresh):
+            row.output_ids.append(new)
+        other.output_ids.append(new + 1)
+    wide = rand_logits(1, 7, vocab=80)
+    assert torch.equal(apply_penalties(wide, [kept]), apply_penalties(wide, [fresh]))  # 70 penalised now
+    assert not torch.equal(apply_penalties(wide, [kept])[0, 70], wide[0, 70])
 
 
 def test_penalties_change_the_greedy_choice() -> None:

@@ -52,19 +52,15 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torc
     vocab, device = logits.shape[1], logits.device
 
     if rep_rows:
-        # Every (row, seen id) as one index into the flattened logits, with its row's p: a handful of ops whatever
-        # the batch (per-row padding took ~20 small ops, 0.3 ms of a CPU decode step). A repeated id writes the same
-        # value twice, so each token is penalised once however often it occurs.
-        flat, ps = [], []
+        # A gather and a scatter at the row's distinct seen ids, so each token is penalised once however often
+        # it occurs. The ids come from the request's SeenIds, grown by a step's new tokens only.
         for i in rep_rows:
-            seen_ids = [t for t in {*infos[i].prompt_ids, *infos[i].output_ids} if 0 <= t < vocab]
-            flat += [i * vocab + t for t in seen_ids]
-            ps += [infos[i].params.repetition_penalty] * len(seen_ids)
-        if flat:
-            index, p = device_tensor(flat, device, torch.long), device_tensor(ps, device)
-            view = logits.view(-1)
-            seen = view[index]
-            view[index] = torch.where(seen > 0, seen / p, seen * p)
+            info, row, p = infos[i], logits[i], infos[i].params.repetition_penalty
+            seen = (
+                info.seen.ids(info.output_ids, vocab, device) if info.seen is not None else _seen(info, vocab, device)
+            )
+            x = row[seen]
+            row[seen] = torch.where(x > 0, x / p, x * p)
 
     if fp_rows:
         ids, valid, any_valid = _padded_ids([infos[i].output_ids for i in fp_rows], vocab, device)
@@ -78,6 +74,11 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torc
         if rows is not None:
             logits[rows] = sub
     return logits
+
+
+def _seen(info: SamplingInfo, vocab: int, device: torch.device) -> torch.Tensor:
+    """The distinct ids of a row without a SeenIds (a verify row, whose output counts its drafts)."""
+    return device_tensor([t for t in {*info.prompt_ids, *info.output_ids} if 0 <= t < vocab], device, torch.long)
 
 
 def _rows_of(logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor | None, torch.Tensor]:
