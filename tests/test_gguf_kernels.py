@@ -19,8 +19,8 @@ FP16_FIELDS = {T.Q4_0: (0,), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q6_K:
 # the default model (K = 896 is not a multiple of 256: K-quant shapes use 1024 and 4864).
 SHAPES = [(1, 40, 256), (2, 33, 1024), (7, 17, 4864), (5, 24, 896), (40, 24, 896)]
 
-# The kernel against the float64 product of the same rounded activations and the same weights: it sums per-lane
-# float32 terms a * x_scale * (integer dot) and subtracts the offsets b * x_scale * sum(codes) separately, so its
+# The kernel against the float64 product of the same rounded activations and the same weights: it sums float32
+# terms a * x_scale * (integer dot of 16 or 32 columns) and subtracts the offsets b * x_scale * sum(codes) separately, so its
 # only error is float32 rounding of those partial sums, bounded relative to the sum of their magnitudes. 2^-20 of
 # |x| @ (|a u| + |b|) leaves room for the ~K/16 roundings of a row (measured below 2^-27 on every format).
 SUM_ORDER_TOL = 2.0**-20

@@ -1,16 +1,18 @@
-// Decode steps of the GGUF linears on AVX-512 VNNI (1-4 activation rows per pass; gguf_linear.cpp makes two passes
-// for 5-8): every format's codes go from the blocks straight into registers, 64 at a time in their natural order,
-// and several weight rows run side by side so that each load of the activations serves them all and their
-// accumulator chains overlap.
+// Decode steps of the GGUF linears on AVX-512 VNNI (1-4 activation rows per pass; gguf_tiles.h makes more passes
+// for up to kFusedRows): every format's codes go from the blocks straight into registers, 64 at a time in their
+// natural order, four weight rows side by side so that each load of the activations serves them all.
 //
-// What keeps it bit-equal to the tiles of gguf_linear.cpp (prefill), and so batch-invariant: per (activation row,
-// weight row) it runs `step` on the same 64-column chunks in the same order, with the same integers (codes, zero
-// points) and the same per-lane floats (a per 16 weights, exactly as gguf_blocks.h unpacks them), then the same
-// reduction and, for Q4_K, the same offsets sum in the same order.
+// What keeps it bit-equal to the tiles of gguf_tiles.h (prefill), and so batch-invariant: per (activation row,
+// weight row) pair both compute the exact integer sum of each 16-column sub-block (codes times activation codes,
+// minus the zero point times the activations' sum), then run `sub_step` on the sub-blocks in the same order with the
+// same floats (a per 16 weights exactly as gguf_blocks.h unpacks them, the activations' block scale), into four
+// accumulators by sub-block mod 4, added as `sub_total` does; Q4_K's offsets sum in offsets()'s order.
 #pragma once
 
 #include "gguf_activations.h"
 #include "gguf_blocks.h"
+
+#include <algorithm>
 
 #if defined(RADIXSERVE_GGUF_VNNI)
 
@@ -23,9 +25,27 @@ constexpr int zero_shift(int64_t type) {
   return type == kQ4_0 ? 3 : type == kQ5_0 ? 4 : type == kQ6_K ? 5 : type == kQ8_0 ? 7 : -1;
 }
 
-// acc + float(init + u . q per lane) * (a * lane): the one per-lane step of every AVX-512 dot product here.
-inline __m512 step(__m512 acc, __m512i init, __m512i u, __m512i q, __m512 a, __m512 lane) {
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, u, q)), _mm512_mul_ps(a, lane), acc);
+// The sums of 16-column sub-blocks, the unit every AVX-512 dot product here is built on. vpdpbusd leaves each lane
+// with the sum of 4 columns; for four (activation row, weight row) pairs p0..p3 at once (one 64-column chunk each),
+// lane 4 s + p of the result is pair p's sum over sub-block s (columns 16 s .. 16 s + 15): exact int32.
+inline __m512i sub_sums(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+  const __m512i a01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
+  const __m512i a23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(a01, a23), _mm512_unpackhi_epi64(a01, a23));
+}
+
+// The one float step of every AVX-512 dot product here, per pair and sub-block s: acc[s % 4] += float(sum of s) *
+// (a_s * x_scale_s) as one fma. The tiles (gguf_tiles.h) hold a pair's four accumulators in four registers; the
+// decode rows below hold them in lanes 4 (s % 4) + p of one.
+inline __m512 sub_step(__m512 acc, __m512i sums, __m512 a, __m512 x_scale) {
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(a, x_scale), acc);
+}
+
+// A pair's result from its four accumulators: (acc0 + acc2) + (acc1 + acc3), here for the four pairs in the lanes
+// of one register (lane 4 k + p: pair p's acc k).
+inline __m128 sub_total(__m512 acc) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
 // Lane l of a 64-column chunk covers columns 4l .. 4l + 3, so its scale is the one of 16-weight group l / 4.
@@ -163,48 +183,56 @@ struct Reader<kQ6_K> {
 // gate_up 1.45x, down 1.4x faster than the latter; 8 KiB is best for K = 896 rows, 16 KiB for K = 4864.
 constexpr int64_t kPrefetchAhead = 12288;
 
-// y[r * ldy + j] for RB activation rows from m0 against NR consecutive weight rows (row_bytes apart) from `row`.
-template <int64_t Type, int NR, int RB>
-inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+// y[r * ldy + j] (j < nr <= 4) for RB activation rows from m0 against the weight rows from `row` (row_bytes apart).
+// Always four weight rows side by side, the last repeated past nr: their four pairs per activation row make one
+// register of sub-block sums (sub_sums).
+template <int64_t Type, int RB>
+inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using R = Reader<Type>;
-  constexpr int64_t span = NR * (R::kWeights == 64 ? 2 : 1) * R::kBytes;  // bytes of the NR rows per super-block
+  constexpr int64_t span = 4 * (R::kWeights == 64 ? 2 : 1) * R::kBytes;  // bytes of the 4 rows per super-block
   const uint8_t* ahead = row + kPrefetchAhead;
   constexpr int shift = zero_shift(Type);
-  R w[NR];
-  for (int j = 0; j < NR; j++) w[j].row = row + j * row_bytes;
-  __m512 acc[RB][NR], off[RB][NR];
-  for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++) acc[r][j] = off[r][j] = _mm512_setzero_ps();
+  R w[4];
+  for (int j = 0; j < 4; j++) w[j].row = row + std::min(j, nr - 1) * row_bytes;
+  __m512 acc[RB], off[RB][4];
+  for (int r = 0; r < RB; r++) {
+    acc[r] = _mm512_setzero_ps();
+    for (int j = 0; j < 4; j++) off[r][j] = _mm512_setzero_ps();
+  }
   for (int64_t s = 0; s < x.K64 / R::kWeights; s++) {
-    for (int j = 0; j < NR; j++) w[j].begin(s);
+    for (int j = 0; j < 4; j++) w[j].begin(s);
     for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
     ahead += span;
     for (int c = 0; c < R::kChunks; c++) {
       const int64_t cc = s * R::kChunks + c;  // the chunk's index in the row
-      __m512i q[RB], init[RB];
-      __m512 lane[RB];
+      __m512i u[4];
+      __m512 a[4];
+      for (int j = 0; j < 4; j++) u[j] = w[j].chunk(c, a[j]);
+      // Lane 4 s + p takes weight row p's a of sub-block s (a[p] holds it in lanes 4 s .. 4 s + 3).
+      const __m512 ap = _mm512_mask_mov_ps(_mm512_mask_mov_ps(_mm512_mask_mov_ps(a[0], 0x2222, a[1]), 0x4444, a[2]), 0x8888, a[3]);
       for (int r = 0; r < RB; r++) {
         const int64_t m = m0 + r;
-        q[r] = _mm512_loadu_si512(&x.q[m * x.K64 + cc * kChunk]);
-        lane[r] = _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + cc * 16]);
-        init[r] = _mm512_setzero_si512();
-        if constexpr (shift >= 0) init[r] = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum4[m * x.K64 / 4 + cc * 16]), shift);
-      }
-      for (int j = 0; j < NR; j++) {
-        __m512 a;
-        const __m512i u = w[j].chunk(c, a);
-        for (int r = 0; r < RB; r++) acc[r][j] = step(acc[r][j], init[r], u, q[r], a, lane[r]);
+        const __m512i q = _mm512_loadu_si512(&x.q[m * x.K64 + cc * kChunk]);
+        __m512i init = _mm512_setzero_si512();
+        if constexpr (shift >= 0) init = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum4[m * x.K64 / 4 + cc * 16]), shift);
+        __m512i v[4];
+        for (int j = 0; j < 4; j++) v[j] = _mm512_dpbusd_epi32(init, u[j], q);
+        // x.lane: lanes 0-7 hold the scale of the chunk's first 32 columns (sub-blocks 0, 1), 8-15 the second's.
+        acc[r] = sub_step(acc[r], sub_sums(v[0], v[1], v[2], v[3]), ap, _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + cc * 16]));
       }
     }
     if constexpr (Type == kQ4_K)  // the offsets, in offsets()'s order: 16 per super-block
       for (int r = 0; r < RB; r++)
-        for (int j = 0; j < NR; j++) off[r][j] = _mm512_fmadd_ps(w[j].b16, _mm512_loadu_ps(&x.corr[(m0 + r) * x.S + 16 * s]), off[r][j]);
+        for (int j = 0; j < 4; j++) off[r][j] = _mm512_fmadd_ps(w[j].b16, _mm512_loadu_ps(&x.corr[(m0 + r) * x.S + 16 * s]), off[r][j]);
   }
-  for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++) {
-      y[r * ldy + j] = _mm512_reduce_add_ps(acc[r][j]);
+  for (int r = 0; r < RB; r++) {
+    alignas(16) float total[4];
+    _mm_store_ps(total, sub_total(acc[r]));
+    for (int j = 0; j < nr; j++) {
+      y[r * ldy + j] = total[j];
       if constexpr (Type == kQ4_K) y[r * ldy + j] -= _mm512_reduce_add_ps(off[r][j]);
     }
+  }
 }
 
 }  // namespace radixserve::gguf

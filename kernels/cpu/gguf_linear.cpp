@@ -2,19 +2,19 @@
 //
 // How: the activations are quantized to int8 per block of 32 (scale = absmax / 127, as ggml's q8_0), then for each
 // tile of kTile weight rows the blocks are unpacked into a small buffer of uint8 codes with a float (a, b) per 16
-// weights, and every activation row is multiplied with the tile: an integer dot product of codes and int8
-// activations per 64 columns (AVX-512 VNNI vpdpbusd; per 32 with AVX2's vpmaddubsw + vpmaddwd; plain C++ otherwise),
-// scaled per lane by a * x_scale in float, minus sum_j b_j * x_scale_j * (sum of the activation codes of block j).
-// The tile stays in L1/L2 while all rows pass over it, so a prefill reads each weight byte once, like a decode step.
-// With VNNI or AVX2, formats with a fixed zero point take it out inside the integer dot product instead, and decode
-// steps (at most kFusedRows rows) skip the tile: codes go from the blocks to registers (gguf_decode.h on VNNI,
-// gguf_decode_avx2.h on AVX2).
+// weights, and every activation row is multiplied with the tile (gguf_tiles.h): an integer dot product of codes and
+// int8 activations (AVX-512 VNNI vpdpbusd; AVX2's vpmaddubsw + vpmaddwd; plain C++ otherwise), scaled by a * x_scale
+// in float per 16 columns on VNNI (per 32 on AVX2), minus sum_j b_j * x_scale_j * (sum of the activation codes of
+// block j). The tile stays in L1/L2 while all rows pass over it, so a prefill reads each weight byte once, like a
+// decode step. With VNNI or AVX2, formats with a fixed zero point take it out inside the integer dot product instead,
+// and decode steps (at most kFusedRows rows) skip the tile: codes go from the blocks to registers (gguf_decode.h on
+// VNNI, gguf_decode_avx2.h on AVX2).
 //
 // Batch invariance: the result for row m depends only on x[m] and the weights. Every row takes the same quantization,
 // the same unpacking and the same sequence of float operations whatever the step's row count or how the rows are
-// grouped (rows are blocked in registers by kRowBlock, each with its own accumulator; the fused decode runs the same
-// `step` as the tiles), so a token's logits do not change with the batch it runs in (tests/test_gguf_kernels.py).
-// What does differ is the instruction set: each build is invariant on its own.
+// grouped (each pair of activation row and weight row has its own accumulators; the decode rows and the tiles run
+// the same integer sums and float steps in the same order), so a token's logits do not change with the batch it runs
+// in (tests/test_gguf_kernels.py). What does differ is the instruction set: each build is invariant on its own.
 #include "ops.h"
 #include <ATen/ATen.h>
 #include <torch/library.h>

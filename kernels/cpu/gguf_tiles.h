@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 namespace radixserve::gguf {
 
@@ -39,92 +41,108 @@ inline float offsets(const float* b, const float* corr, int64_t S) {
 
 #if defined(RADIXSERVE_GGUF_VNNI)
 
-// One 64-column chunk c of one weight row (codes u, a per 16 in a4) into the accumulators of RB activation rows.
-// The fused decode below and the tiles run this same sequence, so their results are equal bit for bit.
-template <int RB, int Shift>
-inline void chunk(__m512i u, __m128 a4, const QuantX& x, int64_t m0, int64_t c, __m512* acc) {
-  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);  // a per 16 -> lanes
-  const __m512 a = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(a4));
-  for (int r = 0; r < RB; r++) {
-    const int64_t m = m0 + r;
-    __m512i dot = _mm512_setzero_si512();
-    if constexpr (Shift >= 0) dot = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum4[m * x.K64 / 4 + c * 16]), Shift);
-    acc[r] = step(acc[r], dot, u, _mm512_loadu_si512(&x.q[m * x.K64 + c * kChunk]), a,
-                  _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + c * 16]));
+// A tile repacked for its kernel: per 4-column group g of the rows (K64 / 4 of them), the 16 weight rows' 4 codes
+// side by side, one register whose lanes are weight rows; per sub-block of 16 columns, the 16 rows' a. Rows past the
+// tile's own are zero (their results are not stored). One vpdpbusd then serves 16 pairs, and a sub-block's float
+// step (sub_step) 16 pairs, where the decode rows' layout (lanes = columns) needs a sub_sums reduction first.
+struct PackedTile {
+  std::vector<uint32_t> u;  // [K64 / 4][16]
+  std::vector<float> a;     // [S][16]
+  std::vector<uint8_t> zeros;  // the rows past the tile's own
+
+  void pack(const RowView* w, int64_t rows, const QuantX& x) {
+    const int64_t subs = x.K64 / kSub;
+    u.resize(x.K64 / 4 * 16);
+    a.resize(x.S * 16);  // S: subs padded to 16, what the transposes write
+    zeros.assign(std::max<int64_t>(x.K64, 4 * x.S), 0);
+    const void* cu[16];
+    const void* ca[16];
+    for (int64_t r = 0; r < 16; r++) {
+      cu[r] = r < rows ? static_cast<const void*>(w[r].u) : zeros.data();
+      ca[r] = r < rows ? static_cast<const void*>(w[r].a) : zeros.data();
+    }
+    for (int64_t c = 0; c < x.K64 / kChunk; c++) transpose16(cu, 64 * c, &u[c * 256]);
+    for (int64_t sb = 0; sb < subs; sb += 16) transpose16(ca, 4 * sb, &a[sb * 16]);
   }
-}
 
-template <int RB, int Shift>
-inline void finish(const __m512* acc, const float* b, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
-  for (int r = 0; r < RB; r++) {
-    y[r * ldy] = _mm512_reduce_add_ps(acc[r]);
-    if constexpr (Shift < 0) y[r * ldy] -= offsets(b, &x.corr[(m0 + r) * x.S], x.S);
+  // out[16 j + i] = the 32-bit word j of the 64 bytes at rows[i] + offset: a 16 x 16 transpose in registers.
+  static void transpose16(const void* const* rows, int64_t offset, void* out) {
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(static_cast<const uint8_t*>(rows[i]) + offset);
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int k = 0; k < 16; k += 4) {  // r[k + j]: in 128-bit lane L, word 4 L + j of rows k .. k + 3
+      r[k] = _mm512_unpacklo_epi64(t[k], t[k + 2]);
+      r[k + 1] = _mm512_unpackhi_epi64(t[k], t[k + 2]);
+      r[k + 2] = _mm512_unpacklo_epi64(t[k + 1], t[k + 3]);
+      r[k + 3] = _mm512_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    __m512i* o = static_cast<__m512i*>(out);
+    for (int j = 0; j < 4; j++) {  // lane L of r[j], r[4 + j], r[8 + j], r[12 + j] -> word 4 L + j
+      const __m512i ab_lo = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44), ab_hi = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
+      const __m512i cd_lo = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
+      const __m512i cd_hi = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
+      _mm512_storeu_si512(o + j, _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88));
+      _mm512_storeu_si512(o + 4 + j, _mm512_shuffle_i32x4(ab_lo, cd_lo, 0xDD));
+      _mm512_storeu_si512(o + 8 + j, _mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88));
+      _mm512_storeu_si512(o + 12 + j, _mm512_shuffle_i32x4(ab_hi, cd_hi, 0xDD));
+    }
   }
-}
+};
 
-// y[r] for RB activation rows starting at m0 against one unpacked weight row.
+// The tile's 16 weight rows against RB activation rows from m0: total[r] lane j is pair (m0 + r, j)'s sum before
+// offsets. Per pair, the same integers and `sub_step`s as decode_rows (gguf_decode.h), the same sub_total order.
 template <int RB, int Shift>
-inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
-  __m512 acc[RB];
-  for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < x.K64 / kChunk; c++)
-    chunk<RB, Shift>(_mm512_loadu_si512(w.u + c * kChunk), _mm_loadu_ps(w.a + c * 4), x, m0, c, acc);
-  finish<RB, Shift>(acc, w.b, x, m0, y, ldy);
-}
-
-template <int Shift>
-void dot_all(const RowView& w, const QuantX& x, int64_t M, float* y, int64_t ldy) {
-  int64_t m = 0;
-  for (; m + kRowBlock <= M; m += kRowBlock) dot_rows<kRowBlock, Shift>(w, x, m, y + m * ldy, ldy);
-  for (; m < M; m++) dot_rows<1, Shift>(w, x, m, y + m * ldy, ldy);
-}
-
-// 4 weight rows x 2 activation rows in registers: each activation load serves 4 weight rows, each code load 2
-// activation rows (prefill was bound by reloading the activations' codes, scales and sums for every weight row).
-// Every (activation row, weight row) pair runs `chunk`'s sequence, so the result is the same as one at a time.
-template <int Shift>
-inline void dot_4x2(const RowView* w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
-  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  __m512 acc[2][4];
+inline void tile_rows(const PackedTile& t, const QuantX& x, int64_t m0, __m512* total) {
+  __m512 acc[RB][4];
   for (auto& row : acc)
     for (auto& v : row) v = _mm512_setzero_ps();
-  for (int64_t c = 0; c < x.K64 / kChunk; c++) {
-    __m512i u[4];
-    __m512 a[4];
-    for (int j = 0; j < 4; j++) {
-      u[j] = _mm512_loadu_si512(w[j].u + c * kChunk);
-      a[j] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(w[j].a + c * 4)));
-    }
-    for (int r = 0; r < 2; r++) {
-      // The same integers and floats as `chunk` reads from nsum4 and lane, made from the codes and the per-16
-      // scales here: 128 bytes fewer to stream per chunk and row, which bounded a prefill.
-      const int64_t m = m0 + r;
-      const __m512i q = _mm512_loadu_si512(&x.q[m * x.K64 + c * kChunk]);
-      __m512i init = _mm512_setzero_si512();
-      if constexpr (Shift >= 0) {
-        const __m512i sum4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
-        init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum4, Shift));
+  for (int64_t s0 = 0; s0 < x.K64 / kSub; s0 += 4) {
+    for (int k = 0; k < 4; k++) {
+      const int64_t s = s0 + k;
+      __m512i w[4];
+      for (int g = 0; g < 4; g++) w[g] = _mm512_loadu_si512(&t.u[(4 * s + g) * 16]);
+      const __m512 a = _mm512_loadu_ps(&t.a[s * 16]);
+      for (int r = 0; r < RB; r++) {
+        const int64_t m = m0 + r;
+        __m512i sums = _mm512_setzero_si512();
+        if constexpr (Shift >= 0) sums = _mm512_slli_epi32(_mm512_set1_epi32(x.nsum16[m * x.S + s]), Shift);
+        int32_t q4[4];
+        std::memcpy(q4, &x.q[m * x.K64 + s * kSub], 16);
+        for (int g = 0; g < 4; g++) sums = _mm512_dpbusd_epi32(sums, w[g], _mm512_set1_epi32(q4[g]));
+        acc[r][k] = sub_step(acc[r][k], sums, a, _mm512_set1_ps(x.scale16[m * x.S + s]));
       }
-      const __m512 lane =
-          _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(&x.scale16[m * x.S + c * 4])));
-      for (int j = 0; j < 4; j++) acc[r][j] = step(acc[r][j], init, u[j], q, a[j], lane);
     }
   }
-  for (int r = 0; r < 2; r++)
-    for (int j = 0; j < 4; j++) finish<1, Shift>(&acc[r][j], w[j].b, x, m0 + r, y + r * ldy + j, ldy);
+  for (int r = 0; r < RB; r++)
+    total[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][2]), _mm512_add_ps(acc[r][1], acc[r][3]));
 }
 
-// Every activation row against `rows` unpacked weight rows (a tile): 4 x 2 register blocks, the rest one by one.
+template <int RB, int Shift>
+inline void tile_store(const PackedTile& t, const RowView* w, int64_t rows, const QuantX& x, int64_t m0, float* y,
+                       int64_t ldy) {
+  __m512 total[RB];
+  tile_rows<RB, Shift>(t, x, m0, total);
+  for (int r = 0; r < RB; r++) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, total[r]);
+    for (int64_t j = 0; j < rows; j++) {
+      y[r * ldy + j] = lanes[j];
+      if constexpr (Shift < 0) y[r * ldy + j] -= offsets(w[j].b, &x.corr[(m0 + r) * x.S], x.S);
+    }
+  }
+}
+
+// Every activation row against `rows` (<= 16) unpacked weight rows (a tile), kRowBlock activation rows at a time.
 template <int Shift>
 void dot_tile(const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    int64_t m = 0;
-    for (; m + 2 <= M; m += 2) dot_4x2<Shift>(w + r, x, m, y + m * ldy + r, ldy);
-    for (; m < M; m++)
-      for (int j = 0; j < 4; j++) dot_rows<1, Shift>(w[r + j], x, m, y + m * ldy + r + j, ldy);
-  }
-  for (; r < rows; r++) dot_all<Shift>(w[r], x, M, y + r, ldy);
+  thread_local PackedTile t;
+  t.pack(w, rows, x);
+  int64_t m = 0;
+  for (; m + kRowBlock <= M; m += kRowBlock) tile_store<kRowBlock, Shift>(t, w, rows, x, m, y + m * ldy, ldy);
+  for (; m < M; m++) tile_store<1, Shift>(t, w, rows, x, m, y + m * ldy, ldy);
 }
 
 inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
@@ -180,16 +198,15 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 #if defined(RADIXSERVE_GGUF_VNNI) || (defined(__AVX2__) && defined(__FMA__))
 
 // Decode (up to kFusedRows rows): gguf_decode.h (VNNI) or gguf_decode_avx2.h (AVX2), the blocks straight into
-// registers, activation rows kRowBlock at a time over the same weights (which the earlier block left in L1/L2), NR
-// = side_by_side weight rows side by side: 4, or 2 where the activation rows' accumulators would fill the registers
-// (AVX2 has 16; on AVX-512, Q4_K's offsets double them). Measured (benchmarks.gguf_linear, one thread, all layers;
-// RESULTS.md, issue 38 session 16): on VNNI the decode path beats the tiles up to 16 rows (at 9-16: gate_up 9-17%
-// faster) and 4 rows side by side beat 2 at 3-8 activation rows (gate_up 7-16%, down 12-29%); on AVX2 the decode
-// path at 9-16 rows was slower than its tiles. Each pair runs the same sequence either way: the same bits.
+// registers, activation rows kRowBlock at a time over the same weights (which the earlier block left in L1/L2). On
+// VNNI four weight rows run side by side (their pairs make one register of sub-block sums); on AVX2, NR =
+// side_by_side: 4, or 2 where the activation rows' accumulators would fill its 16 registers. Measured
+// (benchmarks.gguf_linear, one thread, all layers; RESULTS.md, issue 38 session 17): on VNNI the decode path beats
+// the packed tiles up to 8 rows (gate_up 32-33 vs 39-40 ms at 8), is level at 12 and behind at 16 (gate_up 64 vs
+// 56-57 ms); on AVX2 the decode path at 9-16 rows was slower than its tiles. Each pair runs the same sequence either
+// way: the same bits.
 #if defined(RADIXSERVE_GGUF_VNNI)
-constexpr int64_t kFusedRows = 16;
-template <int64_t Type, int RB>
-constexpr int side_by_side() { return RB <= 2 || Type != kQ4_K ? 4 : 2; }
+constexpr int64_t kFusedRows = 12;
 #else
 constexpr int64_t kFusedRows = 8;
 template <int64_t, int RB>
@@ -199,10 +216,15 @@ inline bool fused(int64_t, int64_t M, int64_t K) { return M <= kFusedRows && K %
 
 template <int64_t Type, int RB>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+#if defined(RADIXSERVE_GGUF_VNNI)
+  for (int64_t r = 0; r < rows; r += 4)
+    decode_rows<Type, RB>(row + r * row_bytes, row_bytes, static_cast<int>(std::min<int64_t>(4, rows - r)), x, m0, y + r, ldy);
+#else
   constexpr int NR = side_by_side<Type, RB>();
   int64_t r = 0;
   for (; r + NR <= rows; r += NR) decode_rows<Type, NR, RB>(row + r * row_bytes, row_bytes, x, m0, y + r, ldy);
   for (; r < rows; r++) decode_rows<Type, 1, RB>(row + r * row_bytes, row_bytes, x, m0, y + r, ldy);
+#endif
 }
 
 template <int64_t Type>
