@@ -1,4 +1,4 @@
-// Decode steps of the GGUF linears on AVX-512 VNNI (1-4 activation rows per pass; gguf_tiles.h makes more passes
+// Decode steps of the GGUF linears on AVX-512 VNNI (1-8 activation rows per pass; gguf_tiles.h makes more passes
 // for up to kFusedRows): every format's codes go from the blocks straight into registers, 64 at a time in their
 // natural order, four weight rows side by side so that each load of the activations serves them all.
 //

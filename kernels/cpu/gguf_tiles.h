@@ -198,7 +198,7 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 #if defined(RADIXSERVE_GGUF_VNNI) || (defined(__AVX2__) && defined(__FMA__))
 
 // Decode (up to kFusedRows rows): gguf_decode.h (VNNI) or gguf_decode_avx2.h (AVX2), the blocks straight into
-// registers, activation rows kRowBlock at a time over the same weights (which the earlier block left in L1/L2). On
+// registers, activation rows decode_block() at a time over the same weights (which the earlier pass left in L1/L2). On
 // VNNI four weight rows run side by side (their pairs make one register of sub-block sums); on AVX2, NR =
 // side_by_side: 4, or 2 where the activation rows' accumulators would fill its 16 registers. Measured
 // (benchmarks.gguf_linear, one thread, all layers; RESULTS.md, issue 38 session 17): on VNNI the decode path beats
@@ -227,15 +227,31 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
 #endif
 }
 
+#if defined(RADIXSERVE_GGUF_VNNI)
+// Activation rows a decode pass takes over the same weights: 8 share each unpacked chunk of 4 weight rows (its
+// accumulators are one register an activation row); Q4_K's offsets keep 4 (they take 4 registers a row).
+template <int64_t Type>
+constexpr int64_t decode_block() { return Type == kQ4_K ? 4 : 8; }
+#else
+template <int64_t>
+constexpr int64_t decode_block() { return kRowBlock; }
+#endif
+
 template <int64_t Type>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
-  for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
+  for (int64_t m0 = 0; m0 < M; m0 += decode_block<Type>()) {
     float* ym = y + m0 * ldy;
-    switch (std::min(M - m0, kRowBlock)) {
+    switch (std::min(M - m0, decode_block<Type>())) {
       case 1: fused_rows<Type, 1>(row, row_bytes, rows, x, m0, ym, ldy); break;
       case 2: fused_rows<Type, 2>(row, row_bytes, rows, x, m0, ym, ldy); break;
       case 3: fused_rows<Type, 3>(row, row_bytes, rows, x, m0, ym, ldy); break;
-      default: fused_rows<Type, 4>(row, row_bytes, rows, x, m0, ym, ldy);
+      case 4: fused_rows<Type, 4>(row, row_bytes, rows, x, m0, ym, ldy); break;
+#if defined(RADIXSERVE_GGUF_VNNI)
+      case 5: fused_rows<Type, 5>(row, row_bytes, rows, x, m0, ym, ldy); break;
+      case 6: fused_rows<Type, 6>(row, row_bytes, rows, x, m0, ym, ldy); break;
+      case 7: fused_rows<Type, 7>(row, row_bytes, rows, x, m0, ym, ldy); break;
+      default: fused_rows<Type, 8>(row, row_bytes, rows, x, m0, ym, ldy);
+#endif
     }
   }
 }
