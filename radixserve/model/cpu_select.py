@@ -58,9 +58,10 @@ CHOICES: dict[str, tuple[str, str, str]] = {
 # What quantization="auto" runs on a model whose weights are a GGUF file, where the kind's table asks for int8:
 # "gguf" multiplies with the file's own blocks (issue 38: nothing dequantized or prepared, the file is all the disk
 # it takes, 0.79x int8's bytes per decode step); "int8" re-quantizes them per output channel (a 768 MB prepared copy
-# beside the file, built at the first start). The blocks decode one stream 1.30-1.37x faster than int8 and use
-# less memory; int8 stays ahead where a step is compute-bound (prefill 1.15-1.16x, eight streams 1.12-1.18x, multi-turn
-# TTFT p50 0.69-0.74x the blocks'): RESULTS.md, issue 38 session 16. --quantization int8 still gives int8.
+# beside the file, built at the first start). The blocks decode one stream 1.4-1.7x faster than int8 and use less
+# memory; on AVX-512 VNNI they are level with int8 or ahead where a step is compute-bound too (eight streams 1.06-1.33x,
+# prefill 1.03-1.08x, multi-turn TTFT p50 0.90-1.05x int8's; RESULTS.md, issue 38 session 17), and on AVX2 int8
+# keeps its prefill lead (session 16: the blocks' prefill 0.78x int8's). --quantization int8 still gives int8.
 GGUF_AUTO = "gguf"
 
 
