@@ -54,7 +54,7 @@ struct PackedTile {
     const int64_t subs = x.K64 / kSub;
     u.resize(x.K64 / 4 * 16);
     a.resize(x.S * 16);  // S: subs padded to 16, what the transposes write
-    zeros.assign(std::max<int64_t>(x.K64, 4 * x.S), 0);
+    if (rows < 16) zeros.assign(std::max<int64_t>(x.K64, 4 * x.S), 0);  // read only for the missing rows
     const void* cu[16];
     const void* ca[16];
     for (int64_t r = 0; r < 16; r++) {

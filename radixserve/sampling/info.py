@@ -36,7 +36,8 @@ class SeenIds:
     """The distinct ids of a request's prompt and output, as the index tensor the repetition penalty reads.
 
     Kept on the request and grown by the ids output since the last step: rebuilding the set and the index every
-    step cost O(prompt + output) per token (0.8 ms a step for a 2,000-token prompt, benchmarks in RESULTS.md).
+    step cost O(prompt + output) per token (0.31 ms a step at a 2,000-token prompt, 3.9 ms at eight such rows:
+    benchmarks/penalty_cost.py, RESULTS.md issue 38 session 17).
     `output_ids` must only grow (a request's live list does); a verify row, which counts drafts as output, goes
     without one.
     """
