@@ -365,7 +365,9 @@ def test_kernels_compile_for_a_real_gpu() -> None:
 
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     code = "import test_kernels; print(*test_kernels.compile_for_gpu(90))"
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([tests_dir, os.path.dirname(tests_dir)]))
+    # keep any PYTHONPATH already set (the GPU machine's carried packages come through it)
+    path = [tests_dir, os.path.dirname(tests_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join(path))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     kernels = [line.split(":") for line in done.stdout.split()]

@@ -181,7 +181,8 @@ def test_int8_pages_match_the_torch_backend(batch_kind: str, seed: int) -> None:
     tri.plan(batch)
     for layer in range(NUM_LAYERS):
         q, k, v = (
-            torch.randn(batch.num_tokens, n, head_dim, generator=gen) for n in (heads, NUM_KV_HEADS, NUM_KV_HEADS)
+            torch.randn(batch.num_tokens, n, head_dim, generator=gen).to(DEVICE)
+            for n in (heads, NUM_KV_HEADS, NUM_KV_HEADS)
         )
         expect = ref.forward(layer, q, k, v)
         out = tri.forward(layer, q, k, v, out=torch.full_like(q, float("nan")))

@@ -163,19 +163,9 @@ def first_divergence(got: list[int], want: list[int]) -> int | None:
     return next((j for j in range(len(want)) if j >= len(got) or got[j] != want[j]), None)
 
 
-def greedy_parity(
-    device: torch.device,
-    workdir: Path,
-    backends: list[str],
-    smoke: bool = False,
-) -> list[dict[str, Any]]:
-    """Greedy tokens through the Engine against a float32 torch-backend reference: every backend and dtype, cache
-    on and off, overlap on and off, and a second pass served from the cache. A run passes when its tokens equal the
-    reference's, or its first divergence is a near-tie of the reference (see NOISE_CAP; the row lists every margin).
-    `attention_backend=None` in float32 is the engine's own choice (triton on CUDA: flashinfer has no float32).
-    """
-    from radixserve import Engine
-
+def greedy_model(device: torch.device, workdir: Path, smoke: bool) -> tuple[Path, list[list[int]]]:
+    """The random checkpoint of the greedy checks and their prompts: four sharing a 100-token prefix, three not,
+    one longer than the prefill chunk."""
     model_dir = write_random_checkpoint(
         workdir / ("tiny" if smoke else "small"), TINY if smoke else SMALL, device, std=0.05
     )
@@ -183,22 +173,64 @@ def greedy_parity(
     shared = [rng.randrange(3, 500) for _ in range(100)]
     prompts = [shared + [rng.randrange(3, 500) for _ in range(n)] for n in (1, 5, 40, 17)]
     prompts += [[rng.randrange(3, 500) for _ in range(n)] for n in (1, 37, 600)]  # 600 > chunk: chunked prefill
+    return model_dir, prompts
+
+
+def greedy_runs(
+    model_dir: Path, device: torch.device, prompts: list[list[int]], params: dict[str, Any], **engine: Any
+) -> list[list[dict[str, Any]]]:
+    """Two passes of the prompts through one Engine (the second served from its cache where the cache is on)."""
+    from radixserve import Engine
+
+    with Engine(model=model_dir, device=str(device), chunked_prefill_size=256, max_total_tokens=16384, **engine) as eng:
+        return [
+            eng.generate(input_ids=prompts, sampling_params=params, return_logprob=True, top_logprobs_num=2)
+            for _ in range(2)
+        ]
+
+
+def compare_greedy(results: list[dict[str, Any]], reference: list[dict[str, Any]], dtype: str) -> dict[str, Any]:
+    """A run passes when its tokens equal the reference's, or its first divergence is a near-tie of the reference
+    (see NOISE_CAP; the row lists every margin)."""
+    diverged, noise = [], 0.0
+    for i, (got, want) in enumerate(zip(results, reference)):
+        at = first_divergence(got["output_ids"], want["output_ids"])
+        shared = zip(got["meta_info"]["output_token_logprobs"], want["meta_info"]["output_token_logprobs"])
+        noise = max([noise] + [abs(a[0] - b[0]) for a, b in list(shared)[:at]])
+        if at is not None:
+            top = want["meta_info"]["output_top_logprobs"][at]
+            diverged.append((i, at, top[0][0] - top[1][0]))
+    return {
+        "identical": f"{len(reference) - len(diverged)}/{len(reference)}",
+        "noise": noise,
+        "diverged (prompt, token, ref margin)": ", ".join(f"({i}, {t}, {m:.4f})" for i, t, m in diverged),
+        "ok": noise < NOISE_CAP[dtype] and all(m <= 2 * noise for _, _, m in diverged),
+    }
+
+
+def greedy_parity(
+    device: torch.device,
+    workdir: Path,
+    backends: list[str],
+    smoke: bool = False,
+) -> list[dict[str, Any]]:
+    """Greedy tokens through the Engine against a float32 torch-backend reference: every backend and dtype, cache
+    on and off, overlap on and off, and a second pass served from the cache (compare_greedy says what passes).
+    `attention_backend=None` in float32 is the engine's own choice (triton on CUDA: flashinfer has no float32).
+    """
+    model_dir, prompts = greedy_model(device, workdir, smoke)
 
     def run(dtype: str, backend: str | None, cache: bool, overlap: bool) -> list[list[dict[str, Any]]]:
-        with Engine(
-            model=model_dir,
+        return greedy_runs(
+            model_dir,
+            device,
+            prompts,
+            GREEDY,
             dtype=dtype,
-            device=str(device),
             attention_backend=backend,
             enable_radix_cache=cache,
             overlap_schedule=overlap,
-            chunked_prefill_size=256,
-            max_total_tokens=16384,
-        ) as eng:
-            return [
-                eng.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True, top_logprobs_num=2)
-                for _ in range(2)
-            ]
+        )
 
     reference = run("float32", "torch", True, False)[0]
     configs = [("float32", None, True, True)]
@@ -212,23 +244,66 @@ def greedy_parity(
     rows = []
     for dtype, backend, cache, overlap in configs:
         for pass_no, results in enumerate(run(dtype, backend, cache, overlap), 1):
-            diverged, noise = [], 0.0
-            for i, (got, want) in enumerate(zip(results, reference)):
-                at = first_divergence(got["output_ids"], want["output_ids"])
-                shared = zip(got["meta_info"]["output_token_logprobs"], want["meta_info"]["output_token_logprobs"])
-                noise = max([noise] + [abs(a[0] - b[0]) for a, b in list(shared)[:at]])
-                if at is not None:
-                    top = want["meta_info"]["output_top_logprobs"][at]
-                    diverged.append((i, at, top[0][0] - top[1][0]))
+            case = f"cache {'on' if cache else 'off'}, overlap {'on' if overlap else 'off'}, pass {pass_no}"
             rows.append(
-                {
-                    "check": f"greedy {dtype} vs float32",
-                    "backend": backend or "default",
-                    "case": f"cache {'on' if cache else 'off'}, overlap {'on' if overlap else 'off'}, pass {pass_no}",
-                    "identical": f"{len(prompts) - len(diverged)}/{len(prompts)}",
-                    "noise": noise,
-                    "diverged (prompt, token, ref margin)": ", ".join(f"({i}, {t}, {m:.4f})" for i, t, m in diverged),
-                    "ok": noise < NOISE_CAP[dtype] and all(m <= 2 * noise for _, _, m in diverged),
-                }
+                {"check": f"greedy {dtype} vs float32", "backend": backend or "default", "case": case}
+                | compare_greedy(results, reference, dtype)
             )
+    return rows
+
+
+# Quantized KV pages per backend: FlashInfer reads fp8_e4m3, our Triton kernels int8 (kernels/kv_load.py).
+KV_PAGE_BACKENDS = {"fp8_e4m3": "flashinfer", "int8": "triton"}
+PENALTIES = GREEDY | {"repetition_penalty": 1.3, "frequency_penalty": 0.4, "presence_penalty": 0.2}
+
+
+def kv_page_parity(
+    device: torch.device, workdir: Path, backends: list[str], smoke: bool = False
+) -> list[dict[str, Any]]:
+    """Quantized KV pages on the GPU: greedy bfloat16 tokens of the GPU backend that reads each format against the
+    torch backend over the same pages (which decodes them to floats first), cache on and off; and the penalties
+    (prompt + output ids kept per request, radixserve/sampling/info.py) on the default backend against torch.
+    Informational row: how far each quantized format's tokens are from bfloat16 pages on the torch backend."""
+    model_dir, prompts = greedy_model(device, workdir, smoke)
+    rows = []
+
+    def run(backend: str | None, kv: str, params: dict[str, Any], cache=True, overlap=False, dtype="bfloat16"):
+        return greedy_runs(
+            model_dir,
+            device,
+            prompts,
+            params,
+            dtype=dtype,
+            attention_backend=backend,
+            kv_cache_dtype=kv,
+            enable_radix_cache=cache,
+            overlap_schedule=overlap,
+        )
+
+    bf16_pages = run("torch", "auto", GREEDY)[0]
+    for kv, backend in KV_PAGE_BACKENDS.items():
+        reference = run("torch", kv, GREEDY)[0]
+        info = compare_greedy(reference, bf16_pages, "bfloat16") | {"ok": None}  # how far the format moves tokens
+        rows.append({"check": f"{kv} pages vs bfloat16 pages (info)", "backend": "torch", "case": "cache on"} | info)
+        if backend not in backends:
+            continue
+        for cache, overlap in ((True, True), (False, False)):
+            for pass_no, results in enumerate(run(backend, kv, GREEDY, cache, overlap), 1):
+                case = f"cache {'on' if cache else 'off'}, overlap {'on' if overlap else 'off'}, pass {pass_no}"
+                rows.append(
+                    {"check": f"greedy bfloat16, {kv} pages vs torch", "backend": backend, "case": case}
+                    | compare_greedy(results, reference, "bfloat16")
+                )
+    # Logprobs are the raw log_softmax, before penalties, so a near-tie cannot be judged from them: the penalties run
+    # in float32 (noise ~1e-5) and must give the reference's tokens exactly, on the engine's default backend.
+    reference = run("torch", "auto", PENALTIES, dtype="float32")[0]
+    plain = run("torch", "auto", GREEDY, dtype="float32")[0]
+    changed = sum(a["output_ids"] != b["output_ids"] for a, b in zip(reference, plain))
+    for pass_no, results in enumerate(run(None, "auto", PENALTIES, overlap=True, dtype="float32"), 1):
+        row = compare_greedy(results, reference, "float32")
+        rows.append(
+            {"check": "penalties float32 vs torch", "backend": "default", "case": f"overlap on, pass {pass_no}"}
+            | row
+            | {"ok": row["identical"] == f"{len(prompts)}/{len(prompts)}" and changed > 0, "penalised prompts": changed}
+        )
     return rows

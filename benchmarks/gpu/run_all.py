@@ -4,7 +4,7 @@ On the GPU machine (see benchmarks/gpu/README.md): `bash benchmarks/gpu/run.sh [
 Here, without a GPU, `--smoke` runs the same code paths on a tiny model on the CPU (the torch backend; the
 flashinfer, CUDA-graph and profiler parts are reported as skipped) to catch mistakes before device time is spent.
 
-    python -m benchmarks.gpu.run_all --out DIR [--sections env,ceilings,attention,graphs,greedy,model,idle,prefix]
+    python -m benchmarks.gpu.run_all --out DIR [--sections env,ceilings,attention,graphs,greedy,kvpages,model,idle,prefix]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from benchmarks.gpu.common import (  # noqa: E402
     write_random_checkpoint,
 )
 
-SECTIONS = ["env", "ceilings", "attention", "kernels", "graphs", "greedy", "model", "idle", "prefix"]
+SECTIONS = ["env", "ceilings", "attention", "kernels", "graphs", "greedy", "kvpages", "model", "idle", "prefix"]
 NEEDS_CUDA = {
     "attention": "flashinfer/triton kernels",
     "kernels": "flashinfer/triton kernels",
@@ -146,6 +146,7 @@ def main() -> None:
         "kernels": lambda: bench_kernels.attention_kernels(device, ensure_ceilings()),
         "graphs": lambda: check_correctness.graph_parity(device),
         "greedy": lambda: check_correctness.greedy_parity(device, args.workdir, backends, smoke),
+        "kvpages": lambda: check_correctness.kv_page_parity(device, args.workdir, backends, smoke),
         "model": lambda: bench_model.model_benchmarks(
             device,
             model_cfg,
