@@ -1,9 +1,12 @@
-"""The CPU kernels' build folder lock (kernels/cpu/__init__.py): a `lock` file left by a build that was killed part
-way is removed by the next start, which would otherwise wait on it forever; one held by a live builder is not."""
+"""The CPU kernels' build folder (kernels/cpu/__init__.py): a `lock` file left by a build that was killed part way
+is removed by the next start, which would otherwise wait on it forever; one held by a live builder is not. A library
+already built loads without cpp_extension; one that does not load (half-written) is built again."""
 
 from __future__ import annotations
 
 import fcntl
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,7 +29,7 @@ def test_a_lock_left_by_a_killed_build_is_removed(tmp_path: Path) -> None:
     (tmp_path / "lock").write_text("")
     ext = RecordingExtension(tmp_path)
     with cpu_kernels._build_lock(tmp_path):
-        cpu_kernels._load(ext, tmp_path)
+        cpu_kernels._build_and_load(ext, tmp_path)
     assert ext.saw_lock == [False]
 
 
@@ -38,7 +41,7 @@ def test_a_live_builder_keeps_its_lock(tmp_path: Path) -> None:
 
         def start() -> None:
             with cpu_kernels._build_lock(tmp_path):
-                cpu_kernels._load(ext, tmp_path)
+                cpu_kernels._build_and_load(ext, tmp_path)
 
         waiting = threading.Thread(target=start)
         waiting.start()
@@ -47,3 +50,20 @@ def test_a_live_builder_keeps_its_lock(tmp_path: Path) -> None:
         (tmp_path / "lock").unlink()  # the live builder finishes: cpp_extension deletes its lock, then lets go
     waiting.join(timeout=10)
     assert ext.saw_lock == [False]
+
+
+def test_a_built_library_loads_without_cpp_extension() -> None:
+    assert cpu_kernels.ops() is not None  # built (or already there) in this folder
+    code = (
+        "import sys, kernels.cpu as k; assert k.ops() is not None; "
+        "print('torch.utils.cpp_extension' in sys.modules, hasattr(k.ops(), 'gguf_linear'))"
+    )
+    root = Path(cpu_kernels.__file__).parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["False", "True"], done.stderr[-2000:]
+
+
+def test_a_library_that_does_not_load_is_built_again(tmp_path: Path) -> None:
+    (tmp_path / f"radixserve_cpu_{tmp_path.name}.so").write_bytes(b"\x7fELF half written")
+    assert not cpu_kernels._load_built(tmp_path)
+    assert not cpu_kernels._load_built(tmp_path / "empty")  # nothing built there yet

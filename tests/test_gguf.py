@@ -198,10 +198,26 @@ def test_tokenizer_matches_source_and_transformers(ggufs: dict, tmp_path: Path) 
         assert ids == source.encode(text).ids == theirs.encode(text), text
         assert ours.decode(ids, skip_special_tokens=False) == theirs.decode(ids, skip_special_tokens=False) == text
         assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+    merges = json.loads((folder / "tokenizer.json").read_text())["model"]["merges"]
+    assert merges and all(isinstance(m, str) for m in merges)  # the GGUF's "left right" strings (parse faster)
     tc = json.loads((folder / "tokenizer_config.json").read_text())
     assert tc["chat_template"] == CHAT_TEMPLATE and tc["eos_token"] == "<|im_end|>" and tc["add_bos_token"] is False
     gen = json.loads((folder / "generation_config.json").read_text())
     assert ours.id_to_token(gen["eos_token_id"][0]) == "<|im_end|>"
+
+
+def test_merges_with_a_space_stay_pairs(tmp_path: Path) -> None:
+    """The string form of a merge cannot hold a token with a space: such a vocabulary keeps [left, right] pairs."""
+    from tokenizers import Tokenizer, models
+
+    from radixserve.gguf.convert import _write_tokenizer
+
+    vocab = {"a": 0, "b": 1, " ": 2, "ab": 3, "a ": 4}
+    for merges, want in (([("a", "b")], ["a b"]), ([("a", "b"), ("a", " ")], [["a", "b"], ["a", " "]])):
+        path = tmp_path / "tokenizer.json"
+        _write_tokenizer(path, Tokenizer(models.BPE(vocab=vocab, merges=merges)))
+        assert json.loads(path.read_text())["model"]["merges"] == want
+        assert Tokenizer.from_file(str(path)).encode("ab").ids == [3]
 
 
 def test_converted_gguf_generates_like_original(

@@ -25,6 +25,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 _CODES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _FIXED = {vtype: struct.calcsize(code) for vtype, code in _CODES.items()}
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
+_LENGTH = struct.Struct("<Q")  # a string's byte count, before its bytes
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,11 @@ class _Cursor:
             etype, count = self.take("<IQ")
             if etype in _FIXED:
                 self.pos += _FIXED[etype] * count
+            elif etype == _STRING:  # the vocabulary and merges: 300k strings in the default model, read every start
+                buf, pos, length = self.buf, self.pos, _LENGTH.unpack_from
+                for _ in range(count):
+                    pos += 8 + length(buf, pos)[0]
+                self.pos = pos
             else:
                 for _ in range(count):
                     self.skip_value(etype)
