@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from radixserve.sampling.info import SeenIds
 from radixserve.sampling.penalties import apply_penalties
+from radixserve.sampling.speculative import row_infos
 from radixserve.sampling.sampler import (
     TOP_P_CANDIDATES,
     SamplingInfo,
@@ -209,6 +212,22 @@ def test_repetition_penalty_kept_ids_match_a_rebuild_every_step() -> None:
     wide = rand_logits(1, 7, vocab=80)
     assert torch.equal(apply_penalties(wide, [kept]), apply_penalties(wide, [fresh]))  # 70 penalised now
     assert not torch.equal(apply_penalties(wide, [kept])[0, 70], wide[0, 70])
+
+
+def test_verify_rows_count_their_drafts_without_keeping_them() -> None:
+    # Verify rows share the request's SeenIds: row i penalises draft[:i] as output, and none of it stays kept.
+    prompt = [3, 5, 60]
+    kept = info(repetition_penalty=1.5, prompt=prompt, output=[7, 3])
+    kept.seen = SeenIds(prompt)
+    fresh = info(repetition_penalty=1.5, prompt=prompt, output=[7, 3])
+    draft = [9, 7, 11, 9]
+    rows = [replace(fresh, output_ids=[*fresh.output_ids, *draft[:i]]) for i in range(len(draft) + 1)]
+    logits = rand_logits(len(draft) + 1, 3)
+    assert torch.equal(apply_penalties(logits, row_infos(kept, draft)), apply_penalties(logits, rows))
+    for row in (kept, fresh):  # the first draft accepted; 11 was only ever a draft
+        row.output_ids.append(9)
+    one = rand_logits(1, 4)
+    assert torch.equal(apply_penalties(one, [kept]), apply_penalties(one, [fresh]))
 
 
 def test_penalties_change_the_greedy_choice() -> None:

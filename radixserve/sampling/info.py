@@ -25,6 +25,7 @@ class SamplingInfo:
     stop_ids: frozenset[int] = frozenset()  # the ids that end it (EOS unless ignored, stop_token_ids): banned while
     # fewer than min_new_tokens are out
     seen: SeenIds | None = None  # the repetition penalty's ids, kept across steps (None: built from the lists)
+    drafts: int = 0  # a verify row's drafts at the end of output_ids: penalised as output, never kept in `seen`
 
     @property
     def banned_ids(self) -> frozenset[int]:
@@ -38,8 +39,8 @@ class SeenIds:
     Kept on the request and grown by the ids output since the last step: rebuilding the set and the index every
     step cost O(prompt + output) per token (0.31 ms a step at a 2,000-token prompt, 3.9 ms at eight such rows:
     benchmarks/penalty_cost.py, RESULTS.md issue 38 session 17).
-    `output_ids` must only grow (a request's live list does); a verify row, which counts drafts as output, goes
-    without one.
+    `output_ids` must only grow (a request's live list does), but for the drafts at its end that a verify row counts
+    as output: those are added to that row's ids and never kept.
     """
 
     def __init__(self, prompt_ids: Sequence[int]):
@@ -49,16 +50,20 @@ class SeenIds:
         self._ids = torch.empty(0, dtype=torch.long)
         self._max = -1
 
-    def ids(self, output_ids: Sequence[int], vocab: int, device: torch.device) -> torch.Tensor:
-        """The distinct ids of prompt + output_ids that are below vocab, on device."""
-        for t in output_ids[self._folded :]:
+    def ids(self, output_ids: Sequence[int], vocab: int, device: torch.device, drafts: int = 0) -> torch.Tensor:
+        """The distinct ids of prompt + output_ids that are in 0..vocab-1, on device; the last `drafts` of
+        output_ids are counted for this call only."""
+        kept = len(output_ids) - drafts
+        for t in output_ids[self._folded : kept]:
             if t not in self._set:
                 self._set.add(t)
                 self._new.append(t)
-        self._folded = len(output_ids)
+        self._folded = kept
         if self._new:
             self._max = max(self._max, max(self._new))
             self._ids = torch.cat([self._ids, to_device(torch.tensor(self._new, dtype=torch.long), self._ids.device)])
             self._new = []
         self._ids = to_device(self._ids, device)
-        return self._ids if self._max < vocab else self._ids[(self._ids >= 0) & (self._ids < vocab)]
+        ids = self._ids if self._max < vocab else self._ids[(self._ids >= 0) & (self._ids < vocab)]
+        unseen = {t for t in output_ids[kept:] if t not in self._set and 0 <= t < vocab}
+        return torch.cat([ids, to_device(torch.tensor(sorted(unseen), dtype=torch.long), device)]) if unseen else ids

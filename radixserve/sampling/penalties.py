@@ -57,7 +57,9 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torc
         for i in rep_rows:
             info, row, p = infos[i], logits[i], infos[i].params.repetition_penalty
             seen = (
-                info.seen.ids(info.output_ids, vocab, device) if info.seen is not None else _seen(info, vocab, device)
+                info.seen.ids(info.output_ids, vocab, device, info.drafts)
+                if info.seen is not None
+                else _seen(info, vocab, device)
             )
             x = row[seen]
             row[seen] = torch.where(x > 0, x / p, x * p)
@@ -77,7 +79,7 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torc
 
 
 def _seen(info: SamplingInfo, vocab: int, device: torch.device) -> torch.Tensor:
-    """The distinct ids of a row without a SeenIds (a verify row, whose output counts its drafts)."""
+    """The distinct ids of a row built without a SeenIds (the request path always gives it one)."""
     return device_tensor([t for t in {*info.prompt_ids, *info.output_ids} if 0 <= t < vocab], device, torch.long)
 
 

@@ -42,9 +42,9 @@ def row_infos(info: SamplingInfo, draft: Sequence[int]) -> list[SamplingInfo]:
     """One SamplingInfo per verify row: row i's penalties count draft[:i] as generated (it scores the token after)."""
     if not _has_penalties(info):
         return [info] * (len(draft) + 1)
-    # Rows past the first go without the request's SeenIds: it would take their drafts in as output.
+    # Rows past the first share the request's SeenIds, which keeps none of their drafts (SamplingInfo.drafts).
     return [info] + [
-        replace(info, output_ids=[*info.output_ids, *draft[:i]], seen=None) for i in range(1, len(draft) + 1)
+        replace(info, output_ids=[*info.output_ids, *draft[:i]], drafts=i) for i in range(1, len(draft) + 1)
     ]
 
 
