@@ -256,3 +256,18 @@ def test_busy_fraction_merges_overlapping_gpu_intervals() -> None:
     assert busy == pytest.approx(0.45) and span_ms == pytest.approx(0.1)
     with pytest.raises(RuntimeError, match="no GPU activity"):
         busy_fraction({"traceEvents": [ev("cpu_op", 0, 10)]})
+
+
+def test_quantized_kv_page_check_runs_on_a_tiny_model(tmp_path: Path) -> None:
+    """benchmarks/gpu's `kvpages` section on the CPU (no GPU backends: the torch rows and the penalties), so that
+    the script a lease runs is known to work before device time is spent on it."""
+    from benchmarks.gpu.check_correctness import kv_page_parity
+
+    rows = kv_page_parity(torch.device("cpu"), tmp_path, [], smoke=True)
+    assert [r["check"] for r in rows] == [
+        "fp8_e4m3 pages vs bfloat16 pages (info)",
+        "int8 pages vs bfloat16 pages (info)",
+        "penalties float32 vs torch",
+        "penalties float32 vs torch",
+    ]
+    assert all(r["ok"] for r in rows if r["ok"] is not None), rows
