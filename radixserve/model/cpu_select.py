@@ -60,8 +60,9 @@ CHOICES: dict[str, tuple[str, str, str]] = {
 # it takes, 0.79x int8's bytes per decode step); "int8" re-quantizes them per output channel (a 768 MB prepared copy
 # beside the file, built at the first start). The blocks decode one stream 1.4-1.7x faster than int8 and use less
 # memory; on AVX-512 VNNI they are level with int8 or ahead where a step is compute-bound too (eight streams 1.06-1.33x,
-# prefill 1.00-1.08x, multi-turn TTFT p50 0.89-1.05x int8's; RESULTS.md, issue 38 session 17), and on AVX2 int8
-# keeps its prefill lead (session 16: the blocks' prefill 0.78x int8's). --quantization int8 still gives int8.
+# prefill 1.00-1.08x, multi-turn TTFT p50 0.89-1.05x int8's; RESULTS.md, issue 38 session 17). On AVX2 int8 led at
+# prefill in session 16 (the blocks 0.78x int8's); the AVX2 tiles have since run 1.2-1.4x faster (session 18), not
+# yet measured against int8 through the server. --quantization int8 still gives int8.
 GGUF_AUTO = "gguf"
 
 
