@@ -165,7 +165,7 @@ inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX&
 constexpr int kWeightBlock = 4;
 constexpr int kAvx2RowBlock = 4;
 
-// NR weight rows from w against every activation row, kRowBlock activation rows at a time.
+// NR weight rows from w against every activation row, kAvx2RowBlock activation rows at a time.
 template <int64_t Type, int NR>
 void weight_rows(const RowView* w, const QuantX& x, int64_t M, float* y, int64_t ldy) {
   const uint8_t* u[NR];
