@@ -267,7 +267,14 @@ def kv_page_parity(
     model_dir, prompts = greedy_model(device, workdir, smoke)
     rows = []
 
-    def run(backend: str | None, kv: str, params: dict[str, Any], cache=True, overlap=False, dtype="bfloat16"):
+    def run(
+        backend: str | None,
+        kv: str,
+        params: dict[str, Any],
+        cache: bool = True,
+        overlap: bool = False,
+        dtype: str = "bfloat16",
+    ) -> list[list[dict[str, Any]]]:
         return greedy_runs(
             model_dir,
             device,

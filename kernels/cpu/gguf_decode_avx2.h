@@ -69,36 +69,6 @@ inline __m256 step2(__m256 acc, __m256i u, __m256 a, const XChunk& xc) {
 // a per 16 columns (a0: columns 0-15, a1: 16-31) to the lanes of a 32-column chunk.
 inline __m256 spread2(float a0, float a1) { return _mm256_set_m128(_mm_set1_ps(a1), _mm_set1_ps(a0)); }
 
-// y[r * ldy + j] for RB activation rows from m0 against NR unpacked weight rows (u[j], a[j], b[j] as gguf_blocks.h
-// unpacks them): each activation chunk is read once for the NR weight rows, each weight chunk once for the RB
-// activation rows. Per pair the same steps in the same order as one row at a time.
-template <int64_t Type, int NR, int RB>
-inline void tile_rows(const uint8_t* const* u, const float* const* a, const float* const* b, const QuantX& x, int64_t m0,
-                      float* y, int64_t ldy) {
-  __m256 acc[RB][NR];
-  for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++) acc[r][j] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
-    XChunk xc[RB];
-    for (int r = 0; r < RB; r++) xc[r] = x_chunk<Type>(x, m0 + r, c);
-    for (int j = 0; j < NR; j++) {
-      const __m256i uc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u[j] + c * kChunk32));
-      const __m256 ac = spread2(a[j][2 * c], a[j][2 * c + 1]);
-      for (int r = 0; r < RB; r++) acc[r][j] = step2<Type>(acc[r][j], uc, ac, xc[r]);
-    }
-  }
-  for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++) {
-      y[r * ldy + j] = hsum8(acc[r][j]);
-      if constexpr (Type == kQ4_K) {
-        __m256 off = _mm256_setzero_ps();  // sum_i b[i] corr[i], 8 lanes in column order, as decode_rows sums it
-        for (int64_t i = 0; i < x.S; i += 8)
-          off = _mm256_fmadd_ps(_mm256_loadu_ps(b[j] + i), _mm256_loadu_ps(&x.corr[(m0 + r) * x.S + i]), off);
-        y[r * ldy + j] -= hsum8(off);
-      }
-    }
-}
-
 // Readers for decode: `begin(s)` prepares super-block s of the row (kWeights columns), `chunk(c, a)` gives its
 // 32-column chunk c as the codes unpack_row would store and the a of its two 16-column halves.
 template <int64_t Type>
@@ -196,7 +166,7 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, 
         for (int r = 0; r < RB; r++) acc[r][j] = step2<Type>(acc[r][j], u, a, xc[r]);
       }
     }
-    if constexpr (Type == kQ4_K)  // the offsets in tile_rows' order: 16 per super-block, 8 at a time
+    if constexpr (Type == kQ4_K)  // the offsets in the order of gguf_tiles.h's tile_rows: 16 per super-block, 8 at a time
       for (int r = 0; r < RB; r++)
         for (int j = 0; j < NR; j++)
           for (int h = 0; h < 2; h++) {

@@ -165,16 +165,41 @@ inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX&
 constexpr int kWeightBlock = 4;
 constexpr int kAvx2RowBlock = 4;
 
+// y[r * ldy + j] for RB activation rows from m0 against NR unpacked weight rows w[j] (gguf_blocks.h's form): each
+// activation chunk is read once for the NR weight rows, each weight chunk once for the RB activation rows. Per pair
+// the steps of gguf_decode_avx2.h's decode rows, in the same order.
+template <int64_t Type, int NR, int RB>
+inline void tile_rows(const RowView* w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  __m256 acc[RB][NR];
+  for (int r = 0; r < RB; r++)
+    for (int j = 0; j < NR; j++) acc[r][j] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
+    XChunk xc[RB];
+    for (int r = 0; r < RB; r++) xc[r] = x_chunk<Type>(x, m0 + r, c);
+    for (int j = 0; j < NR; j++) {
+      const __m256i uc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[j].u + c * kChunk32));
+      const __m256 ac = spread2(w[j].a[2 * c], w[j].a[2 * c + 1]);
+      for (int r = 0; r < RB; r++) acc[r][j] = step2<Type>(acc[r][j], uc, ac, xc[r]);
+    }
+  }
+  for (int r = 0; r < RB; r++)
+    for (int j = 0; j < NR; j++) {
+      y[r * ldy + j] = hsum8(acc[r][j]);
+      if constexpr (Type == kQ4_K) {
+        __m256 off = _mm256_setzero_ps();  // sum_i b[i] corr[i], 8 lanes in column order, as decode_rows sums it
+        for (int64_t i = 0; i < x.S; i += 8)
+          off = _mm256_fmadd_ps(_mm256_loadu_ps(w[j].b + i), _mm256_loadu_ps(&x.corr[(m0 + r) * x.S + i]), off);
+        y[r * ldy + j] -= hsum8(off);
+      }
+    }
+}
+
 // NR weight rows from w against every activation row, kAvx2RowBlock activation rows at a time.
 template <int64_t Type, int NR>
 void weight_rows(const RowView* w, const QuantX& x, int64_t M, float* y, int64_t ldy) {
-  const uint8_t* u[NR];
-  const float* a[NR];
-  const float* b[NR];
-  for (int j = 0; j < NR; j++) u[j] = w[j].u, a[j] = w[j].a, b[j] = w[j].b;
   int64_t m = 0;
-  for (; m + kAvx2RowBlock <= M; m += kAvx2RowBlock) tile_rows<Type, NR, kAvx2RowBlock>(u, a, b, x, m, y + m * ldy, ldy);
-  for (; m < M; m++) tile_rows<Type, NR, 1>(u, a, b, x, m, y + m * ldy, ldy);
+  for (; m + kAvx2RowBlock <= M; m += kAvx2RowBlock) tile_rows<Type, NR, kAvx2RowBlock>(w, x, m, y + m * ldy, ldy);
+  for (; m < M; m++) tile_rows<Type, NR, 1>(w, x, m, y + m * ldy, ldy);
 }
 
 template <int64_t Type>
