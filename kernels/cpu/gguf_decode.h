@@ -182,15 +182,23 @@ struct Reader<kQ6_K> {
 // pace: measured (one thread, all 24 layers) against 2-16 KiB, and the old prefetch of a whole tile at its start:
 // gate_up 1.45x, down 1.4x faster than the latter; 8 KiB is best for K = 896 rows, 16 KiB for K = 4864.
 constexpr int64_t kPrefetchAhead = 12288;
+// Rows longer than this prefetch twice as far, into L2 only: an activation row of K = 4864 is ~15 KB of codes, lane
+// scales and sums that every weight row reads from L1, and 12-24 KiB of weights prefetched into the 32 KiB L1 as well
+// pushed them out. Measured (benchmarks.gguf_linear, two threads, all layers, alternated runs; RESULTS.md, issue 38
+// session 19): down 3.5-4.5 -> 2.9-3.4 ms a step; L2 at 12 KiB 3.0-3.4, L1 at 24 KiB 3.8-4.2, L2 at 6 KiB 4.5. The
+// K = 896 linears (q/k/v, o, gate_up, LM head) kept L1 at 12 KiB: L2 at 24 KiB made gate_up slower (5.5-6.4 ms
+// against 5.0-5.2). Only K = 896 and 4864 were measured; the bound lies between. On AVX2 (gguf_decode_avx2.h) the
+// same change measured no different (its down is bound by compute), and at 4-8 activation rows neither.
+constexpr int64_t kLongRow = 2048;
 
 // y[r * ldy + j] (j < nr <= 4) for RB activation rows from m0 against the weight rows from `row` (row_bytes apart).
 // Always four weight rows side by side, the last repeated past nr: their four pairs per activation row make one
 // register of sub-block sums (sub_sums).
-template <int64_t Type, int RB>
+template <int64_t Type, int RB, bool LongRows>
 inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using R = Reader<Type>;
   constexpr int64_t span = 4 * (R::kWeights == 64 ? 2 : 1) * R::kBytes;  // bytes of the 4 rows per super-block
-  const uint8_t* ahead = row + kPrefetchAhead;
+  const uint8_t* ahead = row + (LongRows ? 2 * kPrefetchAhead : kPrefetchAhead);
   constexpr int shift = zero_shift(Type);
   R w[4];
   for (int j = 0; j < 4; j++) w[j].row = row + std::min(j, nr - 1) * row_bytes;
@@ -201,7 +209,8 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
   }
   for (int64_t s = 0; s < x.K64 / R::kWeights; s++) {
     for (int j = 0; j < 4; j++) w[j].begin(s);
-    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
+    for (int64_t o = 0; o < span; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + o), LongRows ? _MM_HINT_T1 : _MM_HINT_T0);
     ahead += span;
     for (int c = 0; c < R::kChunks; c++) {
       const int64_t cc = s * R::kChunks + c;  // the chunk's index in the row
