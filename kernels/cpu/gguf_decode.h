@@ -183,12 +183,13 @@ struct Reader<kQ6_K> {
 // gate_up 1.45x, down 1.4x faster than the latter; 8 KiB is best for K = 896 rows, 16 KiB for K = 4864.
 constexpr int64_t kPrefetchAhead = 12288;
 // Rows longer than this prefetch twice as far, into L2 only. The likely reason it pays (no counters on this VM to
-// confirm it): an activation row of K = 4864 is ~15 KB of codes, lane scales and sums that every weight row reads
-// from L1, and 12-24 KiB of weights prefetched into the 32 KiB L1 as well push them out. Measured (benchmarks.gguf_linear, two threads, all layers, alternated runs; RESULTS.md, issue 38
-// session 19): down 3.5-4.5 -> 2.9-3.4 ms a step; L2 at 12 KiB 3.0-3.4, L1 at 24 KiB 3.8-4.2, L2 at 6 KiB 4.5. The
-// K = 896 linears (q/k/v, o, gate_up, LM head) kept L1 at 12 KiB: L2 at 24 KiB made gate_up slower (5.5-6.4 ms
-// against 5.0-5.2). Only K = 896 and 4864 were measured; the bound lies between. On AVX2 (gguf_decode_avx2.h) the
-// same change measured no different (its down is bound by compute), and at 4-8 activation rows neither.
+// confirm it): an activation row of K = 4864 is ~15 KB of codes, lane scales and sums that every weight row reads from
+// L1, and 12-24 KiB of weights prefetched into the 32 KiB L1 as well push them out. Measured (benchmarks.gguf_linear,
+// two threads, all layers, alternated runs; RESULTS.md, issue 38 session 19): down 3.5-4.5 -> 2.9-3.4 ms a step; L2 at
+// 12 KiB 3.0-3.4, L1 at 24 KiB 3.8-4.2, L2 at 6 KiB 4.5. The K = 896 linears (q/k/v, o, gate_up, LM head) kept L1 at 12
+// KiB: L2 at 24 KiB made gate_up slower (5.5-6.4 ms against 5.0-5.2). Only K = 896 and 4864 were measured; the bound
+// lies between. On AVX2 (gguf_decode_avx2.h) the same change measured no different (its down is bound by compute), and
+// at 4-8 activation rows neither.
 constexpr int64_t kLongRow = 2048;
 
 // y[r * ldy + j] (j < nr <= 4) for RB activation rows from m0 against the weight rows from `row` (row_bytes apart).
