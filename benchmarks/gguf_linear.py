@@ -80,6 +80,7 @@ def main() -> None:
     # One thread's CPU time is what the kernel costs even on a loaded machine (it excludes the time slices other
     # processes take); with several threads only the wall clock tells how they overlap.
     clock = time.thread_time if a.threads == 1 and not a.wall else time.perf_counter
+    pick = min if a.best else statistics.median
     table = read_tensor_table(a.gguf)
     print(
         f"threads={a.threads} load={os.getloadavg()[0]:.1f} clock={clock.__name__} "
@@ -105,7 +106,6 @@ def main() -> None:
                     for lin in lins:
                         lin(x)
                     times[s].append(clock() - t)
-            pick = min if a.best else statistics.median
             g = pick(times[0][1:])
             row = f"| {name} | {types} | {m} | {g * 1e3:.3f} | {g_bytes / g / 1e9:.1f} |"
             if q8:
