@@ -61,7 +61,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         choices=["auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3"],
         help="how KV pages are stored: int8 (rows rotated; keys a scale per 16 values, values a scale a row) holds 1.86x "
         "the tokens of bfloat16; "
-        "fp8_e4m3 is for FlashInfer on CUDA (default: %(default)s, the model's dtype)",
+        "fp8_e4m3 is for FlashInfer on CUDA (default: %(default)s, the model's dtype; bfloat16 where --dtype auto "
+        "picks float32 on a CPU without bf16 hardware)",
     )
     p.add_argument("--context-length", type=int, default=None, help="cap the context below the model's own")
     p.add_argument(

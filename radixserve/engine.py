@@ -95,7 +95,8 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         if self.device.type == "cuda" and self.device.index is None:  # pin it: each thread binds this same device
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.attention_backend = c.attention_backend or default_attention_backend(self.device, _DTYPES[dtype])
-        kv_pages = resolve_kv_dtype(c.kv_cache_dtype, _DTYPES[dtype]).name
+        self.kv_cache_dtype = self.cpu_choice.kv_pages(c.kv_cache_dtype)  # "auto" resolved by the CPU's kind
+        kv_pages = resolve_kv_dtype(self.kv_cache_dtype, _DTYPES[dtype]).name
         why_not = refusal(self.device.type, self.attention_backend, self.quantization, c.tp, kv_pages)
         if c.deterministic and why_not is not None:
             raise ParamError("deterministic", why_not)
@@ -115,7 +116,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             c.max_running_requests,
             c.context_length,
             self.quantization,
-            c.kv_cache_dtype,
+            self.kv_cache_dtype,
             c.kv_cache_bytes,
         )
         self.tp = start_tensor_parallel(c.tp, settings)  # tp > 1: workers start (under torchrun ranks > 0 serve, exit)
@@ -142,7 +143,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             tp=self.tp,
             null_model=c.null_model,
             deterministic=self.deterministic,
-            kv_cache_dtype=c.kv_cache_dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
             kv_cache_bytes=c.kv_cache_bytes,
         )
         cfg = self.runner.config

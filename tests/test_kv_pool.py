@@ -85,19 +85,25 @@ def test_store_casts_to_pool_dtype() -> None:
     assert pool.k_buffers[0].dtype == torch.float16 and pool.k_buffers[0][1, 1].tolist() == [[1.0, 1.0]]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_a_float_pool_on_cpu_stores_with_one_op(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "rows"),
+    [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32), (torch.bfloat16, torch.float32)],
+)
+def test_a_float_pool_on_cpu_stores_with_one_op(dtype: torch.dtype, rows: torch.dtype) -> None:
     """bfloat16 and float32 pools on CPU copy a step's K and V rows with kernels/cpu/kv_store.cpp's store_kv (one op
-    a layer where two index_copy_ ran): the same bytes in the same slots; a slot outside the pool raises."""
+    a layer where two index_copy_ ran), float32 rows into bfloat16 pages too: the same bytes in the same slots (float32
+    rounded as torch rounds them); a slot outside the pool raises."""
     import kernels.cpu
 
     if kernels.cpu.ops() is None:
         pytest.skip("no C++ toolchain: the CPU kernels cannot be built")
     pool, ref = KVPool(2, 6, 4, 2, 64, dtype), KVPool(2, 6, 4, 2, 64, dtype)
-    assert pool._store_rows is not None
+    assert pool._store_rows is not None and pool.store_op(rows) == "rows"
     ref._store_rows = None  # the index_copy_ path
     torch.manual_seed(0)
-    loc, k, v = torch.tensor([9, 15, 20]), torch.randn(3, 2, 64).to(dtype), torch.randn(3, 2, 64).to(dtype)
+    loc, k, v = torch.tensor([9, 15, 20]), torch.randn(3, 2, 64).to(rows), torch.randn(3, 2, 64).to(rows)
+    if rows == torch.float32:  # halfway cases (to even), an infinity, and a value that rounds up to one
+        k[0, 0, :5] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), float("inf"), 3.4e38])
     pool.store(1, loc, k, v)
     ref.store(1, loc, k, v)
     for ours, theirs in zip(pool.k_buffers + pool.v_buffers, ref.k_buffers + ref.v_buffers):

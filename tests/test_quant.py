@@ -125,19 +125,23 @@ def _pretend(monkeypatch, cap: str, bf16_hw: bool, amx: bool) -> None:
 @pytest.mark.parametrize(
     ("cap", "bf16_hw", "amx", "kind", "expected"),
     [
-        ("AVX2", False, False, "AVX2", ("float32", "int8")),  # the issue's EPYC: bf16 emulated, 5x slower prefill
-        ("AVX512", False, False, "AVX512", ("float32", "int8")),  # AVX-512 without BF16
-        ("AVX512", True, False, "AVX512_BF16", ("bfloat16", "int8")),  # native bf16, int8 halves decode bytes
-        ("AVX512", True, True, "AMX", ("bfloat16", "int8")),  # int4 fails the quality bar
-        ("DEFAULT", False, False, "DEFAULT", ("float32", "none")),
+        # the issue's EPYC: bf16 emulated, 5x slower prefill; bf16 KV pages, which no matmul reads
+        ("AVX2", False, False, "AVX2", ("float32", "int8", "bfloat16")),
+        ("AVX512", False, False, "AVX512", ("float32", "int8", "bfloat16")),  # AVX-512 without BF16
+        ("AVX512", True, False, "AVX512_BF16", ("bfloat16", "int8", "bfloat16")),  # int8 halves decode bytes
+        ("AVX512", True, True, "AMX", ("bfloat16", "int8", "bfloat16")),  # int4 fails the quality bar
+        ("DEFAULT", False, False, "DEFAULT", ("float32", "none", "bfloat16")),
     ],
 )
 def test_auto_choice_per_cpu_kind(monkeypatch, cap, bf16_hw, amx, kind, expected):
     _pretend(monkeypatch, cap, bf16_hw, amx)
     assert cpu_select.cpu_kind() == kind
     c = cpu_select.choose("auto", "auto")
-    assert (c.dtype, c.quantization) == expected
+    assert (c.dtype, c.quantization, c.kv_pages("auto")) == expected
     assert c.reason.startswith(f"cpu={kind}; ") and cpu_select.CHOICES[kind][2] in c.reason
+    assert c.kv_pages("float32") == "float32" and c.kv_pages("int8") == "int8"  # an explicit KV dtype is kept
+    # An explicit dtype is that dtype's numerics, its KV pages included (the float32 parity tests rely on it).
+    assert cpu_select.choose("float32", "auto").kv_pages("auto") == "float32"
 
 
 def test_explicit_choices_are_kept_and_bad_ones_refused(monkeypatch):
@@ -171,6 +175,27 @@ def test_engine_reports_the_choice(monkeypatch, tiny_model_dir):
         )
         out = eng.generate(input_ids=list(range(40)), sampling_params={"max_new_tokens": 4, "temperature": 0})
         assert len(out["output_ids"]) == 4  # a 40-token prefill (dense int8 path) and decode steps (int8 op)
+
+
+def test_float32_activations_store_bfloat16_kv_pages(monkeypatch, tiny_model_dir):
+    """Where auto picks float32 activations (no bf16 hardware), the KV pages are bfloat16, and the decode steps
+    still store them with the C++ op: the same greedy tokens as an engine told kv_cache_dtype="bfloat16" with the
+    torch store (the index_copy_ of rows rounded by torch)."""
+    from radixserve import Engine
+    from radixserve.cache.kv_pool import KVPool
+
+    _pretend(monkeypatch, "AVX2", False, False)
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    with Engine(model=tiny_model_dir, max_total_tokens=256) as eng:
+        assert (eng.model_info()["dtype"], eng.model_info()["kv_cache_dtype"]) == ("float32", "bfloat16")
+        assert "bfloat16 KV pages" in eng.model_info()["quantization_reason"]
+        if eng.runner.pool._store_rows is not None:
+            assert eng.runner.pool.store_op(torch.float32) == "rows"
+        ours = eng.generate(input_ids=list(range(40)), sampling_params=params)["output_ids"]
+    monkeypatch.setattr(KVPool, "store_op", lambda self, dtype: None)  # every store through the format's torch
+    with Engine(model=tiny_model_dir, max_total_tokens=256, kv_cache_dtype="bfloat16") as eng:
+        assert eng.runner.pool.format.name == "bfloat16"
+        assert eng.generate(input_ids=list(range(40)), sampling_params=params)["output_ids"] == ours
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 47, 60])

@@ -102,24 +102,36 @@ void store_kv_int8(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_
 
 // Float pools (bfloat16, float32): each token's K and V rows (all its kv heads) copied into slot loc[t] as they are,
 // in one op where two index_copy_ and their Python ran in every layer of every decode step (KVPool.store of one
-// bfloat16 token: 7.0 us with them, 1.4 us with this, one thread's CPU time).
+// bfloat16 token: 7.0 us with them, 1.4 us with this, one thread's CPU time). float32 rows into a bfloat16 pool (the
+// activations of a CPU without bf16 hardware, radixserve/model/cpu_select.py) are rounded to nearest even, as
+// torch's .to(torch.bfloat16) rounds them.
 void store_kv(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_buf, at::Tensor v_buf, const at::Tensor& loc) {
   const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
   TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type(),
               "k and v must be [tokens, kv_heads, head_dim] of one dtype");
-  TORCH_CHECK(k_buf.scalar_type() == k.scalar_type() && v_buf.scalar_type() == k.scalar_type() &&
+  const bool narrow = k.scalar_type() == at::kFloat && k_buf.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((k_buf.scalar_type() == k.scalar_type() || narrow) && v_buf.scalar_type() == k_buf.scalar_type() &&
                   k_buf.is_contiguous() && v_buf.is_contiguous() && k_buf.dim() == 4 && k_buf.sizes() == v_buf.sizes() &&
                   k_buf.size(2) == k.size(1) && k_buf.size(3) == k.size(2),
-              "k_buf / v_buf must be contiguous [num_pages, page_size, kv_heads, head_dim] of k's dtype");
+              "k_buf / v_buf must be contiguous [num_pages, page_size, kv_heads, head_dim] of k's dtype (or bfloat16 "
+              "for float32 k)");
   const int64_t* lp = checked_slots(loc, k.size(0), k_buf.size(0) * k_buf.size(1));
-  const int64_t row = k.size(1) * k.size(2) * k.element_size();
+  const int64_t n = k.size(1) * k.size(2), row = n * k_buf.element_size();
   auto* kb = static_cast<uint8_t*>(k_buf.data_ptr());
   auto* vb = static_cast<uint8_t*>(v_buf.data_ptr());
   const auto* kp = static_cast<const uint8_t*>(k.data_ptr());
   const auto* vp = static_cast<const uint8_t*>(v.data_ptr());
   for (int64_t t = 0; t < loc.numel(); t++) {
-    std::memcpy(kb + lp[t] * row, kp + t * row, row);
-    std::memcpy(vb + lp[t] * row, vp + t * row, row);
+    if (narrow) {
+      const auto *ks = reinterpret_cast<const float*>(kp) + t * n, *vs = reinterpret_cast<const float*>(vp) + t * n;
+      auto* kd = reinterpret_cast<at::BFloat16*>(kb + lp[t] * row);
+      auto* vd = reinterpret_cast<at::BFloat16*>(vb + lp[t] * row);
+      for (int64_t i = 0; i < n; i++) kd[i] = at::BFloat16(ks[i]);  // c10's conversion: round to nearest even
+      for (int64_t i = 0; i < n; i++) vd[i] = at::BFloat16(vs[i]);
+    } else {
+      std::memcpy(kb + lp[t] * row, kp + t * row, row);
+      std::memcpy(vb + lp[t] * row, vp + t * row, row);
+    }
   }
 }
 

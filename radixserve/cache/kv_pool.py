@@ -11,6 +11,9 @@ import torch
 
 from radixserve.cache.kv_format import KVFormat
 
+# (activations, pages) that store_kv narrows as it copies: float32 rows into bfloat16 pages.
+_NARROWED = (torch.float32, torch.bfloat16)
+
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zeroed buffer. On CPU it is a private anonymous mapping, which the kernel zero-fills a page at a time on
@@ -129,11 +132,11 @@ class KVPool:
         vb.view(-1, *vb.shape[2:]).index_copy_(0, loc, self.format.encode(v, "v"))
 
     def store_op(self, dtype: torch.dtype) -> str | None:
-        """The C++ op `store` writes k and v of `dtype` with: "int8" (store_kv_int8), "rows" (store_kv), or None
-        (the format's torch expression)."""
+        """The C++ op `store` writes k and v of `dtype` with: "int8" (store_kv_int8), "rows" (store_kv: rows of the
+        pool's dtype, or float32 rows into bfloat16 pages), or None (the format's torch expression)."""
         if self._store_int8 is not None and dtype in (torch.float32, torch.bfloat16):
             return "int8"
-        if self._store_rows is not None and dtype == self.dtype:
+        if self._store_rows is not None and (dtype == self.dtype or (dtype, self.dtype) == _NARROWED):
             return "rows"
         return None
 

@@ -15,7 +15,10 @@ larger steps widen the codes a cache-sized slice at a time for the dense matmul 
 on AVX512_BF16), where every step runs the kernel's one batch-invariant path. int4 decodes from fewer bytes but
 fails the perplexity bar, so it stays an explicit choice. A GGUF model (the default one is) runs the file's own
 blocks where the table says int8 (GGUF_AUTO). Activations: bf16 where the CPU has bf16 hardware (AMX, AVX512_BF16),
-float32 elsewhere.
+float32 elsewhere. KV pages (kv_cache_dtype "auto"): the activations' dtype, except bfloat16 where "auto" chose
+float32 activations: pages are stored and read, never multiplied by oneDNN, so bf16's missing hardware costs nothing
+there (a shift widens a value; the CPU decode op and store_kv take float32 rows with bfloat16 pages) and the pool
+takes half of float32's memory, as llama.cpp's float16 KV cache does (RESULTS.md, issue 38 session 20).
 """
 
 from __future__ import annotations
@@ -81,6 +84,11 @@ class CpuChoice:
     dtype: str  # float32 | bfloat16 | float16
     quantization: str  # none | int8 | int4 | gguf
     reason: str
+    kv_cache_dtype: str = ""  # what kv_cache_dtype "auto" stores; "" means dtype
+
+    def kv_pages(self, kv_cache_dtype: str) -> str:
+        """kv_cache_dtype with "auto" resolved (radixserve/cache/kv_format.py's names)."""
+        return kv_cache_dtype if kv_cache_dtype != "auto" else self.kv_cache_dtype or self.dtype
 
 
 def cpu_capability() -> str:
@@ -137,8 +145,12 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu", gguf_model: 
     else:
         auto_quant, why_format = auto_weight_format(auto_quant, gguf_model)
         parts += [why_format] if why_format else []
+    # float32 chosen for the matmuls alone: the KV pages need no bf16 hardware (module docstring).
+    kv_pages = "bfloat16" if dtype == "auto" and auto_dtype == "float32" else ""
+    parts += ["bfloat16 KV pages (half of float32's memory)"] if kv_pages else []
     return CpuChoice(
         auto_dtype if dtype == "auto" else dtype,
         auto_quant if quantization == "auto" else quantization,
         "; ".join(parts),
+        kv_pages,
     )
