@@ -14,6 +14,7 @@ from radixserve.sampling.sampler import (
     TOP_P_CANDIDATES,
     SamplingInfo,
     _top_p_filter,
+    greedy_ids,
     make_generator,
     sample,
     token_logprobs,
@@ -56,6 +57,20 @@ def test_greedy_is_argmax_and_uses_no_rng() -> None:
     assert out.next_ids == logits.argmax(-1).tolist()
     assert out.logprobs is None and out.top_logprobs is None
     assert all(torch.equal(s, r.generator.get_state()) for s, r in zip(states, [r for r in rows if r.generator]))
+
+
+def test_greedy_ids_are_torchs_argmax() -> None:
+    """numpy's argmax on CPU float32 gives torch's ids: the first of tied maxima, a NaN as the maximum (the first of
+    several), a row of -inf its first id; rows strided or not; other dtypes go to torch itself."""
+    logits = rand_logits(6, 3, vocab=151_936)  # bfloat16-rounded: ties among the best occur
+    logits[0, [5, 900]] = 100.0
+    logits[1, [7, 9]] = float("nan")
+    logits[2] = float("-inf")
+    logits[3, [11, 12]] = float("inf")
+    for x in (logits, logits[::2], logits[:, 1:], logits.bfloat16()):
+        ours = greedy_ids(x)
+        assert ours.dtype == torch.long and torch.equal(ours, x.argmax(-1))
+    assert greedy_ids(logits)[:4].tolist() == [5, 7, 0, 11]
 
 
 def test_top_k_1_equals_greedy_inside_a_random_batch() -> None:

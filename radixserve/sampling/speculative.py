@@ -17,7 +17,7 @@ import torch
 
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling.penalties import apply_penalties
-from radixserve.sampling.sampler import best_logprobs, filter_logits
+from radixserve.sampling.sampler import best_logprobs, filter_logits, greedy_ids
 
 
 @dataclass
@@ -49,7 +49,7 @@ def row_infos(info: SamplingInfo, draft: Sequence[int]) -> list[SamplingInfo]:
 
 
 def _accept_greedy(logits: torch.Tensor, draft: Sequence[int]) -> list[int]:
-    targets = logits.argmax(dim=-1).tolist()
+    targets = greedy_ids(logits).tolist()
     j = 0
     while j < len(draft) and draft[j] == targets[j]:
         j += 1
