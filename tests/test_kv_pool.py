@@ -102,7 +102,7 @@ def test_a_float_pool_on_cpu_stores_with_one_op(dtype: torch.dtype, rows: torch.
     ref._store_rows = None  # the index_copy_ path
     torch.manual_seed(0)
     loc, k, v = torch.tensor([9, 15, 20]), torch.randn(3, 2, 64).to(rows), torch.randn(3, 2, 64).to(rows)
-    if rows == torch.float32:  # halfway cases (to even), an infinity, and a value that rounds up to one
+    if rows == torch.float32:  # halfway cases (to even), an infinity, a finite value rounding up to infinity
         k[0, 0, :5] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), float("inf"), 3.4e38])
     pool.store(1, loc, k, v)
     ref.store(1, loc, k, v)

@@ -84,11 +84,11 @@ class CpuChoice:
     dtype: str  # float32 | bfloat16 | float16
     quantization: str  # none | int8 | int4 | gguf
     reason: str
-    kv_cache_dtype: str = ""  # what kv_cache_dtype "auto" stores; "" means dtype
+    auto_kv_pages: str = ""  # what kv_cache_dtype "auto" stores; "" means dtype
 
     def kv_pages(self, kv_cache_dtype: str) -> str:
         """kv_cache_dtype with "auto" resolved (radixserve/cache/kv_format.py's names)."""
-        return kv_cache_dtype if kv_cache_dtype != "auto" else self.kv_cache_dtype or self.dtype
+        return kv_cache_dtype if kv_cache_dtype != "auto" else self.auto_kv_pages or self.dtype
 
 
 def cpu_capability() -> str:
