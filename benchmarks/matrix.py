@@ -43,18 +43,20 @@ FACTORS: dict[str, list[Any]] = {
     # gguf: the tiny model written as a GGUF of 32-value blocks, run on the file's own blocks (issue 38)
     "quantization": ["none", "int8", "gguf"],
     "deterministic": [False, True],
-    # KV pages as the model's dtype (float32 here) or int8 (radixserve/cache/kv_format.py)
-    "kv_dtype": ["auto", "int8"],
+    # KV pages as the model's dtype (float32 here), int8 (radixserve/cache/kv_format.py), or bfloat16 under the
+    # float32 activations (what auto stores on a CPU without bf16 hardware: radixserve/model/cpu_select.py)
+    "kv_dtype": ["auto", "int8", "bfloat16"],
     # every request asks for retention (retention_seconds + retention_priority, issue 37): only the eviction order
     # changes, never a token
     "retention": [False, True],
 }
 REFERENCE = {name: values[0] for name, values in FACTORS.items()}
 LOGPROB_TOL = 1e-4
-# int8 KV pages against the int8-KV reference: a float32 rounding difference upstream (TP's split sums, the Triton
-# kernels' order) can move a K or V value across an int8 rounding boundary, which changes it by a whole step (1/127
-# of its row's largest value), far above float32 rounding; tokens must still be identical. Measured worst: 1.4e-4.
-KV_INT8_LOGPROB_TOL = 1e-3
+# int8 or bfloat16 KV pages against the reference on the same pages: a float32 rounding difference upstream (TP's
+# split sums, the Triton kernels' order) can move a K or V value across a rounding boundary, which changes it by a
+# whole step (int8: 1/127 of its row's largest value; bfloat16: 2^-8 of the value), far above float32 rounding;
+# tokens must still be identical. Measured worst with int8: 1.4e-4.
+KV_ROUNDED_LOGPROB_TOL = 1e-3
 
 
 def allowed(combo: dict[str, Any]) -> bool:
@@ -85,7 +87,7 @@ def tolerance(combo: dict[str, Any]) -> float | None:
         return 0.0
     if combo["quantization"] != "none":
         return None
-    return KV_INT8_LOGPROB_TOL if combo["kv_dtype"] == "int8" else LOGPROB_TOL
+    return KV_ROUNDED_LOGPROB_TOL if combo["kv_dtype"] != "auto" else LOGPROB_TOL
 
 
 def product() -> list[dict[str, Any]]:
@@ -184,8 +186,8 @@ def reference_of(combo: dict[str, Any]) -> dict[str, Any]:
     """The run `combo` is compared with: the float32 reference, or for int8 or GGUF weights the single-rank run with
     those weights (same cpu kernel setting: without them int8 runs a pure-torch path of other roundings and GGUF a
     dequantized float matmul; same deterministic setting). Retention rows have the reference without retention.
-    int8 KV pages are compared with the reference run on int8 KV pages: quantization changes the logits, so the
-    float32 KV run is no reference."""
+    int8 (or bfloat16) KV pages are compared with the reference run on the same pages: their rounding changes the
+    logits, so the float32 KV run is no reference."""
     ref = {**REFERENCE, "kv_dtype": combo["kv_dtype"]}
     if combo["quantization"] == "none":
         return ref

@@ -156,16 +156,18 @@ def test_engine_greedy_matches_torch_backend(page_size: int, tiny_model_factory,
             assert got == pytest.approx(want, abs=1e-4), f"run {run}, prompt {i}"
 
 
+@pytest.mark.parametrize("pages", ["int8", "bfloat16"])
 @pytest.mark.parametrize("batch_kind", list(BATCHES))
-def test_int8_pages_match_the_torch_backend(batch_kind: str, seed: int) -> None:
+def test_int8_or_bfloat16_pages_match_the_torch_backend(batch_kind: str, pages: str, seed: int) -> None:
     """int8 KV pages (radixserve/cache/kv_format.py): both kernels decode rows and scales as the torch reference
-    does, and the new tokens are quantized into the same bytes."""
+    does, and the new tokens are quantized into the same bytes. bfloat16 pages under float32 activations (what auto
+    stores without bf16 hardware): the new tokens rounded to nearest even as torch rounds them, and attended so."""
     from radixserve.cache.kv_format import KVFormat
 
     gen = torch.Generator().manual_seed(seed)
     lens, page_size, head_dim, group = BATCHES[batch_kind], 16, 64, 7
     num_pages = 3 + sum(math.ceil((p + e) / page_size) for p, e in lens)
-    fmt = KVFormat("int8")
+    fmt = KVFormat(pages)
     pools = [KVPool(NUM_LAYERS, num_pages, page_size, NUM_KV_HEADS, head_dim, torch.float32, DEVICE, fmt) for _ in "ab"]
     for layer in range(NUM_LAYERS):
         for bufs, kind in (("k_buffers", "k"), ("v_buffers", "v")):  # keys a scale per 16, values one a row

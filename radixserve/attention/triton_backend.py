@@ -74,6 +74,11 @@ class TritonAttentionBackend(AttentionBackend):
         """Store k/v at the planned slots, then attend; q `[T, H, D]` -> `[T, H, D]` in q's dtype (into `out` if given)."""
         k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        if not self.pool.format.scaled and k_buf.dtype != k.dtype:
+            # Narrower float pages (bfloat16 under float32 activations) get k/v rounded here, by torch (to nearest
+            # even; the Triton interpreter's cast truncates): the store then moves raw bits, and the extend kernel
+            # reads the new tokens as the pages hold them, as the torch backend and every later step see them.
+            k, v = k.to(k_buf.dtype), v.to(v_buf.dtype)
         if self.pool.format.scaled:
             self.pool.store(layer_id, self.out_cache_loc, k, v)  # int8 quantizes as it stores (torch ops, capturable)
         else:
