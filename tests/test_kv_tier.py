@@ -34,6 +34,7 @@ LAYOUT = KVLayout(
     kv_dtype="bfloat16",
     key_width=8,
     value_width=8,
+    activations="bfloat16",
 )
 DIGEST = "a" * 32
 
@@ -231,8 +232,8 @@ def test_int8_pages_round_trip_and_a_tier_in_another_row_layout_is_never_read(
 ) -> None:
     """int8 pages hold 72-byte key rows and 66-byte value rows at head_dim 64, side by side per KV head; they come back
     from disk as they were. The digest names both widths and the page format's version, so pages written in another
-    row layout (72-byte value rows, as before values had one scale a row) or by format 5 (int8 keys uncentered, before
-    radixserve/model/key_center.py) sit in another folder and are never read."""
+    row layout (72-byte value rows, as before values had one scale a row), by format 5 (int8 keys uncentered, before
+    radixserve/model/key_center.py) or under other activations sit in another folder and are never read."""
     model = tmp_path / "config.json"
     model.write_text("{}")
     pool = KVPool(2, 16, PS, 2, 64, torch.bfloat16, kv_format=KVFormat("int8"))
@@ -250,6 +251,7 @@ def test_int8_pages_round_trip_and_a_tier_in_another_row_layout_is_never_read(
     tier.close(cache)
     old = replace(tier.layout, value_width=72)
     assert kv_digest(model, "none", old) != digest
+    assert kv_digest(model, "none", replace(tier.layout, activations="float32")) != digest  # other bytes, same rows
     other = DiskTier(tmp_path / "kv", 1 << 30, kv_digest(model, "none", old), old.page_bytes)
     assert other.num_pages == 0 and other.dir != tier.store.dir
     other.close()

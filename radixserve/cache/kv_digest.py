@@ -42,6 +42,9 @@ class KVLayout:
     kv_dtype: str  # the KV format's name: part of the digest, so a tier is only ever read in its own format
     key_width: int
     value_width: int
+    # The dtype the model computed K and V in: bfloat16 pages under float32 activations (a CPU without bf16
+    # hardware) hold other bytes than under bfloat16 ones, in the same layout.
+    activations: str
 
     @property
     def page_shape(self) -> tuple[int, int, int, int]:

@@ -339,6 +339,7 @@ def open_tier(
         fmt.name,
         fmt.key_width(head_dim),
         fmt.value_width(head_dim),
+        str(pool.compute_dtype).removeprefix("torch."),
     )
     host_bytes = host_tier_bytes(host_gb, pool, layout.page_bytes)
     host = HostTier(host_bytes, layout, pool) if host_bytes >= layout.page_bytes else None
