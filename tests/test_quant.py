@@ -138,7 +138,7 @@ def test_auto_choice_per_cpu_kind(monkeypatch, cap, bf16_hw, amx, kind, expected
     assert cpu_select.cpu_kind() == kind
     c = cpu_select.choose("auto", "auto")
     assert (c.dtype, c.quantization, c.kv_pages("auto")) == expected
-    assert c.reason.startswith(f"cpu={kind}; ") and cpu_select.CHOICES[kind][2] in c.reason
+    assert c.reason.startswith(f"cpu={kind}; ") and all(why in c.reason for why in cpu_select.CHOICES[kind][2:])
     assert c.kv_pages("float32") == "float32" and c.kv_pages("int8") == "int8"  # an explicit KV dtype is kept
     # An explicit dtype is that dtype's numerics, its KV pages included (the float32 parity tests rely on it).
     assert cpu_select.choose("float32", "auto").kv_pages("auto") == "float32"
@@ -279,7 +279,9 @@ def test_auto_on_a_gguf_model_is_gguf_auto(monkeypatch, gguf_auto):
     monkeypatch.setattr(cpu_select, "GGUF_AUTO", gguf_auto)
     c = cpu_select.choose("auto", "auto", gguf_model=True)
     assert (c.dtype, c.quantization) == ("bfloat16", gguf_auto) and "a GGUF model" in c.reason
+    assert "int8 weights read by" not in c.reason  # the table's weights are replaced, and so is their reason
     assert cpu_select.choose("auto", "auto").quantization == "int8"
+    assert "int8 weights read by" in cpu_select.choose("auto", "auto").reason
     assert cpu_select.choose("bfloat16", "auto", gguf_model=True).quantization == "none"
     assert cpu_select.choose("auto", "int4", gguf_model=True).quantization == "int4"
     _pretend(monkeypatch, "DEFAULT", False, False)

@@ -30,31 +30,33 @@ import torch
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
 CPU_KINDS = ("AMX", "AVX512_BF16", "AVX512", "AVX2", "DEFAULT")
 
-# kind -> (dtype, quantization, why): the table `choose` reads for "auto".
-CHOICES: dict[str, tuple[str, str, str]] = {
+# kind -> (dtype, quantization, why that dtype, why those weights): the table `choose` reads for "auto".
+CHOICES: dict[str, tuple[str, str, str, str]] = {
     "AMX": (
         "bfloat16",
         "int8",
-        "bf16 on AMX tiles for prefill; int8 weights read by our kernel for decode steps (half of bf16's bytes)",
+        "bf16 on AMX tiles for prefill",
+        "int8 weights read by our kernel for decode steps (half of bf16's bytes)",
     ),
     "AVX512_BF16": (
         "bfloat16",
         "int8",
-        "native bf16 for prefill; int8 weights read by our VNNI kernel for decode steps (half of bf16's bytes)",
+        "native bf16 for prefill",
+        "int8 weights read by our VNNI kernel for decode steps (half of bf16's bytes)",
     ),
     "AVX512": (
         "float32",
         "int8",
-        "no bf16 hardware: float32 activations (bf16 would be emulated); int8 weights for decode (a quarter of "
-        "float32's bytes)",
+        "no bf16 hardware: float32 activations (bf16 would be emulated)",
+        "int8 weights for decode (a quarter of float32's bytes)",
     ),
     "AVX2": (
         "float32",
         "int8",
-        "no bf16 hardware: float32 activations (bf16 would be emulated, 5x slower prefill); int8 weights read by "
-        "our AVX2 kernel for decode (a quarter of float32's bytes)",
+        "no bf16 hardware: float32 activations (bf16 would be emulated, 5x slower prefill)",
+        "int8 weights read by our AVX2 kernel for decode (a quarter of float32's bytes)",
     ),
-    "DEFAULT": ("float32", "none", "no SIMD path torch knows: float32"),
+    "DEFAULT": ("float32", "none", "no SIMD path torch knows: float32", "no weight quantization"),
 }
 
 
@@ -129,10 +131,10 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu", gguf_model: 
             "bfloat16" if dtype == "auto" else dtype, "none", f"{device_type}: bf16, no weight quantization"
         )
     kind = cpu_kind()
-    auto_dtype, auto_quant, why = CHOICES[kind]
+    auto_dtype, auto_quant, why_dtype, why_weights = CHOICES[kind]
     parts = [f"cpu={kind}"]
     if dtype == "auto":
-        parts.append(why)
+        parts.append(why_dtype)
     if quantization == "auto" and dtype != "auto":
         # An explicit dtype asks for that dtype's numerics (the float32 parity tests rely on it): no quantization.
         auto_quant = "none"
@@ -144,7 +146,7 @@ def choose(dtype: str, quantization: str, device_type: str = "cpu", gguf_model: 
         )
     else:
         auto_quant, why_format = auto_weight_format(auto_quant, gguf_model)
-        parts += [why_format] if why_format else []
+        parts.append(why_format or why_weights)  # a GGUF's own blocks replace the table's weights, and its reason
     # float32 chosen for the matmuls alone: the KV pages need no bf16 hardware (module docstring).
     kv_pages = "bfloat16" if dtype == "auto" and auto_dtype == "float32" else ""
     parts += ["bfloat16 KV pages (half of float32's memory)"] if kv_pages else []
