@@ -159,8 +159,8 @@ inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX&
 
 // No VNNI: gguf_decode_avx2.h, 32 columns a step; the tiles run the sequence of its decode rows.
 // The AVX2 tiles' register block: 4 weight rows x kRowBlock (4) activation rows per pass, so each activation chunk is
-// read once for four weight rows and each weight chunk once for four activation rows. Measured (haswell build, one thread, all
-// 24 layers at 512 rows): 1 x 4 (before) gate_up 4.5-4.6 s, down 1.80; 2 x 4 3.53-3.57, 1.47; 3 x 4 3.11-3.16,
+// read once for four weight rows and each weight chunk once for four activation rows. Measured (haswell build, one
+// thread, all 24 layers at 512 rows): 1 x 4 (before) gate_up 4.5-4.6 s, down 1.80; 2 x 4 3.53-3.57, 1.47; 3 x 4 3.11-3.16,
 // 1.38-1.39; 4 x 4 2.63-2.68, 1.27; 4 x 3 2.78, 1.34; 4 x 5 2.83, 1.32; 4 x 2 2.74, 1.49; 8 x 2 3.23, 1.48.
 constexpr int kWeightBlock = 4;
 
