@@ -131,3 +131,27 @@ def test_every_weight_format_serves_a_gguf_and_auto_follows_gguf_auto(tiny_model
         folder = resolve_model(gguf_path, cache_dir=cache, progress=False)
         assert make_engine(folder, dtype="auto").quantization == cpu_select.GGUF_AUTO
         assert make_engine(hf_dir, dtype="auto").quantization == "int8"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_long_prefill_runs_the_mlp_in_row_chunks_with_the_same_bits(dtype, tiny_model_factory, tmp_path, monkeypatch):
+    """Over the GGUF kernels the MLP runs MLP_ROWS rows at a time (less peak memory at a prefill chunk), and since a
+    row's result does not depend on the call's other rows, the output is bit-equal to one call over all rows."""
+    import radixserve.model.llama as llama
+    from test_gguf import write_gguf
+
+    gguf_path = write_gguf(tmp_path / "tiny.gguf", "qwen2", tiny_model_factory("qwen2"), TYPES)
+    _, native = load_model(
+        resolve_model(gguf_path, cache_dir=tmp_path / "cache", progress=False), dtype, quantization="gguf"
+    )
+    mlp = native.layers[0].mlp
+    assert mlp.gate_up_proj.row_invariant
+    calls = []
+    mlp.gate_up_proj.register_forward_hook(lambda _m, args, _out: calls.append(args[0].shape[0]))
+    x = torch.randn(300, mlp.gate_up_proj.in_features).to(dtype)
+    monkeypatch.setattr(llama, "MLP_ROWS", 128)
+    chunked = mlp(x)
+    monkeypatch.setattr(llama, "MLP_ROWS", 1 << 20)
+    whole = mlp(x)
+    assert calls == [128, 128, 44, 300]
+    assert torch.equal(chunked, whole)

@@ -76,6 +76,12 @@ class GGUFLinear(nn.Module):
         (kernels/cpu/spin_pool.h, prefetch_ahead)."""
         self._ahead = ahead or None
 
+    @property
+    def row_invariant(self) -> bool:
+        """A row's result does not depend on the call's other rows: true of our kernels (kernels/cpu/gguf_tiles.h),
+        not of the dense fallback's matmul."""
+        return cpu_kernels.ops() is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ops = cpu_kernels.ops()
         if ops is not None and x.dim() == 2 and not self.float_output and x.dtype in _KERNEL_DTYPES:

@@ -112,6 +112,14 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(t, self.q_size))
 
 
+# A prefill chunk's MLP runs this many rows at a time where a linear's rows do not depend on each other
+# (`row_invariant`: the GGUF block kernels). The gate_up output and its SiLU product were a 512-row chunk's largest
+# tensors (30 MB in float32), and how glibc reused them moved the peak RSS of a 1,000-token prefill by up to 55 MB
+# from run to run; at 128 rows it held at 804 MB in every run, the prefill as fast within the noise, and the issue's
+# benchmark on AVX2 (float32 activations) peaked at 785 MB against 825 (RESULTS.md, issue 38 session 21).
+MLP_ROWS = 128
+
+
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype | None) -> None:
         super().__init__()
@@ -120,6 +128,11 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > MLP_ROWS and getattr(self.gate_up_proj, "row_invariant", False):
+            return torch.cat([self._rows(part) for part in x.split(MLP_ROWS)])
+        return self._rows(x)
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         act = _cpu_silu_mul(gate_up)
         if act is None:
