@@ -114,9 +114,9 @@ class Attention(nn.Module):
 
 # A prefill chunk's MLP runs this many rows at a time where a linear's rows do not depend on each other
 # (`row_invariant`: the GGUF block kernels). The gate_up output and its SiLU product were a 512-row chunk's largest
-# tensors (30 MB in float32), and how glibc reused them moved the peak RSS of a 1,000-token prefill by up to 55 MB
-# from run to run; at 128 rows it held at 804 MB in every run, the prefill as fast within the noise, and the issue's
-# benchmark on AVX2 (float32 activations) peaked at 785 MB against 825 (RESULTS.md, issue 38 session 21).
+# tensors (30 MB in float32), and how glibc reused them moved the peak RSS of a 1,000-token prefill by up to 53 MiB
+# from run to run; at 128 rows it held at 785 MiB in every run, the prefill as fast within the noise, and the issue's
+# benchmark on AVX2 (float32 activations) peaked at 785 MiB against 825 (RESULTS.md, issue 38 session 21).
 MLP_ROWS = 128
 
 
