@@ -170,8 +170,9 @@ class EngineLoop:
             return
         while True:
             kind = msg[0]
-            if kind == "add":
-                self.scheduler.add(msg[1])
+            if kind == "add":  # a call's requests, together (RequestPath._submit_all)
+                for req in msg[1]:
+                    self.scheduler.add(req)
             elif kind == "abort":
                 self.scheduler.abort(msg[1])
             elif kind == "end":  # from the output stage: a stop string matched, or the request's output failed
@@ -196,7 +197,7 @@ class EngineLoop:
             except queue.Empty:
                 break
             if msg[0] == "add":
-                reqs.append(msg[1])
+                reqs.extend(msg[1])
             elif msg[0] == "call":
                 msg[2].set_exception(exc)
         updates = self.scheduler.take_updates()

@@ -62,15 +62,28 @@ class RequestPath:
             self._inflight -= count
 
     def _submit(self, spec: RequestSpec, emit: Callable[[Any], None], stream: bool) -> Req:
-        """Queue one request the caller has reserved a place for (`_reserve`); the place is given back when the
-        request finishes, or here if building it fails."""
-        try:
-            return self._build_and_queue(spec, emit, stream)
-        except BaseException:
-            self._unreserve(1)
-            raise
+        """Queue one request the caller has reserved a place for (`_reserve`): `_submit_all` of one."""
+        return self._submit_all([spec], [emit], stream)[0]
 
-    def _build_and_queue(self, spec: RequestSpec, emit: Callable[[Any], None], stream: bool) -> Req:
+    def _submit_all(self, specs: list[RequestSpec], emits: list[Callable[[Any], None]], stream: bool) -> list[Req]:
+        """Queue requests the caller has reserved places for (`_reserve`), all in one message to the loop; each place
+        is given back when its request finishes, or here, all of them, if building any request fails (then none is
+        queued).
+
+        One message, so the loop thread never wakes between two of a call's requests: a batch reaches the scheduler
+        whole and the steps it gets do not depend on thread timing. Without deterministic mode a prompt's bits depend
+        on what shares its steps (its prefill's attention is padded to the longest prompt beside it:
+        radixserve/model/deterministic.py), so a batch queued one request at a time gave the same call different
+        logprobs from run to run (tests/test_cpu_stack.py, RESULTS.md issue 38 session 22)."""
+        try:
+            reqs = [self._open_req(spec, emit, stream) for spec, emit in zip(specs, emits, strict=True)]
+        except BaseException:
+            self._unreserve(len(specs))
+            raise
+        self.loop.inbox.put(("add", reqs))
+        return reqs
+
+    def _open_req(self, spec: RequestSpec, emit: Callable[[Any], None], stream: bool) -> Req:
         def emit_and_count(item: GenerateOutput | BaseException) -> None:
             if isinstance(item, BaseException) or item.finished:
                 with self._inflight_lock:
@@ -81,7 +94,6 @@ class RequestPath:
         req = self.inputs.make_req(spec, stream)
         self.outputs.open(req, emit_and_count)
         req.timeline = self.tracker.open(req)
-        self.loop.inbox.put(("add", req))
         return req
 
     async def _stream(self, spec: RequestSpec) -> AsyncIterator[StreamChunk]:
@@ -101,24 +113,33 @@ class RequestPath:
             if not done:  # the caller left early (break, aclose, cancellation, disconnect)
                 self.abort(req.rid)
 
-    async def _run_one(self, spec: RequestSpec) -> GenerateOutput:
-        """Submit one request that reports only its final result, and wait for it (cancelling aborts it)."""
+    async def _run_all(self, specs: list[RequestSpec]) -> list[GenerateOutput]:
+        """Submit requests that report only their final results (`_submit_all`) and wait for them all; the first
+        failure aborts the others and is raised, and cancelling aborts them all."""
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
+        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in specs]
 
-        def settle(item: Any) -> None:
-            if not fut.done():
-                fut.set_result(item)
+        def settler(fut: asyncio.Future[Any]) -> Callable[[Any], None]:
+            def settle(item: Any) -> None:
+                if not fut.done():
+                    fut.set_result(item)
 
-        req = self._submit(spec, lambda item: _post(loop, settle, item), stream=False)
+            return lambda item: _post(loop, settle, item)
+
+        reqs = self._submit_all(specs, [settler(f) for f in futs], stream=False)
+        pending: set[asyncio.Future[Any]] = set(futs)
         try:
-            item = await fut
-        except asyncio.CancelledError:
-            self.abort(req.rid)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                failed = next((f.result() for f in done if isinstance(f.result(), BaseException)), None)
+                if failed is not None:
+                    raise failed
+        except BaseException:
+            for req, fut in zip(reqs, futs):
+                if not fut.done():
+                    self.abort(req.rid)
             raise
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        return [f.result() for f in futs]
 
     async def _collect(self, specs: list[RequestSpec]) -> list[GenerateOutput]:
         # n > 1: prefill each prompt once (a zero-token request), so the n samples all hit its pages in the tree.
@@ -138,9 +159,8 @@ class RequestPath:
         unsent = len(expanded)
         try:
             if multi:
-                await asyncio.gather(*(self._run_one(s) for s in multi))
+                await self._run_all(multi)
             unsent = 0
-            results = await asyncio.gather(*(self._run_one(s) for s in expanded))
+            return await self._run_all(expanded)
         finally:
             self._unreserve(unsent)  # the samples never submitted (their prefill failed or was cancelled)
-        return list(results)

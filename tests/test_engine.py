@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,28 @@ def test_prefill_merge_limit_runs_long_prefills_one_per_step(tiny_model_dir: Pat
         assert prefill_steps == [[60, 10], [40], [50]]
     reference = [eng.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts]
     assert [o["output_ids"] for o in outs] == reference
+
+
+def test_a_batch_reaches_the_scheduler_whole(tiny_model_dir: Path, make_engine, monkeypatch) -> None:
+    """A list of prompts is queued in one message, so its first step prefills them all even when building each
+    request is slow: the steps a batch gets (and, without deterministic mode, its bits) do not depend on when the
+    loop thread woke (radixserve/engine_requests.py, _submit_all)."""
+    eng = make_engine(tiny_model_dir, speculative="off", deterministic=False)
+    build = eng.inputs.make_req
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)  # the loop thread would take the requests queued so far meanwhile
+        return build(*args, **kwargs)
+
+    steps: list[list[int]] = []
+    forward = eng.runner.forward
+
+    def recorded(batch):
+        steps.append(batch.extend_lens.tolist())
+        return forward(batch)
+
+    monkeypatch.setattr(eng.inputs, "make_req", slow)
+    monkeypatch.setattr(eng.runner, "forward", recorded)
+    prompts = [[10 + i, 20, 30, 40, 50] for i in range(4)]
+    eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 2, "temperature": 0, "ignore_eos": True})
+    assert steps[0] == [5, 5, 5, 5]

@@ -79,7 +79,8 @@ def test_a_sampler_fault_fails_its_request_alone(
     with pytest.raises(RequestFailedError):
         engine.generate(input_ids=[prompts[0], prompts[1], prompts[2]], sampling_params=params)
     wait_idle(engine)
-    # the others of the batch ran on; run them again beside the faulty one, one call each, to read their tokens
+    # the call raised at the fault and aborted the batch's other requests (wherever they had got to); run them
+    # again beside the faulty one, one call each, to read their tokens
     import asyncio
 
     async def together() -> list[Any]:
