@@ -210,9 +210,14 @@ def _encode_int8(x: torch.Tensor, group: int) -> torch.Tensor:
     return torch.cat([q, scale.squeeze(-1).contiguous().view(torch.int8)], -1)
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype as the names here spell it ("bfloat16"), for formats and digests."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> KVFormat:
     """`auto` keeps the model's dtype for the KV pages (the measurements in benchmarks/RESULTS.md decide whether
     that changes); any other name is taken as is."""
     if kv_cache_dtype == "auto":
-        return KVFormat(str(model_dtype).removeprefix("torch."))
+        return KVFormat(dtype_name(model_dtype))
     return KVFormat(kv_cache_dtype)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from radixserve.cache.kv_format import KVFormat
+from radixserve.cache.kv_format import KVFormat, dtype_name
 
 # (activations, pages) that store_kv narrows as it copies: float32 rows into bfloat16 pages.
 _NARROWED = (torch.float32, torch.bfloat16)
@@ -60,7 +60,7 @@ class KVPool:
             raise ValueError("the KV pool needs at least 2 pages (page 0 is reserved)")
         self.num_pages = num_pages
         self.page_size = page_size
-        self.format = kv_format or KVFormat(str(dtype).removeprefix("torch."))
+        self.format = kv_format or KVFormat(dtype_name(dtype))
         self.compute_dtype = dtype
         self.dtype = self.format.storage
         self.format.check_head_dim(head_dim)

@@ -25,6 +25,7 @@ import xxhash
 from radixserve.cache.disk_tier import DiskTier, TierLockedError
 from radixserve.cache.host_tier import HostTier, host_tier_bytes
 from radixserve.cache.kv_digest import KVLayout, kv_digest
+from radixserve.cache.kv_format import dtype_name
 from radixserve.cache.kv_pool import KVPool
 from radixserve.cache.tree_node import as_bytes
 
@@ -328,7 +329,7 @@ def open_tier(
     with a directory), or None when neither is. A directory that cannot be used is left out with a warning; one
     another process holds raises TierLockedError."""
     fmt = pool.format
-    storage = str(pool.dtype).removeprefix("torch.")
+    storage = dtype_name(pool.dtype)
     layout = KVLayout(
         num_layers,
         pool.page_size,
@@ -339,7 +340,7 @@ def open_tier(
         fmt.name,
         fmt.key_width(head_dim),
         fmt.value_width(head_dim),
-        str(pool.compute_dtype).removeprefix("torch."),
+        dtype_name(pool.compute_dtype),
     )
     host_bytes = host_tier_bytes(host_gb, pool, layout.page_bytes)
     host = HostTier(host_bytes, layout, pool) if host_bytes >= layout.page_bytes else None

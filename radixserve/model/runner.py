@@ -210,7 +210,8 @@ class ModelRunner:
             self._verify(logits, rows, drafts, step.sample_infos, out)
             self.future_ids[device_tensor(step.sample_slots, self.device)] = device_tensor(out.next_ids, self.device)
             return PendingOutput(None, out)
-        logits = logits.index_select(0, device_tensor(rows, self.device))
+        if rows != list(range(logits.shape[0])):  # else every row in order (a decode step): no copy of [B, vocab]
+            logits = logits.index_select(0, device_tensor(rows, self.device))
         if step.grammar is not None:
             step.grammar.apply(logits)
         next_ids = self._sample(logits, step.sample_infos, out)
