@@ -128,9 +128,12 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > MLP_ROWS and getattr(self.gate_up_proj, "row_invariant", False):
+        if x.shape[0] > MLP_ROWS and self._row_invariant():
             return torch.cat([self._rows(part) for part in x.split(MLP_ROWS)])
         return self._rows(x)
+
+    def _row_invariant(self) -> bool:
+        return all(getattr(p, "row_invariant", False) for p in (self.gate_up_proj, self.down_proj))
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
