@@ -30,6 +30,20 @@ def gguf_model(tiny_model_factory: Callable[..., Path], tmp_path_factory: pytest
     )
 
 
+def stack_engine(make_engine: Callable, model: Path, dtype: str, kv: str, deterministic: bool):
+    """An engine on the GGUF's blocks whose decode steps can take the stack; no radix cache, so both runs compute."""
+    return make_engine(
+        model,
+        dtype=dtype,
+        kv_cache_dtype=kv,
+        quantization="gguf",
+        deterministic=deterministic,
+        speculative="off",
+        max_total_tokens=4096,
+        enable_radix_cache=False,
+    )
+
+
 def answers(eng) -> list[tuple[list[int], list[float]]]:
     """Each prompt's greedy tokens and their logprobs, all prompts in one batch."""
     params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
@@ -50,16 +64,7 @@ def answers(eng) -> list[tuple[list[int], list[float]]]:
 def test_the_stack_gives_the_python_layers_bits(
     gguf_model: Path, make_engine: Callable, monkeypatch: pytest.MonkeyPatch, dtype: str, kv: str, deterministic: bool
 ) -> None:
-    eng = make_engine(
-        gguf_model,
-        dtype=dtype,
-        kv_cache_dtype=kv,
-        quantization="gguf",
-        deterministic=deterministic,
-        speculative="off",
-        max_total_tokens=4096,
-        enable_radix_cache=False,
-    )
+    eng = stack_engine(make_engine, gguf_model, dtype, kv, deterministic)
     assert eng.runner.model.cpu_stack is not None
     served: list[int] = []
 
@@ -98,16 +103,7 @@ def test_a_batch_answers_the_same_every_time(
 
     import torch
 
-    eng = make_engine(
-        gguf_model,
-        dtype=dtype,
-        kv_cache_dtype=kv,
-        quantization="gguf",
-        deterministic=False,
-        speculative="off",
-        max_total_tokens=4096,
-        enable_radix_cache=False,
-    )
+    eng = stack_engine(make_engine, gguf_model, dtype, kv, deterministic=False)
     rng = random.Random(0)
     held: list[torch.Tensor] = []
     first = answers(eng)
