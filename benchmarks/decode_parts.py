@@ -111,6 +111,9 @@ def main() -> None:
     print(cpu_flags(), f"load={os.getloadavg()[0]:.1f}")
     bandwidth = a.bandwidth * 1e9 if a.bandwidth else read_bandwidth()
     with Engine(dtype=a.dtype, quantization=a.quantization, speculative="off", max_total_tokens=4096) as eng:
+        mover = getattr(eng.runner.model, "huge_pages", None)
+        if mover is not None:
+            mover.join()  # the steady state: a GGUF's blocks on huge pages (radixserve/gguf/huge_pages.py)
         info = eng.model_info()
         lin_bytes, head_bytes = step_bytes(eng)
         lin_floor = lin_bytes / bandwidth * 1e3

@@ -41,11 +41,12 @@ class TableTensor:
 @dataclass(frozen=True)
 class TensorTable:
     """`metadata` holds every key's value (str, int, float, bool or a list of them) when read with metadata=True,
-    else only general.architecture and general.alignment."""
+    else only general.architecture and general.alignment; `mapped` is the whole file's read-only map."""
 
     architecture: str
     tensors: dict[str, TableTensor]
     metadata: dict[str, Any]
+    mapped: np.ndarray
 
 
 class _Cursor:
@@ -133,4 +134,4 @@ def read_tensor_table(path: str | Path, metadata: bool = False) -> TensorTable:
         nbytes = int(np.prod(dims)) // weights * size
         data = mapped[start + offset : start + offset + nbytes]
         tensors[name] = TableTensor(name, ttype, tuple(int(d) for d in reversed(dims)), data)
-    return TensorTable(architecture, tensors, values)
+    return TensorTable(architecture, tensors, values, mapped)

@@ -1,0 +1,122 @@
+"""Move a GGUF's mapped blocks onto transparent huge pages, in place, on a background thread (issue 38).
+
+Why: a decode step reads ~390 MB of blocks. Mapped from the file they lie on 4 KiB pages (kernels built without
+CONFIG_READ_ONLY_THP_FOR_FS map files no other way, whatever madvise asks), so each step crosses ~100k pages, each a
+TLB miss and a stop for the hardware prefetchers. On anonymous huge pages the same bytes decode ~10% faster
+(RESULTS.md, issue 38 session 23).
+
+How: each run of whole 2 MiB pages under the blocks is copied into fresh anonymous memory advised MADV_HUGEPAGE,
+made read-only, and moved over the old pages with mremap. The addresses stay, and so does every tensor over them;
+the bytes stay too, so readers need no pause: a kernel reading a page while it moves faults, waits for the move
+under the kernel's mmap lock and reads the new page. When the file's map is unmapped (its numpy array freed), the
+moved pages go with it. The copy runs on a thread so that start-up does not wait for it (~0.5 s for the default
+model, mostly the kernel zeroing the new pages); RSS grows by one run at most while it goes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+HUGE_PAGE = 2 << 20
+_RUN_PAGES = 8  # huge pages copied per mremap: the most RSS the move adds at once (16 MiB)
+_MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
+_THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def available() -> bool:
+    """True on Linux with transparent huge pages granted to madvised memory (the setting is not `[never]`), unless
+    RADIXSERVE_HUGE_PAGES=0 (then the blocks stay on the file's pages)."""
+    if os.environ.get("RADIXSERVE_HUGE_PAGES", "1") == "0" or sys.platform != "linux":
+        return False
+    try:
+        return "[never]" not in _THP_SETTING.read_text()
+    except OSError:
+        return False
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    vp, size, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    libc.mmap.restype, libc.mmap.argtypes = vp, [vp, size, i, i, i, ctypes.c_long]
+    libc.mremap.restype, libc.mremap.argtypes = vp, [vp, size, size, i, vp]
+    for name in ("munmap", "madvise", "mprotect"):
+        getattr(libc, name).argtypes = [vp, size] + ([i] if name != "munmap" else [])
+    return libc
+
+
+def page_runs(mapped: np.ndarray, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(address, bytes) of the runs of whole huge pages inside `mapped` that any (address, bytes) range touches,
+    each at most _RUN_PAGES long; none when the map does not start on a huge page (then no page could be huge)."""
+    base = mapped.ctypes.data
+    if base % HUGE_PAGE:
+        return []
+    last = mapped.nbytes // HUGE_PAGE  # pages past the last whole one are left as they are
+    pages = set()
+    for addr, nbytes in ranges:
+        lo, hi = (addr - base) // HUGE_PAGE, -(-(addr + nbytes - base) // HUGE_PAGE)
+        pages.update(range(max(lo, 0), min(hi, last)))
+    runs: list[tuple[int, int]] = []
+    for p in sorted(pages):
+        start, n = runs[-1] if runs else (-2, 0)
+        if p == start + n and n < _RUN_PAGES:
+            runs[-1] = (start, n + 1)
+        else:
+            runs.append((p, 1))
+    return [(base + p * HUGE_PAGE, n * HUGE_PAGE) for p, n in runs]
+
+
+def _move(libc: ctypes.CDLL, addr: int, size: int) -> None:
+    """Copy [addr, addr + size) onto new huge pages and put them at addr (both 2 MiB-aligned)."""
+    rw, anon = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    raw = libc.mmap(None, size + HUGE_PAGE, rw, anon, -1, 0)
+    if raw in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap failed")
+    new = -(-raw // HUGE_PAGE) * HUGE_PAGE  # the run must start on a huge page to be mapped by them
+    if new > raw:
+        libc.munmap(raw, new - raw)
+    libc.munmap(new + size, raw + HUGE_PAGE - new)
+    libc.madvise(new, size, mmap.MADV_HUGEPAGE)
+    ctypes.memmove(new, addr, size)
+    libc.mprotect(new, size, mmap.PROT_READ)  # as the file's map: nothing may write the blocks
+    if libc.mremap(new, size, size, _MREMAP_MAYMOVE | _MREMAP_FIXED, addr) != addr:
+        err = ctypes.get_errno()
+        libc.munmap(new, size)
+        raise OSError(err, "mremap failed")
+
+
+class HugePageMover:
+    """Moves `runs` (page_runs of `mapped`) on a daemon thread once started; `join()` waits for it. `moved` counts
+    the bytes moved; a failed move (an old kernel, no memory) stops the rest and leaves the file's pages there."""
+
+    def __init__(self, mapped: np.ndarray, runs: list[tuple[int, int]]) -> None:
+        self.mapped = mapped  # held so the map outlives the thread's moves
+        self.runs = runs
+        self.moved = 0
+        self.error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="radixserve-huge-pages", daemon=True)
+
+    def start(self) -> HugePageMover:
+        if self.runs:
+            self._thread.start()
+        return self
+
+    def join(self) -> None:
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        libc = _libc()
+        try:
+            for addr, size in self.runs:
+                _move(libc, addr, size)
+                self.moved += size
+        except OSError as e:
+            self.error = e
