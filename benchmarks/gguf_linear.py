@@ -5,7 +5,7 @@ The int8 side runs its batch-invariant path at every row count, as deterministic
 BF16) does; `--dense-int8` gives it the dense matmul from 48 rows on instead, as without that mode.
 
     .venv/bin/python -m benchmarks.gguf_linear [--threads 1] [--rows 1 96] [--repeats 9] [--projections o down]
-        [--layers 24] [--no-int8] [--dense-int8] [--best]
+        [--layers 24] [--no-int8] [--dense-int8] [--best] [--huge-pages]
 
 The kernels' compute alone, steady on a noisy host (the same figure within ~1% between runs where medians swung
 30%): `--layers 1 --repeats 2000 --best`, one layer from the caches, the fastest pass.
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 import kernels.cpu as cpu_kernels
+from radixserve.gguf.huge_pages import HugePageMover, page_runs
 from radixserve.gguf.tensor_table import read_tensor_table
 from radixserve.model.gguf_linear import BlockPart, GGUFLinear
 from radixserve.model.quant import Int8Linear
@@ -75,6 +76,7 @@ def main() -> None:
     )
     ap.add_argument("--wall", action="store_true", help="wall time (default with one thread: this thread's CPU time)")
     ap.add_argument("--best", action="store_true", help="the fastest pass instead of the median")
+    ap.add_argument("--huge-pages", action="store_true", help="the blocks moved onto huge pages, as the engine does")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     # One thread's CPU time is what the kernel costs even on a loaded machine (it excludes the time slices other
@@ -90,6 +92,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for name in a.projections:
         gg = layers_of(table, name, a.layers)
+        if a.huge_pages:
+            ranges = [(p.blocks.data_ptr(), p.blocks.numel()) for lin in gg for p in lin.parts]
+            HugePageMover(table.mapped, page_runs(table.mapped, ranges)).start().join()
         q8 = [] if a.no_int8 else [as_int8(lin) for lin in gg]
         for q in q8:  # as deterministic mode runs them (the default on AVX-512 BF16): one path for every row count
             q.batch_invariant = not a.dense_int8
