@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import platform
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, TypeVar
 
 from radixserve import __version__
@@ -113,6 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from radixserve.router.replicas import run_replicas
 
         return run_replicas(args, args.argv, model)
+    _start_moving_early(args, model)
     kwargs = engine_kwargs(args, model)
     run_server(
         kwargs,
@@ -132,6 +135,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         agent_retention=not args.no_agent_retention,
     )
     return 0
+
+
+def _start_moving_early(args: argparse.Namespace, model: Path) -> None:
+    """Where the start will run a GGUF's own blocks (radixserve/model/cpu_select.py: `gguf`, or `auto` on x86 with
+    no dtype asked), map them and start moving them onto huge pages now, so that the move runs beside torch's import
+    (radixserve/gguf/huge_pages.py). A guess that turns out wrong costs the map's read: the load drops it."""
+    from radixserve.gguf import huge_pages
+    from radixserve.gguf.convert import converted_source
+
+    blocks = args.quantization == "gguf" or (
+        args.quantization == "auto" and args.dtype == "auto" and platform.machine() in ("x86_64", "AMD64")
+    )
+    source = converted_source(model)
+    plain_cpu = args.device == "cpu" and args.tp == 1 and not args.null_model
+    if blocks and plain_cpu and source is not None and source.is_file():
+        huge_pages.start_early(source)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

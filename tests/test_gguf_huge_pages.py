@@ -4,16 +4,25 @@ addresses it keeps while readers read them, and the default model's tokens with 
 from __future__ import annotations
 
 import mmap
+import platform
+import sys
 import threading
+import types
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import torch
+
 from engine_checks import engine_left_at_rest
 from radixserve.gguf import huge_pages
 from radixserve.gguf.huge_pages import HUGE_PAGE, HugePageMover, page_runs
+from radixserve.gguf.tensor_table import read_tensor_table
+from radixserve.model.gguf_linear import GGUFLinear
+from radixserve.model.loader import load_model
+from radixserve.model.resolve import resolve_model
 from real_model import real_model_dir  # noqa: F401 (a fixture)
 
 needs_thp = pytest.mark.skipif(not huge_pages.available(), reason="no transparent huge pages on this machine")
@@ -95,3 +104,57 @@ def test_the_default_model_gives_the_same_tokens_on_huge_pages(real_model_dir, m
                 for o in eng.generate(prompts, sampling_params=params, return_logprob=True)
             ]
     assert outs["1"] == outs["0"]
+
+
+@needs_thp
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])  # qwen2: the head is the embedding; llama: q/k rows are copied
+def test_the_ranges_moved_are_the_blocks_the_model_reads_in_place(arch, tiny_model_factory, tmp_path) -> None:
+    from test_gguf import write_gguf
+    from test_gguf_model import TYPES
+
+    gguf_path = write_gguf(tmp_path / f"tiny-{arch}.gguf", arch, tiny_model_factory(arch), TYPES)
+    folder = resolve_model(gguf_path, cache_dir=tmp_path / "cache", progress=False)
+    huge_pages.start_early(gguf_path)
+    _, model = load_model(folder, torch.float32, quantization="gguf")
+    assert huge_pages.take_early(gguf_path) is None  # the load took the early map and its mover
+    mapped = model.huge_pages.mapped
+    lo, hi = mapped.ctypes.data, mapped.ctypes.data + mapped.nbytes
+    parts = [p for m in model.modules() if isinstance(m, GGUFLinear) for p in m.parts]
+    got = {(p.blocks.data_ptr() - lo, p.blocks.numel()) for p in parts if lo <= p.blocks.data_ptr() < hi}
+    assert (len(got) < len(parts)) == (arch == "llama")
+    fresh = read_tensor_table(gguf_path)  # another map of the file: compare offsets
+    want = {(a - fresh.mapped.ctypes.data, n) for a, n in huge_pages.in_place_ranges(fresh)}
+    assert want == got
+
+
+def test_a_load_that_does_not_take_the_early_map_drops_it(tiny_model_factory, tmp_path) -> None:
+    from test_gguf import write_gguf
+    from test_gguf_model import TYPES
+
+    gguf_path = write_gguf(tmp_path / "tiny.gguf", "qwen2", tiny_model_factory("qwen2"), TYPES)
+    folder = resolve_model(gguf_path, cache_dir=tmp_path / "cache", progress=False)
+    huge_pages.start_early(gguf_path)
+    load_model(folder, torch.float32)  # dequantized: the blocks are not read in place
+    assert huge_pages._early is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "early"),
+    [([], platform.machine() in ("x86_64", "AMD64")), (["--quantization", "gguf"], True),
+     (["--dtype", "float32"], False), (["--quantization", "int8"], False), (["--null-model"], False)],
+)  # fmt: skip
+def test_serve_starts_the_move_early_where_the_blocks_will_be_read(
+    flags, early, tiny_model_factory, tmp_path, monkeypatch
+) -> None:
+    from test_gguf import write_gguf
+    from test_gguf_model import TYPES
+
+    from radixserve.cli import main
+
+    gguf_path = write_gguf(tmp_path / "tiny.gguf", "qwen2", tiny_model_factory("qwen2"), TYPES)
+    seen = []
+    fake = types.ModuleType("radixserve.server.launch")
+    fake.run_server = lambda *a, **k: seen.append(huge_pages.take_early(gguf_path))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "radixserve.server.launch", fake)
+    assert main(["serve", "--model", str(gguf_path), "--cache-dir", str(tmp_path / "cache"), *flags]) == 0
+    assert (seen[0] is not None) == early

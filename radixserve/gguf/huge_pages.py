@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from radixserve.gguf.reader import PERMUTED_ARCHITECTURES
+from radixserve.gguf.tensor_table import TensorTable, read_tensor_table
+
 HUGE_PAGE = 2 << 20
 _RUN_PAGES = 8  # huge pages copied per mremap: the most RSS the move adds at once (16 MiB)
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
@@ -123,3 +126,51 @@ class HugePageMover:
                 self.moved += size
         except OSError as e:
             self.error = e
+
+
+def in_place_ranges(table: TensorTable) -> list[tuple[int, int]]:
+    """(address, bytes) of the blocks a decode step reads from the map in place (radixserve/model/gguf_model.py):
+    every quantized tensor but the token embedding, which is read a row per token (unless it is also the LM head),
+    and but attn_q and attn_k of architectures whose rows are reordered (into copies) at load."""
+    tied = "output.weight" not in table.tensors
+    skipped = ("attn_q.", "attn_k.") if table.architecture in PERMUTED_ARCHITECTURES else ()
+    return [
+        (t.data.ctypes.data, t.data.nbytes)
+        for name, t in table.tensors.items()
+        if t.type.name not in ("F32", "F16", "BF16")
+        and (tied or name != "token_embd.weight")
+        and not any(s in name for s in skipped)
+    ]
+
+
+def start_moving(table: TensorTable) -> HugePageMover | None:
+    """Start moving the table's in-place blocks onto huge pages; None where huge pages are not available."""
+    if not available():
+        return None
+    return HugePageMover(table.mapped, page_runs(table.mapped, in_place_ranges(table))).start()
+
+
+_early: tuple[Path, TensorTable, HugePageMover | None] | None = None
+
+
+def start_early(gguf: Path) -> None:
+    """Map the GGUF and start moving its blocks now, for the model load to take (`take_early`). A start that loads
+    the model some other way (re-quantized, float32) leaves it to `drop_early`."""
+    global _early
+    table = read_tensor_table(gguf)
+    _early = (gguf.resolve(), table, start_moving(table))
+
+
+def take_early(gguf: Path) -> tuple[TensorTable, HugePageMover | None] | None:
+    """The table and mover `start_early` made for this file, once; None if it made none."""
+    global _early
+    early, _early = _early, None
+    if early is None or early[0] != Path(gguf).resolve():
+        return None
+    return early[1], early[2]
+
+
+def drop_early() -> None:
+    """Forget what `start_early` made and nobody took (its map is freed once its mover is done with it)."""
+    global _early
+    _early = None

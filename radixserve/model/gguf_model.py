@@ -18,7 +18,6 @@ from torch import nn
 
 from radixserve.config import ModelConfig
 from radixserve.gguf import huge_pages
-from radixserve.gguf.huge_pages import HugePageMover
 from radixserve.gguf.reader import PERMUTED_ARCHITECTURES, hf_tensor_name, unpermute_rows
 from radixserve.gguf.tensor_table import TensorTable, read_tensor_table
 from radixserve.model.gguf_linear import BlockPart, GGUFEmbedding, GGUFLinear
@@ -114,20 +113,11 @@ def _prefetch_in_step_order(model: LlamaForCausalLM, head: GGUFLinear) -> None:
         lin.prefetch_in_order(ahead)
 
 
-def _move_to_huge_pages(table: TensorTable, model: LlamaForCausalLM, head: GGUFLinear) -> HugePageMover | None:
-    """Start moving the blocks every decode step reads (the layers' linears, the LM head) onto huge pages; the
-    embedding is left mapped from the file, where only the rows of tokens seen take memory."""
-    if not huge_pages.available():
-        return None
-    linears = [m for m in model.modules() if isinstance(m, GGUFLinear)] + [head]
-    ranges = {(p.blocks.data_ptr(), p.blocks.numel()) for lin in linears for p in lin.parts}
-    return HugePageMover(table.mapped, huge_pages.page_runs(table.mapped, ranges)).start()
-
-
 def load_gguf_model(gguf_path: str | Path, config: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
     """The model over the file's blocks, activations in `dtype` (float32 or bfloat16); ValueError for a tensor
     whose block type has no kernel."""
-    table = read_tensor_table(gguf_path)
+    early = huge_pages.take_early(Path(gguf_path))  # `radixserve serve` may have mapped it and started the move
+    table = early[0] if early else read_tensor_table(gguf_path)
     tensors = _Tensors(table, config)
     with torch.device("meta"):  # a skeleton: every weight is replaced below
         model = LlamaForCausalLM(config, dtype)
@@ -149,7 +139,9 @@ def load_gguf_model(gguf_path: str | Path, config: ModelConfig, dtype: torch.dty
         model.tied_head = lm_head  # type: ignore[assignment]
     _assign_floats(model, tensors, dtype)
     _prefetch_in_step_order(model, lm_head)
-    model.huge_pages = _move_to_huge_pages(table, model, lm_head)  # type: ignore[assignment]
+    # The blocks the step reads onto huge pages (radixserve/gguf/huge_pages.py); the embedding stays on the file's
+    # pages, where only the rows of tokens seen take memory.
+    model.huge_pages = early[1] if early else huge_pages.start_moving(table)  # type: ignore[assignment]
     c = config
     model.rotary = RotaryEmbedding(c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
     return model

@@ -13,6 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from radixserve.config import ModelConfig
+from radixserve.gguf import huge_pages
 from radixserve.gguf.convert import converted_source
 from radixserve.model.llama import LlamaForCausalLM, can_pack
 from radixserve.model.parallel import Shard, local_config, parallelize, plan_shard, shard_weights, tie_parallel_head
@@ -106,7 +107,10 @@ def load_model(
     defer_packing: bool = False,
 ) -> tuple[ModelConfig, LlamaForCausalLM]:
     """`load_unpacked`, then oneDNN's layouts where they pay (`pack_loaded`)."""
-    config, model = load_unpacked(path, dtype, device, quantization, tp)
+    try:
+        config, model = load_unpacked(path, dtype, device, quantization, tp)
+    finally:
+        huge_pages.drop_early()  # a map `radixserve serve` started early that this load did not take is freed
     return config, pack_loaded(model, dtype, device, quantization, defer_packing)
 
 
