@@ -8,7 +8,10 @@ flips every round) with the compare's own measure (`benchmarks.compare.micro`: 3
 median is the figure.
 
     LLAMA_SERVER=.peers/bin/llama-server .venv/bin/python -m benchmarks.decode_ab [--rounds 6] [--tokens 128]
-        [--radix-args "--speculative off"] [--batch 1]
+        [--radix-args "--speculative off"] [--batch 1] [--variant 4k:RADIXSERVE_HUGE_PAGES=0]
+
+`--variant LABEL:NAME=VALUE[,NAME=VALUE]` adds a third server, radixserve with those environment variables, measured
+in the same rounds (the order rotates), and reports its ratio to the plain one too.
 """
 
 from __future__ import annotations
@@ -36,12 +39,27 @@ def decode_rate(url: str, tok: object, batch: int, tokens: int, seed: int) -> fl
     return batch * (tokens - 1) / max(wall_n - wall_1, 1e-9)
 
 
+def start_with_env(models: eng.Models, logs: Path, env: dict[str, str]) -> eng.Server:
+    """radixserve started with `env` added to this process's environment."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return eng.start("radix", models, logs)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--radix-args", default="--speculative off")
+    ap.add_argument("--variant", help="LABEL:NAME=VALUE[,NAME=VALUE]: a second radixserve with these variables")
     a = ap.parse_args()
     from radixserve.tokenizer import Tokenizer
 
@@ -51,17 +69,25 @@ def main() -> None:
     print(cpu_flags(), f"load {os.getloadavg()[0]:.1f}; radix args {a.radix_args!r}; batch {a.batch}")
     with tempfile.TemporaryDirectory() as logs:
         servers = {e: eng.start(e, models, Path(logs)) for e in ("radix", "llama")}
+        if a.variant:
+            label, _, assigns = a.variant.partition(":")
+            env = dict(kv.split("=", 1) for kv in assigns.split(","))
+            servers[label] = start_with_env(models, Path(logs), env)
+        names = list(servers)
+        pairs = [("radix", "llama")] + [(n, x) for n in names[2:] for x in ("llama", "radix")]
         try:
-            ratios = []
-            print("| round | radix tok/s | llama tok/s | ratio | load |\n|---|---|---|---|---|")
+            ratios: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
+            heads = [f"{n} tok/s" for n in names] + [f"{x} / {y}" for x, y in pairs]
+            print("| round | " + " | ".join(heads) + " | load |\n|" + "---|" * (len(heads) + 2))
             for r in range(a.rounds):
-                order = ("radix", "llama") if r % 2 == 0 else ("llama", "radix")
+                order = names[r % len(names) :] + names[: r % len(names)]
                 rate = {e: decode_rate(servers[e].url, tok, a.batch, a.tokens, seed=1000 + 10 * r) for e in order}
-                ratios.append(rate["radix"] / rate["llama"])
-                print(
-                    f"| {r} | {rate['radix']:.1f} | {rate['llama']:.1f} | {ratios[-1]:.2f} | {os.getloadavg()[0]:.1f} |"
-                )
-            print(f"median ratio {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})")
+                for x, y in pairs:
+                    ratios[(x, y)].append(rate[x] / rate[y])
+                cells = [f"{rate[n]:.1f}" for n in names] + [f"{ratios[p][-1]:.2f}" for p in pairs]
+                print(f"| {r} | " + " | ".join(cells) + f" | {os.getloadavg()[0]:.1f} |", flush=True)
+            for (x, y), v in ratios.items():
+                print(f"{x} / {y}: median {statistics.median(v):.3f} (range {min(v):.2f}-{max(v):.2f})")
         finally:
             for s in servers.values():
                 s.stop()
