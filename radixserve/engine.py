@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
 import queue
 import threading
@@ -258,6 +259,24 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         if len(specs) != 1 or specs[0].params.n != 1:
             raise ParamError("stream", "stream=True takes a single prompt with n == 1")
         return self._stream(specs[0])
+
+    async def run_all(self, requests: list[GenerateRequest]) -> list[list[GenerateOutput]]:
+        """Several requests run as one batch, queued together (one call of `run` with all their prompts): one list
+        of outputs per request. Bad input in any raises before anything is queued."""
+        groups = [self._specs(r)[0] for r in requests]
+        outs = await self._collect([s for group in groups for s in group])
+        sizes = itertools.accumulate((sum(s.params.n for s in group) for group in groups), initial=0)
+        bounds = list(sizes)
+        return [outs[a:b] for a, b in itertools.pairwise(bounds)]
+
+    def stream_all(self, requests: list[GenerateRequest]) -> list[AsyncIterator[StreamChunk]]:
+        """Streams of several requests (each a single prompt with n == 1), queued now and together, so that they reach
+        the scheduler in one step as a batch of `run` does; bad input raises before any is queued. Read each stream
+        to its end, or `abort` its rid."""
+        specs = [self._specs(r)[0] for r in requests]
+        if any(len(s) != 1 or s[0].params.n != 1 for s in specs):
+            raise ParamError("stream", "stream=True takes a single prompt with n == 1")
+        return self._stream_all([s[0] for s in specs])
 
     def _specs(self, r: GenerateRequest) -> tuple[list[RequestSpec], bool]:
         return self.inputs.specs(

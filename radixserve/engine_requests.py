@@ -97,10 +97,25 @@ class RequestPath:
         return req
 
     async def _stream(self, spec: RequestSpec) -> AsyncIterator[StreamChunk]:
+        """One request's chunks; it is queued when the caller first asks for a chunk."""
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue[Any] = asyncio.Queue()
         self._reserve(1, "prompt")
         req = self._submit(spec, lambda c: _post(loop, chunks.put_nowait, c), stream=True)
+        async for chunk in self._chunks(req, chunks):
+            yield chunk
+
+    def _stream_all(self, specs: list[RequestSpec]) -> list[AsyncIterator[StreamChunk]]:
+        """Queue the requests now, together (`_submit_all`: all or none), and return their chunk streams. The caller
+        must read or abort each: a stream never read does not abort its request."""
+        loop = asyncio.get_running_loop()
+        queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in specs]
+        self._reserve(len(specs), "prompt")
+        emits = [lambda c, q=q: _post(loop, q.put_nowait, c) for q in queues]
+        reqs = self._submit_all(specs, emits, stream=True)
+        return [self._chunks(req, q) for req, q in zip(reqs, queues)]
+
+    async def _chunks(self, req: Req, chunks: asyncio.Queue[Any]) -> AsyncIterator[StreamChunk]:
         done = False
         try:
             while not done:

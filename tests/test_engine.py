@@ -259,3 +259,37 @@ def test_a_batch_reaches_the_scheduler_whole(tiny_model_dir: Path, make_engine, 
     prompts = [[10 + i, 20, 30, 40, 50] for i in range(4)]
     eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 2, "temperature": 0, "ignore_eos": True})
     assert steps[0] == [5, 5, 5, 5]
+
+
+def test_run_all_and_stream_all_answer_as_their_calls_do(tiny_model_dir: Path, make_engine) -> None:
+    from radixserve.errors import ParamError
+    from radixserve.io import GenerateRequest
+
+    eng = make_engine(tiny_model_dir, speculative="off")
+    g = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
+    batch, twice = [[5, 6, 7], [8, 9]], {**g, "n": 2}
+    want = [[o["output_ids"] for o in eng.generate(input_ids=batch, sampling_params=g, cache_salt="a")]]
+    want.append([o["output_ids"] for o in eng.generate(input_ids=[4, 4, 4], sampling_params=twice, cache_salt="a")])
+    calls = [
+        GenerateRequest(input_ids=batch, sampling_params=g),
+        GenerateRequest(input_ids=[4, 4, 4], sampling_params=twice),
+    ]
+    got = asyncio.run(eng.run_all(calls))
+    assert [[o.output_ids for o in outs] for outs in got] == want
+
+    async def streamed() -> list[list[int]]:
+        out = []
+        for s in eng.stream_all([GenerateRequest(input_ids=ids, sampling_params=g) for ids in batch]):
+            out.append([t async for chunk in s for t in chunk.output_ids])
+        return out
+
+    assert asyncio.run(streamed()) == want[0]
+    with pytest.raises(ParamError):  # a stream takes one prompt: refused before anything is queued
+        asyncio.run(
+            _stream_all_of(eng, [GenerateRequest(input_ids=[5], sampling_params=g), GenerateRequest(input_ids=batch)])
+        )
+    wait_idle(eng)
+
+
+async def _stream_all_of(eng, calls):
+    return eng.stream_all(calls)

@@ -4,6 +4,8 @@ a live uvicorn per module: tests/server_fixtures.py)."""
 from __future__ import annotations
 
 
+import time
+
 import openai
 import pytest
 
@@ -238,3 +240,47 @@ def test_multi_turn_streaming_hits_the_cache(client: openai.OpenAI, model: str) 
         model=model, messages=messages, max_tokens=3, temperature=0, extra_body={"cache_salt": "stream-turns"}
     )
     assert r.usage.prompt_tokens_details.cached_tokens >= page_floor(first.prompt_tokens + first.completion_tokens - 1)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("form", ["prompts", "n"])
+def test_a_request_of_several_prompts_or_samples_reaches_the_scheduler_whole(
+    client: openai.OpenAI, engine: Engine, model: str, monkeypatch, stream: bool, form: str
+) -> None:
+    """An HTTP request's prompts (or its n samples) are queued in one message, however slowly each is built, so they
+    get the steps an engine batch gets (Engine.run_all / stream_all; without deterministic mode a row's bits depend
+    on what shares its steps: radixserve/engine_requests.py)."""
+    build = engine.inputs.make_req
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)  # the loop thread would take the requests queued so far meanwhile
+        return build(*args, **kwargs)
+
+    steps: list[int] = []
+    forward = engine.runner.forward
+
+    def recorded(batch):
+        steps.append(len(batch.extend_lens))
+        return forward(batch)
+
+    monkeypatch.setattr(engine.inputs, "make_req", slow)
+    monkeypatch.setattr(engine.runner, "forward", recorded)
+    prompts = ["The quick brown fox", "def fibonacci(n):", "Once upon a time"]
+    kw = dict(prompt=prompts) if form == "prompts" else dict(prompt=prompts[0], n=3, seed=5)
+    params = {"max_new_tokens": 4, "temperature": 0.7, "seed": 5, "n": 1 if form == "prompts" else 3}
+    engine.generate(kw["prompt"], params, cache_salt=f"whole-ref-{stream}-{form}")  # nothing cached: all prefilled
+    want, steps[:] = list(steps), []
+    out = client.completions.create(
+        model=model,
+        max_tokens=4,
+        temperature=0.7,
+        stream=stream,
+        extra_body={"cache_salt": f"whole-{stream}-{form}"},
+        **kw,
+    )
+    if stream:
+        assert len({c.choices[0].index for c in out if c.choices}) == 3
+    else:
+        assert len(out.choices) == 3
+    assert steps == want
+    assert want[0] == 3 if form == "prompts" else want[0] == 1  # n: the prompt is prefilled alone first

@@ -214,18 +214,17 @@ def abort_all(engine: Engine, rids: list[str | list[str] | None]) -> None:
 
 
 async def generate(request: Request, state: ServerState, calls: list[GenerateRequest]) -> list[list[GenerateOutput]]:
-    """Run engine calls (each with its rid set) concurrently; one list of outputs per call."""
+    """Run engine calls (each with its rid set) as one batch: tokenized concurrently, then queued together
+    (Engine.run_all), so they reach the scheduler in one step; one list of outputs per call."""
     eng = state.engine
+    rids = [c.rid for c in calls]
 
-    async def one(call: GenerateRequest) -> list[GenerateOutput]:
-        outs = await eng.run(await tokenized(eng, call))
-        charge(sum(o.meta_info.prompt_tokens + o.meta_info.completion_tokens for o in outs))
+    async def run() -> list[list[GenerateOutput]]:
+        outs = await eng.run_all(list(await asyncio.gather(*(tokenized(eng, c) for c in calls))))
+        charge(sum(o.meta_info.prompt_tokens + o.meta_info.completion_tokens for group in outs for o in group))
         return outs
 
-    rids = [c.rid for c in calls]
-    return await unless_disconnected(
-        request, asyncio.gather(*(one(kw) for kw in calls)), on_gone=lambda: abort_all(eng, rids)
-    )
+    return await unless_disconnected(request, run(), on_gone=lambda: abort_all(eng, rids))
 
 
 @dataclass
@@ -270,32 +269,31 @@ def _names_grammar(params: Any) -> bool:
     )
 
 
-async def _open(eng: Engine, call: GenerateRequest) -> Stream:
-    assert isinstance(call.rid, str)
-    it = eng.stream(await tokenized(eng, call))
-    try:
-        first = await it.__anext__()
-    except BaseException:
-        eng.abort(call.rid)
-        await it.aclose()  # type: ignore[attr-defined]
-        raise
-    return Stream(call.rid, first, it, finished=first.finished)
-
-
 async def open_streams(request: Request, state: ServerState, calls: list[GenerateRequest]) -> list[Stream]:
-    """Start one engine stream per call and wait for every first chunk, so bad input fails before any byte is sent."""
+    """Start one engine stream per call, queued together (Engine.stream_all: they reach the scheduler in one step,
+    as a batch does), and wait for every first chunk, so bad input fails before any byte is sent."""
     eng = state.engine
-    tasks = [asyncio.ensure_future(_open(eng, c)) for c in calls]
     rids = [c.rid for c in calls]
-    try:
-        return await unless_disconnected(request, asyncio.gather(*tasks), on_gone=lambda: abort_all(eng, rids))
-    except BaseException:
-        for t in tasks:  # a sibling failed: close the ones that opened
-            if t.done() and not t.cancelled() and t.exception() is None:
-                await close_streams(eng, [t.result()])
-            else:
-                t.cancel()
-        raise
+
+    async def start() -> list[Stream]:
+        its = eng.stream_all(list(await asyncio.gather(*(tokenized(eng, c) for c in calls))))
+        firsts = [asyncio.ensure_future(it.__anext__()) for it in its]
+        try:
+            await asyncio.gather(*firsts)
+        except BaseException:  # one failed, or this is cancelled: end them all
+            abort_all(eng, rids)
+            for f in firsts:
+                f.cancel()
+            await asyncio.gather(*firsts, return_exceptions=True)
+            for it in its:
+                await it.aclose()  # type: ignore[attr-defined]
+            raise
+        return [
+            Stream(c.rid, f.result(), it, finished=f.result().finished)
+            for c, f, it in zip(calls, firsts, its, strict=True)
+        ]
+
+    return await unless_disconnected(request, start(), on_gone=lambda: abort_all(eng, rids))
 
 
 async def close_streams(eng: Engine, streams: list[Stream]) -> None:
