@@ -265,8 +265,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         of outputs per request. Bad input in any raises before anything is queued."""
         groups = [self._specs(r)[0] for r in requests]
         outs = await self._collect([s for group in groups for s in group])
-        sizes = itertools.accumulate((sum(s.params.n for s in group) for group in groups), initial=0)
-        bounds = list(sizes)
+        bounds = itertools.accumulate((sum(s.params.n for s in group) for group in groups), initial=0)
         return [outs[a:b] for a, b in itertools.pairwise(bounds)]
 
     def stream_all(self, requests: list[GenerateRequest]) -> list[AsyncIterator[StreamChunk]]:

@@ -1,16 +1,17 @@
 """Move a GGUF's mapped blocks onto transparent huge pages, in place, on a background thread (issue 38).
 
 Why: a decode step reads ~390 MB of blocks. Mapped from the file they lie on 4 KiB pages (kernels built without
-CONFIG_READ_ONLY_THP_FOR_FS map files no other way, whatever madvise asks), so each step crosses ~100k pages, each a
-TLB miss and a stop for the hardware prefetchers. On anonymous huge pages the same bytes decode ~10% faster
-(RESULTS.md, issue 38 session 23).
+CONFIG_READ_ONLY_THP_FOR_FS map files no other way, whatever madvise asks), so each step crosses ~100k pages, far
+more than a TLB holds (the likely cost; this VM has no counters to show it). On anonymous huge pages (~200 of them)
+the same bytes decoded 6-11% faster in process and ~7% served (RESULTS.md, issue 38 session 23).
 
 How: each run of whole 2 MiB pages under the blocks is copied into fresh anonymous memory advised MADV_HUGEPAGE,
 made read-only, and moved over the old pages with mremap. The addresses stay, and so does every tensor over them;
 the bytes stay too, so readers need no pause: a kernel reading a page while it moves faults, waits for the move
 under the kernel's mmap lock and reads the new page. When the file's map is unmapped (its numpy array freed), the
-moved pages go with it. The copy runs on a thread so that start-up does not wait for it (~0.5 s for the default
-model, mostly the kernel zeroing the new pages); RSS grows by one run at most while it goes.
+moved pages go with it. The copy runs on a thread so that start-up does not wait for it (~1 s for the default
+model in the VM measured, nearly all of it the first touches of the new pages); RSS grows by one run at most
+meanwhile.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class HugePageMover:
 
     def _run(self) -> None:
         # Lowest priority: a request served meanwhile gets the cores (the first answer after start-up took 0.63 s
-        # against 0.39 without the move at normal priority, benchmarks.startup).
+        # against 0.37 without the move when it ran at normal priority, benchmarks.startup).
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         libc = _libc()
         try:
