@@ -13,7 +13,7 @@
 //
 // Why: the pure-torch path gathers every request's pages into a contiguous copy (index_select) and then calls SDPA,
 // once per layer; on a CPU decode step that copy plus the per-op overheads cost more than the arithmetic. Here
-// each (request, kv head) is one work item for at::parallel_for: the query heads sharing the kv head (GQA) are
+// each (request, kv head) is one work item for the spin pool (below): the query heads sharing the kv head (GQA) are
 // processed in blocks of up to 4, so every key/value row is loaded and widened to float32 once per block. Two
 // passes, all in float32: the block's scores (q is pre-scaled), stored 4 heads side by side so one shuffle tree
 // reduces 4 dot products (a horizontal sum per dot product took ~40% longer at 1,000 keys), then max, exp and
@@ -23,7 +23,6 @@
 // with FMA for the same head_dims (decode_attention_avx2.h); plain C++ otherwise (any head_dim, or an older CPU).
 #include "ops.h"
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -34,6 +33,7 @@
 #include <vector>
 
 #include "kv_rotate.h"
+#include "spin_pool.h"
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -290,12 +290,13 @@ void attend(const float* q, int64_t g, int64_t D, const Rows<T>& k, const Rows<T
   attend_plain(q, g, D, k, v, s, out);
 }
 
-// Below this many multiply-adds (all requests, both passes) a step runs on the calling thread. With radixserve's
-// OMP_WAIT_POLICY=PASSIVE the pool's threads sleep between ops, and waking one cost ~50 us on this 2-vCPU VM;
-// measured with the KV pages cold (as in a decode step, where the weights stream through the caches between
-// layers), one thread took ~105 us at 1,000 keys of 14 x 64 heads, two ~115 us; at 3,000 keys 370 vs 255 us.
-// 2^21 is ~1,200 keys of 14 x 64 heads. (Software prefetch of the scattered pages ahead measured no gain.)
-constexpr int64_t kSerialWork = 1 << 21;
+// Below this many multiply-adds (all requests, both passes) a step runs on the calling thread, above it the work
+// items go to the decode kernels' spin pool (spin_pool.h), whose workers still spin from the layer's q/k/v linear
+// just before, where OpenMP's sleeping threads (OMP_WAIT_POLICY=PASSIVE) took ~50 us to wake. Measured
+// (benchmarks.decode_parts, the default model, alternated; RESULTS.md, issue 38 session 23): at 500 keys attention
+// 1.54-1.75 -> 0.83-0.88 ms a step, at 2,000 keys 3.9-5.8 -> 2.6-2.9 ms (against OpenMP above 2^21); at 30 keys the
+// same. 2^18 is ~150 keys of 14 x 64 heads. (Software prefetch of the scattered pages ahead measured no gain.)
+constexpr int64_t kPoolWork = 1 << 18;
 
 template <typename Q, typename T>
 void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const at::Tensor& table,
@@ -316,7 +317,7 @@ void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const 
     max_len = std::max<int64_t>(max_len, lp[r]);
   }
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, R * KV, work < kSerialWork ? R * KV : 1, [&](int64_t i0, int64_t i1) {
+  const std::function<void(int64_t, int64_t)> items = [&](int64_t i0, int64_t i1) {
     std::vector<float> qf(G * D), of(G * D), s(std::max<int64_t>(G, 4) * std::max<int64_t>(max_len, 1));
     for (int64_t i = i0; i < i1; i++) {
       const int64_t r = i / KV, kvh = i % KV, h0 = kvh * G, L = lp[r];
@@ -339,7 +340,11 @@ void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const 
       for (int64_t h = 0; h < G; h++)
         for (int64_t d = 0; d < D; d++) op[(r * H + h0 + h) * D + d] = static_cast<Q>(of[h * D + d]);
     }
-  });
+  };
+  if (work < kPoolWork)
+    items(0, R * KV);
+  else
+    radixserve::SpinPool::get().run(R * KV, items);
 }
 
 }  // namespace
