@@ -255,10 +255,7 @@ class Engine(CacheSurface, EngineStats, RequestPath):
 
     def stream(self, request: GenerateRequest) -> AsyncIterator[StreamChunk]:
         """A single prompt with n == 1, chunk by chunk (bad input raises here, at the call)."""
-        specs, _ = self._specs(request)
-        if len(specs) != 1 or specs[0].params.n != 1:
-            raise ParamError("stream", "stream=True takes a single prompt with n == 1")
-        return self._stream(specs[0])
+        return self._stream(self._single_spec(request))
 
     async def run_all(self, requests: list[GenerateRequest]) -> list[list[GenerateOutput]]:
         """Several requests run as one batch, queued together (one call of `run` with all their prompts): one list
@@ -272,10 +269,13 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         """Streams of several requests (each a single prompt with n == 1), queued now and together, so that they reach
         the scheduler in one step as a batch of `run` does; bad input raises before any is queued. Read each stream
         to its end, or `abort` its rid."""
-        specs = [self._specs(r)[0] for r in requests]
-        if any(len(s) != 1 or s[0].params.n != 1 for s in specs):
+        return self._stream_all([self._single_spec(r) for r in requests])
+
+    def _single_spec(self, r: GenerateRequest) -> RequestSpec:
+        specs, _ = self._specs(r)
+        if len(specs) != 1 or specs[0].params.n != 1:
             raise ParamError("stream", "stream=True takes a single prompt with n == 1")
-        return self._stream_all([s[0] for s in specs])
+        return specs[0]
 
     def _specs(self, r: GenerateRequest) -> tuple[list[RequestSpec], bool]:
         return self.inputs.specs(

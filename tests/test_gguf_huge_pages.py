@@ -1,5 +1,6 @@
 """Moving a GGUF's mapped blocks onto huge pages (radixserve/gguf/huge_pages.py): the runs it picks, the bytes and
-addresses it keeps while readers read them, and the default model's tokens with and without it."""
+addresses it keeps while readers read them, the default model's tokens with and without it, the ranges moved against
+the blocks the model reads in place, and when `radixserve serve` starts the move early."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch
 
 from engine_checks import engine_left_at_rest
