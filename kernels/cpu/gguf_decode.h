@@ -104,7 +104,6 @@ struct Block32Reader {
       return _mm512_mask_add_epi8(u, _cvtu64_mask64(qh0 | static_cast<uint64_t>(qh1) << 32), u, _mm512_set1_epi8(16));
     }
   }
-
 };
 
 template <>
