@@ -9,13 +9,19 @@
 // vpmaddubsw, so its signed codes go through ggml's sign trick: |q| times x with q's sign, exact (2 * 128 * 127).
 // Either way a lane holds the exact sum of x * (u - zero) over its 4 columns, so the method does not change a bit.
 //
-// The floats, the same in both paths: per chunk acc += float(lane) * (a * x_scale) with a per 16 columns (lanes 0-3
-// and 4-7), chunks in column order, then `hsum8`; Q4_K subtracts its offsets b * corr summed as `offsets8` sums
-// them. So a row's result does not depend on whether it ran in a tile or in a decode step, nor on the row count.
+// The floats, the same in both paths. Q4_0, Q5_0 and Q8_0 (one scale a per 32 columns): eight weight rows at a time,
+// each chunk's lanes added into one integer per row (exact), then acc += float(sum) * (a * x_scale) once for all eight
+// rows, lane j holding row j (`rows_step`). Q4_K and Q6_K (a per 16 columns, or float offsets): per chunk
+// acc += float(lane) * (a * x_scale) with a per 16 columns (lanes 0-3 and 4-7), then `hsum8`; Q4_K subtracts its
+// offsets b * corr summed as `offsets8` sums them. Chunks run in column order. So a row's result does not depend on
+// whether it ran in a tile or in a decode step, nor on the row count.
 #pragma once
 
 #include "gguf_activations.h"
 #include "gguf_blocks.h"
+
+#include <algorithm>
+#include <cstring>
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(RADIXSERVE_GGUF_VNNI)
 
@@ -68,6 +74,107 @@ inline __m256 step2(__m256 acc, __m256i u, __m256 a, const XChunk& xc) {
 
 // a per 16 columns (a0: columns 0-15, a1: 16-31) to the lanes of a 32-column chunk.
 inline __m256 spread2(float a0, float a1) { return _mm256_set_m128(_mm_set1_ps(a1), _mm_set1_ps(a0)); }
+
+// Q4_0, Q5_0, Q8_0: a is one scale for a whole 32-column chunk, so the eight int32 lanes of a chunk's dot product
+// can be added into one integer per weight row before any float work. Eight weight rows then share one conversion,
+// one scale product and one fma per chunk (lane j: row j), where the lanes take those three per row plus the zero
+// point's add and a final horizontal sum (measured on a Zen 3 AVX2 CPU: RESULTS.md, issue 38 session 25).
+template <int64_t Type>
+constexpr bool whole_chunks() { return Type == kQ4_0 || Type == kQ5_0 || Type == kQ8_0; }
+
+constexpr int kRowGroup = 8;  // weight rows a `rows_step` serves: one register of float32 lanes
+
+// Lane l: the exact sum of x * u over columns 4l .. 4l + 3 of one weight row's chunk, zero point left in (Q8_0: the
+// sign trick on q = u - 128, so none).
+template <int64_t Type>
+inline __m256i lanes32(__m256i u, __m256i xq) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (Type == kQ8_0) {
+    const __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xq, q)), ones);
+  } else {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);
+  }
+}
+
+// The lanes of two weight rows' chunks (l0, l1) added pairwise: lanes 0-3 of each 128-bit half hold l0's lanes 0+2,
+// l1's 0+2, l0's 1+3, l1's 1+3 of that half. The first step of `row_sums8`, taken as soon as two rows are done so
+// that few registers stay live.
+inline __m256i pair_sums(__m256i l0, __m256i l1) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi32(l0, l1), _mm256_unpackhi_epi32(l0, l1));
+}
+
+// Lane j: the sum of the eight lanes of row j's chunk, from the four pair_sums of rows (0, 1) .. (6, 7) (integers:
+// exact in any order). Unpacks and adds, not vphaddd: on Zen 3 a vphaddd measured ~4x an unpack's throughput cost
+// (RESULTS.md, issue 38 session 25).
+inline __m256i row_sums8(const __m256i* p) {
+  __m256i q[2];
+  for (int k = 0; k < 2; k++)  // rows 4k .. 4k + 3, one per lane of each half: [low half's sums | high half's]
+    q[k] = _mm256_add_epi32(_mm256_unpacklo_epi64(p[2 * k], p[2 * k + 1]), _mm256_unpackhi_epi64(p[2 * k], p[2 * k + 1]));
+  // [rows 0-3 low | rows 4-7 high] + [rows 0-3 high | rows 4-7 low]
+  return _mm256_add_epi32(_mm256_blend_epi32(q[0], q[1], 0xF0), _mm256_permute2x128_si256(q[0], q[1], 0x21));
+}
+
+// acc + float(sums - zero * (the chunk's sum of activation codes)) * (a * x_scale) for activation row m, chunk c:
+// the float step of eight weight rows (a: their scales, lane j row j).
+template <int64_t Type>
+inline __m256 rows_step(__m256 acc, __m256i sums, __m256 a, const QuantX& x, int64_t m, int64_t c) {
+  constexpr int shift = avx2_zero_shift(Type);
+  if constexpr (shift >= 0) {
+    const int32_t* nsum = &x.nsum16[m * x.S + 2 * c];  // minus the sums of the chunk's two halves
+    sums = _mm256_add_epi32(sums, _mm256_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(nsum[0] + nsum[1]) << shift)));
+  }
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(a, _mm256_set1_ps(x.scale16[m * x.S + 2 * c])), acc);
+}
+
+// acc[r] for RB activation rows from m0 against eight weight rows' chunk c: codes(j) gives row j's codes, a their
+// scales. Two rows at a time, reduced to pair_sums at once (eight rows' codes and lanes together spilled registers).
+template <int64_t Type, int RB, typename Codes>
+inline void rows_chunk(__m256 (&acc)[RB], const Codes& codes, __m256 a, const QuantX& x, int64_t m0, int64_t c) {
+  __m256i p[RB][4];
+  for (int k = 0; k < 4; k++) {
+    const __m256i u0 = codes(2 * k), u1 = codes(2 * k + 1);
+    for (int r = 0; r < RB; r++) {
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[(m0 + r) * x.K64 + c * kChunk32]));
+      p[r][k] = pair_sums(lanes32<Type>(u0, xq), lanes32<Type>(u1, xq));
+    }
+  }
+  for (int r = 0; r < RB; r++) acc[r] = rows_step<Type>(acc[r], row_sums8(p[r]), a, x, m0 + r, c);
+}
+
+// y[r * ldy + j] = lane j of acc[r] for the first nr rows.
+template <int RB>
+inline void store_rows(const __m256 (&acc)[RB], int nr, float* y, int64_t ldy) {
+  for (int r = 0; r < RB; r++) {
+    if (nr == kRowGroup) {
+      _mm256_storeu_ps(y + r * ldy, acc[r]);
+    } else {
+      float lanes[kRowGroup];
+      _mm256_storeu_ps(lanes, acc[r]);
+      std::memcpy(y + r * ldy, lanes, nr * sizeof(float));
+    }
+  }
+}
+
+// The eight blocks' fp16 d at rows[j] + offset, as floats (lane j): inserted one by one into a register (loads
+// with the insert), then one conversion. (Packed by shifts in 64-bit integers instead, the compiler vectorized the
+// shifts: twice the vector operations.)
+inline __m256 d8(const uint8_t* const* rows, int64_t offset) {
+  const auto d = [&](int j) {
+    uint16_t v;
+    std::memcpy(&v, rows[j] + offset, 2);
+    return static_cast<int>(v);
+  };
+  __m128i v = _mm_cvtsi32_si128(d(0));
+  v = _mm_insert_epi16(v, d(1), 1);
+  v = _mm_insert_epi16(v, d(2), 2);
+  v = _mm_insert_epi16(v, d(3), 3);
+  v = _mm_insert_epi16(v, d(4), 4);
+  v = _mm_insert_epi16(v, d(5), 5);
+  v = _mm_insert_epi16(v, d(6), 6);
+  v = _mm_insert_epi16(v, d(7), 7);
+  return _mm256_cvtph_ps(v);
+}
 
 // Readers for decode: `begin(s)` prepares super-block s of the row (kWeights columns), `chunk(c, a)` gives its
 // 32-column chunk c as the codes unpack_row would store and the a of its two 16-column halves.
@@ -179,6 +286,25 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, 
       y[r * ldy + j] = hsum8(acc[r][j]);
       if constexpr (Type == kQ4_K) y[r * ldy + j] -= hsum8(off[r][j]);
     }
+}
+
+// y[r * ldy + j] (j < nr <= 8) for RB activation rows from m0 against nr weight rows (row_bytes apart) of a
+// whole-chunk format, straight from the blocks; rows past nr repeat the last one (their lanes are not stored).
+template <int64_t Type, int RB>
+inline void decode_rows8(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+  constexpr int64_t kBytes = format_bytes(Type), span = kRowGroup * kBytes;
+  const uint8_t* rows[kRowGroup];
+  for (int j = 0; j < kRowGroup; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
+  const uint8_t* ahead = row + kPrefetchAhead;
+  __m256 acc[RB];
+  for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
+    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
+    ahead += span;
+    const auto codes = [&](int j) { return codes32<Type>(rows[j] + c * kBytes); };
+    rows_chunk<Type, RB>(acc, codes, d8(rows, c * kBytes), x, m0, c);
+  }
+  store_rows<RB>(acc, nr, y, ldy);
 }
 
 }  // namespace radixserve::gguf
