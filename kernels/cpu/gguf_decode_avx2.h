@@ -13,8 +13,9 @@
 // each chunk's lanes added into one integer per row (exact), then acc += float(sum) * (a * x_scale) once for all eight
 // rows, lane j holding row j (`rows_step`). Q4_K and Q6_K (a per 16 columns, or float offsets): per chunk
 // acc += float(lane) * (a * x_scale) with a per 16 columns (lanes 0-3 and 4-7), then `hsum8`; Q4_K subtracts its
-// offsets b * corr summed as `offsets8` sums them. Chunks run in column order. So a row's result does not depend on
-// whether it ran in a tile or in a decode step, nor on the row count.
+// offsets b * corr, summed 8 at a time in column order (decode_rows' `off`, tile_rows' likewise). Chunks run in
+// column order. So a row's result does not depend on whether it ran in a tile or in a decode step, nor on the row
+// count.
 #pragma once
 
 #include "gguf_activations.h"
@@ -56,19 +57,24 @@ inline XChunk x_chunk(const QuantX& x, int64_t m, int64_t c) {
   return xc;
 }
 
-// acc + float(sum of x * (u - zero) per lane) * (a * scale). `u`: the codes as unpacked (Q8_0: q + 128).
+// Lane l: the exact sum of x * u over columns 4l .. 4l + 3 of one weight row's chunk, zero point left in (Q8_0: the
+// sign trick on q = u - 128, so none; |q| is 128 for -128, unsigned, and the activations' codes are within +-127).
+template <int64_t Type>
+inline __m256i lanes32(__m256i u, __m256i xq) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (Type == kQ8_0) {
+    const __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xq, q)), ones);
+  } else {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);
+  }
+}
+
+// acc + float(sum of x * (u - zero) per lane) * (a * scale): the lanes' float step (Q4_K, Q6_K).
 template <int64_t Type>
 inline __m256 step2(__m256 acc, __m256i u, __m256 a, const XChunk& xc) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256i lanes;
-  if constexpr (Type == kQ8_0) {
-    // |q| (128 for -128: unsigned) times x with q's sign; the activations' codes are within +-127.
-    const __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
-    lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xc.q, q)), ones);
-  } else {
-    lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xc.q), ones);
-    if constexpr (avx2_zero_shift(Type) >= 0) lanes = _mm256_add_epi32(lanes, xc.init);
-  }
+  __m256i lanes = lanes32<Type>(u, xc.q);
+  if constexpr (avx2_zero_shift(Type) >= 0) lanes = _mm256_add_epi32(lanes, xc.init);
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_mul_ps(a, xc.scale), acc);
 }
 
@@ -83,19 +89,6 @@ template <int64_t Type>
 constexpr bool whole_chunks() { return Type == kQ4_0 || Type == kQ5_0 || Type == kQ8_0; }
 
 constexpr int kRowGroup = 8;  // weight rows a `rows_step` serves: one register of float32 lanes
-
-// Lane l: the exact sum of x * u over columns 4l .. 4l + 3 of one weight row's chunk, zero point left in (Q8_0: the
-// sign trick on q = u - 128, so none).
-template <int64_t Type>
-inline __m256i lanes32(__m256i u, __m256i xq) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (Type == kQ8_0) {
-    const __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xq, q)), ones);
-  } else {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);
-  }
-}
 
 // The lanes of two weight rows' chunks (l0, l1) added pairwise: lanes 0-3 of each 128-bit half hold l0's lanes 0+2,
 // l1's 0+2, l0's 1+3, l1's 1+3 of that half. The first step of `row_sums8`, taken as soon as two rows are done so
@@ -179,17 +172,7 @@ inline __m256 d8(const uint8_t* const* rows, int64_t offset) {
 // Readers for decode: `begin(s)` prepares super-block s of the row (kWeights columns), `chunk(c, a)` gives its
 // 32-column chunk c as the codes unpack_row would store and the a of its two 16-column halves.
 template <int64_t Type>
-struct Reader {  // Q4_0, Q5_0, Q8_0: a super-block is one block of 32
-  static constexpr int64_t kWeights = 32, kChunks = 1, kBytes = format_bytes(Type);
-  const uint8_t* row;
-  const uint8_t* blk = nullptr;
-
-  void begin(int64_t s) { blk = row + s * kBytes; }
-  __m256i chunk(int, __m256& a) const {
-    a = _mm256_set1_ps(fp16(blk));  // (converting two blocks' d at once measured no faster)
-    return codes32<Type>(blk);
-  }
-};
+struct Reader;  // the formats that keep the lanes: Q4_K, Q6_K
 
 template <>
 struct Reader<kQ4_K> {  // chunk c: sub-block c, the low (even c) or high nibbles of qs[32 (c / 2) ..]

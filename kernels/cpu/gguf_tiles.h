@@ -228,11 +228,11 @@ void dot_tile(const RowView* w, int64_t rows, const QuantX& x, int64_t M, float*
       for (; m + kRowBlock <= M; m += kRowBlock) tile_rows8<Type, kRowBlock>(w + r, nr, x, m, y + m * ldy + r, ldy);
       for (; m < M; m++) tile_rows8<Type, 1>(w + r, nr, x, m, y + m * ldy + r, ldy);
     }
-    return;
+  } else {
+    int64_t r = 0;
+    for (; r + kWeightBlock <= rows; r += kWeightBlock) weight_rows<Type, kWeightBlock>(w + r, x, M, y + r, ldy);
+    for (; r < rows; r++) weight_rows<Type, 1>(w + r, x, M, y + r, ldy);
   }
-  int64_t r = 0;
-  for (; r + kWeightBlock <= rows; r += kWeightBlock) weight_rows<Type, kWeightBlock>(w + r, x, M, y + r, ldy);
-  for (; r < rows; r++) weight_rows<Type, 1>(w + r, x, M, y + r, ldy);
 }
 
 inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
@@ -298,12 +298,12 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
       const int nr = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r));
       decode_rows8<Type, RB>(row + r * row_bytes, row_bytes, nr, x, m0, y + r, ldy);
     }
-    return;
+  } else {
+    constexpr int NR = side_by_side<Type, RB>();
+    int64_t r = 0;
+    for (; r + NR <= rows; r += NR) decode_rows<Type, NR, RB>(row + r * row_bytes, row_bytes, x, m0, y + r, ldy);
+    for (; r < rows; r++) decode_rows<Type, 1, RB>(row + r * row_bytes, row_bytes, x, m0, y + r, ldy);
   }
-  constexpr int NR = side_by_side<Type, RB>();
-  int64_t r = 0;
-  for (; r + NR <= rows; r += NR) decode_rows<Type, NR, RB>(row + r * row_bytes, row_bytes, x, m0, y + r, ldy);
-  for (; r < rows; r++) decode_rows<Type, 1, RB>(row + r * row_bytes, row_bytes, x, m0, y + r, ldy);
 #endif
 }
 
