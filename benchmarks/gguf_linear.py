@@ -5,7 +5,7 @@ The int8 side runs its batch-invariant path at every row count, as deterministic
 BF16) does; `--dense-int8` gives it the dense matmul from 48 rows on instead, as without that mode.
 
     .venv/bin/python -m benchmarks.gguf_linear [--threads 1] [--rows 1 96] [--repeats 9] [--projections o down]
-        [--layers 24] [--no-int8] [--dense-int8] [--best] [--huge-pages]
+        [--layers 24] [--first-layer 0] [--no-int8] [--dense-int8] [--best] [--huge-pages]
 
 The kernels' compute alone, steady on a noisy host (the same figure within ~1% between runs where medians swung
 30%): `--layers 1 --repeats 2000 --best`, one layer from the caches, the fastest pass.
@@ -38,7 +38,7 @@ PROJECTIONS = {
 }
 
 
-def layers_of(table, projection: str, layers: int) -> list[GGUFLinear]:
+def layers_of(table, projection: str, layers: int, first: int = 0) -> list[GGUFLinear]:
     def part(name: str) -> BlockPart:
         t = table.tensors[name]
         return BlockPart(torch.from_numpy(t.data.reshape(t.shape[0], -1)), t.type)
@@ -46,7 +46,7 @@ def layers_of(table, projection: str, layers: int) -> list[GGUFLinear]:
     if projection == "lm_head":
         names = [["output.weight"]]
     else:
-        names = [[f"blk.{i}.{n}.weight" for n in PROJECTIONS[projection]] for i in range(layers)]
+        names = [[f"blk.{i}.{n}.weight" for n in PROJECTIONS[projection]] for i in range(first, first + layers)]
     out = []
     for group in names:
         parts = [part(n) for n in group]
@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--projections", nargs="+", default=list(PROJECTIONS))
     ap.add_argument("--layers", type=int, default=24, help="fewer: the weights stay in the caches (compute-bound)")
+    ap.add_argument("--first-layer", type=int, default=0, help="the first layer timed (layer 1: down's Q4_K)")
     ap.add_argument("--no-int8", action="store_true", help="time the GGUF kernels alone")
     ap.add_argument(
         "--dense-int8", action="store_true", help="int8 from 48 rows on by the dense matmul (not in deterministic mode)"
@@ -91,7 +92,7 @@ def main() -> None:
     print("| projection | blocks | rows | gguf ms | GB/s | int8 ms | GB/s | gguf / int8 time |")
     print("|---|---|---|---|---|---|---|---|")
     for name in a.projections:
-        gg = layers_of(table, name, a.layers)
+        gg = layers_of(table, name, a.layers, a.first_layer)
         if a.huge_pages:
             ranges = [(p.blocks.data_ptr(), p.blocks.numel()) for lin in gg for p in lin.parts]
             HugePageMover(table.mapped, page_runs(table.mapped, ranges)).start().join()

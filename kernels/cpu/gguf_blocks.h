@@ -136,15 +136,26 @@ inline void unpack_block32(const uint8_t* blk, uint8_t* u, float* a, float* b) {
 
 // Q4_K: fp16 d, fp16 dmin, 12 bytes of eight 6-bit (scale, min) pairs, 128 bytes of codes: 32-byte chunk j holds
 // sub-block 2j in its low nibbles and 2j + 1 in its high ones. w = d sc q - dmin m per sub-block of 32.
+// Q4_K's eight 6-bit (scale, min) pairs of a super-block as bytes sc[0..7], m[0..7]: ggml's get_scale_min_k4 (the
+// top two bits of 4..7 live in bytes 0..7), four words at once (the decode readers load the 16 bytes as a vector).
+inline void q4_k_scales(const uint8_t* blk, uint8_t (&out)[16]) {
+  uint32_t w[4];
+  std::memcpy(w, blk + 4, 12);
+  constexpr uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+  w[3] = ((w[2] >> 4) & low4) | (((w[1] >> 6) & top2) << 4);
+  const uint32_t m03 = w[1] & low6;
+  w[1] = (w[2] & low4) | (((w[0] >> 6) & top2) << 4);
+  w[2] = m03;
+  w[0] &= low6;
+  std::memcpy(out, w, 16);
+}
+
 inline void unpack_q4_k(const uint8_t* blk, uint8_t* u, float* a, float* b) {
   const float d = fp16(blk), dmin = fp16(blk + 2);
-  const uint8_t* s = blk + 4;
   const uint8_t* qs = blk + 16;
-  for (int j = 0; j < 8; j++) {  // ggml's get_scale_min_k4: the top two bits of 4..7 live in bytes 0..7
-    const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    sub_pair(d * sc, dmin * m, a + 2 * j, b + 2 * j);
-  }
+  uint8_t sm[16];
+  q4_k_scales(blk, sm);
+  for (int j = 0; j < 8; j++) sub_pair(d * sm[j], dmin * sm[8 + j], a + 2 * j, b + 2 * j);
   for (int c = 0; c < 4; c++) {
 #if defined(__AVX2__)
     const __m256i v = load32(qs + 32 * c);

@@ -123,16 +123,9 @@ struct Reader<kQ4_K> {
 
   void begin(int64_t s) {
     blk = row + s * kBytes;
-    // The eight 6-bit (scale, min) pairs to bytes sc[0..7], m[0..7] (ggml's get_scale_min_k4, four words at once).
-    uint32_t w[4];
-    std::memcpy(w, blk + 4, 12);
-    constexpr uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
-    w[3] = ((w[2] >> 4) & low4) | (((w[1] >> 6) & top2) << 4);
-    const uint32_t m03 = w[1] & low6;
-    w[1] = (w[2] & low4) | (((w[0] >> 6) & top2) << 4);
-    w[2] = m03;
-    w[0] &= low6;
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));  // sc 0-3, sc 4-7, m 0-3, m 4-7
+    uint8_t sm[16];
+    q4_k_scales(blk, sm);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sm));  // sc 0-3, sc 4-7, m 0-3, m 4-7
     const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
     const __m512 d = _mm512_mask_mov_ps(_mm512_set1_ps(fp16(blk)), 0xFF00, _mm512_set1_ps(fp16(blk + 2)));
     const __m512 ab = _mm512_mul_ps(v, d);  // d sc (lanes 0-7), dmin m (lanes 8-15): as unpack_q4_k's products

@@ -184,17 +184,17 @@ struct Reader<kQ4_K> {  // chunk c: sub-block c, the low (even c) or high nibble
 
   void begin(int64_t s) {
     blk = row + s * kBytes;
-    const float d = fp16(blk), dmin = fp16(blk + 2);
-    const uint8_t* sc = blk + 4;
-    float m8[8];
-    for (int j = 0; j < 8; j++) {  // unpack_q4_k's scales and products, in float as there
-      const int scj = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4);
-      const int mj = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-      a8[j] = d * scj;
-      m8[j] = dmin * mj;
-    }
-    b[0] = _mm256_set_ps(m8[3], m8[3], m8[2], m8[2], m8[1], m8[1], m8[0], m8[0]);
-    b[1] = _mm256_set_ps(m8[7], m8[7], m8[6], m8[6], m8[5], m8[5], m8[4], m8[4]);
+    // unpack_q4_k's products in float, eight lanes at a time (exact, as there): a scalar loop over the eight pairs
+    // took ~a fifth of a Q4_K row's time (RESULTS.md, issue 38 session 26).
+    uint8_t sm[16];
+    q4_k_scales(blk, sm);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sm));  // sc 0-7, m 0-7
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+    _mm256_storeu_ps(a8, _mm256_mul_ps(_mm256_set1_ps(fp16(blk)), sc));
+    const __m256 m8 = _mm256_mul_ps(_mm256_set1_ps(fp16(blk + 2)), m);
+    b[0] = _mm256_permutevar8x32_ps(m8, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    b[1] = _mm256_permutevar8x32_ps(m8, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
   }
   __m256i chunk(int c, __m256& a) const {
     a = _mm256_set1_ps(a8[c]);
@@ -247,6 +247,7 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, 
     for (int j = 0; j < NR; j++) w[j].begin(s);
     for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
     ahead += span;
+#pragma GCC unroll 8  // whole: each chunk's nibble half, shifts and scales then known when compiled
     for (int c = 0; c < R::kChunks; c++) {
       XChunk xc[RB];
       for (int r = 0; r < RB; r++) xc[r] = x_chunk<Type>(x, m0 + r, s * R::kChunks + c);
