@@ -134,8 +134,6 @@ inline void unpack_block32(const uint8_t* blk, uint8_t* u, float* a, float* b) {
   sub_pair(d, f.zero * d, a, b);
 }
 
-// Q4_K: fp16 d, fp16 dmin, 12 bytes of eight 6-bit (scale, min) pairs, 128 bytes of codes: 32-byte chunk j holds
-// sub-block 2j in its low nibbles and 2j + 1 in its high ones. w = d sc q - dmin m per sub-block of 32.
 // Q4_K's eight 6-bit (scale, min) pairs of a super-block as bytes sc[0..7], m[0..7]: ggml's get_scale_min_k4 (the
 // top two bits of 4..7 live in bytes 0..7), four words at once (the decode readers load the 16 bytes as a vector).
 inline void q4_k_scales(const uint8_t* blk, uint8_t (&out)[16]) {
@@ -150,6 +148,8 @@ inline void q4_k_scales(const uint8_t* blk, uint8_t (&out)[16]) {
   std::memcpy(out, w, 16);
 }
 
+// Q4_K: fp16 d, fp16 dmin, 12 bytes of eight 6-bit (scale, min) pairs, 128 bytes of codes: 32-byte chunk j holds
+// sub-block 2j in its low nibbles and 2j + 1 in its high ones. w = d sc q - dmin m per sub-block of 32.
 inline void unpack_q4_k(const uint8_t* blk, uint8_t* u, float* a, float* b) {
   const float d = fp16(blk), dmin = fp16(blk + 2);
   const uint8_t* qs = blk + 16;
