@@ -79,11 +79,12 @@ struct Block32 {
 constexpr Block32 kQ4_0Block{18, 8}, kQ5_0Block{22, 16}, kQ8_0Block{34, 128};
 
 #if defined(__AVX2__)
-// A block's 32 codes in one register (gguf_linear.cpp's fused decode reads them from here, the unpacking stores
-// them): Q4_0 / Q5_0 pack codes 0..15 in low nibbles, 16..31 in high ones; Q5_0's fifth bits are the uint32 qh.
+// A block's 32 codes in one register (the unpacking stores them, the AVX2 decode of Q8_0 reads them from here; that of
+// Q4_0 and Q5_0 reads two rows at once: gguf_decode_avx2.h's codes_pair): Q4_0 / Q5_0 pack codes 0..15 in low
+// nibbles, 16..31 in high ones; Q5_0's fifth bits are the uint32 qh.
 inline __m256i nibbles32(const uint8_t* qs) {
   // The 16 bytes into both halves by the load itself, then the upper half's dwords shifted down to their high
-  // nibbles: one vector operation fewer than shifting a copy and inserting it (the AVX2 decode rows are bound by them).
+  // nibbles: one vector operation fewer than shifting a copy and inserting it.
   const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
   return low4(_mm256_srlv_epi32(v, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)));
 }

@@ -135,6 +135,71 @@ inline void rows_chunk(__m256 (&acc)[RB], const Codes& codes, __m256 a, const Qu
   for (int r = 0; r < RB; r++) acc[r] = rows_step<Type>(acc[r], row_sums8(p[r]), a, x, m0 + r, c);
 }
 
+// Q4_0 and Q5_0 keep a chunk's 32 codes as 16 bytes of nibbles (codes 0-15 low, 16-31 high; Q5_0's fifth bits in the
+// uint32 qh before them). Two weight rows' bytes fill one register, [row A | row B], so one and gives both rows' low
+// nibbles (lo: [A's columns 0-15 | B's 0-15]) and one shift and and their high ones (hi: columns 16-31).
+template <int64_t Type>
+constexpr bool nibble_chunks() { return Type == kQ4_0 || Type == kQ5_0; }
+
+inline __m256i load_u32x8(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(static_cast<int>(v));
+}
+
+// lo and hi of the chunks at blocks a and b (Q5_0: with the fifth bits, as codes32 gives them).
+template <int64_t Type>
+inline void codes_pair(const uint8_t* a, const uint8_t* b, __m256i& lo, __m256i& hi) {
+  constexpr int64_t qs = Type == kQ5_0 ? 6 : 2;
+  const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + qs))),
+                                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + qs)), 1);
+  lo = low4(v);
+  hi = high4(v);
+  if constexpr (Type == kQ5_0) {
+    // Each half holds A's qh in dwords 0-1 and B's in 2-3; byte j of lo takes the qh byte of its columns (j / 8 of
+    // A's, or of B's in the upper half), hi the two after it, then tests bit j % 8 of it (codes32's way).
+    const __m256i h = _mm256_blend_epi32(load_u32x8(a + 2), load_u32x8(b + 2), 0xCC);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201)), sixteen = _mm256_set1_epi8(16);
+    const auto fifth = [&](__m256i index) {
+      const __m256i spread = _mm256_shuffle_epi8(h, index);
+      return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), sixteen);
+    };
+    lo = _mm256_or_si256(lo, fifth(_mm256_set_epi64x(0x0909090909090909, 0x0808080808080808, 0x0101010101010101, 0)));
+    hi = _mm256_or_si256(hi, fifth(_mm256_set_epi64x(0x0B0B0B0B0B0B0B0B, 0x0A0A0A0A0A0A0A0A, 0x0303030303030303,
+                                                     0x0202020202020202)));
+  }
+}
+
+// acc[r] for RB activation rows from m0 against the chunk c of eight nibble-format weight rows (rows[j] + offset:
+// its block), a their scales. Row pair k is rows k and k + 4: both halves' products added in int16 (at most 4 x 31 x
+// 127, exact), one vpmaddwd gives [row k's 4 lanes | row k + 4's], and three unpack rounds give lane j = row j's sum
+// (the same integers as rows_chunk's, so the same bits; ~8% fewer vector operations than a row at a time, with no
+// pair_sums).
+template <int64_t Type, int RB>
+inline void pairs_chunk(__m256 (&acc)[RB], const uint8_t* const* rows, int64_t offset, __m256 a, const QuantX& x,
+                        int64_t m0, int64_t c) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i p[RB][4];
+  for (int k = 0; k < 4; k++) {
+    __m256i lo, hi;
+    codes_pair<Type>(rows[k] + offset, rows[k + 4] + offset, lo, hi);
+    for (int r = 0; r < RB; r++) {
+      const int8_t* xq = &x.q[(m0 + r) * x.K64 + c * kChunk32];
+      const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
+      const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
+      p[r][k] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), ones);
+    }
+  }
+  for (int r = 0; r < RB; r++) {
+    __m256i q[2];  // q[h]: pairs 2h, 2h + 1 -> [rows 2h, 2h + 1, 2h, 2h + 1 | rows 2h + 4, 2h + 5, ...], half sums
+    for (int h = 0; h < 2; h++)
+      q[h] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[r][2 * h], p[r][2 * h + 1]),
+                              _mm256_unpackhi_epi32(p[r][2 * h], p[r][2 * h + 1]));
+    const __m256i sums = _mm256_add_epi32(_mm256_unpacklo_epi64(q[0], q[1]), _mm256_unpackhi_epi64(q[0], q[1]));
+    acc[r] = rows_step<Type>(acc[r], sums, a, x, m0 + r, c);
+  }
+}
+
 // y[r * ldy + j] = lane j of acc[r] for the first nr rows.
 template <int RB>
 inline void store_rows(const __m256 (&acc)[RB], int nr, float* y, int64_t ldy) {
@@ -285,8 +350,12 @@ inline void decode_rows8(const uint8_t* row, int64_t row_bytes, int nr, const Qu
   for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
     for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
     ahead += span;
-    const auto codes = [&](int j) { return codes32<Type>(rows[j] + c * kBytes); };
-    rows_chunk<Type, RB>(acc, codes, d8(rows, c * kBytes), x, m0, c);
+    if constexpr (nibble_chunks<Type>()) {
+      pairs_chunk<Type, RB>(acc, rows, c * kBytes, d8(rows, c * kBytes), x, m0, c);
+    } else {
+      const auto codes = [&](int j) { return codes32<Type>(rows[j] + c * kBytes); };
+      rows_chunk<Type, RB>(acc, codes, d8(rows, c * kBytes), x, m0, c);
+    }
   }
   store_rows<RB>(acc, nr, y, ldy);
 }
