@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -46,19 +47,17 @@ class SpinPool {
     return *pool;
   }
 
-  // f(begin, end) over [0, n) in kChunksPerThread chunks per thread, claimed one at a time by the caller and the
-  // workers, so a worker that is not running (a busy machine) only means the caller does more chunks itself. Returns
-  // when every chunk is done. One caller at a time (the engine's step loop; others queue on run_mutex_).
+  // f(begin, end) over [0, n) in chunks (`split`) claimed one at a time by the caller and the workers, so a worker
+  // that is not running (a busy machine) only means the caller does more chunks itself. Returns when every chunk is
+  // done. One caller at a time (the engine's step loop; others queue on run_mutex_).
   void run(int64_t n, const std::function<void(int64_t, int64_t)>& f) {
-    const int64_t chunks = std::min<int64_t>(n, kChunksPerThread * (static_cast<int64_t>(workers_.size()) + 1));
-    if (workers_.empty() || chunks < 2) {
+    if (workers_.empty() || n < 2) {
       f(0, n);
       return;
     }
     std::lock_guard<std::mutex> one_caller(run_mutex_);
     task_ = &f;
-    n_ = n;
-    chunks_ = chunks;
+    chunks_ = split(n, static_cast<int64_t>(workers_.size()) + 1);
     const uint64_t gen = (claim_.load(std::memory_order_relaxed) >> 32) + 1;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -91,7 +90,26 @@ class SpinPool {
   }
 
  private:
-  static constexpr int64_t kChunksPerThread = 8;
+  // The smallest chunk: 1 / (kShares * threads) of a run. Chunks shrink to it from a 1 / (2 * threads) share of
+  // what is left (guided), so a thread that finds none left waits for at most one small chunk on another: with 16
+  // equal chunks the caller waited ~10 us a run for the worker's last one (~100 runs a decode step; RESULTS.md,
+  // issue 38 session 27), while the first chunks stay large (a claim is a contended atomic).
+  static constexpr int64_t kShares = 64;
+  static constexpr int kMaxChunks = 256;  // a bound the shares reach before (~140 chunks at 16 threads)
+
+  // bounds_[0 .. chunks] over [0, n); returns the number of chunks.
+  int64_t split(int64_t n, int64_t threads) {
+    const int64_t least = std::max<int64_t>(1, n / (kShares * threads));
+    int64_t c = 0;
+    bounds_[0] = 0;
+    while (bounds_[c] < n) {
+      const int64_t left = n - bounds_[c];
+      const int64_t size = c + 1 == kMaxChunks ? left : std::max(least, left / (2 * threads));
+      bounds_[c + 1] = bounds_[c] + std::min(size, left);
+      c++;
+    }
+    return c;
+  }
   static constexpr uint64_t kClosed = 0xFFFF0000u;  // an index past any run's chunks, with room for late claims
   static constexpr int64_t kAheadSlice = 16384;    // bytes prefetched between looks for a new run
 
@@ -116,7 +134,7 @@ class SpinPool {
       if ((word >> 32) != gen || index >= static_cast<uint64_t>(chunks_)) return;
       if (!claim_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) continue;
       const int64_t c = static_cast<int64_t>(index);
-      (*task_)(n_ * c / chunks_, n_ * (c + 1) / chunks_);
+      (*task_)(bounds_[c], bounds_[c + 1]);
       word = claim_.load(std::memory_order_acquire);
     }
   }
@@ -179,7 +197,8 @@ class SpinPool {
   std::vector<std::pair<const uint8_t*, int64_t>> ahead_;  // prefetch_ahead's regions
   std::atomic<uint64_t> ahead_gen_{0};                    // postings of them so far
   const std::function<void(int64_t, int64_t)>* task_ = nullptr;
-  int64_t n_ = 0, chunks_ = 1;
+  int64_t chunks_ = 1;
+  std::array<int64_t, kMaxChunks + 1> bounds_{};
 };
 
 }  // namespace radixserve
