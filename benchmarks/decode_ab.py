@@ -9,9 +9,12 @@ median is the figure.
 
     LLAMA_SERVER=.peers/bin/llama-server .venv/bin/python -m benchmarks.decode_ab [--rounds 6] [--tokens 128]
         [--radix-args "--speculative off"] [--batch 1] [--variant 4k:RADIXSERVE_HUGE_PAGES=0]
+        [--variant-src before:/tmp/wt-before]
 
 `--variant LABEL:NAME=VALUE[,NAME=VALUE]` adds a third server, radixserve with those environment variables, measured
-in the same rounds (the order rotates), and reports its ratio to the plain one too.
+in the same rounds (the order rotates), and reports its ratio to the plain one too. `--variant-src LABEL:DIR` adds
+one run from another checkout instead (`git worktree add DIR COMMIT`: two builds side by side; its kernels build
+on its first start).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--radix-args", default="--speculative off")
     ap.add_argument("--variant", help="LABEL:NAME=VALUE[,NAME=VALUE]: a second radixserve with these variables")
+    ap.add_argument("--variant-src", help="LABEL:DIR: a second radixserve run from the checkout at DIR")
     a = ap.parse_args()
     from radixserve.tokenizer import Tokenizer
 
@@ -73,6 +77,9 @@ def main() -> None:
             label, _, assigns = a.variant.partition(":")
             env = dict(kv.split("=", 1) for kv in assigns.split(","))
             servers[label] = start_with_env(models, Path(logs), env)
+        if a.variant_src:
+            label, _, src = a.variant_src.partition(":")
+            servers[label] = eng.start("radix", models, Path(logs), repo=Path(src).resolve())
         names = list(servers)
         pairs = [("radix", "llama")] + [(n, x) for n in names[2:] for x in ("llama", "radix")]
         try:

@@ -202,14 +202,19 @@ def command(engine: str, models: Models, port: int, parallel: int) -> list[str]:
     raise ValueError(f"unknown engine {engine!r}")
 
 
-def start(engine: str, models: Models, log_dir: Path, parallel: int = 4, timeout_s: float = 900.0) -> Server:
-    """Start `engine` and wait until it answers /health (and a one-token completion); raises if it dies or hangs."""
+def start(
+    engine: str, models: Models, log_dir: Path, parallel: int = 4, timeout_s: float = 900.0, repo: Path = REPO
+) -> Server:
+    """Start `engine` and wait until it answers /health (and a one-token completion); raises if it dies or hangs.
+    `repo`: the checkout radixserve runs from (another commit's worktree, to compare two builds)."""
     port = free_port()
-    return launch(engine, command(engine, models, port, parallel), port, models.threads, log_dir, timeout_s)
+    return launch(engine, command(engine, models, port, parallel), port, models.threads, log_dir, timeout_s, repo)
 
 
-def launch(name: str, cmd: list[str], port: int, threads: int, log_dir: Path, timeout_s: float = 900.0) -> Server:
-    """Run `cmd` (a server listening on 127.0.0.1:port) as `name` and wait until it is ready (see start)."""
+def launch(
+    name: str, cmd: list[str], port: int, threads: int, log_dir: Path, timeout_s: float = 900.0, repo: Path = REPO
+) -> Server:
+    """Run `cmd` (a server listening on 127.0.0.1:port) as `name` from `repo` and wait until it is ready (see start)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}-{port}.log"
     log = open(log_path, "wb")
@@ -217,13 +222,13 @@ def launch(name: str, cmd: list[str], port: int, threads: int, log_dir: Path, ti
     # here set PASSIVE in this process, radixserve's default for a shared machine; llama.cpp's default (spin, then
     # sleep) decodes 2x faster on an idle machine and much slower on a busy one, so measure when the load is low.
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads)}
+    env |= {"PYTHONPATH": str(repo), "OMP_NUM_THREADS": str(threads)}
     if Path(cmd[0]).name == "llama-server":  # its shared libraries (libllama, libggml*) lie beside the binary
         binary_dir = str(Path(cmd[0]).parent)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (binary_dir, env.get("LD_LIBRARY_PATH")) if p)
     proc = subprocess.Popen(
         cmd,
-        cwd=REPO,
+        cwd=repo,
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
