@@ -176,8 +176,8 @@ inline void codes_pair(const uint8_t* a, const uint8_t* b, __m256i& lo, __m256i&
 // acc[r] for RB activation rows from m0 against the chunk c of eight nibble-format weight rows (rows[j] + offset:
 // its block), a their scales. Row pair k is rows k and k + 4: both halves' products added in int16 (at most 4 x 31 x
 // 127, exact), one vpmaddwd gives [row k's 4 lanes | row k + 4's], and three unpack rounds give lane j = row j's sum
-// (the same integers as rows_chunk's, so the same bits; ~8% fewer vector operations than a row at a time, with no
-// pair_sums).
+// (the same integers as rows_chunk's, so the same bits; 149 -> 134 instructions per eight-row chunk with codes_pair's
+// min, no pair_sums: RESULTS.md, issue 38 session 27).
 template <int64_t Type, int RB>
 inline void pairs_chunk(__m256 (&acc)[RB], const uint8_t* const* rows, int64_t offset, __m256 a, const QuantX& x,
                         int64_t m0, int64_t c) {
