@@ -117,6 +117,7 @@ def test_a_checkpoint_writes_the_host_pages_to_disk(tmp_path: Path) -> None:
     cache.evict(cache.evictable_pages)
     assert tier.store.num_pages == 0  # type: ignore[union-attr]
     tier.close(cache)  # shutdown: the host tier would not survive the process
+    assert tier.host.buf.numel() == 0 and tier.host.limit_bytes == 0 and tier.host.num_pages == 0  # type: ignore[union-attr]
     pool2 = KVPool(LAYOUT.num_layers, 16, PS, LAYOUT.num_kv_heads, LAYOUT.head_dim, torch.bfloat16)
     cache2 = RadixCache(pool2, PS)
     cache2.tier = KVTier(DiskTier(tmp_path, 1 << 30, DIGEST, LAYOUT.page_bytes), pool2, LAYOUT)

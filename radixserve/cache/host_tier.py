@@ -165,6 +165,18 @@ class HostTier:
         self._free.extend(e.slot for e in self.index.values())
         self.index.clear()
 
+    def release(self) -> None:
+        """Free the buffer at shutdown (the tier is empty after). On CUDA torch's host allocator would keep the pinned
+        block cached for the process, up to a quarter of its RAM held after the engine is gone, so it is emptied."""
+        if self._event is not None:
+            self._event.synchronize()  # a spill's copies still write into the buffer
+        self.index.clear()
+        self._free.clear()
+        self.capacity = 0
+        self.buf = self.buf.new_empty((0, *self.buf.shape[1:]))
+        if self._stream is not None and hasattr(torch.accelerator, "empty_host_cache"):  # torch >= 2.10
+            torch.accelerator.empty_host_cache()
+
     def items(self) -> list[tuple[int, HostEntry]]:
         """Every page, least recently used first."""
         return list(self.index.items())

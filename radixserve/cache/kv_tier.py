@@ -280,10 +280,12 @@ class KVTier:
         return sum(t.drop_namespaces(accept) for t in (self.host, self.store) if t is not None)
 
     def close(self, cache: RadixCache) -> None:
-        if self.store is None or self.store.closed:
-            return
-        self.persist(cache)
-        self.store.close()
+        """Shutdown: the host pages go to disk (when there is a disk tier), then the host buffer is freed."""
+        if self.store is not None and not self.store.closed:
+            self.persist(cache)
+            self.store.close()
+        if self.host is not None:
+            self.host.release()
 
     def snapshot(self) -> dict[str, float | int | bool]:
         s, host = self.stats, self.host
