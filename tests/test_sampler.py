@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radixserve.sampling.info import SeenIds
-from radixserve.sampling.penalties import apply_penalties
+from radixserve.sampling.penalties import apply_penalties, penalised
 from radixserve.sampling.speculative import row_infos
 from radixserve.sampling.sampler import (
     TOP_P_CANDIDATES,
@@ -251,6 +251,34 @@ def test_penalties_change_the_greedy_choice() -> None:
     assert sample(logits, [info(temperature=0.0)]).next_ids == [10]
     assert sample(logits, [info(temperature=0.0, presence_penalty=1.5, output=[10])]).next_ids == [11]
     assert sample(logits, [info(temperature=0.0, repetition_penalty=1.5, prompt=[10])]).next_ids == [11]
+
+
+def test_penalised_writes_in_place_and_puts_every_value_back() -> None:
+    # sample_ids penalises the caller's logits in place (no copy of the vocabulary a step) and restores them, on an
+    # error too; inside the block they equal apply_penalties' copy, for every mix of rows and penalty kinds.
+    def rows() -> list[SamplingInfo]:  # greedy, so that sample() must pick the penalised argmax
+        return [
+            info(temperature=0.0, repetition_penalty=1.3, prompt=[1, 2, 2, 70], output=[5, 1]),  # 70: past the head
+            info(temperature=0.0, frequency_penalty=0.7, presence_penalty=0.2, output=[3, 3, 9]),
+            info(temperature=0.0),
+            info(temperature=0.0, repetition_penalty=0.8, frequency_penalty=-0.5, prompt=[4], output=[4, 6, 6]),
+        ]
+
+    for pick in ([0, 1, 2, 3], [1], [0, 1], [3, 1]):
+        batch = [rows()[i] for i in pick]
+        logits = rand_logits(len(batch), 12)
+        logits[:, :10] += 8.0  # the penalised ids lead, so the penalties move the argmax
+        before = logits.clone()
+        expected = apply_penalties(logits, batch)
+        assert not torch.equal(expected, before)
+        with penalised(logits, batch) as scored:
+            assert scored is logits and torch.equal(scored, expected)
+        assert torch.equal(logits, before)
+        with pytest.raises(RuntimeError), penalised(logits, batch):
+            raise RuntimeError("a row failed")
+        assert torch.equal(logits, before)
+        assert sample(logits, batch).next_ids == expected.argmax(-1).tolist()
+        assert torch.equal(logits, before)
 
 
 def test_logprobs_are_raw_log_softmax() -> None:

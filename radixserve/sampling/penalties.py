@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -36,6 +38,30 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torc
     frequency/presence (OpenAI): logit -= count_in_output * frequency_penalty + (count_in_output > 0) * presence.
     Work is O(tokens seen), not O(vocab): gathers and scatters at the seen ids only.
     """
+    if _penalised_rows(infos) == ([], []):
+        return logits
+    out = logits.clone()
+    _penalise(out, infos)
+    return out
+
+
+@contextlib.contextmanager
+def penalised(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> Iterator[torch.Tensor]:
+    """logits [B, V] with the penalties of `apply_penalties` written into it for the duration of the block, and
+    the values they replaced put back on exit, errors included, so the caller's tensor reads as untouched after.
+
+    Why not a copy: at one stream the copy of a 152k-id row was 160-240 us of a ~22 ms CPU decode step (fresh pages
+    every step), the undo a scatter of the few hundred seen ids (RESULTS.md, issue 38 session 28)."""
+    undo = _penalise(logits, infos)
+    try:
+        yield logits
+    finally:
+        for restore in reversed(undo):
+            restore()
+
+
+def _penalised_rows(infos: Sequence[SamplingInfo]) -> tuple[list[int], list[int]]:
+    """(rows with a repetition penalty and ids to apply it to, rows with frequency or presence penalties and output)"""
     rep_rows = [
         i
         for i, info in enumerate(infos)
@@ -46,24 +72,26 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torc
         for i, info in enumerate(infos)
         if info.output_ids and (info.params.frequency_penalty != 0.0 or info.params.presence_penalty != 0.0)
     ]
-    if not rep_rows and not fp_rows:
-        return logits
-    logits = logits.clone()
-    vocab, device = logits.shape[1], logits.device
+    return rep_rows, fp_rows
 
-    if rep_rows:
+
+def _penalise(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> list[Callable[[], None]]:
+    """Write the penalties into logits in place; returns the steps that put the old values back, in order."""
+    rep_rows, fp_rows = _penalised_rows(infos)
+    vocab, device = logits.shape[1], logits.device
+    undo: list[Callable[[], None]] = []
+    for i in rep_rows:
         # A gather and a scatter at the row's distinct seen ids, so each token is penalised once however often
         # it occurs. The ids come from the request's SeenIds, grown by a step's new tokens only.
-        for i in rep_rows:
-            info, row, p = infos[i], logits[i], infos[i].params.repetition_penalty
-            seen = (
-                info.seen.ids(info.output_ids, vocab, device, info.drafts)
-                if info.seen is not None
-                else _seen(info, vocab, device)
-            )
-            x = row[seen]
-            row[seen] = torch.where(x > 0, x / p, x * p)
-
+        info, row, p = infos[i], logits.select(0, i), infos[i].params.repetition_penalty
+        seen = (
+            info.seen.ids(info.output_ids, vocab, device, info.drafts)
+            if info.seen is not None
+            else _seen(info, vocab, device)
+        )
+        x = row.index_select(0, seen)
+        row.index_copy_(0, seen, torch.where(x > 0, x / p, x * p))
+        undo.append(functools.partial(row.index_copy_, 0, seen, x))
     if fp_rows:
         ids, valid, any_valid = _padded_ids([infos[i].output_ids for i in fp_rows], vocab, device)
         freq = device_tensor([infos[i].params.frequency_penalty for i in fp_rows], device)[:, None]
@@ -71,11 +99,15 @@ def apply_penalties(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torc
         rows, sub = _rows_of(logits, fp_rows)
         # presence: idempotent write (once per distinct id); frequency: one subtraction per occurrence
         seen = sub.gather(1, ids)
+        if rows is not None:
+            undo.append(functools.partial(logits.index_copy_, 0, rows, sub.clone()))
+        else:  # padding repeats a real id of its row, so the old values scatter back to the same places
+            undo.append(functools.partial(sub.scatter_, 1, ids, seen))
         sub.scatter_(1, ids, torch.where(any_valid, seen - pres, seen))
         sub.scatter_add_(1, ids, torch.where(valid, -freq, 0.0).expand_as(ids).contiguous())
         if rows is not None:
             logits[rows] = sub
-    return logits
+    return undo
 
 
 def _seen(info: SamplingInfo, vocab: int, device: torch.device) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 
 from radixserve.sampling.bias import apply_bias
 from radixserve.sampling.info import SamplingInfo
-from radixserve.sampling.penalties import apply_penalties
+from radixserve.sampling.penalties import penalised
 from radixserve.transfer import device_tensor
 
 # Top-p finds its cut among this many best ids per row; a row whose nucleus is wider falls back to a full sort.
@@ -142,17 +142,21 @@ def sample_ids(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> tuple[tor
     want_logprobs = any(info.return_logprob or info.top_logprobs_num > 0 for info in infos)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
 
-    logits = apply_bias(apply_penalties(logits, infos), infos)
+    with penalised(logits, infos) as scored:  # in place, put back on exit: what is returned never aliases it
+        return _choose(apply_bias(scored, infos), infos), raw_logprobs
+
+
+def _choose(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.Tensor:
     greedy = [info.params.is_greedy for info in infos]
     if all(greedy):
-        return greedy_ids(logits), raw_logprobs
+        return greedy_ids(logits)
     random_rows = [i for i, g in enumerate(greedy) if not g]
     sampled = _sample_rows(logits[random_rows], [infos[i] for i in random_rows])
     if len(random_rows) == len(infos):
-        return sampled, raw_logprobs
+        return sampled
     next_ids = greedy_ids(logits)
     next_ids[random_rows] = sampled
-    return next_ids, raw_logprobs
+    return next_ids
 
 
 def chosen_logprobs(
