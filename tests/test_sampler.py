@@ -281,6 +281,36 @@ def test_penalised_writes_in_place_and_puts_every_value_back() -> None:
         assert torch.equal(logits, before)
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"temperature": 0.7, "top_k": 20, "top_p": 0.8},  # the default model's publisher settings
+        {"temperature": 1.0, "top_k": 7},
+        {"temperature": 0.3, "top_k": 50, "min_p": 0.05},
+        {"temperature": 1.7, "top_k": 3, "top_p": 0.5, "min_p": 0.01},
+        {"temperature": 0.9, "top_k": 128},
+    ],
+)
+def test_top_k_candidates_draw_what_the_full_vocabulary_path_draws(settings: dict) -> None:
+    # bfloat16-rounded logits tie at the k-th value often; the candidates must keep exactly the ties the full
+    # path keeps, and the draw land on the same id for the same uniform.
+    from radixserve.sampling.candidates import sample_candidates
+    from radixserve.sampling.sampler import _sample_full
+
+    params = info(**settings).params
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(150):
+        row = (torch.randn(70_037, generator=gen) * (0.5 + trial % 7)).bfloat16().float()  # a tail past the blocks
+        if trial % 5 == 0:
+            row[:40] = row.max()  # a tie at the top wider than k for small k
+        if trial % 5 == 1:  # an id one ulp under the k-th: within the candidates' margin, and never kept
+            kth = row.topk(params.top_k).values[-1:]
+            row[row.argmin()] = torch.nextafter(kth, torch.tensor([-1e30]))
+        u = torch.rand(1, generator=gen).clamp_(max=1.0 - 2.0**-22)
+        full = _sample_full(row[None, :], [info(**settings)], u).item()
+        assert sample_candidates(row, params, float(u)) == full
+
+
 def test_logprobs_are_raw_log_softmax() -> None:
     logits = rand_logits(3, 9)
     rows = [

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.sampling.bias import apply_bias
+from radixserve.sampling.candidates import nucleus_cut, sample_candidates, takes_candidates
 from radixserve.sampling.info import SamplingInfo
 from radixserve.sampling.penalties import penalised
 from radixserve.transfer import device_tensor
@@ -67,18 +68,6 @@ def _top_k_filter(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def _nucleus_cut(
-    sorted_logits: torch.Tensor, sorted_probs: torch.Tensor, top_p: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Given each row's best ids in order: ([R, 1] lowest logit top-p keeps, [R, 1] mass of all the ids given).
-
-    An id is kept while the mass ranked above it is below top_p.
-    """
-    mass = sorted_probs.cumsum(dim=-1)
-    cut = sorted_logits.masked_fill(mass - sorted_probs >= top_p, float("inf")).amin(dim=-1, keepdim=True)
-    return cut, mass[:, -1:]
-
-
 def _top_p_filter(logits: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     """Mask ids outside each row's nucleus (ties with its last id stay); top_p == 1 leaves the row alone.
 
@@ -89,13 +78,13 @@ def _top_p_filter(logits: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     top_p = device_tensor(top_ps, logits.device)[:, None]
     probs = logits.softmax(dim=-1)
     cand_logits, cand_ids = logits.topk(min(TOP_P_CANDIDATES, vocab), dim=-1)
-    cut, cand_mass = _nucleus_cut(cand_logits, probs.gather(1, cand_ids), top_p)
+    cut, cand_mass = nucleus_cut(cand_logits, probs.gather(1, cand_ids), top_p)
     if cand_ids.shape[1] < vocab:
         # all candidates kept and still short of top_p: the nucleus reaches past them (one sync, on these rows only)
         wide = ((cand_mass < top_p) & (top_p < 1.0)).squeeze(1).nonzero().squeeze(1)
         if wide.numel():
             sorted_logits, order = logits[wide].sort(dim=-1, descending=True)
-            cut[wide] = _nucleus_cut(sorted_logits, probs[wide].gather(1, order), top_p[wide])[0]
+            cut[wide] = nucleus_cut(sorted_logits, probs[wide].gather(1, order), top_p[wide])[0]
     cut = cut.masked_fill(top_p >= 1.0, float("-inf"))
     return logits.masked_fill(logits < cut, float("-inf"))
 
@@ -121,15 +110,32 @@ def filter_logits(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.
 def _sample_rows(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> torch.Tensor:
     """Sample one id per row of logits [R, V] (all rows non-greedy): temperature, top-k, top-p, min-p, then draw.
 
-    Every step of a row depends only on that row (fixed sizes, value thresholds), so a seeded row draws the same id
-    whatever else is in the batch.
+    Every step of a row depends only on that row (fixed sizes, value thresholds; a CPU row with a top-k runs alone
+    on its candidates: candidates.py), so a seeded row draws the same id whatever else is in the batch.
     """
+    u = _uniforms(infos)
+    ids: dict[int, int] = {}
+    for j, info in enumerate(infos):
+        if takes_candidates(logits, info.params):
+            got = sample_candidates(logits[j], info.params, float(u[j]))
+            if got is not None:
+                ids[j] = got
+    if not ids:
+        return _sample_full(logits, infos, u)
+    rest = [j for j in range(len(infos)) if j not in ids]
+    out = torch.tensor([ids.get(j, 0) for j in range(len(infos))])
+    if rest:
+        out[rest] = _sample_full(logits[rest], [infos[j] for j in rest], u[rest])
+    return out
+
+
+def _sample_full(logits: torch.Tensor, infos: Sequence[SamplingInfo], u: torch.Tensor) -> torch.Tensor:
     vocab, device = logits.shape[1], logits.device
     logits = filter_logits(logits, infos)
     # Inverse CDF in vocabulary order: the first id whose running mass passes u * total. A filtered id adds no mass,
     # so it can never be the first to pass.
     cdf = logits.softmax(dim=-1).cumsum(dim=-1)
-    target = _uniforms(infos).to(device)[:, None] * cdf[:, -1:]
+    target = u.to(device)[:, None] * cdf[:, -1:]
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=vocab - 1)
 
 
