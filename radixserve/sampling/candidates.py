@@ -58,20 +58,21 @@ def top_candidates(row: np.ndarray, k: int) -> np.ndarray | None:
     temperature), or None where the full path must do it (fewer than k finite logits, a NaN, a flat row).
 
     Through block maxima: the k-th best block maximum m is at most the k-th best logit, so every candidate lies in a
-    block whose maximum passes m's margin, and the k-th best of those blocks' logits is the row's.
+    block whose maximum passes m's margin, and the k-th best of those blocks' logits is the row's. Block j is the
+    strided set j, j + n, j + 2n, ... (n = vocab // 64): numpy's maximum of 64 rows of n took 25 us a 152k row,
+    its maximum within 2374 rows of 64 took 150.
     """
     vocab = row.shape[0]
-    whole = vocab // CANDIDATE_BLOCK * CANDIDATE_BLOCK
-    block_max = row[:whole].reshape(-1, CANDIDATE_BLOCK).max(axis=1)
-    if block_max.size < k:
+    n = vocab // CANDIDATE_BLOCK
+    block_max = row[: n * CANDIDATE_BLOCK].reshape(CANDIDATE_BLOCK, n).max(axis=0)
+    if n < k:
         return None
     m = _kth(block_max, k)
     if not math.isfinite(m):  # fewer than k finite blocks (banned ids), or a NaN
         return None
     chosen = np.flatnonzero(block_max >= _margin(m))
-    ids = np.concatenate(
-        [(chosen[:, None] * CANDIDATE_BLOCK + np.arange(CANDIDATE_BLOCK)).ravel(), np.arange(whole, vocab)]
-    )
+    members = (np.arange(CANDIDATE_BLOCK)[:, None] * n + chosen).ravel()
+    ids = np.concatenate([members, np.arange(n * CANDIDATE_BLOCK, vocab)])  # ascending: i n + j, j < n
     if ids.size > 4 * MAX_CANDIDATES:
         return None
     vals = row[ids]
