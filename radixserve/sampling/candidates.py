@@ -3,7 +3,7 @@ on the few ids top-k keeps.
 
 Why: the default model's publisher settings (temperature 0.7, top-k 20, top-p 0.8) sent every CPU decode step
 through ~10 passes over 152k logits (divide, top-k, mask, softmax, a 512-wide top-k for top-p, softmax, cumsum,
-search), 4.1-5.1 ms of a ~25 ms step at one stream (RESULTS.md, issue 38 session 28). Here two passes find the
+search), 4.3-5.2 ms of a ~25 ms step at one stream (RESULTS.md, issue 38 session 28). Here two passes find the
 candidates and the rest works on them.
 
 The same tokens as the full path: top-k keeps exactly the ids whose tempered logit is at least the k-th best
@@ -41,6 +41,7 @@ def nucleus_cut(
 
 
 def takes_candidates(logits: torch.Tensor, params: SamplingParams) -> bool:
+    """True for a row of CPU logits whose top-k is small enough for this path."""
     return logits.device.type == "cpu" and 0 < params.top_k <= TOP_K_CANDIDATES
 
 
@@ -64,9 +65,9 @@ def top_candidates(row: np.ndarray, k: int) -> np.ndarray | None:
     """
     vocab = row.shape[0]
     n = vocab // CANDIDATE_BLOCK
-    block_max = row[: n * CANDIDATE_BLOCK].reshape(CANDIDATE_BLOCK, n).max(axis=0)
     if n < k:
         return None
+    block_max = row[: n * CANDIDATE_BLOCK].reshape(CANDIDATE_BLOCK, n).max(axis=0)
     m = _kth(block_max, k)
     if not math.isfinite(m):  # fewer than k finite blocks (banned ids), or a NaN
         return None

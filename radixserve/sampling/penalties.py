@@ -50,8 +50,8 @@ def penalised(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> Iterator[t
     """logits [B, V] with the penalties of `apply_penalties` written into it for the duration of the block, and
     the values they replaced put back on exit, errors included, so the caller's tensor reads as untouched after.
 
-    Why not a copy: at one stream the copy of a 152k-id row was 160-240 us of a ~22 ms CPU decode step (fresh pages
-    every step), the undo a scatter of the few hundred seen ids (RESULTS.md, issue 38 session 28)."""
+    Why not a copy: a copy of the whole [B, vocab] every step, where the undo is a scatter of the few hundred seen
+    ids (RESULTS.md, issue 38 session 28)."""
     undo = _penalise(logits, infos)
     try:
         yield logits
