@@ -174,8 +174,11 @@ class HostTier:
         self._free.clear()
         self.capacity = 0
         self.buf = self.buf.new_empty((0, *self.buf.shape[1:]))
-        if self._stream is not None and hasattr(torch.accelerator, "empty_host_cache"):  # torch >= 2.10
-            torch.accelerator.empty_host_cache()
+        if self._stream is not None:
+            # public in newer torch (2.13 here); 2.5-2.11 (the H200 machine has 2.11) have only the private name.
+            empty = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+            if empty is not None:
+                empty()
 
     def items(self) -> list[tuple[int, HostEntry]]:
         """Every page, least recently used first."""
