@@ -36,6 +36,7 @@ struct QuantX {
   std::vector<float> corr;     // [M][S]: scale * (sum of the 16 codes), what the offsets b multiply
   std::vector<int32_t> nsum4;  // [M][K64 / 4]: minus the sum of each group of 4 codes (a vpdpbusd lane)
   std::vector<int32_t> nsum16;  // [M][S]: minus the sum of each 16 codes (a sub-block)
+  std::vector<int32_t> nsum32;  // [M][K64 / 32]: minus the sum of each 32 codes (the AVX2 whole-chunk step's)
 };
 
 inline float widen(float v) { return v; }
@@ -129,13 +130,14 @@ constexpr int64_t kParallelRows = 32;
 
 template <typename In>
 inline QuantX quantize_rows(const In* x, int64_t M, int64_t K) {
-  QuantX xq{round_up(K, kChunk), round_up(round_up(K, kChunk) / kSub, 16), {}, {}, {}, {}, {}, {}};
+  QuantX xq{round_up(K, kChunk), round_up(round_up(K, kChunk) / kSub, 16), {}, {}, {}, {}, {}, {}, {}};
   xq.nsum4.assign(M * xq.K64 / 4, 0);
   xq.q.assign(M * xq.K64, 0);
   xq.lane.assign(M * xq.K64 / 4, 0.f);
   xq.scale16.assign(M * xq.S, 0.f);
   xq.corr.assign(M * xq.S, 0.f);
   xq.nsum16.assign(M * xq.S, 0);
+  xq.nsum32.assign(M * xq.K64 / 32, 0);
   auto rows = [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
       int8_t* q = xq.q.data() + m * xq.K64;
@@ -151,6 +153,7 @@ inline QuantX quantize_rows(const In* x, int64_t M, int64_t K) {
         const int sum = -(nsum[4 * j] + nsum[4 * j + 1] + nsum[4 * j + 2] + nsum[4 * j + 3]);
         xq.corr[m * xq.S + j] = scale16[j] * static_cast<float>(sum);
         xq.nsum16[m * xq.S + j] = -sum;
+        xq.nsum32[m * xq.K64 / 32 + j / 2] -= sum;
       }
     }
   };

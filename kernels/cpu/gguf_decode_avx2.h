@@ -108,31 +108,43 @@ inline __m256i row_sums8(const __m256i* p) {
   return _mm256_add_epi32(_mm256_blend_epi32(q[0], q[1], 0xF0), _mm256_permute2x128_si256(q[0], q[1], 0x21));
 }
 
-// acc + float(sums - zero * (the chunk's sum of activation codes)) * (a * x_scale) for activation row m, chunk c:
-// the float step of eight weight rows (a: their scales, lane j row j).
-template <int64_t Type>
-inline __m256 rows_step(__m256 acc, __m256i sums, __m256 a, const QuantX& x, int64_t m, int64_t c) {
-  constexpr int shift = avx2_zero_shift(Type);
-  if constexpr (shift >= 0) {
-    const int32_t* nsum = &x.nsum16[m * x.S + 2 * c];  // minus the sums of the chunk's two halves
-    sums = _mm256_add_epi32(sums, _mm256_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(nsum[0] + nsum[1]) << shift)));
-  }
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(a, _mm256_set1_ps(x.scale16[m * x.S + 2 * c])), acc);
+// One activation row as the whole-chunk formats read it, taken once before the chunk loop: indexed from the QuantX
+// in the loop, the row's offsets were recomputed every chunk (~10 of 134 instructions an eight-row chunk, RESULTS.md
+// issue 38 session 29).
+struct XRow {
+  const int8_t* q;        // the codes, 32 a chunk
+  const float* scale16;   // the scale per 16 columns: chunk c's at 2c
+  const int32_t* nsum32;  // minus the sum of each chunk's codes
+};
+
+template <int RB>
+inline void x_rows(const QuantX& x, int64_t m0, XRow (&xr)[RB]) {
+  for (int r = 0; r < RB; r++)
+    xr[r] = {&x.q[(m0 + r) * x.K64], &x.scale16[(m0 + r) * x.S], &x.nsum32[(m0 + r) * x.K64 / kChunk32]};
 }
 
-// acc[r] for RB activation rows from m0 against eight weight rows' chunk c: codes(j) gives row j's codes, a their
+// acc + float(sums - zero * (the chunk's sum of activation codes)) * (a * x_scale) for activation row xr, chunk c:
+// the float step of eight weight rows (a: their scales, lane j row j).
+template <int64_t Type>
+inline __m256 rows_step(__m256 acc, __m256i sums, __m256 a, const XRow& xr, int64_t c) {
+  constexpr int shift = avx2_zero_shift(Type);
+  if constexpr (shift >= 0) sums = _mm256_add_epi32(sums, _mm256_slli_epi32(_mm256_set1_epi32(xr.nsum32[c]), shift));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(a, _mm256_set1_ps(xr.scale16[2 * c])), acc);
+}
+
+// acc[r] for RB activation rows xr against eight weight rows' chunk c: codes(j) gives row j's codes, a their
 // scales. Two rows at a time, reduced to pair_sums at once (eight rows' codes and lanes together spilled registers).
 template <int64_t Type, int RB, typename Codes>
-inline void rows_chunk(__m256 (&acc)[RB], const Codes& codes, __m256 a, const QuantX& x, int64_t m0, int64_t c) {
+inline void rows_chunk(__m256 (&acc)[RB], const Codes& codes, __m256 a, const XRow (&xr)[RB], int64_t c) {
   __m256i p[RB][4];
   for (int k = 0; k < 4; k++) {
     const __m256i u0 = codes(2 * k), u1 = codes(2 * k + 1);
     for (int r = 0; r < RB; r++) {
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[(m0 + r) * x.K64 + c * kChunk32]));
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[r].q + c * kChunk32));
       p[r][k] = pair_sums(lanes32<Type>(u0, xq), lanes32<Type>(u1, xq));
     }
   }
-  for (int r = 0; r < RB; r++) acc[r] = rows_step<Type>(acc[r], row_sums8(p[r]), a, x, m0 + r, c);
+  for (int r = 0; r < RB; r++) acc[r] = rows_step<Type>(acc[r], row_sums8(p[r]), a, xr[r], c);
 }
 
 // Q4_0 and Q5_0 keep a chunk's 32 codes as 16 bytes of nibbles (codes 0-15 low, 16-31 high; Q5_0's fifth bits in the
@@ -173,21 +185,21 @@ inline void codes_pair(const uint8_t* a, const uint8_t* b, __m256i& lo, __m256i&
   }
 }
 
-// acc[r] for RB activation rows from m0 against the chunk c of eight nibble-format weight rows (rows[j] + offset:
+// acc[r] for RB activation rows xr against the chunk c of eight nibble-format weight rows (rows[j] + offset:
 // its block), a their scales. Row pair k is rows k and k + 4: both halves' products added in int16 (at most 4 x 31 x
 // 127, exact), one vpmaddwd gives [row k's 4 lanes | row k + 4's], and three unpack rounds give lane j = row j's sum
 // (the same integers as rows_chunk's, so the same bits; 149 -> 134 instructions per eight-row chunk with codes_pair's
 // min, no pair_sums: RESULTS.md, issue 38 session 27).
 template <int64_t Type, int RB>
-inline void pairs_chunk(__m256 (&acc)[RB], const uint8_t* const* rows, int64_t offset, __m256 a, const QuantX& x,
-                        int64_t m0, int64_t c) {
+inline void pairs_chunk(__m256 (&acc)[RB], const uint8_t* const* rows, int64_t offset, __m256 a, const XRow (&xr)[RB],
+                        int64_t c) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i p[RB][4];
   for (int k = 0; k < 4; k++) {
     __m256i lo, hi;
     codes_pair<Type>(rows[k] + offset, rows[k + 4] + offset, lo, hi);
     for (int r = 0; r < RB; r++) {
-      const int8_t* xq = &x.q[(m0 + r) * x.K64 + c * kChunk32];
+      const int8_t* xq = xr[r].q + c * kChunk32;
       const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
       const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
       p[r][k] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), ones);
@@ -199,7 +211,7 @@ inline void pairs_chunk(__m256 (&acc)[RB], const uint8_t* const* rows, int64_t o
       q[h] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[r][2 * h], p[r][2 * h + 1]),
                               _mm256_unpackhi_epi32(p[r][2 * h], p[r][2 * h + 1]));
     const __m256i sums = _mm256_add_epi32(_mm256_unpacklo_epi64(q[0], q[1]), _mm256_unpackhi_epi64(q[0], q[1]));
-    acc[r] = rows_step<Type>(acc[r], sums, a, x, m0 + r, c);
+    acc[r] = rows_step<Type>(acc[r], sums, a, xr[r], c);
   }
 }
 
@@ -348,16 +360,18 @@ inline void decode_rows8(const uint8_t* row, int64_t row_bytes, int nr, const Qu
   const uint8_t* rows[kRowGroup];
   for (int j = 0; j < kRowGroup; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
   const uint8_t* ahead = row + kPrefetchAhead;
+  XRow xr[RB];
+  x_rows(x, m0, xr);
   __m256 acc[RB];
   for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
   for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
     for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
     ahead += span;
     if constexpr (nibble_chunks<Type>()) {
-      pairs_chunk<Type, RB>(acc, rows, c * kBytes, d8(rows, c * kBytes), x, m0, c);
+      pairs_chunk<Type, RB>(acc, rows, c * kBytes, d8(rows, c * kBytes), xr, c);
     } else {
       const auto codes = [&](int j) { return codes32<Type>(rows[j] + c * kBytes); };
-      rows_chunk<Type, RB>(acc, codes, d8(rows, c * kBytes), x, m0, c);
+      rows_chunk<Type, RB>(acc, codes, d8(rows, c * kBytes), xr, c);
     }
   }
   store_rows<RB>(acc, nr, y, ldy);

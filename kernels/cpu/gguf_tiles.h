@@ -208,13 +208,15 @@ template <int64_t Type, int RB>
 inline void tile_rows8(const RowView* w, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   const RowView* v[kRowGroup];
   for (int j = 0; j < kRowGroup; j++) v[j] = &w[std::min(j, nr - 1)];
+  XRow xr[RB];
+  x_rows(x, m0, xr);
   __m256 acc[RB];
   for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
   for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
     const auto codes = [&](int j) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v[j]->u + c * kChunk32)); };
     const __m256 a = _mm256_setr_ps(v[0]->a[2 * c], v[1]->a[2 * c], v[2]->a[2 * c], v[3]->a[2 * c], v[4]->a[2 * c],
                                     v[5]->a[2 * c], v[6]->a[2 * c], v[7]->a[2 * c]);
-    rows_chunk<Type, RB>(acc, codes, a, x, m0, c);
+    rows_chunk<Type, RB>(acc, codes, a, xr, c);
   }
   store_rows<RB>(acc, nr, y, ldy);
 }
