@@ -17,12 +17,13 @@ FORMATS = [T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K]
 FP16_FIELDS = {T.Q4_0: (0,), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
 # (rows M, out N, in K): 1-2 rows (decode), a few past the kernel's 4-row register block, K = 896 and 4864 as in
 # the default model (K = 896 is not a multiple of 256: K-quant shapes use 1024 and 4864).
-SHAPES = [(1, 40, 256), (2, 33, 1024), (7, 17, 4864), (5, 24, 896), (40, 24, 896)]
+SHAPES = [(1, 40, 256), (2, 33, 1024), (7, 17, 4864), (5, 24, 896), (40, 24, 896), (40, 24, 1024)]
 
 # The kernel against the float64 product of the same rounded activations and the same weights: it sums float32
 # terms a * x_scale * (integer dot of 16 or 32 columns) and subtracts the offsets b * x_scale * sum(codes) separately, so its
 # only error is float32 rounding of those partial sums, bounded relative to the sum of their magnitudes. 2^-20 of
-# |x| @ (|a u| + |b|) leaves room for the ~K/16 roundings of a row (measured below 2^-27 on every format).
+# |x| @ (|a u| + |b|) leaves room for the ~K/16 roundings of a row (measured below 2^-27 on every format). The AVX2
+# build's K-quants sum a whole super-block in integers and round it once (float(sum) * (d * x_scale)).
 SUM_ORDER_TOL = 2.0**-20
 
 
@@ -43,9 +44,10 @@ def reference_weights(blocks: np.ndarray, fmt: GGMLQuantizationType) -> torch.Te
     return torch.from_numpy(np.asarray(quants.dequantize(blocks, fmt), dtype=np.float32))
 
 
-def quantize_like_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """ggml's q8_0 rounding in PyTorch: per block of 32, scale absmax / 127, codes round-half-even(x * 127 / absmax)."""
-    b = x.float().reshape(x.shape[0], -1, 32)
+def quantize_like_q8_0(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml's q8_0 rounding in PyTorch: per block of 32, scale absmax / 127, codes round-half-even(x * 127 / absmax);
+    with block 256 the same per K-quant super-block (what the AVX2 build's Q4_K and Q6_K read, like ggml's q8_K)."""
+    b = x.float().reshape(x.shape[0], -1, block)
     amax = b.abs().amax(-1)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     q = torch.clamp(torch.round(b * inv[..., None]), -127, 127).to(torch.int8)
@@ -69,12 +71,13 @@ def test_dequantize_equals_gguf_py(ops, fmt):
     assert torch.equal(ops.gguf_dequantize(torch.from_numpy(blocks), int(fmt), ids), ours[ids])
 
 
-def test_activation_rounding_matches_q8_0(ops):
+@pytest.mark.parametrize("block", [32, 256])
+def test_activation_rounding_matches_q8_0(ops, block):
     torch.manual_seed(0)
-    x = torch.randn(5, 896) * torch.rand(5, 896) * 3
-    x[1, :32] = 0  # an all-zero block: scale 0, codes 0
-    q, s = ops.gguf_quantize_activations(x)
-    rq, rs = quantize_like_q8_0(x)
+    x = torch.randn(5, 1024) * torch.rand(5, 1024) * 3
+    x[1, :256] = 0  # an all-zero block: scale 0, codes 0
+    q, s = ops.gguf_quantize_activations(x, block)
+    rq, rs = quantize_like_q8_0(x, block)
     assert torch.equal(q, rq) and torch.equal(s, rs)
 
 
@@ -87,13 +90,14 @@ def test_linear_equals_dequantize_then_matmul(ops, fmt, shape):
     torch.manual_seed(k + n)
     x, bias = torch.randn(m, k), torch.randn(n)
     y = ops.gguf_linear(x, [torch.from_numpy(blocks)], [int(fmt)], bias)
-    q, s = quantize_like_q8_0(x)
-    xq = (q.double().reshape(m, -1, 32) * s.double()[..., None]).reshape(m, k)
+    block = ops.gguf_activation_block(int(fmt))  # 256: this build's K-quants read x rounded per super-block
+    q, s = quantize_like_q8_0(x, block)
+    xq = (q.double().reshape(m, -1, block) * s.double()[..., None]).reshape(m, k)
     ref = xq @ w.double().T + bias.double()
     coded = (w.double() - torch.from_numpy(lowest_weights(blocks, fmt, ops))).abs()  # |a u|; |b| <= |w| + |a u|
     bound = SUM_ORDER_TOL * (xq.abs() @ (w.double().abs() + 2 * coded).T) + 1e-6
     assert ((y.double() - ref).abs() <= bound).all(), ((y.double() - ref).abs() / bound).max()
-    # Against the float activations: the q8_0 rounding of x is the only difference (d/sqrt(12) per value).
+    # Against the float activations: the rounding of x is the only difference (d/sqrt(12) per value).
     exact = x.double() @ w.double().T + bias.double()
     assert ((y.double() - exact).norm() / (exact - bias.double()).norm()).item() < 0.02
 

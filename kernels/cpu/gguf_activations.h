@@ -37,57 +37,77 @@ struct QuantX {
   std::vector<int32_t> nsum4;  // [M][K64 / 4]: minus the sum of each group of 4 codes (a vpdpbusd lane)
   std::vector<int32_t> nsum16;  // [M][S]: minus the sum of each 16 codes (a sub-block)
   std::vector<int32_t> nsum32;  // [M][K64 / 32]: minus the sum of each 32 codes (the AVX2 whole-chunk step's)
+  // Rounded per 256 columns instead (kRound256 builds, for linears with Q4_K or Q6_K parts; else empty):
+  std::vector<int8_t> q256;     // [M][K64]
+  std::vector<float> d256;      // [M][K64 / 256]: the scale of each 256 columns
+  std::vector<int16_t> sum16;   // [M][K64 / 16]: the sum of each 16 of q256's codes
 };
+
+// Whether this build's Q4_K and Q6_K read the activations rounded per super-block (QuantX.q256, as ggml's q8_K):
+// the AVX2 decode, which then sums a super-block in integers (gguf_decode_avx2.h). VNNI and plain C++ read q.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(RADIXSERVE_GGUF_VNNI)
+constexpr bool kRound256 = true;
+#else
+constexpr bool kRound256 = false;
+#endif
+inline bool rounds_per_256(int64_t type) { return kRound256 && (type == kQ4_K || type == kQ6_K); }
 
 inline float widen(float v) { return v; }
 inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }  // exact
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const c10::BFloat16* x) {  // bfloat16 bits are the float's top half
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+#elif defined(__AVX2__)
+inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
+inline __m256 load8(const c10::BFloat16* x) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+}
+#endif
+
 // ggml's q8_0 rounding: q = nearest-even(x * (127 / absmax)), scale = absmax / 127 (0 for an all-zero block).
 // With AVX-512 the same operations run 16 lanes at a time (the absmax, a max, does not depend on order; products
-// and rounding are per value), so every build gives the same codes.
+// and rounding are per value), so every build gives the same codes. In two steps, so that the K-quants' rounding
+// per 256 columns (quantize_block256) shares them.
 template <typename In>
-inline void quantize_block(const In* x, int8_t* q, float& scale) {
+inline float absmax32(const In* x) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
   __m512 v[2];
+  for (int h = 0; h < 2; h++) v[h] = load16(x + 16 * h);
+  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+#elif defined(__AVX2__)
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 m8 = _mm256_andnot_ps(sign, load8(x));
+  for (int h = 1; h < 4; h++) m8 = _mm256_max_ps(m8, _mm256_andnot_ps(sign, load8(x + 8 * h)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+#else
+  float amax = 0.f;
+  for (int j = 0; j < kXBlock; j++) amax = std::max(amax, std::fabs(widen(x[j])));
+  return amax;
+#endif
+}
+
+// q[j] = nearest-even(x[j] * inv) clamped to +-127, for 32 values.
+template <typename In>
+inline void round32(const In* x, float inv, int8_t* q) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
   for (int h = 0; h < 2; h++) {
-    if constexpr (std::is_same_v<In, float>) {
-      v[h] = _mm512_loadu_ps(x + 16 * h);
-    } else {  // bfloat16 bits are the float's top half
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16 * h));
-      v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-    }
-  }
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  scale = amax / 127.f;
-  for (int h = 0; h < 2; h++) {
-    const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v[h], _mm512_set1_ps(inv)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(load16(x + 16 * h), _mm512_set1_ps(inv)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 c = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.f)), _mm512_set1_ps(127.f));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(c)));
   }
 #elif defined(__AVX2__)
   // The same operations 8 lanes at a time (with the scalar loop below, rounding and sums together, the AVX2 build's
   // 512-row linears took 4-8% longer: benchmarks.gguf_linear, RESULTS.md issue 38 session 15).
-  __m256 v[4];
-  for (int h = 0; h < 4; h++) {
-    if constexpr (std::is_same_v<In, float>) {
-      v[h] = _mm256_loadu_ps(x + 8 * h);
-    } else {
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * h));
-      v[h] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
-    }
-  }
-  const __m256 sign = _mm256_set1_ps(-0.f);
-  const __m256 m8 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                  _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  scale = amax / 127.f;
   __m256i c[4];
   for (int h = 0; h < 4; h++) {
-    const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[h], _mm256_set1_ps(inv)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(load8(x + 8 * h), _mm256_set1_ps(inv)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     c[h] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.f)), _mm256_set1_ps(127.f)));
   }
   // Packing works per 128-bit half: the 4-byte groups come out as 0-3 of each register, then 4-7; put them back.
@@ -95,13 +115,26 @@ inline void quantize_block(const In* x, int8_t* q, float& scale) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
                       _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 #else
-  float amax = 0.f;
-  for (int j = 0; j < kXBlock; j++) amax = std::max(amax, std::fabs(widen(x[j])));
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  scale = amax / 127.f;
-  for (int j = 0; j < kXBlock; j++)
-    q[j] = static_cast<int8_t>(std::clamp(std::nearbyint(widen(x[j]) * inv), -127.f, 127.f));
+  for (int j = 0; j < kXBlock; j++) q[j] = static_cast<int8_t>(std::clamp(std::nearbyint(widen(x[j]) * inv), -127.f, 127.f));
 #endif
+}
+
+template <typename In>
+inline void quantize_block(const In* x, int8_t* q, float& scale) {
+  const float amax = absmax32(x);
+  scale = amax / 127.f;
+  round32(x, amax > 0.f ? 127.f / amax : 0.f, q);
+}
+
+// The same rounding over a K-quant super-block (256 columns, one scale), as ggml's q8_K rounds the activations of
+// its K-quant dot products: the AVX2 decode of Q4_K and Q6_K sums a whole super-block in integers before one float
+// step (gguf_decode_avx2.h).
+template <typename In>
+inline void quantize_block256(const In* x, int8_t* q, float& scale) {
+  float amax = 0.f;
+  for (int b = 0; b < 8; b++) amax = std::max(amax, absmax32(x + kXBlock * b));
+  scale = amax / 127.f;
+  for (int b = 0; b < 8; b++) round32(x + kXBlock * b, amax > 0.f ? 127.f / amax : 0.f, q + kXBlock * b);
 }
 
 // nsum[g] = -(q[4 g] + .. + q[4 g + 3]) for g < K / 4 (K a multiple of 32): vpmaddubsw by ones adds pairs, vpmaddwd
@@ -128,9 +161,27 @@ inline void minus_lane_sums(const int8_t* q, int64_t K, int32_t* nsum) {
 // on the calling thread alone); a decode step's few rows are not worth waking them.
 constexpr int64_t kParallelRows = 32;
 
+// Row m's codes per 256 columns into xq (K a multiple of 256).
 template <typename In>
-inline QuantX quantize_rows(const In* x, int64_t M, int64_t K) {
-  QuantX xq{round_up(K, kChunk), round_up(round_up(K, kChunk) / kSub, 16), {}, {}, {}, {}, {}, {}, {}};
+inline void quantize_row256(const In* x, int64_t K, QuantX& xq, int64_t m) {
+  int8_t* q = xq.q256.data() + m * xq.K64;
+  for (int64_t blk = 0; blk < K / 256; blk++) quantize_block256(x + blk * 256, q + blk * 256, xq.d256[m * xq.K64 / 256 + blk]);
+  std::vector<int32_t> nsum(K / 4);
+  minus_lane_sums(q, K, nsum.data());
+  for (int64_t j = 0; j < K / kSub; j++)
+    xq.sum16[m * xq.K64 / kSub + j] = static_cast<int16_t>(-(nsum[4 * j] + nsum[4 * j + 1] + nsum[4 * j + 2] + nsum[4 * j + 3]));
+}
+
+// `per256`: also the codes per 256 columns (a linear with parts that rounds_per_256).
+template <typename In>
+inline QuantX quantize_rows(const In* x, int64_t M, int64_t K, bool per256 = false) {
+  QuantX xq{round_up(K, kChunk), round_up(round_up(K, kChunk) / kSub, 16), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  if (per256) {
+    TORCH_CHECK(K % 256 == 0, "K-quant blocks need K a multiple of 256");
+    xq.q256.assign(M * xq.K64, 0);
+    xq.d256.assign(M * xq.K64 / 256, 0.f);
+    xq.sum16.assign(M * xq.K64 / kSub, 0);
+  }
   xq.nsum4.assign(M * xq.K64 / 4, 0);
   xq.q.assign(M * xq.K64, 0);
   xq.lane.assign(M * xq.K64 / 4, 0.f);
@@ -155,6 +206,7 @@ inline QuantX quantize_rows(const In* x, int64_t M, int64_t K) {
         xq.nsum16[m * xq.S + j] = -sum;
         xq.nsum32[m * xq.K64 / 32 + j / 2] -= sum;
       }
+      if (per256) quantize_row256(x + m * K, K, xq, m);
     }
   };
   if (M >= kParallelRows)

@@ -1,21 +1,20 @@
-// The GGUF linears' dot products on AVX2 (no VNNI): one 32-column chunk at a time, for the tiles of gguf_linear.cpp
-// (prefill: codes unpacked by gguf_blocks.h) and for decode steps, whose codes go from the blocks straight into
-// registers (at most kFusedRows activation rows; no tile buffer, no second pass over the codes).
+// The GGUF linears' dot products on AVX2 (no VNNI): one 32-column chunk at a time. Q4_0, Q5_0 and Q8_0 serve the
+// tiles of gguf_linear.cpp (prefill: codes unpacked by gguf_blocks.h) and decode steps, whose codes go from the
+// blocks straight into registers (at most kFusedRows activation rows; no tile buffer, no second pass over the
+// codes); Q4_K and Q6_K take the latter at every row count.
 //
 // The integers: vpmaddubsw multiplies unsigned codes by the activations' int8 codes and adds pairs into int16, then
-// vpmaddwd by ones adds those pairs, so int32 lane l holds columns 4l .. 4l + 3, as a vpdpbusd lane does. It is exact
-// for codes up to 63 (2 * 63 * 127 < 2^15): Q4_0, Q5_0, Q4_K, Q6_K. The fixed zero points (Q4_0 8, Q5_0 16, Q6_K 32)
-// come out in the integers (minus zero * the lane's sum of activation codes, nsum4). Q8_0's codes would saturate
-// vpmaddubsw, so its signed codes go through ggml's sign trick: |q| times x with q's sign, exact (2 * 128 * 127).
-// Either way a lane holds the exact sum of x * (u - zero) over its 4 columns, so the method does not change a bit.
+// vpmaddwd adds those pairs, so int32 lane l holds columns 4l .. 4l + 3, as a vpdpbusd lane does. It is exact for
+// codes up to 63 (2 * 63 * 127 < 2^15): Q4_0, Q5_0, Q4_K, Q6_K. Q8_0's codes would saturate vpmaddubsw, so its
+// signed codes go through ggml's sign trick: |q| times x with q's sign, exact (2 * 128 * 127).
 //
-// The floats, the same in both paths. Q4_0, Q5_0 and Q8_0 (one scale a per 32 columns): eight weight rows at a time,
-// each chunk's lanes added into one integer per row (exact), then acc += float(sum) * (a * x_scale) once for all eight
-// rows, lane j holding row j (`rows_step`). Q4_K and Q6_K (a per 16 columns, or float offsets): per chunk
-// acc += float(lane) * (a * x_scale) with a per 16 columns (lanes 0-3 and 4-7), then `hsum8`; Q4_K subtracts its
-// offsets b * corr, summed 8 at a time in column order (decode_rows' `off`, tile_rows' likewise). Chunks run in
-// column order. So a row's result does not depend on whether it ran in a tile or in a decode step, nor on the row
-// count.
+// The floats. Q4_0, Q5_0 and Q8_0 (one scale a per 32 columns, activations rounded per 32): eight weight rows at a
+// time, each chunk's lanes added into one integer per row (exact; the zero points Q4_0 8 and Q5_0 16 taken out there
+// with the chunk's sum of activation codes), then acc += float(sum) * (a * x_scale) once for all eight rows, lane j
+// holding row j (`rows_step`). Q4_K and Q6_K (an integer scale per 32 or 16 columns under a float d per 256): the
+// activations are rounded per 256 columns (QuantX.q256, as ggml's q8_K), so vpmaddwd takes the scales instead of ones
+// and a whole super-block adds up in integers before one float step (`Reader::finish`): RESULTS.md, issue 38 session
+// 29. Chunks run in column order; a row's result depends neither on the path nor on the row count.
 #pragma once
 
 #include "gguf_activations.h"
@@ -30,31 +29,14 @@ namespace radixserve::gguf {
 
 constexpr int64_t kChunk32 = 32;
 
-// The zero point taken out in the integers: 2^shift; Q8_0 (sign trick) and Q4_K (float offsets) take none.
-constexpr int avx2_zero_shift(int64_t type) { return type == kQ4_0 ? 3 : type == kQ5_0 ? 4 : type == kQ6_K ? 5 : -1; }
+// The zero point the whole-chunk formats take out in the integers: 2^shift; Q8_0 (sign trick) takes none.
+constexpr int avx2_zero_shift(int64_t type) { return type == kQ4_0 ? 3 : type == kQ5_0 ? 4 : -1; }
 
-inline float hsum8(__m256 v) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-
-// One activation row's chunk as every weight row reads it: codes, minus zero * lane sums, scale.
-struct XChunk {
-  __m256i q, init;
-  __m256 scale;
-};
-
-template <int64_t Type>
-inline XChunk x_chunk(const QuantX& x, int64_t m, int64_t c) {
-  XChunk xc;
-  xc.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[m * x.K64 + c * kChunk32]));
-  // Both 16-column halves of a 32-column chunk lie in one activation block: one scale for all 8 lanes.
-  xc.scale = _mm256_set1_ps(x.scale16[m * x.S + 2 * c]);
-  constexpr int shift = avx2_zero_shift(Type);
-  if constexpr (shift >= 0)
-    xc.init = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.nsum4[m * x.K64 / 4 + c * 8])), shift);
-  return xc;
+// The sum of the eight int32 lanes (exact).
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+  return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 1)));
 }
 
 // Lane l: the exact sum of x * u over columns 4l .. 4l + 3 of one weight row's chunk, zero point left in (Q8_0: the
@@ -69,17 +51,6 @@ inline __m256i lanes32(__m256i u, __m256i xq) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);
   }
 }
-
-// acc + float(sum of x * (u - zero) per lane) * (a * scale): the lanes' float step (Q4_K, Q6_K).
-template <int64_t Type>
-inline __m256 step2(__m256 acc, __m256i u, __m256 a, const XChunk& xc) {
-  __m256i lanes = lanes32<Type>(u, xc.q);
-  if constexpr (avx2_zero_shift(Type) >= 0) lanes = _mm256_add_epi32(lanes, xc.init);
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_mul_ps(a, xc.scale), acc);
-}
-
-// a per 16 columns (a0: columns 0-15, a1: 16-31) to the lanes of a 32-column chunk.
-inline __m256 spread2(float a0, float a1) { return _mm256_set_m128(_mm_set1_ps(a1), _mm_set1_ps(a0)); }
 
 // Q4_0, Q5_0, Q8_0: a is one scale for a whole 32-column chunk, so the eight int32 lanes of a chunk's dot product
 // can be added into one integer per weight row before any float work. Eight weight rows then share one conversion,
@@ -249,57 +220,57 @@ inline __m256 d8(const uint8_t* const* rows, int64_t offset) {
   return _mm256_cvtph_ps(v);
 }
 
-// Readers for decode: `begin(s)` prepares super-block s of the row (kWeights columns), `chunk(c, a)` gives its
-// 32-column chunk c as the codes unpack_row would store and the a of its two 16-column halves.
+// Readers for Q4_K and Q6_K: `begin(s)` takes super-block s of the row (kWeights columns), `codes(c)` gives its
+// 32-column chunk c as unpack_row would store the codes, `scales(c)` the int16 scale of each of the chunk's pairs
+// of columns (vpmaddubsw's words: 0-7 columns 0-15, 8-15 columns 16-31), and `finish` adds the super-block's integer
+// sum into the row's float sums. Against activations rounded per super-block (QuantX.q256, scale dx), the whole
+// super-block is one integer sum, exact: sum_j sc_j * sum(u * x) over its sub-blocks j, minus the zero point's or
+// the minima's share from the codes' sums per 16 (QuantX.sum16); then one float step, float(sum) * (d * dx).
 template <int64_t Type>
-struct Reader;  // the formats that keep the lanes: Q4_K, Q6_K
+struct Reader;
 
 template <>
-struct Reader<kQ4_K> {  // chunk c: sub-block c, the low (even c) or high nibbles of qs[32 (c / 2) ..]
+struct Reader<kQ4_K> {  // chunk c: sub-block c (w = d sc_c u - dmin m_c), the low (even c) or high nibbles of qs[32 (c / 2) ..]
   static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = 144;
   const uint8_t* row;
   const uint8_t* blk = nullptr;
-  float a8[8];
-  __m256 b[2];  // b per 16 columns of the super-block, as unpack_q4_k stores them
+  int16_t sc[8];
+  __m256i m16;  // m per 16 columns: m_0, m_0, m_1, m_1, .., m_7, m_7
 
   void begin(int64_t s) {
     blk = row + s * kBytes;
-    // unpack_q4_k's products in float, eight lanes at a time (exact, as there): a scalar loop over the eight pairs
-    // took ~a fifth of a Q4_K row's time (RESULTS.md, issue 38 session 26).
     uint8_t sm[16];
     q4_k_scales(blk, sm);
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sm));  // sc 0-7, m 0-7
-    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
-    _mm256_storeu_ps(a8, _mm256_mul_ps(_mm256_set1_ps(fp16(blk)), sc));
-    const __m256 m8 = _mm256_mul_ps(_mm256_set1_ps(fp16(blk + 2)), m);
-    b[0] = _mm256_permutevar8x32_ps(m8, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-    b[1] = _mm256_permutevar8x32_ps(m8, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm)));  // sc 0-7, m 0-7
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(sc), _mm256_castsi256_si128(w));
+    const __m128i m = _mm256_extracti128_si256(w, 1);
+    m16 = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
   }
-  __m256i chunk(int c, __m256& a) const {
-    a = _mm256_set1_ps(a8[c]);
+  __m256i codes(int c) const {
     const __m256i v = load32(blk + 16 + 32 * (c / 2));
     return c % 2 == 0 ? low4(v) : high4(v);
+  }
+  __m256i scales(int c) const { return _mm256_set1_epi16(sc[c]); }
+  // y += d dx sum_c sc_c sum(u x) - dmin dx sum_c m_c sum(x): the minima's sum in `off`.
+  void finish(__m256i isum, __m256i sums16, float dx, float& y, float& off) const {
+    y += static_cast<float>(hsum_epi32(isum)) * (fp16(blk) * dx);
+    off += static_cast<float>(hsum_epi32(_mm256_madd_epi16(m16, sums16))) * (fp16(blk + 2) * dx);
   }
 };
 
 template <>
-struct Reader<kQ6_K> {  // chunk c: half c / 4, part t = c % 4 of unpack_q6_k's four stores
+struct Reader<kQ6_K> {  // chunk c: half c / 4, part t = c % 4 of unpack_q6_k's four stores; scales 2c and 2c + 1
   static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = 210;
   const uint8_t* row;
   const uint8_t* blk = nullptr;
-  __m256 a16[2];  // d * scale j (as unpack_q6_k's products) for j = 0-7 and 8-15
+  int16_t sc[16];
 
   void begin(int64_t s) {
     blk = row + s * kBytes;
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-    const __m256 d = _mm256_set1_ps(fp16(blk + 208));
-    a16[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-    a16[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc),
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
   }
-  __m256i chunk(int c, __m256& a) const {
-    const int j = 2 * (c % 4);  // scales j and j + 1 of a16[c / 4] to lanes 0-3 and 4-7
-    a = _mm256_permutevar8x32_ps(a16[c / 4], _mm256_set_epi32(j + 1, j + 1, j + 1, j + 1, j, j, j, j));
+  __m256i codes(int c) const {
     const int half = c / 4, t = c % 4;
     const __m256i l = load32(blk + 64 * half + (t % 2) * 32), h = load32(blk + 128 + 32 * half);
     const __m256i two = _mm256_set1_epi8(0x30);
@@ -307,12 +278,27 @@ struct Reader<kQ6_K> {  // chunk c: half c / 4, part t = c % 4 of unpack_q6_k's 
     const __m256i hs = t == 0 ? _mm256_slli_epi16(h, 4) : t == 1 ? _mm256_slli_epi16(h, 2) : t == 2 ? h : _mm256_srli_epi16(h, 2);
     return _mm256_or_si256(nib, _mm256_and_si256(hs, two));
   }
+  __m256i scales(int c) const {  // sc[2c] and sc[2c + 1] in every dword, then words 0-7 the first, 8-15 the second
+    int32_t pair;
+    std::memcpy(&pair, &sc[2 * c], 4);
+    const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+                                            2, 3, 2, 3, 2, 3);
+    return _mm256_shuffle_epi8(_mm256_set1_epi32(pair), spread);
+  }
+  // y += d dx (sum_j sc_j sum(u x) - 32 sum_j sc_j sum(x)): the zero point taken out in the integers.
+  void finish(__m256i isum, __m256i sums16, float dx, float& y, float&) const {
+    const __m256i zero = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)), sums16);
+    y += static_cast<float>(hsum_epi32(_mm256_sub_epi32(isum, _mm256_slli_epi32(zero, 5)))) * (fp16(blk + 208) * dx);
+  }
 };
 
 // Bytes ahead of the rows being read that are prefetched (as gguf_decode.h: one sweep at the rows' pace).
 constexpr int64_t kPrefetchAhead = 12288;
 
-// y[r * ldy + j] for RB activation rows from m0 against NR consecutive weight rows (row_bytes apart) from `row`.
+// y[r * ldy + j] for RB activation rows from m0 against NR consecutive weight rows (row_bytes apart) from `row`, Q4_K
+// or Q6_K, against the activations rounded per super-block. Bounds of the integer sums (exact): a chunk's vpmaddubsw
+// words are at most 2 x 63 x 127 (Q6_K's codes), its vpmaddwd lanes 2 x 16002 x 128 with the scales, eight chunks
+// 33M, the zero point's share 32 x 2 x 128 x 2032: below 2^31 in a lane and in the lanes' sum.
 template <int64_t Type, int NR, int RB>
 inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using R = Reader<Type>;
@@ -320,36 +306,32 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, 
   const uint8_t* ahead = row + kPrefetchAhead;
   R w[NR];
   for (int j = 0; j < NR; j++) w[j].row = row + j * row_bytes;
-  __m256 acc[RB][NR], off[RB][NR];
-  for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++) acc[r][j] = off[r][j] = _mm256_setzero_ps();
+  float acc[RB][NR] = {}, off[RB][NR] = {};
   for (int64_t s = 0; s < x.K64 / R::kWeights; s++) {
     for (int j = 0; j < NR; j++) w[j].begin(s);
     for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
     ahead += span;
-#pragma GCC unroll 8  // whole: each chunk's nibble half, shifts and scales then known when compiled
+    __m256i isum[RB][NR];
+    for (int r = 0; r < RB; r++)
+      for (int j = 0; j < NR; j++) isum[r][j] = _mm256_setzero_si256();
+#pragma GCC unroll 8  // whole: each chunk's nibble half and shifts then known when compiled
     for (int c = 0; c < R::kChunks; c++) {
-      XChunk xc[RB];
-      for (int r = 0; r < RB; r++) xc[r] = x_chunk<Type>(x, m0 + r, s * R::kChunks + c);
+      __m256i xq[RB];
+      for (int r = 0; r < RB; r++) xq[r] = load32(reinterpret_cast<const uint8_t*>(&x.q256[(m0 + r) * x.K64 + s * R::kWeights + c * kChunk32]));
       for (int j = 0; j < NR; j++) {
-        __m256 a;
-        const __m256i u = w[j].chunk(c, a);
-        for (int r = 0; r < RB; r++) acc[r][j] = step2<Type>(acc[r][j], u, a, xc[r]);
+        const __m256i u = w[j].codes(c), sc = w[j].scales(c);
+        for (int r = 0; r < RB; r++)
+          isum[r][j] = _mm256_add_epi32(isum[r][j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq[r]), sc));
       }
     }
-    if constexpr (Type == kQ4_K)  // the offsets in the order of gguf_tiles.h's tile_rows: 16 per super-block, 8 at a time
-      for (int r = 0; r < RB; r++)
-        for (int j = 0; j < NR; j++)
-          for (int h = 0; h < 2; h++) {
-            const float* corr = &x.corr[(m0 + r) * x.S + 16 * s + 8 * h];
-            off[r][j] = _mm256_fmadd_ps(w[j].b[h], _mm256_loadu_ps(corr), off[r][j]);
-          }
+    for (int r = 0; r < RB; r++) {
+      const __m256i s16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.sum16[(m0 + r) * x.K64 / kSub + s * 16]));
+      const float dx = x.d256[(m0 + r) * x.K64 / R::kWeights + s];
+      for (int j = 0; j < NR; j++) w[j].finish(isum[r][j], s16, dx, acc[r][j], off[r][j]);
+    }
   }
   for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++) {
-      y[r * ldy + j] = hsum8(acc[r][j]);
-      if constexpr (Type == kQ4_K) y[r * ldy + j] -= hsum8(off[r][j]);
-    }
+    for (int j = 0; j < NR; j++) y[r * ldy + j] = Type == kQ4_K ? acc[r][j] - off[r][j] : acc[r][j];
 }
 
 // y[r * ldy + j] (j < nr <= 8) for RB activation rows from m0 against nr weight rows (row_bytes apart) of a

@@ -18,6 +18,8 @@ using radixserve::gguf::format_of;
 using radixserve::gguf::kSub;
 using radixserve::gguf::kXBlock;
 using radixserve::gguf::quantize_block;
+using radixserve::gguf::quantize_block256;
+using radixserve::gguf::rounds_per_256;
 using radixserve::gguf::unpack_row;
 
 // The weights of `blocks` [N, bytes] (all rows, or rows `ids`) as float32 [rows, K]: w = a u - b, rounded once.
@@ -47,24 +49,35 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, const std::op
 }
 
 // The activation rounding every dot product above starts from: (int8 codes [M, K], float32 scales [M, K / 32]).
-std::tuple<at::Tensor, at::Tensor> gguf_quantize_activations(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) % kXBlock == 0, "x must be [M, K] with K a multiple of ", kXBlock);
+// The codes and scales the linears round x to, per block of `block` columns: 32 (q8_0) or 256 (q8_K, what this
+// build's K-quants read where gguf_activation_block says so).
+std::tuple<at::Tensor, at::Tensor> gguf_quantize_activations(const at::Tensor& x, int64_t block) {
+  TORCH_CHECK(block == kXBlock || block == 256, "block must be 32 or 256");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % block == 0, "x must be [M, K] with K a multiple of ", block);
   const int64_t M = x.size(0), K = x.size(1);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
-  at::Tensor s = at::empty({M, K / kXBlock}, x.options().dtype(at::kFloat));
+  at::Tensor s = at::empty({M, K / block}, x.options().dtype(at::kFloat));
   for (int64_t m = 0; m < M; m++)
-    for (int64_t blk = 0; blk < K / kXBlock; blk++)
-      quantize_block(xf.data_ptr<float>() + m * K + blk * kXBlock, q.data_ptr<int8_t>() + m * K + blk * kXBlock,
-                     s.data_ptr<float>()[m * (K / kXBlock) + blk]);
+    for (int64_t blk = 0; blk < K / block; blk++) {
+      const float* in = xf.data_ptr<float>() + m * K + blk * block;
+      int8_t* out = q.data_ptr<int8_t>() + m * K + blk * block;
+      float& scale = s.data_ptr<float>()[m * (K / block) + blk];
+      block == kXBlock ? quantize_block(in, out, scale) : quantize_block256(in, out, scale);
+    }
   return {q, s};
 }
+
+// The columns per activation scale that this build's linears read for a block type: 256 for Q4_K and Q6_K on the
+// AVX2 path (kRound256), else 32.
+int64_t gguf_activation_block(int64_t type) { return rounds_per_256(type) ? 256 : kXBlock; }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("gguf_dequantize(Tensor blocks, int type, Tensor? ids) -> Tensor");
-  m.def("gguf_quantize_activations(Tensor x) -> (Tensor, Tensor)");
+  m.def("gguf_quantize_activations(Tensor x, int block=32) -> (Tensor, Tensor)");
+  m.def("gguf_activation_block(int type) -> int", &gguf_activation_block);  // no tensor to dispatch on: catch-all
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {

@@ -128,8 +128,9 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0) return out;
   const at::Tensor xc = x.contiguous();  // rounded from its own dtype: a float32 copy was a pass and an allocation
-  const QuantX xq = x.scalar_type() == at::kFloat ? quantize_rows(xc.data_ptr<float>(), M, K)
-                                                  : quantize_rows(xc.data_ptr<at::BFloat16>(), M, K);
+  const bool per256 = std::any_of(types.begin(), types.end(), rounds_per_256);
+  const QuantX xq = x.scalar_type() == at::kFloat ? quantize_rows(xc.data_ptr<float>(), M, K, per256)
+                                                  : quantize_rows(xc.data_ptr<at::BFloat16>(), M, K, per256);
   // float32 without a bias: the kernels write the output itself. Otherwise a float32 buffer (every entry is
   // written, so it is not cleared: a zeroed 150k-entry LM head buffer cost a pass over 0.6 MB a step), then the bias
   // and the cast in one loop (separate torch ops cost ~10 us of dispatch each, ~100 linears a step).

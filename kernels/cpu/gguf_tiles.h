@@ -157,51 +157,8 @@ inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX&
 
 #elif defined(__AVX2__) && defined(__FMA__)
 
-// No VNNI: gguf_decode_avx2.h, 32 columns a step; the tiles run the sequence of its decode rows: eight weight rows
-// a register for Q4_0, Q5_0 and Q8_0 (`tile_rows8`), one row's lanes a register for Q4_K and Q6_K (`tile_rows`).
-// The latter's register block: 4 weight rows x kRowBlock (4) activation rows per pass, so each activation chunk is
-// read once for four weight rows and each weight chunk once for four activation rows. Measured (haswell build, one
-// thread, all 24 layers at 512 rows): 1 x 4 (before) gate_up 4.5-4.6 s, down 1.80; 2 x 4 3.53-3.57, 1.47; 3 x 4 3.11-3.16,
-// 1.38-1.39; 4 x 4 2.63-2.68, 1.27; 4 x 3 2.78, 1.34; 4 x 5 2.83, 1.32; 4 x 2 2.74, 1.49; 8 x 2 3.23, 1.48.
-constexpr int kWeightBlock = 4;
-
-// y[r * ldy + j] for RB activation rows from m0 against NR unpacked weight rows w[j] (gguf_blocks.h's form): each
-// activation chunk is read once for the NR weight rows, each weight chunk once for the RB activation rows. Per pair
-// the steps of gguf_decode_avx2.h's decode rows, in the same order.
-template <int64_t Type, int NR, int RB>
-inline void tile_rows(const RowView* w, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
-  __m256 acc[RB][NR];
-  for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++) acc[r][j] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
-    XChunk xc[RB];
-    for (int r = 0; r < RB; r++) xc[r] = x_chunk<Type>(x, m0 + r, c);
-    for (int j = 0; j < NR; j++) {
-      const __m256i uc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[j].u + c * kChunk32));
-      const __m256 ac = spread2(w[j].a[2 * c], w[j].a[2 * c + 1]);
-      for (int r = 0; r < RB; r++) acc[r][j] = step2<Type>(acc[r][j], uc, ac, xc[r]);
-    }
-  }
-  for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++) {
-      y[r * ldy + j] = hsum8(acc[r][j]);
-      if constexpr (Type == kQ4_K) {
-        __m256 off = _mm256_setzero_ps();  // sum_i b[i] corr[i], 8 lanes in column order, as decode_rows sums it
-        for (int64_t i = 0; i < x.S; i += 8)
-          off = _mm256_fmadd_ps(_mm256_loadu_ps(w[j].b + i), _mm256_loadu_ps(&x.corr[(m0 + r) * x.S + i]), off);
-        y[r * ldy + j] -= hsum8(off);
-      }
-    }
-}
-
-// NR weight rows from w against every activation row, kRowBlock activation rows at a time.
-template <int64_t Type, int NR>
-void weight_rows(const RowView* w, const QuantX& x, int64_t M, float* y, int64_t ldy) {
-  int64_t m = 0;
-  for (; m + kRowBlock <= M; m += kRowBlock) tile_rows<Type, NR, kRowBlock>(w, x, m, y + m * ldy, ldy);
-  for (; m < M; m++) tile_rows<Type, NR, 1>(w, x, m, y + m * ldy, ldy);
-}
-
+// No VNNI: gguf_decode_avx2.h, 32 columns a step; the tiles run the sequence of its decode rows, eight weight rows a
+// register (`tile_rows8`). Q4_K and Q6_K never come here: their decode rows serve every row count (fused()).
 // Q4_0, Q5_0, Q8_0: eight weight rows (rows past nr repeat the last) against RB activation rows from m0, the
 // sequence of decode_rows8 (gguf_decode_avx2.h) per pair.
 template <int64_t Type, int RB>
@@ -223,17 +180,11 @@ inline void tile_rows8(const RowView* w, int nr, const QuantX& x, int64_t m0, fl
 
 template <int64_t Type>
 void dot_tile(const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
-  if constexpr (whole_chunks<Type>()) {
-    for (int64_t r = 0; r < rows; r += kRowGroup) {
-      const int nr = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r));
-      int64_t m = 0;
-      for (; m + kRowBlock <= M; m += kRowBlock) tile_rows8<Type, kRowBlock>(w + r, nr, x, m, y + m * ldy + r, ldy);
-      for (; m < M; m++) tile_rows8<Type, 1>(w + r, nr, x, m, y + m * ldy + r, ldy);
-    }
-  } else {
-    int64_t r = 0;
-    for (; r + kWeightBlock <= rows; r += kWeightBlock) weight_rows<Type, kWeightBlock>(w + r, x, M, y + r, ldy);
-    for (; r < rows; r++) weight_rows<Type, 1>(w + r, x, M, y + r, ldy);
+  for (int64_t r = 0; r < rows; r += kRowGroup) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r));
+    int64_t m = 0;
+    for (; m + kRowBlock <= M; m += kRowBlock) tile_rows8<Type, kRowBlock>(w + r, nr, x, m, y + m * ldy + r, ldy);
+    for (; m < M; m++) tile_rows8<Type, 1>(w + r, nr, x, m, y + m * ldy + r, ldy);
   }
 }
 
@@ -242,8 +193,7 @@ inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX&
     case kQ4_0: return dot_tile<kQ4_0>(w, rows, x, M, y, ldy);
     case kQ5_0: return dot_tile<kQ5_0>(w, rows, x, M, y, ldy);
     case kQ8_0: return dot_tile<kQ8_0>(w, rows, x, M, y, ldy);
-    case kQ4_K: return dot_tile<kQ4_K>(w, rows, x, M, y, ldy);
-    default: return dot_tile<kQ6_K>(w, rows, x, M, y, ldy);
+    default: TORCH_CHECK(false, "block type ", type, " has no AVX2 tile: it runs its decode rows (fused)");
   }
 }
 
@@ -282,7 +232,8 @@ constexpr int64_t kFusedRows = 8;
 template <int64_t, int RB>
 constexpr int side_by_side() { return RB <= 2 ? 4 : 2; }
 #endif
-inline bool fused(int64_t, int64_t M, int64_t K) { return M <= kFusedRows && K % kChunk == 0; }
+// Q4_K and Q6_K on AVX2 at any row count: their integer super-block sums (gguf_decode_avx2.h) have no tile form.
+inline bool fused(int64_t type, int64_t M, int64_t K) { return (M <= kFusedRows || rounds_per_256(type)) && K % kChunk == 0; }
 
 template <int64_t Type, int RB>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
