@@ -229,8 +229,9 @@ inline __m256 d8(const uint8_t* const* rows, int64_t offset) {
 template <int64_t Type>
 struct Reader;
 
+// Q4_K: chunk c is sub-block c (w = d sc_c u - dmin m_c), the low (even c) or high nibbles of qs[32 (c / 2) ..].
 template <>
-struct Reader<kQ4_K> {  // chunk c: sub-block c (w = d sc_c u - dmin m_c), the low (even c) or high nibbles of qs[32 (c / 2) ..]
+struct Reader<kQ4_K> {
   static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = 144;
   const uint8_t* row;
   const uint8_t* blk = nullptr;
@@ -317,7 +318,8 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, 
 #pragma GCC unroll 8  // whole: each chunk's nibble half and shifts then known when compiled
     for (int c = 0; c < R::kChunks; c++) {
       __m256i xq[RB];
-      for (int r = 0; r < RB; r++) xq[r] = load32(reinterpret_cast<const uint8_t*>(&x.q256[(m0 + r) * x.K64 + s * R::kWeights + c * kChunk32]));
+      for (int r = 0; r < RB; r++)
+        xq[r] = load32(reinterpret_cast<const uint8_t*>(&x.q256[(m0 + r) * x.K64 + s * R::kWeights + c * kChunk32]));
       for (int j = 0; j < NR; j++) {
         const __m256i u = w[j].codes(c), sc = w[j].scales(c);
         for (int r = 0; r < RB; r++)
