@@ -166,10 +166,13 @@ template <typename In>
 inline void quantize_row256(const In* x, int64_t K, QuantX& xq, int64_t m) {
   int8_t* q = xq.q256.data() + m * xq.K64;
   for (int64_t blk = 0; blk < K / 256; blk++) quantize_block256(x + blk * 256, q + blk * 256, xq.d256[m * xq.K64 / 256 + blk]);
-  std::vector<int32_t> nsum(K / 4);
-  minus_lane_sums(q, K, nsum.data());
-  for (int64_t j = 0; j < K / kSub; j++)
-    xq.sum16[m * xq.K64 / kSub + j] = static_cast<int16_t>(-(nsum[4 * j] + nsum[4 * j + 1] + nsum[4 * j + 2] + nsum[4 * j + 3]));
+  int16_t* sum16 = xq.sum16.data() + m * xq.K64 / kSub;
+  for (int64_t c = 0; c < K / kXBlock; c++) {  // each 32 codes' eight lane sums, then the two 16-column halves
+    int32_t nsum[8];
+    minus_lane_sums(q + c * kXBlock, kXBlock, nsum);
+    sum16[2 * c] = static_cast<int16_t>(-(nsum[0] + nsum[1] + nsum[2] + nsum[3]));
+    sum16[2 * c + 1] = static_cast<int16_t>(-(nsum[4] + nsum[5] + nsum[6] + nsum[7]));
+  }
 }
 
 // `per256`: also the codes per 256 columns (a linear with parts that rounds_per_256).

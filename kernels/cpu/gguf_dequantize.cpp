@@ -48,9 +48,8 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, const std::op
   return out;
 }
 
-// The activation rounding every dot product above starts from: (int8 codes [M, K], float32 scales [M, K / 32]).
-// The codes and scales the linears round x to, per block of `block` columns: 32 (q8_0) or 256 (q8_K, what this
-// build's K-quants read where gguf_activation_block says so).
+// The activation rounding every dot product starts from: (int8 codes [M, K], float32 scales [M, K / block]), per
+// block of 32 columns (q8_0) or 256 (q8_K: what this build's K-quants read where gguf_activation_block says so).
 std::tuple<at::Tensor, at::Tensor> gguf_quantize_activations(const at::Tensor& x, int64_t block) {
   TORCH_CHECK(block == kXBlock || block == 256, "block must be 32 or 256");
   TORCH_CHECK(x.dim() == 2 && x.size(1) % block == 0, "x must be [M, K] with K a multiple of ", block);

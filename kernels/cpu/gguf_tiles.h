@@ -159,6 +159,7 @@ inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX&
 
 // No VNNI: gguf_decode_avx2.h, 32 columns a step; the tiles run the sequence of its decode rows, eight weight rows a
 // register (`tile_rows8`). Q4_K and Q6_K never come here: their decode rows serve every row count (fused()).
+
 // Q4_0, Q5_0, Q8_0: eight weight rows (rows past nr repeat the last) against RB activation rows from m0, the
 // sequence of decode_rows8 (gguf_decode_avx2.h) per pair.
 template <int64_t Type, int RB>
@@ -233,7 +234,9 @@ template <int64_t, int RB>
 constexpr int side_by_side() { return RB <= 2 ? 4 : 2; }
 #endif
 // Q4_K and Q6_K on AVX2 at any row count: their integer super-block sums (gguf_decode_avx2.h) have no tile form.
-inline bool fused(int64_t type, int64_t M, int64_t K) { return (M <= kFusedRows || rounds_per_256(type)) && K % kChunk == 0; }
+inline bool fused(int64_t type, int64_t M, int64_t K) {
+  return (M <= kFusedRows || rounds_per_256(type)) && K % kChunk == 0;
+}
 
 template <int64_t Type, int RB>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
