@@ -31,7 +31,7 @@ inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 struct QuantX {
   int64_t K64, S;
   std::vector<int8_t> q;       // [M][K64]
-  std::vector<float> lane;     // [M][K64 / 4]: the scale of the block each group of 4 codes belongs to
+  std::vector<float> lane;     // [M][K64 / 4]: the scale of the block each group of 4 codes belongs to (VNNI only)
   std::vector<float> scale16;  // [M][S]: the scale per 16 columns
   std::vector<float> corr;     // [M][S]: scale * (sum of the 16 codes), what the offsets b multiply
   std::vector<int32_t> nsum4;  // [M][K64 / 4]: minus the sum of each group of 4 codes (a vpdpbusd lane)
@@ -51,6 +51,13 @@ constexpr bool kRound256 = true;
 constexpr bool kRound256 = false;
 #endif
 inline bool rounds_per_256(int64_t type) { return kRound256 && (type == kQ4_K || type == kQ6_K); }
+
+// Whether this build reads QuantX.lane (the VNNI decode rows, gguf_decode.h); other builds leave it empty.
+#if defined(RADIXSERVE_GGUF_VNNI)
+constexpr bool kVnniLanes = true;
+#else
+constexpr bool kVnniLanes = false;
+#endif
 
 inline float widen(float v) { return v; }
 inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }  // exact
@@ -175,10 +182,13 @@ inline void quantize_row256(const In* x, int64_t K, QuantX& xq, int64_t m) {
   }
 }
 
-// `per256`: also the codes per 256 columns (a linear with parts that rounds_per_256).
+// The rows of x rounded into xq, whose buffers are reused from call to call (a linear's ten allocations, freed
+// after it, were ~1% of a decode step's time on the calling thread: perf, RESULTS.md issue 38 session 30); every
+// entry is rewritten. `per256`: also the codes per 256 columns (a linear with parts that rounds_per_256).
 template <typename In>
-inline QuantX quantize_rows(const In* x, int64_t M, int64_t K, bool per256 = false) {
-  QuantX xq{round_up(K, kChunk), round_up(round_up(K, kChunk) / kSub, 16), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, QuantX& xq) {
+  xq.K64 = round_up(K, kChunk);
+  xq.S = round_up(xq.K64 / kSub, 16);
   if (per256) {
     TORCH_CHECK(K % 256 == 0, "K-quant blocks need K a multiple of 256");
     xq.q256.assign(M * xq.K64, 0);
@@ -187,7 +197,7 @@ inline QuantX quantize_rows(const In* x, int64_t M, int64_t K, bool per256 = fal
   }
   xq.nsum4.assign(M * xq.K64 / 4, 0);
   xq.q.assign(M * xq.K64, 0);
-  xq.lane.assign(M * xq.K64 / 4, 0.f);
+  xq.lane.assign(kVnniLanes ? M * xq.K64 / 4 : 0, 0.f);
   xq.scale16.assign(M * xq.S, 0.f);
   xq.corr.assign(M * xq.S, 0.f);
   xq.nsum16.assign(M * xq.S, 0);
@@ -200,7 +210,7 @@ inline QuantX quantize_rows(const In* x, int64_t M, int64_t K, bool per256 = fal
       for (int64_t blk = 0; blk < K / kXBlock; blk++) {
         quantize_block(x + m * K + blk * kXBlock, q + blk * kXBlock, scale16[2 * blk]);
         scale16[2 * blk + 1] = scale16[2 * blk];
-        std::fill_n(xq.lane.data() + m * xq.K64 / 4 + blk * 8, 8, scale16[2 * blk]);
+        if (kVnniLanes) std::fill_n(xq.lane.data() + m * xq.K64 / 4 + blk * 8, 8, scale16[2 * blk]);
       }
       minus_lane_sums(q, K, nsum);
       for (int64_t j = 0; j < K / kSub; j++) {  // the 16 codes' sum from their four lanes' (exact integers)
@@ -216,7 +226,6 @@ inline QuantX quantize_rows(const In* x, int64_t M, int64_t K, bool per256 = fal
     radixserve::SpinPool::get().run(M, rows);
   else
     rows(0, M);
-  return xq;
 }
 
 }  // namespace radixserve::gguf

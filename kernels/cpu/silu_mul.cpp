@@ -61,17 +61,34 @@ inline void silu_mul_lanes(const T* gate, const T* up, T* out) {
 }
 #elif defined(__AVX2__)
 constexpr int64_t kLanes = 8;
+inline __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load(const at::BFloat16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+// torch's vectorized float -> bfloat16 (vec256_bfloat16.h cvtfp32_bf16): to nearest even, NaN as 0xffff.
+inline __m256i bf16_bits(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bias, bits), 16);
+  const __m256i ordered = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q));
+  return _mm256_blendv_epi8(_mm256_set1_epi32(0xffff), rounded, ordered);
+}
+inline __m256 round_to(float*, __m256 v) { return v; }
+inline __m256 round_to(at::BFloat16*, __m256 v) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(v), 16)); }
+inline void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void store(at::BFloat16* p, __m256 v) {  // the eight 16-bit values, packed within each half, then the halves
+  const __m256i packed = _mm256_packus_epi32(bf16_bits(v), bf16_bits(v));
+  _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08)));
+}
 
-// 8 values, the exp in a vector and the rest per value (bfloat16 rounding as c10's).
+// 8 values, as the AVX-512 lanes above (one value at a time, its divisions took ~9 us a layer at 4,864 values).
 template <typename T>
 inline void silu_mul_lanes(const T* gate, const T* up, T* out) {
-  alignas(32) float e[kLanes];
-  for (int64_t l = 0; l < kLanes; l++) e[l] = -widen(gate[l]);
-  _mm256_storeu_ps(e, Sleef_expf8_u10(_mm256_loadu_ps(e)));
-  for (int64_t l = 0; l < kLanes; l++) {
-    const float x = widen(gate[l]);
-    out[l] = static_cast<T>(rnd<T>(x / (1.f + e[l])) * widen(up[l]));
-  }
+  const __m256 x = load(gate);
+  const __m256 e = Sleef_expf8_u10(_mm256_xor_ps(x, _mm256_set1_ps(-0.f)));
+  const __m256 s = round_to(out, _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.f), e)));
+  store(out, _mm256_mul_ps(s, load(up)));
 }
 #endif
 
