@@ -182,8 +182,8 @@ inline void quantize_row256(const In* x, int64_t K, QuantX& xq, int64_t m) {
   }
 }
 
-// The rows of x rounded into xq, whose buffers are reused from call to call (a linear's ten allocations, freed
-// after it, were ~1% of a decode step's time on the calling thread: perf, RESULTS.md issue 38 session 30); every
+// The rows of x rounded into xq, whose buffers are reused from call to call (each linear allocated and freed ten:
+// malloc and free were 1.6% of the calling thread's samples in a decode, RESULTS.md issue 38 session 30); every
 // entry is rewritten. `per256`: also the codes per 256 columns (a linear with parts that rounds_per_256).
 template <typename In>
 inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, QuantX& xq) {

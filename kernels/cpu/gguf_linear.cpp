@@ -41,6 +41,9 @@ constexpr int64_t kTile = 16;     // weight rows unpacked at a time: 16 x 4864 c
 // Bytes ahead of the row being unpacked that are prefetched: unpacking stalled on each cache line of the blocks
 // (measured: half the time of a Q8_0 LM head on one load), the hardware prefetcher alone does not run far enough.
 constexpr int64_t kPrefetch = 4096;
+// Activation rows up to which a call leaves its rounded activations' buffers to the next call on its thread (a decode
+// step's rows, a speculative check's few: kilobytes); a prefill's are freed.
+constexpr int64_t kKeptRows = 16;
 // Below this many block bytes one thread does the whole call. A layer's q/k/v (0.7 MB) and o (0.55 MB) took one
 // thread at 1 MiB (~30 us each, 48 calls a decode step, single-thread CPU time) while the pool's worker, spinning
 // from the layer's previous linear, waited for the next.
@@ -58,8 +61,8 @@ struct Part {
 };
 
 // Unpack tile `t` (kTile rows of the stacked parts, never crossing a part) and multiply every activation row with it.
-// The tiles are numbered part after part; `run` finds each one's part by walking the few parts (a vector of every
-// tile's part and row, rebuilt each call, took ~1% of a decode step: 9,500 entries for the LM head).
+// The tiles are numbered part after part; `run` finds each one's part by walking the few parts (instead of a vector
+// of every tile's part and row, rebuilt each call: 9,500 entries for the LM head every step).
 struct Tiles {
   std::vector<Part> parts;
   int64_t count = 0;  // tiles over all parts
@@ -156,7 +159,7 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
     work(0, T);
   else
     radixserve::SpinPool::get().run(T, work);
-  if (M > kFusedRows) xq = QuantX{};  // a prefill's buffers (MBs) are not kept past the call
+  if (M > kKeptRows) xq = QuantX{};  // a prefill's buffers (MBs) are not kept past the call
   if (ahead && !ahead->empty()) {
     std::vector<std::pair<const uint8_t*, int64_t>> regions;
     int64_t left = kAheadBytes;
