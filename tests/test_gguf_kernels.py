@@ -23,7 +23,7 @@ SHAPES = [(1, 40, 256), (2, 33, 1024), (7, 17, 4864), (5, 24, 896), (40, 24, 896
 # terms a * x_scale * (integer dot of 16 or 32 columns) and subtracts the offsets b * x_scale * sum(codes) separately, so its
 # only error is float32 rounding of those partial sums, bounded relative to the sum of their magnitudes. 2^-20 of
 # |x| @ (|a u| + |b|) leaves room for the ~K/16 roundings of a row (measured below 2^-27 on every format). The AVX2
-# build's K-quants sum a whole super-block in integers and round it once (float(sum) * (d * x_scale)).
+# build's K-quants sum a whole super-block in integers, eight lanes, and round each once (float(lane) * (d * x_scale)).
 SUM_ORDER_TOL = 2.0**-20
 
 

@@ -134,7 +134,7 @@ inline void quantize_block(const In* x, int8_t* q, float& scale) {
 }
 
 // The same rounding over a K-quant super-block (256 columns, one scale), as ggml's q8_K rounds the activations of
-// its K-quant dot products: the AVX2 decode of Q4_K and Q6_K sums a whole super-block in integers before one float
+// its K-quant dot products: the AVX2 decode of Q4_K and Q6_K sums a whole super-block in integers before its float
 // step (gguf_decode_avx2.h).
 template <typename In>
 inline void quantize_block256(const In* x, int8_t* q, float& scale) {

@@ -13,8 +13,9 @@
 // with the chunk's sum of activation codes), then acc += float(sum) * (a * x_scale) once for all eight rows, lane j
 // holding row j (`rows_step`). Q4_K and Q6_K (an integer scale per 32 or 16 columns under a float d per 256): the
 // activations are rounded per 256 columns (QuantX.q256, as ggml's q8_K), so vpmaddwd takes the scales instead of ones
-// and a whole super-block adds up in integers before one float step (`Reader::finish`): RESULTS.md, issue 38 session
-// 29. Chunks run in column order; a row's result depends neither on the path nor on the row count.
+// and a whole super-block adds up in integers, lane by lane, before one float step per lane into eight float
+// accumulators (`Reader::finish`; summed at the row's end by `lanes_total`): RESULTS.md, issue 38 sessions 29 and 31.
+// Chunks run in column order; a row's result depends neither on the path nor on the row count.
 #pragma once
 
 #include "gguf_activations.h"
@@ -31,13 +32,6 @@ constexpr int64_t kChunk32 = 32;
 
 // The zero point the whole-chunk formats take out in the integers: 2^shift; Q8_0 (sign trick) takes none.
 constexpr int avx2_zero_shift(int64_t type) { return type == kQ4_0 ? 3 : type == kQ5_0 ? 4 : -1; }
-
-// The sum of the eight int32 lanes (exact).
-inline int32_t hsum_epi32(__m256i v) {
-  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-  return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 1)));
-}
 
 // Lane l: the exact sum of x * u over columns 4l .. 4l + 3 of one weight row's chunk, zero point left in (Q8_0: the
 // sign trick on q = u - 128, so none; |q| is 128 for -128, unsigned, and the activations' codes are within +-127).
@@ -220,12 +214,21 @@ inline __m256 d8(const uint8_t* const* rows, int64_t offset) {
   return _mm256_cvtph_ps(v);
 }
 
+// The sum of eight float lanes, in one fixed order.
+inline float lanes_total(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
 // Readers for Q4_K and Q6_K: `begin(s)` takes super-block s of the row (kWeights columns), `codes(c)` gives its
 // 32-column chunk c as unpack_row would store the codes, `scales(c)` the int16 scale of each of the chunk's pairs
 // of columns (vpmaddubsw's words: 0-7 columns 0-15, 8-15 columns 16-31), and `finish` adds the super-block's integer
-// sum into the row's float sums. Against activations rounded per super-block (QuantX.q256, scale dx), the whole
-// super-block is one integer sum, exact: sum_j sc_j * sum(u * x) over its sub-blocks j, minus the zero point's or
-// the minima's share from the codes' sums per 16 (QuantX.sum16); then one float step, float(sum) * (d * dx).
+// sums into the row's float lanes. Against activations rounded per super-block (QuantX.q256, scale dx), the whole
+// super-block is eight integer lane sums, exact: sum_j sc_j * sum(u * x) over its sub-blocks j, minus the zero
+// point's or the minima's share from the codes' sums per 16 (QuantX.sum16); then one float step per lane,
+// acc += float(lane) * (d * dx). Horizontal sums per super-block instead (two per Q4_K row) took ~9% of a Q4_K or
+// Q6_K down projection from L3 (RESULTS.md, issue 38 session 31).
 template <int64_t Type>
 struct Reader;
 
@@ -252,10 +255,10 @@ struct Reader<kQ4_K> {
     return c % 2 == 0 ? low4(v) : high4(v);
   }
   __m256i scales(int c) const { return _mm256_set1_epi16(sc[c]); }
-  // y += d dx sum_c sc_c sum(u x) - dmin dx sum_c m_c sum(x): the minima's sum in `off`.
-  void finish(__m256i isum, __m256i sums16, float dx, float& y, float& off) const {
-    y += static_cast<float>(hsum_epi32(isum)) * (fp16(blk) * dx);
-    off += static_cast<float>(hsum_epi32(_mm256_madd_epi16(m16, sums16))) * (fp16(blk + 2) * dx);
+  // y += d dx sum_c sc_c sum(u x) - dmin dx sum_c m_c sum(x), lane by lane: the minima's sum in `off`.
+  void finish(__m256i isum, __m256i sums16, float dx, __m256& y, __m256& off) const {
+    y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(fp16(blk) * dx), y);
+    off = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(m16, sums16)), _mm256_set1_ps(fp16(blk + 2) * dx), off);
   }
 };
 
@@ -287,9 +290,10 @@ struct Reader<kQ6_K> {  // chunk c: half c / 4, part t = c % 4 of unpack_q6_k's 
     return _mm256_shuffle_epi8(_mm256_set1_epi32(pair), spread);
   }
   // y += d dx (sum_j sc_j sum(u x) - 32 sum_j sc_j sum(x)): the zero point taken out in the integers.
-  void finish(__m256i isum, __m256i sums16, float dx, float& y, float&) const {
+  void finish(__m256i isum, __m256i sums16, float dx, __m256& y, __m256&) const {
     const __m256i zero = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)), sums16);
-    y += static_cast<float>(hsum_epi32(_mm256_sub_epi32(isum, _mm256_slli_epi32(zero, 5)))) * (fp16(blk + 208) * dx);
+    y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum, _mm256_slli_epi32(zero, 5))),
+                        _mm256_set1_ps(fp16(blk + 208) * dx), y);
   }
 };
 
@@ -307,7 +311,9 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, 
   const uint8_t* ahead = row + kPrefetchAhead;
   R w[NR];
   for (int j = 0; j < NR; j++) w[j].row = row + j * row_bytes;
-  float acc[RB][NR] = {}, off[RB][NR] = {};
+  __m256 acc[RB][NR], off[RB][NR];
+  for (int r = 0; r < RB; r++)
+    for (int j = 0; j < NR; j++) acc[r][j] = off[r][j] = _mm256_setzero_ps();
   for (int64_t s = 0; s < x.K64 / R::kWeights; s++) {
     for (int j = 0; j < NR; j++) w[j].begin(s);
     for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
@@ -333,7 +339,7 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, 
     }
   }
   for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++) y[r * ldy + j] = Type == kQ4_K ? acc[r][j] - off[r][j] : acc[r][j];
+    for (int j = 0; j < NR; j++) y[r * ldy + j] = Type == kQ4_K ? lanes_total(acc[r][j]) - lanes_total(off[r][j]) : lanes_total(acc[r][j]);
 }
 
 // y[r * ldy + j] (j < nr <= 8) for RB activation rows from m0 against nr weight rows (row_bytes apart) of a
