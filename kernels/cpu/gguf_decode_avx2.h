@@ -339,7 +339,8 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, 
     }
   }
   for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++) y[r * ldy + j] = Type == kQ4_K ? lanes_total(acc[r][j]) - lanes_total(off[r][j]) : lanes_total(acc[r][j]);
+    for (int j = 0; j < NR; j++)
+      y[r * ldy + j] = Type == kQ4_K ? lanes_total(acc[r][j]) - lanes_total(off[r][j]) : lanes_total(acc[r][j]);
 }
 
 // y[r * ldy + j] (j < nr <= 8) for RB activation rows from m0 against nr weight rows (row_bytes apart) of a
