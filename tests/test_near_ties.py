@@ -24,12 +24,13 @@ def test_report_classes_partings_by_the_reference_gap_against_the_largest_noise(
     run_top[2][7] = [(-0.05, 8), (-0.1, 3)]
     run = Scored([same, near[:5] + [7] * (N - 5), far[:7] + [8] * (N - 7)], run_lp, run_top)
     lines = report("cfg", ref, run)
-    assert "largest 0.1000" in lines[0]
+    assert "largest 0.1000 (prompt 0, token 0)" in lines[0]
     assert "prompt 1: parts at token 5: reference gap 0.1500 (1.5x" in lines[1]
     assert "cfg prefers its token by 0.2000" in lines[1]
     assert "prompt 2: parts at token 7: reference gap 1.0000 (10.0x" in lines[2]
     assert "cfg prefers its token by 0.0500" in lines[2]
     assert lines[3].strip().startswith(f"1/3 prompts equal for all {N} tokens; 1 of 2 partings within the noise")
+    assert lines[3].strip().endswith("0 within 2x its p99")  # p99 of 3 x 64 values: 0.0
 
 
 def test_a_reference_token_that_is_not_its_own_top_counts_as_no_gap() -> None:
