@@ -73,8 +73,8 @@ def report(conf: str, ref: Scored, run: Scored) -> list[str]:
         (p, i): abs(a - b) for p, (la, lb) in enumerate(zip(run.lp, ref.lp)) for i, (a, b) in enumerate(zip(la, lb))
     }
     d = sorted(where.values())
-    noise, p99 = d[-1], d[int(0.99 * (len(d) - 1))]
     at = max(where, key=where.__getitem__)
+    noise, p99 = where[at], d[int(0.99 * (len(d) - 1))]
     lines = [
         f"{conf}: |d log-prob| over {len(d)} reference tokens: median {statistics.median(d):.4f}, "
         f"p99 {p99:.4f}, largest {noise:.4f} (prompt {at[0]}, token {at[1]})"
