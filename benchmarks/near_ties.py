@@ -21,6 +21,11 @@ the top of the unpenalized log-probs that teacher forcing returns. Prompts and a
 
     .venv/bin/python -m benchmarks.near_ties [--reference float32:none] [--configs float32:gguf bfloat16:gguf]
         [--prompts 20]
+
+A config's third field `deterministic` runs it in deterministic mode (radixserve/model/deterministic.py); without
+it a config runs the engine's default, which turns that mode on for a GGUF on AVX512_BF16 CPUs: there the default is
+`bfloat16:gguf:deterministic`. In that mode decode, a prefill and a speculative check give a token the same
+log-probs, so the decode path and teacher forcing measure the same thing.
 """
 
 from __future__ import annotations
@@ -59,10 +64,11 @@ def rows(entries: list[list[Any]]) -> list[list[tuple[float, int]]]:
 
 
 def run_config(conf: str, questions: list[str], reference: list[list[int]] | None) -> tuple[list[list[int]], Scored]:
-    """Greedy answers under `conf` (dtype:quantization), then the reference's answers scored (its own if None);
-    with the chat prompts' ids."""
-    dtype, quant = conf.split(":")
-    with Engine(dtype=dtype, quantization=quant, max_total_tokens=8192) as eng:
+    """Greedy answers under `conf` (dtype:quantization, or dtype:quantization:deterministic), then the reference's
+    answers scored (its own if None); with the chat prompts' ids."""
+    dtype, quant, *mode = conf.split(":")
+    assert mode in ([], ["deterministic"]), f"{conf}: the third field can only be 'deterministic'"
+    with Engine(dtype=dtype, quantization=quant, deterministic=True if mode else None, max_total_tokens=8192) as eng:
         prompts = [eng.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
         outs = eng.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True, top_logprobs_num=TOP)
         answers = [o["output_ids"][:AGREE_TOKENS] for o in outs]
