@@ -28,6 +28,16 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
         >/dev/null; } ||
         echo "chromium could not be installed: tests/test_dashboard_browser.py will skip"
 fi
+# SIMDe's headers (~7 MB), from which the tests build the GGUF kernels' AVX-512 VNNI path on a CPU without AVX-512
+# (tests/test_gguf_kernels.py, kernels/cpu/vnni_emulated.h); as root on Debian we install them, elsewhere that test
+# skips and says why.
+if [ ! -f /usr/include/simde/x86/avx512.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "SIMDe headers from Debian, for the emulated AVX-512 kernel test (best effort)"
+    { DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq libsimde-dev >/dev/null ||
+        { timeout 120 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq \
+            libsimde-dev >/dev/null; }; } ||
+        echo "libsimde-dev could not be installed: the emulated VNNI kernel test will skip"
+fi
 .venv/bin/python -c "import radixserve, torch; print('radixserve', radixserve.__version__, '| torch', torch.__version__)"
 # Our C++ CPU kernels, built once for this CPU (~20 s; without a C++ compiler radixserve runs slower pure-torch paths).
 say "building the CPU kernels for this CPU (kernels/cpu/)"

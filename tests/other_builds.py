@@ -1,5 +1,6 @@
 """Tests run again on another build of the CPU kernels (RADIXSERVE_CPU_MARCH: haswell for the AVX2 paths, x86-64 for
-the plain C++ ones), compiled here and run in a fresh process: one library per process registers the ops."""
+the plain C++ ones; RADIXSERVE_CPU_EMULATE_VNNI for the GGUF kernels' AVX-512 VNNI path on a CPU without it),
+compiled here and run in a fresh process: one library per process registers the ops."""
 
 from __future__ import annotations
 
@@ -11,10 +12,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def failure_on_build(march: str, targets: list[str], select: str) -> str | None:
-    """pytest over `targets` (files or node ids) with `-k select` on the `march` build: None when it passes, else
-    the end of its output."""
-    env = {**os.environ, "RADIXSERVE_CPU_MARCH": march}
+def has_simde() -> bool:
+    """Whether the C++ compiler finds SIMDe's AVX-512 header (Debian: libsimde-dev), which the emulated VNNI build
+    takes its intrinsics from (kernels/cpu/vnni_emulated.h)."""
+    probe = subprocess.run(
+        ["c++", "-fsyntax-only", "-x", "c++", "-"],
+        input="#include <simde/x86/avx512.h>\n",
+        capture_output=True,
+        text=True,
+    )
+    return probe.returncode == 0
+
+
+def failure_on_build(march: str, targets: list[str], select: str, emulate_vnni: bool = False) -> str | None:
+    """pytest over `targets` (files or node ids) with `-k select` on the `march` build (with emulate_vnni: the GGUF
+    kernels' VNNI path from SIMDe): None when it passes, else the end of its output."""
+    env = {**os.environ, "RADIXSERVE_CPU_MARCH": march, "RADIXSERVE_CPU_EMULATE_VNNI": "1" if emulate_vnni else "0"}
     # Built first, on its own: a build that fails leaves ops() None, and the tests would then skip and pass.
     build = [sys.executable, "-c", "import sys, kernels.cpu as k; sys.exit(k.ops() is None)"]
     built = subprocess.run(build, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)

@@ -9,7 +9,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 import kernels.cpu as cpu_kernels
-from other_builds import failure_on_build
+from other_builds import failure_on_build, has_simde
 
 T = GGMLQuantizationType
 FORMATS = [T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K]
@@ -152,15 +152,22 @@ def test_large_matrix_split_between_threads_equals_one_thread(ops):
     assert torch.equal(y, halves)
 
 
-@pytest.mark.parametrize("march", ["haswell", "x86-64", "skylake-avx512"])
+@pytest.mark.parametrize("march", ["haswell", "x86-64", "skylake-avx512", "vnni-emulated"])
 def test_other_instruction_sets(ops, march):
-    """The AVX2 (haswell) and plain C++ (x86-64) builds, and AVX-512 without VNNI (skylake-avx512: its decode takes
-    the AVX2 path, its activations AVX-512 code), compiled here and run in a fresh process (one library per process
-    registers the ops), through the same checks; this CPU runs its own path (AVX-512 VNNI here) in-process."""
-    if march == "skylake-avx512" and not {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(
-        cpu_kernels.cpu_flags().split()
-    ):
+    """The AVX2 (haswell) and plain C++ (x86-64) builds, AVX-512 without VNNI (skylake-avx512: its decode takes the
+    AVX2 path, its activations AVX-512 code), and the AVX-512 VNNI path on a CPU without it (vnni-emulated: a haswell
+    build whose GGUF kernels take their AVX-512 intrinsics from SIMDe), compiled here and run in a fresh process (one
+    library per process registers the ops), through the same checks; this CPU runs its own path in-process."""
+    have = set(cpu_kernels.cpu_flags().split())
+    if march == "skylake-avx512" and not {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= have:
         pytest.skip("this CPU cannot run an AVX-512 build")
+    if march == "vnni-emulated" and {"avx512f", "avx512bw", "avx512_vnni"} <= have:
+        pytest.skip("this CPU runs the VNNI path itself (the in-process tests)")
+    if march == "vnni-emulated" and not has_simde():
+        pytest.skip(
+            "SIMDe's headers are not installed (Debian: libsimde-dev; scripts/bootstrap.sh installs it as root)"
+        )
     tests = "test_dequantize_equals_gguf_py or test_linear_equals or test_fused_parts or test_activation_rounding"
-    failure = failure_on_build(march, [__file__], tests)
+    emulated = march == "vnni-emulated"
+    failure = failure_on_build("haswell" if emulated else march, [__file__], tests, emulate_vnni=emulated)
     assert failure is None, failure

@@ -7,7 +7,8 @@ cache) is never loaded. The ops register under `torch.ops.radixserve`; `ops()` r
 built (no compiler, no ninja, a non-x86 CPU is fine: it takes the scalar path) or when RADIXSERVE_CPU_KERNELS=0,
 and every caller then runs its pure-torch path. RADIXSERVE_CPU_MARCH (default `native`) builds for another
 instruction set, e.g. `haswell` for the AVX2 path or `x86-64` for the plain one: how the tests run every path on
-one machine.
+one machine. RADIXSERVE_CPU_EMULATE_VNNI=1 (tests only, with `haswell`) builds the GGUF kernels' AVX-512 VNNI path
+with its intrinsics from SIMDe, a software emulation (gguf_blocks.h), so that a CPU without AVX-512 checks it too.
 """
 
 from __future__ import annotations
@@ -70,13 +71,17 @@ def march() -> str:
     return os.environ.get("RADIXSERVE_CPU_MARCH", "native")
 
 
+def emulate_vnni() -> bool:
+    return os.environ.get("RADIXSERVE_CPU_EMULATE_VNNI", "0") == "1"
+
+
 def build_dir() -> Path:
     """Where the compiled library of these sources lives on this CPU: $RADIXSERVE_CACHE (else ~/.cache/radixserve)
     /cpu-kernels/<hash of sources, torch, CPU flags, the sources' folder>."""
     digest = hashlib.sha256()
     for src in [*SOURCES, *HEADERS]:
         digest.update(src.name.encode() + src.read_bytes())
-    digest.update(f"{torch.__version__}|{cpu_flags()}|{march()}".encode())
+    digest.update(f"{torch.__version__}|{cpu_flags()}|{march()}|{emulate_vnni()}".encode())
     # The folder too: cpp_extension's build.ninja names the sources by absolute path, so two checkouts with the same
     # sources (git worktrees) sharing one folder rewrite it and rebuild everything on each alternation (minutes).
     digest.update(str(SOURCES[0].resolve().parent).encode())
@@ -147,7 +152,8 @@ def _build_and_load(cpp_extension: Any, where: Path) -> None:
         # copy torch already loaded, so our ops share torch's thread pool and its thread count.
         # -ffp-contract=off: no multiply-add fused behind our back, so the fused elementwise ops round exactly
         # where the torch ops they replace do (explicit FMA intrinsics are unaffected).
-        extra_cflags=["-O3", f"-march={march()}", "-fopenmp", "-ffp-contract=off"],
+        extra_cflags=["-O3", f"-march={march()}", "-fopenmp", "-ffp-contract=off"]
+        + (["-DRADIXSERVE_GGUF_EMULATE_VNNI"] if emulate_vnni() else []),
         extra_ldflags=["-fopenmp"],
         build_directory=str(where),
         is_python_module=False,

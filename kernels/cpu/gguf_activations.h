@@ -62,7 +62,7 @@ constexpr bool kVnniLanes = false;
 inline float widen(float v) { return v; }
 inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }  // exact
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(RADIXSERVE_GGUF_AVX512)
 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
 inline __m512 load16(const c10::BFloat16* x) {  // bfloat16 bits are the float's top half
   const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
@@ -82,7 +82,7 @@ inline __m256 load8(const c10::BFloat16* x) {
 // per 256 columns (quantize_block256) shares them.
 template <typename In>
 inline float absmax32(const In* x) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(RADIXSERVE_GGUF_AVX512)
   __m512 v[2];
   for (int h = 0; h < 2; h++) v[h] = load16(x + 16 * h);
   return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
@@ -103,7 +103,7 @@ inline float absmax32(const In* x) {
 // q[j] = nearest-even(x[j] * inv) clamped to +-127, for 32 values.
 template <typename In>
 inline void round32(const In* x, float inv, int8_t* q) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(RADIXSERVE_GGUF_AVX512)
   for (int h = 0; h < 2; h++) {
     const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(load16(x + 16 * h), _mm512_set1_ps(inv)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 c = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.f)), _mm512_set1_ps(127.f));
@@ -148,7 +148,7 @@ inline void quantize_block256(const In* x, int8_t* q, float& scale) {
 // by ones the pairs' pairs, exact.
 inline void minus_lane_sums(const int8_t* q, int64_t K, int32_t* nsum) {
   int64_t k = 0;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(RADIXSERVE_GGUF_AVX512)
   for (; k + 64 <= K; k += 64) {
     const __m512i p = _mm512_maddubs_epi16(_mm512_set1_epi8(1), _mm512_loadu_si512(q + k));
     _mm512_storeu_si512(nsum + k / 4, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_madd_epi16(p, _mm512_set1_epi16(1))));

@@ -19,8 +19,19 @@
 #endif
 
 // The kernels' widest path: AVX-512 with VNNI (gguf_decode.h), else AVX2 + FMA (gguf_decode_avx2.h), else plain C++.
+// RADIXSERVE_GGUF_AVX512: the AVX-512 (F and BW) code of the activations' rounding and the tiles' offsets.
+// RADIXSERVE_GGUF_EMULATE_VNNI (tests only): both on a CPU without AVX-512, their intrinsics from vnni_emulated.h.
+#if defined(RADIXSERVE_GGUF_EMULATE_VNNI)
+#include "vnni_emulated.h"
+#define RADIXSERVE_GGUF_VNNI 1
+#define RADIXSERVE_GGUF_AVX512 1
+#else
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define RADIXSERVE_GGUF_VNNI 1
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define RADIXSERVE_GGUF_AVX512 1
+#endif
 #endif
 
 namespace radixserve::gguf {

@@ -28,7 +28,7 @@ struct RowView {
 
 // sum_j b[j] * corr[j]: the offsets' share of a row's dot product (S is a multiple of 16).
 inline float offsets(const float* b, const float* corr, int64_t S) {
-#if defined(__AVX512F__)
+#if defined(RADIXSERVE_GGUF_AVX512)
   __m512 acc = _mm512_setzero_ps();
   for (int64_t j = 0; j < S; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(b + j), _mm512_loadu_ps(corr + j), acc);
   return _mm512_reduce_add_ps(acc);
