@@ -115,8 +115,8 @@ def spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(d), d[int(0.99 * (len(d) - 1))], d[-1]
 
 
-def ratio(gap: float, largest: float) -> str:
-    return f"{gap / largest:.1f}x the largest move" if largest else "no move measured"
+def ratio(value: float, largest: float) -> str:
+    return f"{value / largest:.1f}x the largest move" if largest else "no move measured"
 
 
 def report(conf: str, ref: Scored, run: Scored) -> list[str]:
