@@ -15,12 +15,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def has_simde() -> bool:
     """Whether the C++ compiler finds SIMDe's AVX-512 header (Debian: libsimde-dev), which the emulated VNNI build
     takes its intrinsics from (kernels/cpu/vnni_emulated.h)."""
-    probe = subprocess.run(
-        ["c++", "-fsyntax-only", "-x", "c++", "-"],
-        input="#include <simde/x86/avx512.h>\n",
-        capture_output=True,
-        text=True,
-    )
+    try:
+        probe = subprocess.run(
+            ["c++", "-fsyntax-only", "-x", "c++", "-"],
+            input="#include <simde/x86/avx512.h>\n",
+            capture_output=True,
+            text=True,
+        )
+    except FileNotFoundError:  # no compiler
+        return False
     return probe.returncode == 0
 
 
