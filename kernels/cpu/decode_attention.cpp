@@ -22,8 +22,7 @@
 // Paths, chosen at compile time (-march=native): AVX-512 for head_dim 64 or 128 (one row = 4 or 8 registers); AVX2
 // with FMA for the same head_dims (decode_attention_avx2.h); plain C++ otherwise (any head_dim, or an older CPU).
 #include "ops.h"
-#include <ATen/ATen.h>
-#include <torch/library.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <array>
@@ -382,7 +381,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pages, c
       TORCH_CHECK(page >= 0 && page < num_pages, "page_table[", r, ", ", j, "] = ", page, " is not a pool page");
     }
   }
-  at::Tensor out = at::empty({R, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = q.new_empty({R, H, D});
   TORCH_CHECK((qt == at::kFloat || qt == at::kBFloat16) && (kt == at::kFloat || kt == at::kBFloat16 || kt == at::kChar),
               "decode_attention: q must be float32 or bfloat16, the pool float32, bfloat16 or int8");
   if (kt == at::kChar && qt == at::kFloat)
@@ -401,11 +400,3 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pages, c
 }
 
 }  // namespace radixserve::cpu
-
-TORCH_LIBRARY_FRAGMENT(radixserve, m) {
-  m.def(
-      "decode_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, Tensor seq_lens, float scale) "
-      "-> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(radixserve, CPU, m) { m.impl("decode_attention", &radixserve::cpu::decode_attention); }

@@ -9,7 +9,7 @@
 // at most 8 bits, codes at most 8 bits), so a * u - b rounds once, as ggml's own dequantizers do.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <c10/util/Half.h>
 
 #include <cstdint>

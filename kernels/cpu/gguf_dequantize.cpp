@@ -1,19 +1,20 @@
 // GGUF blocks as float weights, and the activations' rounding, for the tests (against gguf-py's dequantizers and a
 // PyTorch reference of ggml's q8_0 rounding) and for the token embedding (only the looked-up rows are dequantized).
 // The same unpacking (gguf_blocks.h) and rounding (gguf_activations.h) as the linears in gguf_linear.cpp.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include "gguf_activations.h"
 #include "gguf_blocks.h"
+#include "ops.h"
 
 #include <optional>
 #include <tuple>
 #include <vector>
 
-namespace {
+namespace radixserve::cpu {
 
+namespace {
 using radixserve::gguf::format_of;
 using radixserve::gguf::kSub;
 using radixserve::gguf::kXBlock;
@@ -21,6 +22,7 @@ using radixserve::gguf::quantize_block;
 using radixserve::gguf::quantize_block256;
 using radixserve::gguf::rounds_per_256;
 using radixserve::gguf::unpack_row;
+}  // namespace
 
 // The weights of `blocks` [N, bytes] (all rows, or rows `ids`) as float32 [rows, K]: w = a u - b, rounded once.
 // Serves the tests (against gguf-py's dequantizers) and the embedding lookup of a GGUF's token table.
@@ -30,18 +32,18 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, const std::op
               "blocks must be uint8 [N, bytes]");
   TORCH_CHECK(blocks.size(1) % f.bytes == 0, "row bytes are not whole blocks");
   const int64_t K = blocks.size(1) / f.bytes * f.weights;
-  const at::Tensor rows = ids ? ids->to(at::kLong).contiguous() : at::arange(blocks.size(0), at::kLong);
-  const int64_t R = rows.numel();
-  at::Tensor out = at::empty({R, K}, blocks.options().dtype(at::kFloat));
-  const int64_t* idx = rows.data_ptr<int64_t>();
+  const at::Tensor rows = ids ? ids->to(at::kLong).contiguous() : at::Tensor();
+  const int64_t R = ids ? rows.numel() : blocks.size(0);
+  at::Tensor out = blocks.new_empty({R, K}, at::kFloat);
+  const int64_t* idx = ids ? rows.data_ptr<int64_t>() : nullptr;  // none: every row, in order
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
-  for (int64_t i = 0; i < R; i++) TORCH_CHECK(idx[i] >= 0 && idx[i] < blocks.size(0), "row index out of range");
+  for (int64_t i = 0; idx && i < R; i++) TORCH_CHECK(idx[i] >= 0 && idx[i] < blocks.size(0), "row index out of range");
   at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
     std::vector<uint8_t> u(K);
     std::vector<float> a(K / kSub), b(K / kSub);
     for (int64_t r = r0; r < r1; r++) {
-      unpack_row(type, src + idx[r] * blocks.size(1), K, u.data(), a.data(), b.data());
+      unpack_row(type, src + (idx ? idx[r] : r) * blocks.size(1), K, u.data(), a.data(), b.data());
       for (int64_t k = 0; k < K; k++) dst[r * K + k] = a[k / kSub] * static_cast<float>(u[k]) - b[k / kSub];
     }
   });
@@ -55,8 +57,8 @@ std::tuple<at::Tensor, at::Tensor> gguf_quantize_activations(const at::Tensor& x
   TORCH_CHECK(x.dim() == 2 && x.size(1) % block == 0, "x must be [M, K] with K a multiple of ", block);
   const int64_t M = x.size(0), K = x.size(1);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
-  at::Tensor s = at::empty({M, K / block}, x.options().dtype(at::kFloat));
+  at::Tensor q = x.new_empty({M, K}, at::kChar);
+  at::Tensor s = x.new_empty({M, K / block}, at::kFloat);
   for (int64_t m = 0; m < M; m++)
     for (int64_t blk = 0; blk < K / block; blk++) {
       const float* in = xf.data_ptr<float>() + m * K + blk * block;
@@ -71,15 +73,4 @@ std::tuple<at::Tensor, at::Tensor> gguf_quantize_activations(const at::Tensor& x
 // AVX2 path (kRound256), else 32.
 int64_t gguf_activation_block(int64_t type) { return rounds_per_256(type) ? 256 : kXBlock; }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(radixserve, m) {
-  m.def("gguf_dequantize(Tensor blocks, int type, Tensor? ids) -> Tensor");
-  m.def("gguf_quantize_activations(Tensor x, int block=32) -> (Tensor, Tensor)");
-  m.def("gguf_activation_block(int type) -> int", &gguf_activation_block);  // no tensor to dispatch on: catch-all
-}
-
-TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
-  m.impl("gguf_dequantize", &gguf_dequantize);
-  m.impl("gguf_quantize_activations", &gguf_quantize_activations);
-}
+}  // namespace radixserve::cpu

@@ -17,8 +17,7 @@
 // the same integer sums and float steps in the same order), so a token's logits do not change with the batch it runs
 // in (tests/test_gguf_kernels.py). What does differ is the instruction set: each build is invariant on its own.
 #include "ops.h"
-#include <ATen/ATen.h>
-#include <torch/library.h>
+#include <ATen/core/Tensor.h>
 
 #include "gguf_activations.h"
 #include "gguf_blocks.h"
@@ -135,7 +134,7 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
   int64_t N, bytes;
   const Tiles tiles = plan(blocks, types, K, N, bytes);
   TORCH_CHECK(!bias || bias->numel() == N, "bias must have ", N, " values");
-  at::Tensor out = at::empty({M, N}, x.options());
+  at::Tensor out = x.new_empty({M, N});
   if (M == 0) return out;
   const at::Tensor xc = x.contiguous();  // rounded from its own dtype: a float32 copy was a pass and an allocation
   const bool per256 = std::any_of(types.begin(), types.end(), rounds_per_256);
@@ -187,11 +186,3 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
 }
 
 }  // namespace radixserve::cpu
-
-TORCH_LIBRARY_FRAGMENT(radixserve, m) {
-  m.def("gguf_linear(Tensor x, Tensor[] blocks, int[] types, Tensor? bias, Tensor[]? ahead=None) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
-  m.impl("gguf_linear", &radixserve::cpu::gguf_linear);
-}

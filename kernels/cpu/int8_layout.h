@@ -2,7 +2,7 @@
 // uint8 (q + 128) in [N/8][K/64][8][64] (radixserve/model/quant.py, pack_int8).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include <cstdint>

@@ -15,11 +15,11 @@
 //   dot products are added in K order; the tiling and the threads only pick which row and block run when).
 // - AVX2 + FMA: float32 activations, codes widened to float (no rounding of x).
 // - otherwise: the same in plain C++.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include "int8_layout.h"
+#include "ops.h"
 #include "spin_pool.h"
 
 #include <algorithm>
@@ -249,6 +249,10 @@ void linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
 
 #endif
 
+}  // namespace
+
+namespace radixserve::cpu {
+
 // y = x (codes * scale)^T + bias for a few rows: x float32 or bfloat16 [M, K_in] (K_in <= K, zero-padded here),
 // y [M, out_features] in x's dtype. Conversions, padding and the bias are done here rather than as separate torch
 // ops: at ~100 linears per decode step, each extra op cost ~15 us of dispatch (measured), 1.5 ms a step.
@@ -269,7 +273,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
     const at::Tensor bc = bias->to(at::kFloat).contiguous();
     std::copy_n(bc.data_ptr<float>(), out_features, b.data());
   }
-  at::Tensor out = at::empty({M, out_features}, x.options());
+  at::Tensor out = x.new_empty({M, out_features});
   if (M == 0) return out;  // a step whose rows all skip the LM head
   std::vector<float> y(M * N);
   auto run = [&](const auto* xp, auto* o) {  // the same for float32 and bfloat16 x
@@ -292,14 +296,4 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return out;
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(radixserve, m) {
-  m.def(
-      "int8_linear(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int out_features, "
-      "bool batch_invariant=False) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
-  m.impl("int8_linear", &int8_linear);
-}
+}  // namespace radixserve::cpu

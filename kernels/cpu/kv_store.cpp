@@ -9,9 +9,8 @@
 // KVFormat.encode(rotate_values(v), "v"): per group, scale = float16(min(max |x| / 127, 65504)) rounded to nearest even, then each
 // value x / scale (float32 division) rounded half to even and clamped to +-127; a zero scale stores zeros.
 #include "ops.h"
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -136,13 +135,3 @@ void store_kv(const at::Tensor& k_in, const at::Tensor& v_in, at::Tensor k_buf, 
 }
 
 }  // namespace radixserve::cpu
-
-TORCH_LIBRARY_FRAGMENT(radixserve, m) {
-  m.def("store_kv_int8(Tensor k, Tensor v, Tensor(a!) k_buf, Tensor(b!) v_buf, Tensor loc) -> ()");
-  m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_buf, Tensor(b!) v_buf, Tensor loc) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
-  m.impl("store_kv_int8", &radixserve::cpu::store_kv_int8);
-  m.impl("store_kv", &radixserve::cpu::store_kv);
-}

@@ -6,9 +6,8 @@
 // elementwise step, as torch's bf16 ops do; the files build with -ffp-contract=off, so no multiply-add is fused),
 // so the values are the torch path's: only RMSNorm's float32 sum of squares may add up in another order.
 #include "ops.h"
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <optional>
@@ -73,7 +72,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& h, const std::
   at::Tensor sum = residual ? h.contiguous().clone() : h.contiguous();
   const at::Tensor res = residual ? residual->contiguous() : at::Tensor();
   const at::Tensor w = weight.contiguous();
-  at::Tensor out = at::empty_like(sum);
+  at::Tensor out = sum.new_empty(sum.sizes());
   const int64_t rows = sum.size(0), dim = sum.size(1);
   if (h.scalar_type() == at::kFloat) {
     add_rms_norm_rows(sum.data_ptr<float>(), residual ? res.data_ptr<float>() : nullptr, w.data_ptr<float>(),
@@ -94,7 +93,7 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   const int64_t rows = x.size(0), heads = x.size(1), dim = x.size(2);
   TORCH_CHECK(cos.numel() == rows * dim / 2 && sin.numel() == rows * dim / 2, "cos/sin [T, 1, dim/2]");
   const at::Tensor c = cos.contiguous(), s = sin.contiguous();
-  at::Tensor out = at::empty({rows, heads, dim}, x.options());
+  at::Tensor out = x.new_empty({rows, heads, dim});
   if (x.scalar_type() == at::kFloat) {
     rope_rows(x.data_ptr<float>(), rows, heads, dim, x.stride(0), c.data_ptr<float>(), s.data_ptr<float>(),
               out.data_ptr<float>());
@@ -115,15 +114,3 @@ std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& q, const at::Tensor
 }
 
 }  // namespace radixserve::cpu
-
-TORCH_LIBRARY_FRAGMENT(radixserve, m) {
-  m.def("add_rms_norm(Tensor h, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");
-  m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
-  m.def("rope_qk(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
-}
-
-TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
-  m.impl("add_rms_norm", &radixserve::cpu::add_rms_norm);
-  m.impl("rope", &radixserve::cpu::rope);
-  m.impl("rope_qk", &radixserve::cpu::rope_qk);
-}

@@ -8,9 +8,9 @@
 // Sleef functions (exported by libtorch_cpu): expf16 on AVX-512, expf8 on AVX2. A build for neither (x86-64) runs
 // torch's own ops here, since its silu would still use a vector exp we cannot call.
 #include "ops.h"
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
+#include <ATen/ops/silu_ops.h>
 
 #include <cmath>
 
@@ -130,7 +130,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
 #if defined(__AVX512F__) || defined(__AVX2__)
   const at::Tensor x = gate_up.contiguous();
-  at::Tensor out = at::empty({rows, n}, x.options());
+  at::Tensor out = x.new_empty({rows, n});
   if (x.scalar_type() == at::kFloat) {
     silu_mul_rows<float>(x, out, rows, n);
   } else {
@@ -139,12 +139,8 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 #else
   const auto parts = gate_up.split(n, 1);
-  return at::silu(parts[0]) * parts[1];
+  return at::_ops::silu::call(parts[0]).mul(parts[1]);  // at::silu, operator*: ATen/Context.h again
 #endif
 }
 
 }  // namespace radixserve::cpu
-
-TORCH_LIBRARY_FRAGMENT(radixserve, m) { m.def("silu_mul(Tensor gate_up) -> Tensor"); }
-
-TORCH_LIBRARY_IMPL(radixserve, CPU, m) { m.impl("silu_mul", &radixserve::cpu::silu_mul); }

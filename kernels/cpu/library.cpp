@@ -1,0 +1,48 @@
+// The ops of torch.ops.radixserve: every schema and its CPU function (ops.h), in one file, the only one besides
+// decoder_stack.cpp (its class) that includes torch/library.h (why: ops.h).
+#include "ops.h"
+
+#include <torch/library.h>
+
+TORCH_LIBRARY_FRAGMENT(radixserve, m) {
+  // GGUF blocks
+  m.def("gguf_linear(Tensor x, Tensor[] blocks, int[] types, Tensor? bias, Tensor[]? ahead=None) -> Tensor");
+  m.def("gguf_dequantize(Tensor blocks, int type, Tensor? ids) -> Tensor");
+  m.def("gguf_quantize_activations(Tensor x, int block=32) -> (Tensor, Tensor)");
+  // No tensor to dispatch on: a catch-all kernel.
+  m.def("gguf_activation_block(int type) -> int", &radixserve::cpu::gguf_activation_block);
+  // int8 codes
+  m.def(
+      "int8_linear(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int out_features, "
+      "bool batch_invariant=False) -> Tensor");
+  m.def("int8_unpack(Tensor packed, ScalarType dtype) -> Tensor");
+  m.def("int8_linear_dense(Tensor x, Tensor packed, Tensor scale, int out_features) -> Tensor");
+  // the layers' elementwise parts
+  m.def("add_rms_norm(Tensor h, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def("rope_qk(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  // KV pages and attention
+  m.def("store_kv_int8(Tensor k, Tensor v, Tensor(a!) k_buf, Tensor(b!) v_buf, Tensor loc) -> ()");
+  m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_buf, Tensor(b!) v_buf, Tensor loc) -> ()");
+  m.def(
+      "decode_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, Tensor seq_lens, float scale) "
+      "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
+  using namespace radixserve::cpu;  // NOLINT: every op here is one of ops.h
+  m.impl("gguf_linear", &gguf_linear);
+  m.impl("gguf_dequantize", &gguf_dequantize);
+  m.impl("gguf_quantize_activations", &gguf_quantize_activations);
+  m.impl("int8_linear", &int8_linear);
+  m.impl("int8_unpack", &int8_unpack);
+  m.impl("int8_linear_dense", &int8_linear_dense);
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("rope", &rope);
+  m.impl("rope_qk", &rope_qk);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("store_kv_int8", &store_kv_int8);
+  m.impl("store_kv", &store_kv);
+  m.impl("decode_attention", &decode_attention);
+}
