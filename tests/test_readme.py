@@ -36,8 +36,11 @@ def test_readme_curl_answers(tiny_model_dir: Path, make_engine) -> None:
                 ["bash", "-c", snippet.replace(README_URL, srv.url)], capture_output=True, text=True, timeout=120
             )
             assert done.returncode == 0, done.stderr
-            answer = json.loads(done.stdout)
-            assert answer["choices"][0]["message"]["content"], answer
+            choice = json.loads(done.stdout)["choices"][0]
+            # The snippets sample unseeded, and the tiny random model's first draw can be a stop token (a clean-clone
+            # run saw it once, session 33): an empty answer is right only then.
+            assert choice["message"]["content"] or choice["finish_reason"] == "stop", choice
+            assert isinstance(choice["message"]["content"], str), choice
 
 
 @pytest.mark.slow
