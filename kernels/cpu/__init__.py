@@ -4,7 +4,7 @@ Why compiled here: the fast paths are instruction-set specific (AVX-512 VNNI for
 there is none), so each file is built with `-march=native` and picks its path at compile time. The build directory
 is keyed by the sources, torch's version and the CPU's flags, so a build made on another CPU (a shared home, a CI
 cache) is never loaded. The ops register under `torch.ops.radixserve`; `ops()` returns None where nothing can be
-built (no compiler, no ninja, a non-x86 CPU is fine: it takes the scalar path) or when RADIXSERVE_CPU_KERNELS=0,
+built (no C++ compiler; a non-x86 CPU is fine: it takes the scalar path) or when RADIXSERVE_CPU_KERNELS=0,
 and every caller then runs its pure-torch path. RADIXSERVE_CPU_MARCH (default `native`) builds for another
 instruction set, e.g. `haswell` for the AVX2 path or `x86-64` for the plain one: how the tests run every path on
 one machine. RADIXSERVE_CPU_EMULATE_VNNI=1 (tests only, with `haswell`) builds the GGUF kernels' AVX-512 VNNI path
@@ -19,15 +19,14 @@ import functools
 import hashlib
 import logging
 import os
-import sys
 from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-SOURCES = sorted(Path(__file__).parent.glob("*.cpp"))
-HEADERS = sorted(Path(__file__).parent.glob("*.h"))
+from kernels.cpu.build import HEADERS, SOURCES, compile_library
+
 log = logging.getLogger("radixserve.kernels")
 
 
@@ -82,8 +81,8 @@ def build_dir() -> Path:
     for src in [*SOURCES, *HEADERS]:
         digest.update(src.name.encode() + src.read_bytes())
     digest.update(f"{torch.__version__}|{cpu_flags()}|{march()}|{emulate_vnni()}".encode())
-    # The folder too: cpp_extension's build.ninja names the sources by absolute path, so two checkouts with the same
-    # sources (git worktrees) sharing one folder rewrite it and rebuild everything on each alternation (minutes).
+    # The folder too: two checkouts with the same sources (git worktrees) build into their own folders, each including
+    # its own headers by absolute path.
     digest.update(str(SOURCES[0].resolve().parent).encode())
     root = Path(os.environ.get("RADIXSERVE_CACHE") or Path.home() / ".cache" / "radixserve")
     return root / "cpu-kernels" / digest.hexdigest()[:16]
@@ -99,9 +98,7 @@ def ops() -> Any | None:
         where.mkdir(parents=True, exist_ok=True)
         with _build_lock(where):
             if not _load_built(where):
-                from torch.utils import cpp_extension
-
-                _build_and_load(cpp_extension, where)
+                _build_and_load(where)
     except Exception as exc:  # noqa: BLE001 - any build failure means: run the pure-torch paths
         log.warning("radixserve CPU kernels unavailable (%s: %s); using the pure-torch paths", type(exc).__name__, exc)
         return None
@@ -110,22 +107,16 @@ def ops() -> Any | None:
 
 @contextlib.contextmanager
 def _build_lock(where: Path) -> Iterator[None]:
-    """Hold the build folder for this process. cpp_extension guards a build with a `lock` file that it deletes when
-    done; a builder killed part way (Ctrl-C at a first start, a timeout) leaves it, and every later start then waits
-    on it forever. Our flock dies with its process, so whoever holds it knows a `lock` file there is stale."""
+    """Hold the build folder for this process, so that two starts on one machine build it once: the second waits,
+    then loads what the first built. The flock dies with its process, so a builder killed part way blocks nobody."""
     with open(where / "build.flock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        stale = where / "lock"
-        if stale.exists():
-            log.warning("removing %s, left by a kernel build that did not finish", stale)
-            stale.unlink()
         yield
 
 
 def _load_built(where: Path) -> bool:
     """Load the library already built in `where` into torch.ops.radixserve; False when there is none (or it does not
-    load). The folder is keyed by the sources, so a library there is theirs; loading it directly skips importing
-    cpp_extension (setuptools with it) and its ninja run, ~0.1 s and 4 MiB of every start."""
+    load). The folder is keyed by the sources, so a library there is theirs."""
     library = where / f"{_library_name(where)}.so"
     if not library.exists():
         return False
@@ -141,21 +132,14 @@ def _library_name(where: Path) -> str:
     return f"radixserve_cpu_{where.name}"
 
 
-def _build_and_load(cpp_extension: Any, where: Path) -> None:
-    """Build (once per folder) and load the library into torch.ops.radixserve."""
-    # cpp_extension runs `ninja` from PATH; the pip-installed one sits beside this interpreter.
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    cpp_extension.load(
-        name=_library_name(where),
-        sources=[str(s) for s in SOURCES],
-        # -fopenmp: at::parallel_for is inlined OpenMP; the library links libgomp.so.1 by soname, which is the
-        # copy torch already loaded, so our ops share torch's thread pool and its thread count.
-        # -ffp-contract=off: no multiply-add fused behind our back, so the fused elementwise ops round exactly
-        # where the torch ops they replace do (explicit FMA intrinsics are unaffected).
-        extra_cflags=["-O3", f"-march={march()}", "-fopenmp", "-ffp-contract=off"]
-        + (["-DRADIXSERVE_GGUF_EMULATE_VNNI"] if emulate_vnni() else []),
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(where),
-        is_python_module=False,
-        verbose=False,
-    )
+def _build_and_load(where: Path) -> None:
+    """Build the library into `where` (kernels/cpu/build.py) and load it into torch.ops.radixserve."""
+    # -fopenmp: at::parallel_for is inlined OpenMP; the library links libgomp.so.1 by soname, which is the copy torch
+    # already loaded, so our ops share torch's thread pool and its thread count.
+    # -ffp-contract=off: no multiply-add fused behind our back, so the fused elementwise ops round exactly where the
+    # torch ops they replace do (explicit FMA intrinsics are unaffected).
+    cflags = ["-O3", f"-march={march()}", "-fopenmp", "-ffp-contract=off"]
+    if emulate_vnni():  # SIMDe's 512-bit types on a 256-bit build: GCC notes their ABI, which nothing outside uses
+        cflags += ["-DRADIXSERVE_GGUF_EMULATE_VNNI", "-Wno-psabi"]
+    library = compile_library(where, _library_name(where), cflags, ldflags=["-fopenmp"])
+    torch.ops.load_library(str(library))

@@ -1,7 +1,9 @@
-// The ops of torch.ops.radixserve: every schema and its CPU function (ops.h), in one file, the only one besides
-// decoder_stack.cpp (its class) that includes torch/library.h (why: ops.h).
+// The ops of torch.ops.radixserve, every schema and its CPU function (ops.h), and the DecoderStack class
+// (decoder_stack.h): the only file that includes torch/library.h and torch/custom_class.h (why: ops.h).
+#include "decoder_stack.h"
 #include "ops.h"
 
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
@@ -28,6 +30,13 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def(
       "decode_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, Tensor seq_lens, float scale) "
       "-> Tensor");
+  // a GGUF model's decoder layers as one call a step (radixserve/model/cpu_stack.py)
+  m.class_<radixserve::cpu::DecoderStack>("DecoderStack")
+      .def(torch::init<int64_t, int64_t, int64_t, double, at::Tensor>())
+      .def("add_layer", &radixserve::cpu::DecoderStack::add_layer)
+      .def("add_linear", &radixserve::cpu::DecoderStack::add_linear)
+      .def("run", &radixserve::cpu::DecoderStack::run)
+      .def("take_times", &radixserve::cpu::DecoderStack::take_times);
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {

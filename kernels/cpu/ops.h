@@ -2,9 +2,10 @@
 // calls them directly to run a whole decode step, so both paths give the same bits).
 //
 // Only ATen/core/Tensor.h here and in the kernels' files: ATen/ATen.h and torch/library.h took ~16 s of each file's
-// compile on 2 cores (of 27-52 s), and a machine's first start compiles all of them. Only library.cpp and
-// decoder_stack.cpp include torch/library.h. Tensors are made by `new_empty`, other ATen ops called through
-// ATen/ops/*_ops.h: the free functions' headers (ATen/ops/empty.h ...) pull in ATen/Context.h (~5 s).
+// compile on 2 cores (of 27-52 s), and a machine's first start compiles all of them. Only library.cpp includes
+// torch/library.h (and torch/custom_class.h); the others read Tensor.h precompiled once (build.py). Tensors are
+// made by `new_empty`, other ATen ops called through ATen/ops/*_ops.h: the free functions' headers
+// (ATen/ops/empty.h ...) pull in ATen/Context.h (~5 s).
 #pragma once
 
 #include <ATen/core/Tensor.h>
