@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from kernels.cpu.build import HEADERS, SOURCES, compile_library
+from kernels.cpu.build import HEADERS, SOURCES, compile_library, flags
 
 log = logging.getLogger("radixserve.kernels")
 
@@ -76,14 +76,11 @@ def emulate_vnni() -> bool:
 
 def build_dir() -> Path:
     """Where the compiled library of these sources lives on this CPU: $RADIXSERVE_CACHE (else ~/.cache/radixserve)
-    /cpu-kernels/<hash of sources, torch, CPU flags, the sources' folder>."""
+    /cpu-kernels/<hash of sources, torch, CPU flags and build options>."""
     digest = hashlib.sha256()
     for src in [*SOURCES, *HEADERS]:
         digest.update(src.name.encode() + src.read_bytes())
-    digest.update(f"{torch.__version__}|{cpu_flags()}|{march()}|{emulate_vnni()}".encode())
-    # The folder too: two checkouts with the same sources (git worktrees) build into their own folders, each including
-    # its own headers by absolute path.
-    digest.update(str(SOURCES[0].resolve().parent).encode())
+    digest.update(f"{torch.__version__}|{cpu_flags()}|{' '.join(flags(cflags()))}".encode())
     root = Path(os.environ.get("RADIXSERVE_CACHE") or Path.home() / ".cache" / "radixserve")
     return root / "cpu-kernels" / digest.hexdigest()[:16]
 
@@ -132,14 +129,19 @@ def _library_name(where: Path) -> str:
     return f"radixserve_cpu_{where.name}"
 
 
-def _build_and_load(where: Path) -> None:
-    """Build the library into `where` (kernels/cpu/build.py) and load it into torch.ops.radixserve."""
+def cflags() -> list[str]:
+    """The compiler's options for this build (RADIXSERVE_CPU_MARCH, RADIXSERVE_CPU_EMULATE_VNNI)."""
     # -fopenmp: at::parallel_for is inlined OpenMP; the library links libgomp.so.1 by soname, which is the copy torch
     # already loaded, so our ops share torch's thread pool and its thread count.
     # -ffp-contract=off: no multiply-add fused behind our back, so the fused elementwise ops round exactly where the
     # torch ops they replace do (explicit FMA intrinsics are unaffected).
-    cflags = ["-O3", f"-march={march()}", "-fopenmp", "-ffp-contract=off"]
+    options = ["-O3", f"-march={march()}", "-fopenmp", "-ffp-contract=off"]
     if emulate_vnni():  # SIMDe's 512-bit types on a 256-bit build: GCC notes their ABI, which nothing outside uses
-        cflags += ["-DRADIXSERVE_GGUF_EMULATE_VNNI", "-Wno-psabi"]
-    library = compile_library(where, _library_name(where), cflags, ldflags=["-fopenmp"])
+        options += ["-DRADIXSERVE_GGUF_EMULATE_VNNI", "-Wno-psabi"]
+    return options
+
+
+def _build_and_load(where: Path) -> None:
+    """Build the library into `where` (kernels/cpu/build.py) and load it into torch.ops.radixserve."""
+    library = compile_library(where, _library_name(where), cflags(), ldflags=["-fopenmp"])
     torch.ops.load_library(str(library))

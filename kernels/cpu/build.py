@@ -5,8 +5,9 @@ Why our own build rather than torch.utils.cpp_extension.load: every kernel file 
 header (`PRECOMPILED`, built alongside library.cpp, the one file that includes heavier headers and so does not use
 it) that the other files read in a fraction of a second. GCC uses a precompiled header only when the flags and
 macros match the compile's exactly and otherwise parses the header as usual, so a mismatch costs time, never
-correctness; `-Winvalid-pch` makes it say so, and the build logs that (tests/test_cpu_kernel_build.py checks it is
-used). The objects are the same bytes either way. Only the library is kept: the precompiled header is ~160 MB.
+correctness; `-Winvalid-pch` makes it say so, and the build logs that (the tests' other-ISA builds fail on it,
+tests/other_builds.py). The objects are the same bytes either way. Only the library is kept (the precompiled header
+is ~160 MB).
 """
 
 from __future__ import annotations
