@@ -39,7 +39,8 @@ if [ ! -f /usr/include/simde/x86/avx512.h ] && [ "$(id -u)" = 0 ] && command -v 
         echo "libsimde-dev could not be installed: the emulated VNNI kernel test will skip"
 fi
 .venv/bin/python -c "import radixserve, torch; print('radixserve', radixserve.__version__, '| torch', torch.__version__)"
-# Our C++ CPU kernels, built once for this CPU (~40 s on 2 cores; without a C++ compiler radixserve runs slower pure-torch paths).
+# Our C++ CPU kernels, built once for this CPU (~40 s on 2 cores; without a C++ compiler radixserve runs slower
+# pure-torch paths).
 say "building the CPU kernels for this CPU (kernels/cpu/)"
 .venv/bin/python -c "import kernels.cpu as k; print('CPU kernels:', 'ready' if k.ops() else 'unavailable (pure-torch paths)')"
 rm -f .venv/.bootstrap-*
