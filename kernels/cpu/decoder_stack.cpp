@@ -2,7 +2,6 @@
 #include "decoder_stack.h"
 
 #include <tuple>
-#include <utility>
 
 namespace radixserve::cpu {
 
