@@ -59,7 +59,7 @@ def compile_library(where: Path, name: str, cflags: list[str], ldflags: list[str
     """Compile SOURCES into where/<name>.so (written whole, then renamed into place) and return its path."""
     header = where / "precompiled.h"
     header.write_text("".join(f"#include <{h}>\n" for h in PRECOMPILED))
-    made = [where / f"{src.stem}.o" for src in SOURCES] + [where / "precompiled.h.gch"]
+    objects = [where / f"{src.stem}.o" for src in SOURCES]
     first = [s for s in SOURCES if s.name in WITHOUT_PRECOMPILED]
     then = [s for s in SOURCES if s.name not in WITHOUT_PRECOMPILED]
     try:
@@ -73,13 +73,12 @@ def compile_library(where: Path, name: str, cflags: list[str], ldflags: list[str
                 job.result()
         library, partial = where / f"{name}.so", where / f"{name}.so.partial"
         lib = Path(torch.__file__).parent / "lib"
-        objects = [str(o) for o in made if o.suffix == ".o"]
-        link = [compiler(), *objects, "-shared", *ldflags, f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch"]
+        link = [compiler(), *map(str, objects), "-shared", *ldflags, f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch"]
         _run("link", [*link, "-o", str(partial)])
         partial.replace(library)
         return library
     finally:
-        for leftover in made:
+        for leftover in [*objects, where / "precompiled.h.gch"]:
             leftover.unlink(missing_ok=True)
 
 
