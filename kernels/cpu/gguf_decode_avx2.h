@@ -150,19 +150,18 @@ inline void codes_pair(const uint8_t* a, const uint8_t* b, __m256i& lo, __m256i&
   }
 }
 
-// acc[r] for RB activation rows xr against the chunk c of eight nibble-format weight rows (rows[j] + offset:
-// its block), a their scales. Row pair k is rows k and k + 4: both halves' products added in int16 (at most 4 x 31 x
-// 127, exact), one vpmaddwd gives [row k's 4 lanes | row k + 4's], and three unpack rounds give lane j = row j's sum
-// (the same integers as rows_chunk's, so the same bits; 149 -> 134 instructions per eight-row chunk with codes_pair's
-// min, no pair_sums: RESULTS.md, issue 38 session 27).
-template <int64_t Type, int RB>
-inline void pairs_chunk(__m256 (&acc)[RB], const uint8_t* const* rows, int64_t offset, __m256 a, const XRow (&xr)[RB],
-                        int64_t c) {
+// acc[r] for RB activation rows xr against the chunk c of eight nibble-format weight rows, a their scales;
+// pair(k, lo, hi) gives rows k and k + 4 as codes_pair does (from the blocks, or from a tile's unpacked rows). Per
+// pair both halves' products add in int16 (at most 4 x 31 x 127, exact), one vpmaddwd gives [row k's 4 lanes | row
+// k + 4's], and three unpack rounds give lane j = row j's sum (the same integers as rows_chunk's, so the same bits;
+// 149 -> 134 instructions per eight-row chunk with codes_pair's min, no pair_sums: RESULTS.md, issue 38 session 27).
+template <int64_t Type, int RB, typename Pair>
+inline void pairs_chunk(__m256 (&acc)[RB], const Pair& pair, __m256 a, const XRow (&xr)[RB], int64_t c) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i p[RB][4];
   for (int k = 0; k < 4; k++) {
     __m256i lo, hi;
-    codes_pair<Type>(rows[k] + offset, rows[k + 4] + offset, lo, hi);
+    pair(k, lo, hi);
     for (int r = 0; r < RB; r++) {
       const int8_t* xq = xr[r].q + c * kChunk32;
       const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
@@ -359,7 +358,10 @@ inline void decode_rows8(const uint8_t* row, int64_t row_bytes, int nr, const Qu
     for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
     ahead += span;
     if constexpr (nibble_chunks<Type>()) {
-      pairs_chunk<Type, RB>(acc, rows, c * kBytes, d8(rows, c * kBytes), xr, c);
+      const auto pair = [&](int k, __m256i& lo, __m256i& hi) {
+        codes_pair<Type>(rows[k] + c * kBytes, rows[k + 4] + c * kBytes, lo, hi);
+      };
+      pairs_chunk<Type, RB>(acc, pair, d8(rows, c * kBytes), xr, c);
     } else {
       const auto codes = [&](int j) { return codes32<Type>(rows[j] + c * kBytes); };
       rows_chunk<Type, RB>(acc, codes, d8(rows, c * kBytes), xr, c);

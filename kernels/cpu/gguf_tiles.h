@@ -171,10 +171,19 @@ inline void tile_rows8(const RowView* w, int nr, const QuantX& x, int64_t m0, fl
   __m256 acc[RB];
   for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
   for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
-    const auto codes = [&](int j) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v[j]->u + c * kChunk32)); };
     const __m256 a = _mm256_setr_ps(v[0]->a[2 * c], v[1]->a[2 * c], v[2]->a[2 * c], v[3]->a[2 * c], v[4]->a[2 * c],
                                     v[5]->a[2 * c], v[6]->a[2 * c], v[7]->a[2 * c]);
-    rows_chunk<Type, RB>(acc, codes, a, xr, c);
+    if constexpr (nibble_chunks<Type>()) {  // the codes are under 32, so the decode rows' pairs apply (fewer ops)
+      const auto half = [&](int j, int h) { return reinterpret_cast<const __m128i*>(v[j]->u + c * kChunk32 + 16 * h); };
+      const auto pair = [&](int k, __m256i& lo, __m256i& hi) {
+        lo = _mm256_loadu2_m128i(half(k + 4, 0), half(k, 0));
+        hi = _mm256_loadu2_m128i(half(k + 4, 1), half(k, 1));
+      };
+      pairs_chunk<Type, RB>(acc, pair, a, xr, c);
+    } else {
+      const auto codes = [&](int j) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v[j]->u + c * kChunk32)); };
+      rows_chunk<Type, RB>(acc, codes, a, xr, c);
+    }
   }
   store_rows<RB>(acc, nr, y, ldy);
 }
