@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see radixserve/__init__.py
+# The GGUF linears' integer kernels on every CPU, as on the ones without AMX: the suite's bit-for-bit checks of GGUF
+# models rest on them (row-invariant). The dense path AMX CPUs take from 64 rows has its own tests, which set this
+# (tests/test_gguf_dense.py); servers the tests start inherit it.
+os.environ.setdefault("RADIXSERVE_GGUF_DENSE_ROWS", "0")
 import torch  # noqa: E402
 
 # Triton kernels run in the interpreter on a machine without a GPU; it must be chosen before any kernel is imported.

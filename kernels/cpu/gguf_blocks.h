@@ -61,6 +61,15 @@ inline Format format_of(int64_t type) {
   }
 }
 
+// A part's blocks as the linears take them (gguf_linear.cpp, gguf_dense.cpp): uint8 [N, bytes], contiguous, rows of K
+// weights of `type`.
+inline void check_blocks(const at::Tensor& w, int64_t type, int64_t K) {
+  const Format f = format_of(type);
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous(), "blocks must be uint8 [N, bytes]");
+  TORCH_CHECK(K % f.weights == 0 && w.size(1) == K / f.weights * f.bytes, "blocks of type ", type,
+              " do not hold rows of ", K, " weights");
+}
+
 inline float fp16(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);

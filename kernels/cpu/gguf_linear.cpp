@@ -104,10 +104,7 @@ Tiles plan(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& ty
   N = bytes = 0;
   for (size_t i = 0; i < blocks.size(); i++) {
     const at::Tensor& w = blocks[i];
-    const auto f = format_of(types[i]);
-    TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous(), "blocks must be uint8 [N, bytes]");
-    TORCH_CHECK(K % f.weights == 0 && w.size(1) == K / f.weights * f.bytes, "blocks of type ", types[i],
-                " do not hold rows of ", K, " weights");
+    check_blocks(w, types[i], K);
     const int64_t begin = tiles.count;
     tiles.count += (w.size(0) + kTile - 1) / kTile;
     tiles.parts.push_back({w.data_ptr<uint8_t>(), types[i], w.size(0), w.size(1), N, begin, tiles.count});

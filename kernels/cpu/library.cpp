@@ -10,6 +10,7 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   // GGUF blocks
   m.def("gguf_linear(Tensor x, Tensor[] blocks, int[] types, Tensor? bias, Tensor[]? ahead=None) -> Tensor");
   m.def("gguf_dequantize(Tensor blocks, int type, Tensor? ids) -> Tensor");
+  m.def("gguf_linear_dense(Tensor x, Tensor[] blocks, int[] types, Tensor? bias) -> Tensor");
   m.def("gguf_quantize_activations(Tensor x, int block=32) -> (Tensor, Tensor)");
   // No tensor to dispatch on: a catch-all kernel.
   m.def("gguf_activation_block(int type) -> int", &radixserve::cpu::gguf_activation_block);
@@ -43,6 +44,7 @@ TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   using namespace radixserve::cpu;  // NOLINT: every op here is one of ops.h
   m.impl("gguf_linear", &gguf_linear);
   m.impl("gguf_dequantize", &gguf_dequantize);
+  m.impl("gguf_linear_dense", &gguf_linear_dense);
   m.impl("gguf_quantize_activations", &gguf_quantize_activations);
   m.impl("int8_linear", &int8_linear);
   m.impl("int8_unpack", &int8_unpack);

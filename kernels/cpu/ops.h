@@ -17,10 +17,12 @@
 
 namespace radixserve::cpu {
 
-// gguf_linear.cpp, gguf_dequantize.cpp
+// gguf_linear.cpp, gguf_dequantize.cpp, gguf_dense.cpp
 at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types,
                        const std::optional<at::Tensor>& bias, const std::optional<std::vector<at::Tensor>>& ahead);
 at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, const std::optional<at::Tensor>& ids);
+at::Tensor gguf_linear_dense(const at::Tensor& x, const std::vector<at::Tensor>& blocks,
+                             const std::vector<int64_t>& types, const std::optional<at::Tensor>& bias);
 std::tuple<at::Tensor, at::Tensor> gguf_quantize_activations(const at::Tensor& x, int64_t block);
 int64_t gguf_activation_block(int64_t type);
 

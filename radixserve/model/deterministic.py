@@ -22,7 +22,8 @@ On by default (`on_by_default`) only on the CPU kind where its cost was measured
 (benchmarks/RESULTS.md, issue 39: AVX-512 BF16 without AMX, where the batch-invariant VNNI path replaces a bf16
 dense prefill of about its speed). On AVX2 the invariant path is the kernel's float FMA one, and prefill lost
 56-63% (measured with AVX2 emulated on the AVX-512 machine): a flag there. With AMX tiles the dense prefill it
-replaces is much faster (not measured: no AMX machine): a flag there too.
+replaces is much faster: a flag there too (issue 38 session 36: a 512-row call of a GGUF linear 2.4-3.8x faster
+through oneDNN's tile matmul, kernels/cpu/gguf_dense.cpp, than through the integer kernels, which this mode keeps).
 
 Hence the conditions `refusal` checks: the CPU kernels built, int8 weights or a GGUF's own blocks (whose kernels
 run one path for any number of rows; the dense float matmul is oneDNN's, whose blocking we do not control), the
@@ -89,7 +90,8 @@ def make_deterministic(model: nn.Module, attn: AttentionBackend) -> int:
             module.batch_invariant = True
             count += 1
         elif isinstance(module, GGUFLinear):
-            count += 1  # one path for any number of rows already (kernels/cpu/gguf_linear.cpp, issue 38)
+            module.dense_rows = None  # the integer kernels' one path for any number of rows (gguf_linear.cpp)
+            count += 1
         elif isinstance(module, (Int4Linear, Linear, nn.Linear)):
             raise ValueError(
                 f"deterministic mode needs every linear in int8 or GGUF blocks; {name} is a {type(module).__name__}"

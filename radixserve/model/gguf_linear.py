@@ -6,10 +6,16 @@ gguf_linear.cpp multiplies with them directly (activations rounded to int8 per b
 256 columns for Q4_K and Q6_K on the AVX2 path, as llama.cpp's K-quant dot products do).
 The embedding dequantizes only the looked-up rows. Where the CPU kernels cannot be built, both fall back to
 gguf-py's numpy dequantizer (slow, kept for correctness: the float weight is cached on first use).
+
+On a CPU with AMX, calls of `DENSE_ROWS` rows or more (prefill) take kernels/cpu/gguf_dense.cpp instead: the blocks
+dequantized a chunk at a time into the activations' dtype for oneDNN's tile matmuls, 1.2-3.8x the integer kernels'
+speed from 128 to 512 rows there (RESULTS.md, issue 38 session 36). Its sums are not batch-invariant, so
+deterministic mode turns it off (radixserve/model/deterministic.py).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +24,7 @@ from gguf import GGMLQuantizationType, quants
 from torch import nn
 
 import kernels.cpu as cpu_kernels
+from radixserve.model import cpu_select
 
 # The block types kernels/cpu/gguf_blocks.h reads.
 KERNEL_TYPES = frozenset(
@@ -30,6 +37,19 @@ KERNEL_TYPES = frozenset(
     }
 )
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activations gguf_linear.cpp takes
+# Rows from which a call takes the dense path on AMX (gguf_dense.cpp, which pads the rows to a multiple of 64).
+# Measured on the default model's layer 1, bf16, 2 threads, kernel / dense time (issue 38 session 36): at 64 rows
+# gate_up 1.19x, down 1.17x, o 1.55x, qkv 0.73x; at 128 1.24-1.96x; at 256 1.86-2.86x.
+DENSE_ROWS = 64
+
+
+def dense_rows_default() -> int | None:
+    """Rows from which GGUFLinear runs the dense path, None for never: DENSE_ROWS on a CPU with AMX.
+    RADIXSERVE_GGUF_DENSE_ROWS overrides it (0: never), so tests and benchmarks can run either path on any CPU."""
+    env = os.environ.get("RADIXSERVE_GGUF_DENSE_ROWS")
+    if env is not None:
+        return int(env) or None
+    return DENSE_ROWS if cpu_select.cpu_kind() == "AMX" else None
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,8 @@ class GGUFLinear(nn.Module):
         self._dense: torch.Tensor | None = None
         self.float_output = float_output
         self._ahead: list[torch.Tensor] | None = None  # see prefetch_in_order
+        # Not the LM head: its dense copy of a prefill's logits rows would dequantize 152k rows for a few.
+        self.dense_rows = None if float_output else dense_rows_default()
 
     def prefetch_in_order(self, ahead: list[torch.Tensor]) -> None:
         """After each call, have the kernels' thread pool prefetch `ahead` (the blocks the next linears of a step
@@ -80,26 +102,31 @@ class GGUFLinear(nn.Module):
     @property
     def row_invariant(self) -> bool:
         """A row's result does not depend on the call's other rows: true of our kernels (kernels/cpu/gguf_tiles.h),
-        not of the dense fallback's matmul."""
-        return cpu_kernels.ops() is not None
+        not of a dense matmul (the fallback's, or gguf_dense.cpp's from `dense_rows` rows)."""
+        return cpu_kernels.ops() is not None and self.dense_rows is None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ops = cpu_kernels.ops()
         if ops is not None and x.dim() == 2 and not self.float_output and x.dtype in _KERNEL_DTYPES:
             # The layers' case, ~100 calls a decode step: straight to the op, without the reshapes below.
-            return ops.gguf_linear(x, self._blocks, self._types, self.bias, self._ahead)
+            return self._kernel(ops, x)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if self.float_output:
             x2 = x2.float()
         if ops is not None and x.dtype in _KERNEL_DTYPES:
-            y = ops.gguf_linear(x2, self._blocks, self._types, self.bias, self._ahead)
+            y = self._kernel(ops, x2)
         else:
             if self._dense is None:
                 self._dense = torch.cat([p.dequantize() for p in self.parts])
             y = x2.float() @ self._dense.T
             y = (y if self.bias is None else y + self.bias).to(x2.dtype)
         return y.reshape(*shape[:-1], self.out_features)
+
+    def _kernel(self, ops: object, x: torch.Tensor) -> torch.Tensor:
+        if self.dense_rows is not None and x.shape[0] >= self.dense_rows:
+            return ops.gguf_linear_dense(x, self._blocks, self._types, self.bias)
+        return ops.gguf_linear(x, self._blocks, self._types, self.bias, self._ahead)
 
     def extra_repr(self) -> str:
         types = "+".join(p.type.name for p in self.parts)

@@ -118,6 +118,12 @@ class Attention(nn.Module):
 # from run to run; at 128 rows it held at 785 MiB in every run, the prefill as fast within the noise, and the issue's
 # benchmark on AVX2 (float32 activations) peaked at 785 MiB against 825 (RESULTS.md, issue 38 session 21).
 MLP_ROWS = 128
+# Where the linears instead take a dense matmul from some row count (GGUF blocks on a CPU with AMX:
+# gguf_linear.DENSE_ROWS; not row-invariant either way), DENSE_MLP_ROWS at a time: the dense path well ahead there
+# (1.9-2.9x the integer kernels at 256 rows) and the peak RSS lower than in larger calls (in process, 15 prompts of
+# 70-1,200 tokens: 877 MiB at 256 rows, 904-908 at 512 or in one call, 851 on the integer kernels; a 1,000-token
+# prefill 1.12-1.33 s, 0.91-1.06, 2.25-2.33: RESULTS.md, issue 38 session 36).
+DENSE_MLP_ROWS = 256
 
 
 class MLP(nn.Module):
@@ -128,12 +134,21 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > MLP_ROWS and self._row_invariant():
-            return torch.cat([self._rows(part) for part in x.split(MLP_ROWS)])
+        rows = self._split_rows()
+        if rows is not None and x.shape[0] > rows:
+            return torch.cat([self._rows(part) for part in x.split(rows)])
         return self._rows(x)
 
-    def _row_invariant(self) -> bool:
-        return all(getattr(p, "row_invariant", False) for p in (self.gate_up_proj, self.down_proj))
+    def _split_rows(self) -> int | None:
+        """Rows a call, None for one call. Row-invariant linears (the GGUF integer kernels) give each row the same
+        result however the rows are split: MLP_ROWS, for the peak RSS. The GGUF dense path's sums depend on the row
+        count in one call too: DENSE_MLP_ROWS. Others (int8, float weights): one call, as before."""
+        projs = (self.gate_up_proj, self.down_proj)
+        if all(getattr(p, "row_invariant", False) for p in projs):
+            return MLP_ROWS
+        if all(getattr(p, "dense_rows", None) is not None for p in projs):
+            return DENSE_MLP_ROWS
+        return None
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
