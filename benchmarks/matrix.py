@@ -2,7 +2,8 @@
 reference run. In float32 with no quantization every combination must give the reference's tokens exactly and its
 logprobs within 1e-4. The deterministic leg (issue 39: `deterministic=True`, bf16 activations, int8 weights, the
 default CPU setting where bf16 hardware exists) must give its reference's tokens and logprobs bit for bit, with no
-near-tie exemption; the GGUF's own blocks (issue 38) join that leg the same way. Retention (issue 37) only reorders
+near-tie exemption; the GGUF's own blocks (issue 38) join that leg the same way, also as `gguf-dense` (the dense
+path of AMX CPUs from 8 rows, which the mode must switch off). Retention (issue 37) only reorders
 eviction, so its rows must give the float32 reference's tokens. int8 and GGUF combinations without the mode must
 run cleanly (no error, no leak, invariants hold) and their divergence from the single-rank run with the same weights
 is reported, not asserted: there our int8 kernels take a different path by the number of rows in a step (1-2, 3-47,
@@ -40,8 +41,9 @@ FACTORS: dict[str, list[Any]] = {
     "overlap": [False, True],
     "cpu_kernels": [True, False],
     "backend": ["torch", "triton"],
-    # gguf: the tiny model written as a GGUF of 32-value blocks, run on the file's own blocks (issue 38)
-    "quantization": ["none", "int8", "gguf"],
+    # gguf: the tiny model written as a GGUF of 32-value blocks, run on the file's own blocks (issue 38); gguf-dense:
+    # the same with the dense path a CPU with AMX takes (radixserve/model/gguf_linear.py) from 8 rows, on any CPU
+    "quantization": ["none", "int8", "gguf", "gguf-dense"],
     "deterministic": [False, True],
     # KV pages as the model's dtype (float32 here), int8 (radixserve/cache/kv_format.py), or bfloat16 under the
     # float32 activations (what auto stores on a CPU without bf16 hardware: radixserve/model/cpu_select.py)
@@ -51,6 +53,7 @@ FACTORS: dict[str, list[Any]] = {
     "retention": [False, True],
 }
 REFERENCE = {name: values[0] for name, values in FACTORS.items()}
+GGUF = ("gguf", "gguf-dense")  # the quantization values that run the GGUF twin
 LOGPROB_TOL = 1e-4
 # int8 or bfloat16 KV pages against the reference on the same pages: a float32 rounding difference upstream (TP's
 # split sums, the Triton kernels' order) can move a K or V value across a rounding boundary, which changes it by a
@@ -68,10 +71,10 @@ def allowed(combo: dict[str, Any]) -> bool:
     tests/test_deterministic_triton.py). `combo` may name only some factors."""
     if combo.get("speculative") == "ngram" and combo.get("overlap") is True:
         return False
-    if combo.get("quantization") in ("int8", "gguf") and combo.get("tp", 1) > 1:
+    if combo.get("quantization") in ("int8", *GGUF) and combo.get("tp", 1) > 1:
         return False
     return not combo.get("deterministic") or (
-        combo.get("quantization", "int8") in ("int8", "gguf")
+        combo.get("quantization", "int8") in ("int8", *GGUF)
         and combo.get("cpu_kernels", True)
         and combo.get("backend", "torch") == "torch"
         and combo.get("tp", 1) == 1
@@ -155,9 +158,11 @@ def pairwise() -> list[dict[str, Any]]:
 def run_combo(combo: dict[str, Any], models: list[Path], timeout: float = 900) -> dict[str, Any]:
     """The workload's outputs under `combo`, from a process of its own. GGUF weights run each model's GGUF twin
     (tests/matrix_models.py writes it beside the folder)."""
-    if combo["quantization"] == "gguf":
+    if combo["quantization"] in GGUF:
         models = [m.with_suffix(".gguf") for m in models]
     env = {**os.environ, "RADIXSERVE_CPU_KERNELS": "1" if combo["cpu_kernels"] else "0"}
+    # the integer kernels, or the dense path from 8 rows (the workload's prefill chunks are 32 tokens), on any CPU
+    env["RADIXSERVE_GGUF_DENSE_ROWS"] = "8" if combo["quantization"] == "gguf-dense" else "0"
     if combo["backend"] == "triton":
         env.setdefault("TRITON_INTERPRET", "1")  # on CPU the Triton kernels run in the interpreter
     with tempfile.NamedTemporaryFile(suffix=".json") as out:

@@ -43,7 +43,7 @@ def engine_kwargs(settings: dict[str, Any], tier_dir: Path) -> dict[str, Any]:
         "speculative": settings["speculative"],
         "overlap_schedule": settings["overlap"],
         "attention_backend": settings["backend"],
-        "quantization": settings["quantization"],
+        "quantization": "gguf" if settings["quantization"] == "gguf-dense" else settings["quantization"],
         "kv_cache_dtype": settings.get("kv_dtype", "auto"),
         "kv_cache_dir": tier_dir if tier == "disk" else None,
         "kv_cache_host_gb": 0.002 if tier == "host" else 0,  # ~170 pages of 16 tokens of a tiny model
