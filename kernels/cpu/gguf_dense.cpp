@@ -25,7 +25,7 @@ using radixserve::gguf::unpack_row;
 
 constexpr int64_t kRowBucket = 64;
 
-// One chunk: `rows` weight rows of one part from row `first` of it, output columns from `column`.
+// One chunk: `rows` weight rows of one part, from `blocks` on, into the output columns from `column`.
 struct Chunk {
   const uint8_t* blocks;
   int64_t type, row_bytes, rows, column;
@@ -68,7 +68,7 @@ at::Tensor gguf_linear_dense(const at::Tensor& x, const std::vector<at::Tensor>&
               "x must be float32 or bfloat16 [M, K]");
   TORCH_CHECK(blocks.size() == types.size() && !blocks.empty(), "one block type per tensor of blocks");
   const int64_t M = x.size(0), K = x.size(1);
-  // ~1 MiB of weights, a multiple of 64 rows (fewer distinct shapes, as above)
+  // ~1 MiB of weights, a multiple of 64 rows (fewer distinct matmul shapes: see the rows' padding below)
   const int64_t chunk_rows = std::max<int64_t>(64, (int64_t{1} << 20) / (K * x.element_size()) / 64 * 64);
   std::vector<Chunk> chunks;
   int64_t N = 0;
