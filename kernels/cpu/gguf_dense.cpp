@@ -5,7 +5,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
-#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/mm_ops.h>
 
 #include <algorithm>
@@ -86,7 +85,10 @@ at::Tensor gguf_linear_dense(const at::Tensor& x, const std::vector<at::Tensor>&
   const int64_t Mp = (M + kRowBucket - 1) / kRowBucket * kRowBucket;
   at::Tensor y = x.new_empty({Mp, N});
   at::Tensor xc = x.contiguous();
-  if (Mp != M) xc = at::constant_pad_nd(xc, {0, 0, 0, Mp - M});
+  if (Mp != M) {
+    xc = x.new_zeros({Mp, K});
+    xc.narrow(0, 0, M).copy_(x);
+  }
   const at::Tensor b = bias ? bias->to(x.scalar_type()) : at::Tensor();
   const at::ThreadLocalState caller;  // inference mode and the like, for the ATen calls on the worker threads
   // The threads' buffers from this thread: allocated on a worker thread they went to its own malloc arena, which
