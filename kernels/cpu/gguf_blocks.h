@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Half.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #if defined(__AVX2__)
@@ -237,6 +238,24 @@ inline void unpack_row(int64_t type, const uint8_t* row, int64_t K, uint8_t* u, 
     case kQ8_0: return unpack_blocks<32, 34, unpack_block32<kQ8_0>>(row, K, u, a, b);
     case kQ4_K: return unpack_blocks<256, 144, unpack_q4_k>(row, K, u, a, b);
     default: return unpack_blocks<256, 210, unpack_q6_k>(row, K, u, a, b);
+  }
+}
+
+inline void put_weight(float w, float* out) { *out = w; }
+
+// bf16 as bits, so that the compiler vectorizes the loop: round to nearest even (finite values), as torch does.
+inline void put_weight(float w, at::BFloat16* out) {
+  const uint32_t bits = std::bit_cast<uint32_t>(w);
+  *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// An unpacked row's weights w = a u - b (u[K], a and b per 16), rounded once to T (float32 or bfloat16): the
+// dequantized weights of gguf_dequantize.cpp and gguf_dense.cpp.
+template <typename T>
+void weights_row(const uint8_t* u, const float* a, const float* b, int64_t K, T* out) {
+  for (int64_t j = 0; j < K / kSub; j++) {
+    const float aj = a[j], bj = b[j];
+    for (int64_t l = 0; l < kSub; l++) put_weight(aj * static_cast<float>(u[j * kSub + l]) - bj, out + j * kSub + l);
   }
 }
 

@@ -8,7 +8,6 @@
 #include <ATen/ops/mm_ops.h>
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +20,7 @@ namespace {
 using radixserve::gguf::check_blocks;
 using radixserve::gguf::kSub;
 using radixserve::gguf::unpack_row;
+using radixserve::gguf::weights_row;
 
 constexpr int64_t kRowBucket = 64;
 
@@ -30,15 +30,7 @@ struct Chunk {
   int64_t type, row_bytes, rows, column;
 };
 
-inline void put(float v, float* out) { *out = v; }
-
-// bf16 as bits, so that the compiler vectorizes the loop: round to nearest even (finite values), as torch does.
-inline void put(float v, at::BFloat16* out) {
-  const uint32_t u = std::bit_cast<uint32_t>(v);
-  *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-// The chunk's weights w = a u - b (gguf_dequantize's arithmetic, rounded once to T) into buf [rows, K].
+// The chunk's weights w = a u - b (weights_row, as gguf_dequantize), rounded once to T, into buf [rows, K].
 template <typename T>
 void dequantize_chunk(const Chunk& c, int64_t K, T* buf) {
   thread_local std::vector<uint8_t> u;
@@ -48,11 +40,7 @@ void dequantize_chunk(const Chunk& c, int64_t K, T* buf) {
   b.resize(K / kSub);
   for (int64_t r = 0; r < c.rows; r++) {
     unpack_row(c.type, c.blocks + r * c.row_bytes, K, u.data(), a.data(), b.data());
-    T* row = buf + r * K;
-    for (int64_t j = 0; j < K / kSub; j++) {
-      const float aj = a[j], bj = b[j];
-      for (int64_t l = 0; l < kSub; l++) put(aj * static_cast<float>(u[j * kSub + l]) - bj, row + j * kSub + l);
-    }
+    weights_row(u.data(), a.data(), b.data(), K, buf + r * K);
   }
 }
 

@@ -22,6 +22,7 @@ using radixserve::gguf::quantize_block;
 using radixserve::gguf::quantize_block256;
 using radixserve::gguf::rounds_per_256;
 using radixserve::gguf::unpack_row;
+using radixserve::gguf::weights_row;
 }  // namespace
 
 // The weights of `blocks` [N, bytes] (all rows, or rows `ids`) as float32 [rows, K]: w = a u - b, rounded once.
@@ -44,7 +45,7 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, const std::op
     std::vector<float> a(K / kSub), b(K / kSub);
     for (int64_t r = r0; r < r1; r++) {
       unpack_row(type, src + (idx ? idx[r] : r) * blocks.size(1), K, u.data(), a.data(), b.data());
-      for (int64_t k = 0; k < K; k++) dst[r * K + k] = a[k / kSub] * static_cast<float>(u[k]) - b[k / kSub];
+      weights_row(u.data(), a.data(), b.data(), K, dst + r * K);
     }
   });
   return out;
