@@ -16,7 +16,8 @@ from radixserve.router import metrics
 from radixserve.router.health import Upkeep, check
 from radixserve.router.policy import CacheAware, CacheAwareConfig, make_policy
 from radixserve.router.proxy import REQUEST_HEADERS, WORKER_HEADER, error, forward_generation
-from radixserve.router.state import Router, RouterConfig
+from radixserve.router.config import RouterConfig
+from radixserve.router.state import Router
 from radixserve.router.workers import WorkerPool
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"

@@ -7,7 +7,7 @@ import logging
 import signal
 
 from radixserve.router.policy import POLICIES, CacheAwareConfig
-from radixserve.router.state import RouterConfig
+from radixserve.router.config import RouterConfig
 
 
 def add_route_args(p: argparse.ArgumentParser) -> None:

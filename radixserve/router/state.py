@@ -8,20 +8,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from radixserve.router.config import RouterConfig
 from radixserve.router.policy import Policy
 from radixserve.router.workers import Worker, WorkerPool
 
 log = logging.getLogger("radixserve.router")
-
-
-@dataclass
-class RouterConfig:
-    max_attempts: int = 3  # workers tried per request before answering 503
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float | None = None  # generation may take long between bytes only for huge prefills: no limit
-    health_interval_s: float = 5.0
-    health_timeout_s: float = 3.0
-    failure_threshold: int = 2  # consecutive failed health checks before a worker stops taking traffic
 
 
 @dataclass
