@@ -36,6 +36,16 @@ def test_dense_equals_dequantize_then_matmul(ops, fmt):
     assert ((yb.double() - refb).abs() <= 2.0**-7 * magnitude + 1e-3).all()
 
 
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_dense_bf16_weights_are_the_float32_ones_rounded(ops, fmt):
+    """The bfloat16 weights the dense path multiplies, read back through one-hot activation rows, bit for bit the
+    float32 dequantized weights rounded to nearest even (torch's rounding): the AVX-512 and plain loops agree."""
+    k = 512
+    blocks = torch.from_numpy(random_blocks(fmt, 70, k, seed=7))
+    y = ops.gguf_linear_dense(torch.eye(k, dtype=torch.bfloat16), [blocks], [int(fmt)], None)
+    assert torch.equal(y.T, ops.gguf_dequantize(blocks, int(fmt), None).bfloat16())
+
+
 def test_dense_stacks_parts_of_several_types(ops):
     k = 1024
     parts = _parts(k, (40, 17, 33), (T.Q5_0, T.Q8_0, T.Q4_K))

@@ -249,14 +249,35 @@ inline void put_weight(float w, at::BFloat16* out) {
   *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
+#if defined(__AVX512F__)
+// put_weight for 16 weights at once: the same bits.
+inline void put_weights16(__m512 w, float* out) { _mm512_storeu_ps(out, w); }
+
+inline void put_weights16(__m512 w, at::BFloat16* out) {
+  const __m512i bits = _mm512_castps_si512(w);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+#endif
+
 // An unpacked row's weights w = a u - b (u[K], a and b per 16), rounded once to T (float32 or bfloat16): the
-// dequantized weights of gguf_dequantize.cpp and gguf_dense.cpp.
+// dequantized weights of gguf_dequantize.cpp and gguf_dense.cpp. With AVX-512 one register per 16 weights (the
+// compiler's own vectorization of the loop below ran ~3x slower: the dense path's dequantizing was 2/3 of its time
+// at 64 rows); a multiply then a subtraction either way, so the same bits.
 template <typename T>
 void weights_row(const uint8_t* u, const float* a, const float* b, int64_t K, T* out) {
+#if defined(__AVX512F__)
+  for (int64_t j = 0; j < K / kSub; j++) {
+    const __m512 codes = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + j * kSub))));
+    put_weights16(_mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(a[j]), codes), _mm512_set1_ps(b[j])), out + j * kSub);
+  }
+#else
   for (int64_t j = 0; j < K / kSub; j++) {
     const float aj = a[j], bj = b[j];
     for (int64_t l = 0; l < kSub; l++) put_weight(aj * static_cast<float>(u[j * kSub + l]) - bj, out + j * kSub + l);
   }
+#endif
 }
 
 }  // namespace radixserve::gguf

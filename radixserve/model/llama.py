@@ -119,11 +119,11 @@ class Attention(nn.Module):
 # benchmark on AVX2 (float32 activations) peaked at 785 MiB against 825 (RESULTS.md, issue 38 session 21).
 MLP_ROWS = 128
 # Where the linears instead take a dense matmul from some row count (GGUF blocks on a CPU with AMX:
-# gguf_linear.DENSE_ROWS; not row-invariant either way), DENSE_MLP_ROWS at a time: the dense path well ahead there
-# (1.9-2.9x the integer kernels at 256 rows) and the peak RSS lower than in larger calls (in process, 15 prompts of
-# 70-1,200 tokens: 877 MiB at 256 rows, 904-908 at 512 or in one call, 851 on the integer kernels; a 1,000-token
-# prefill 1.12-1.33 s, 0.91-1.06, 2.25-2.33: RESULTS.md, issue 38 session 36).
-DENSE_MLP_ROWS = 256
+# gguf_linear.DENSE_ROWS; not row-invariant either way), DENSE_MLP_ROWS at a time, a default prefill chunk's rows:
+# each call dequantizes all of the MLP's weights, so fewer, larger calls pay. In process, fresh processes alternated,
+# a 1,000-token prefill took 1.03-1.13 s at 512 rows against 1.16-1.31 at 256, the peak RSS 811-815 MiB against 799
+# (the issue's benchmark: 802 MiB, llama-server 851-880; RESULTS.md, issue 38 session 37).
+DENSE_MLP_ROWS = 512
 
 
 class MLP(nn.Module):
