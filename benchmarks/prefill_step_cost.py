@@ -8,6 +8,7 @@ new tokens, grouping torch ops into matmuls, attention and the rest. The fit is 
 it by b * n, while running them in a step of their own costs only a.
 
     .venv/bin/python -m benchmarks.prefill_step_cost [--prefix 1200] [--tokens 1,16,32,64,96,128,256,512]
+        [--quantization auto]
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", default="1,16,32,64,96,128,256,512", help="new-token counts to time")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile-tokens", type=int, default=96)
+    ap.add_argument("--quantization", default="auto", help="the weights: auto (a GGUF's own blocks), int8, ...")
     args = ap.parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",")]
     rng = random.Random(0)
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").is_file() else "n/a"
-    with Engine(dtype="bfloat16") as eng:
+    with Engine(dtype="bfloat16", quantization=args.quantization) as eng:
         prefix = [rng.randrange(1000, 20000) for _ in range(args.prefix)]
         eng.generate(input_ids=prefix, sampling_params={"max_new_tokens": 0})
         step_times(eng, prefix, [tokens[-1]], 1, rng)  # warm-up
@@ -112,7 +114,9 @@ def main(argv: list[str] | None = None) -> None:
         f"{torch.get_num_threads()} threads. Commit: {commit}. Load average (1 min) at end: {load}."
     )
     print(f"- Command: `python -m benchmarks.prefill_step_cost {' '.join(argv if argv is not None else sys.argv[1:])}`")
-    print(f"- Default model, bf16, {args.prefix}-token prefix served from the cache; best of {args.repeats}.\n")
+    print(
+        f"- Default model, bf16, {args.quantization} weights, {args.prefix}-token prefix served from the cache; best of {args.repeats}.\n"
+    )
     print("| new tokens | step ms | ms per new token |\n|---|---|---|")
     for n, t in times.items():
         print(f"| {n} | {t * 1e3:.1f} | {t * 1e3 / n:.2f} |")
