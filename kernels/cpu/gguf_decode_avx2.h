@@ -11,10 +11,12 @@
 // The floats. Q4_0, Q5_0 and Q8_0 (one scale a per 32 columns, activations rounded per 32): eight weight rows at a
 // time, each chunk's lanes added into one integer per row (exact; the zero points Q4_0 8 and Q5_0 16 taken out there
 // with the chunk's sum of activation codes), then acc += float(sum) * (a * x_scale) once for all eight rows, lane j
-// holding row j (`rows_step`). Q4_K and Q6_K (an integer scale per 32 or 16 columns under a float d per 256): the
-// activations are rounded per 256 columns (QuantX.q256, as ggml's q8_K), so vpmaddwd takes the scales instead of ones
-// and a whole super-block adds up in integers, lane by lane, before one float step per lane into eight float
-// accumulators (`Reader::finish`; summed at the row's end by `lanes_total`): RESULTS.md, issue 38 sessions 29 and 31.
+// holding row j (`rows_step`); from kLanesFrom activation rows on, the eight rows' codes are transposed first so that
+// the lanes are weight rows (`lanes_chunk`: the same integers, no reduction per activation row). Q4_K and Q6_K (an
+// integer scale per 32 or 16 columns under a float d per 256): the activations are rounded per 256 columns
+// (QuantX.q256, as ggml's q8_K), so vpmaddwd takes the scales instead of ones and a whole super-block adds up in
+// integers, lane by lane, before one float step per lane into eight float accumulators (`Reader::finish`; summed at
+// the row's end by `lanes_total`): RESULTS.md, issue 38 sessions 29 and 31.
 // Chunks run in column order; a row's result depends neither on the path nor on the row count.
 #pragma once
 
@@ -178,6 +180,67 @@ inline void pairs_chunk(__m256 (&acc)[RB], const Pair& pair, __m256 a, const XRo
     acc[r] = rows_step<Type>(acc[r], sums, a, xr[r], c);
   }
 }
+
+// A 4 x 4 transpose of 32-bit words within each 128-bit half: word w of a_i becomes word i of a_w.
+inline void transpose4(__m256i& a0, __m256i& a1, __m256i& a2, __m256i& a3) {
+  const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
+  const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
+  a0 = _mm256_unpacklo_epi64(t0, t2);
+  a1 = _mm256_unpackhi_epi64(t0, t2);
+  a2 = _mm256_unpacklo_epi64(t1, t3);
+  a3 = _mm256_unpackhi_epi64(t1, t3);
+}
+
+// Lane j: the int32 sum over 16 columns of weight row j's codes times one activation row's (xq, 16 int8 codes),
+// from t[g] lane j = row j's codes 4g .. 4g + 3 (Q8_0: its signed codes as stored, t its |q|). Each activation row's
+// four codes are one broadcast load meeting all eight rows, so nothing is reduced across lanes. The int16 words of
+// four vpmaddubsw add exactly for Q4_0 and Q5_0 (4 x 2 x 31 x 127 < 2^15); Q8_0's (2 x 128 x 127) go to int32 first.
+template <int64_t Type>
+inline __m256i lanes16(const __m256i (&t)[4], const __m256i (&q)[4], const int8_t* xq) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const auto x4 = [&](int g) {
+    int32_t v;
+    std::memcpy(&v, xq + 4 * g, 4);
+    return _mm256_set1_epi32(v);
+  };
+  if constexpr (Type == kQ8_0) {
+    __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(t[0], _mm256_sign_epi8(x4(0), q[0])), ones);
+    for (int g = 1; g < 4; g++)
+      s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(t[g], _mm256_sign_epi8(x4(g), q[g])), ones));
+    return s;
+  } else {
+    const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(t[0], x4(0)), _mm256_maddubs_epi16(t[1], x4(1)));
+    const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(t[2], x4(2)), _mm256_maddubs_epi16(t[3], x4(3)));
+    return _mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones);
+  }
+}
+
+// pairs_chunk and rows_chunk's result with the lanes as weight rows instead of columns: the eight rows' codes of each
+// 16-column half transposed (half(k, h): [row k | row k + 4] columns 16h .. 16h + 15, unsigned codes, Q8_0's as
+// stored), then lane j of an activation row's sums is row j's, with no per-row reduction. The same integers go into
+// the same rows_step, so the same bits. It pays from a few activation rows on (the transposes are per chunk, the
+// reductions saved per activation row): RESULTS.md, issue 38 session 38.
+template <int64_t Type, int RB, typename Half>
+inline void lanes_chunk(__m256 (&acc)[RB], const Half& half, __m256 a, const XRow (&xr)[RB], int64_t c) {
+  __m256i sums[RB];
+  for (int h = 0; h < 2; h++) {
+    __m256i t[4], q[4];
+    for (int k = 0; k < 4; k++) t[k] = half(k, h);
+    transpose4(t[0], t[1], t[2], t[3]);
+    for (int g = 0; g < 4; g++) {
+      q[g] = t[g];
+      if constexpr (Type == kQ8_0) t[g] = _mm256_sign_epi8(q[g], q[g]);
+    }
+    for (int r = 0; r < RB; r++) {
+      const __m256i s = lanes16<Type>(t, q, xr[r].q + c * kChunk32 + 16 * h);
+      sums[r] = h == 0 ? s : _mm256_add_epi32(sums[r], s);
+    }
+  }
+  for (int r = 0; r < RB; r++) acc[r] = rows_step<Type>(acc[r], sums[r], a, xr[r], c);
+}
+
+// Activation rows from which a chunk of eight weight rows takes lanes_chunk (the same bits either way).
+constexpr int kLanesFrom = 2;
 
 // y[r * ldy + j] = lane j of acc[r] for the first nr rows.
 template <int RB>
@@ -357,7 +420,17 @@ inline void decode_rows8(const uint8_t* row, int64_t row_bytes, int nr, const Qu
   for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
     for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
     ahead += span;
-    if constexpr (nibble_chunks<Type>()) {
+    if constexpr (RB >= kLanesFrom && nibble_chunks<Type>()) {
+      __m256i lo[4], hi[4];
+      for (int k = 0; k < 4; k++) codes_pair<Type>(rows[k] + c * kBytes, rows[k + 4] + c * kBytes, lo[k], hi[k]);
+      lanes_chunk<Type, RB>(acc, [&](int k, int h) { return h == 0 ? lo[k] : hi[k]; }, d8(rows, c * kBytes), xr, c);
+    } else if constexpr (RB >= kLanesFrom) {  // Q8_0: its signed codes straight from the blocks
+      const auto half = [&](int k, int h) {
+        const auto at = [&](int j) { return reinterpret_cast<const __m128i*>(rows[j] + c * kBytes + 2 + 16 * h); };
+        return _mm256_loadu2_m128i(at(k + 4), at(k));
+      };
+      lanes_chunk<Type, RB>(acc, half, d8(rows, c * kBytes), xr, c);
+    } else if constexpr (nibble_chunks<Type>()) {
       const auto pair = [&](int k, __m256i& lo, __m256i& hi) {
         codes_pair<Type>(rows[k] + c * kBytes, rows[k + 4] + c * kBytes, lo, hi);
       };

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace radixserve::gguf {
@@ -173,8 +174,12 @@ inline void tile_rows8(const RowView* w, int nr, const QuantX& x, int64_t m0, fl
   for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
     const __m256 a = _mm256_setr_ps(v[0]->a[2 * c], v[1]->a[2 * c], v[2]->a[2 * c], v[3]->a[2 * c], v[4]->a[2 * c],
                                     v[5]->a[2 * c], v[6]->a[2 * c], v[7]->a[2 * c]);
-    if constexpr (nibble_chunks<Type>()) {  // the codes are under 32, so the decode rows' pairs apply (fewer ops)
-      const auto half = [&](int j, int h) { return reinterpret_cast<const __m128i*>(v[j]->u + c * kChunk32 + 16 * h); };
+    const auto half = [&](int j, int h) { return reinterpret_cast<const __m128i*>(v[j]->u + c * kChunk32 + 16 * h); };
+    if constexpr (RB >= kLanesFrom) {  // Q8_0's unpacked codes are q + 128: back to q as stored
+      const __m256i flip = _mm256_set1_epi8(static_cast<char>(Type == kQ8_0 ? 0x80 : 0));
+      const auto halves = [&](int k, int h) { return _mm256_xor_si256(_mm256_loadu2_m128i(half(k + 4, h), half(k, h)), flip); };
+      lanes_chunk<Type, RB>(acc, halves, a, xr, c);
+    } else if constexpr (nibble_chunks<Type>()) {  // the codes are under 32, so the decode rows' pairs apply (fewer ops)
       const auto pair = [&](int k, __m256i& lo, __m256i& hi) {
         lo = _mm256_loadu2_m128i(half(k + 4, 0), half(k, 0));
         hi = _mm256_loadu2_m128i(half(k + 4, 1), half(k, 1));
@@ -278,25 +283,29 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
 template <int64_t Type>
 constexpr int64_t decode_block() { return Type == kQ4_K ? 4 : 8; }
 #else
-template <int64_t>
-constexpr int64_t decode_block() { return kRowBlock; }
+// Whole-chunk formats: all of a decode step's rows in one pass (lanes_chunk, gguf_decode_avx2.h: the eight weight
+// rows' codes and their transposes are made once for them all); Q4_K and Q6_K keep 4 (their accumulators).
+template <int64_t Type>
+constexpr int64_t decode_block() { return whole_chunks<Type>() ? kFusedRows : kRowBlock; }
 #endif
 
 template <int64_t Type>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
-  for (int64_t m0 = 0; m0 < M; m0 += decode_block<Type>()) {
+  constexpr int64_t B = decode_block<Type>();
+  for (int64_t m0 = 0; m0 < M; m0 += B) {
     float* ym = y + m0 * ldy;
-    switch (std::min(M - m0, decode_block<Type>())) {
-      case 1: fused_rows<Type, 1>(row, row_bytes, rows, x, m0, ym, ldy); break;
-      case 2: fused_rows<Type, 2>(row, row_bytes, rows, x, m0, ym, ldy); break;
-      case 3: fused_rows<Type, 3>(row, row_bytes, rows, x, m0, ym, ldy); break;
-      case 4: fused_rows<Type, 4>(row, row_bytes, rows, x, m0, ym, ldy); break;
-#if defined(RADIXSERVE_GGUF_VNNI)
-      case 5: fused_rows<Type, 5>(row, row_bytes, rows, x, m0, ym, ldy); break;
-      case 6: fused_rows<Type, 6>(row, row_bytes, rows, x, m0, ym, ldy); break;
-      case 7: fused_rows<Type, 7>(row, row_bytes, rows, x, m0, ym, ldy); break;
-      default: fused_rows<Type, 8>(row, row_bytes, rows, x, m0, ym, ldy);
-#endif
+    const auto pass = [&](auto rb) {  // only the row counts this format's passes take are compiled
+      if constexpr (rb.value <= B) fused_rows<Type, rb.value>(row, row_bytes, rows, x, m0, ym, ldy);
+    };
+    switch (std::min(M - m0, B)) {
+      case 1: pass(std::integral_constant<int, 1>{}); break;
+      case 2: pass(std::integral_constant<int, 2>{}); break;
+      case 3: pass(std::integral_constant<int, 3>{}); break;
+      case 4: pass(std::integral_constant<int, 4>{}); break;
+      case 5: pass(std::integral_constant<int, 5>{}); break;
+      case 6: pass(std::integral_constant<int, 6>{}); break;
+      case 7: pass(std::integral_constant<int, 7>{}); break;
+      default: pass(std::integral_constant<int, 8>{});
     }
   }
 }
