@@ -1,10 +1,11 @@
 """Where a decode step's time goes, timed with wall clocks around each part (no profiler: at one token per step
 torch.profiler's own cost per op is larger than most of the ops it times, see benchmarks/profile_step.py).
 
-One greedy request with a random prompt of `--context` tokens, then `--tokens` decode steps; per step, the mean
-milliseconds in the layers' linears (qkv, o, gate_up, down), the attention backend (plan and forward, KV writes
-included), the LM head, the sampler, and the whole `execute` (the rest of it: embedding, norms, RoPE, residual adds,
-SiLU, Python). Tokens/s is over the whole request, engine loop included. A GGUF model on CPU runs its layers as one
+One greedy request (`--streams N`: N at once, a step then holds N rows) with a random prompt of `--context` tokens,
+then `--tokens` decode steps; per step, the mean milliseconds in the layers' linears (qkv, o, gate_up, down), the
+attention backend (plan and forward, KV writes included), the LM head, the sampler, and the whole `execute` (the
+rest of it: embedding, norms, RoPE, residual adds, SiLU, Python). Tokens/s is over the whole request (all streams),
+engine loop included. A GGUF model on CPU runs its layers as one
 C++ call a step (radixserve/model/cpu_stack.py): then "layer stack" holds the layers' linears, attention, norms and
 glue, and "rest" what is left around them; `--no-stack` times the Python layers part by part instead.
 
@@ -14,7 +15,7 @@ few passes over a buffer larger than the caches, all threads; or `--bandwidth`),
 their floor (1.0: memory-bound).
 
     .venv/bin/python -m benchmarks.decode_parts [--context 30 1000] [--tokens 64] [--dtype auto] [--quantization auto]
-        [--no-stack]
+        [--no-stack] [--streams 1]
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ from benchmarks.quant_engine import cpu_flags
 from radixserve import Engine
 
 
-def measure(eng: Engine, context: int, tokens: int, seed: int) -> tuple[float, dict[str, float]]:
-    """(tokens/s, mean ms per step of each part) of one greedy request after a warm-up one."""
+def measure(eng: Engine, context: int, tokens: int, seed: int, streams: int = 1) -> tuple[float, dict[str, float]]:
+    """(tokens/s over all streams, mean ms per step of each part) of `streams` greedy requests decoding together
+    (one batch, every step a row each) after a warm-up of the same prompts."""
     rng = random.Random(seed)
-    ids = [rng.randrange(1000, 20000) for _ in range(context)]
+    prompts = [[rng.randrange(1000, 20000) for _ in range(context)] for _ in range(streams)]
     greedy = {"temperature": 0, "ignore_eos": True}
-    eng.generate(input_ids=ids, sampling_params={**greedy, "max_new_tokens": 4})
+    eng.generate(input_ids=prompts, sampling_params={**greedy, "max_new_tokens": 4})
     totals: dict[str, float] = collections.defaultdict(float)
 
     def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -59,11 +61,13 @@ def measure(eng: Engine, context: int, tokens: int, seed: int) -> tuple[float, d
         stack.take_times()  # zeroed: the warm-up's are not counted
     with wrapped([*step_parts(eng), (eng.runner, "execute", "execute")], timed):
         t = time.perf_counter()
-        eng.generate(input_ids=ids[:-1] + [7], sampling_params={**greedy, "max_new_tokens": tokens + 1})
+        eng.generate(
+            input_ids=[ids[:-1] + [7] for ids in prompts], sampling_params={**greedy, "max_new_tokens": tokens + 1}
+        )
         wall = time.perf_counter() - t
     if stack is not None:  # the stack's own clocks, part by part: "stack: <part>"
         totals.update({f"stack: {k}": v for k, v in stack.take_times().items()})
-    return tokens / wall, {k: v / (tokens + 1) * 1e3 for k, v in totals.items()}
+    return streams * tokens / wall, {k: v / (tokens + 1) * 1e3 for k, v in totals.items()}
 
 
 def module_bytes(mods: list[nn.Module]) -> int:
@@ -106,6 +110,7 @@ def main() -> None:
     ap.add_argument("--quantization", default="auto")
     ap.add_argument("--bandwidth", type=float, help="GB/s to take as the floor's bandwidth instead of measuring it")
     ap.add_argument("--no-stack", action="store_true", help="the Python layers, not the C++ stack")
+    ap.add_argument("--streams", type=int, default=1, help="requests decoding together (a step's rows)")
     a = ap.parse_args()
     cpu_stack.ENABLED = not a.no_stack
     print(cpu_flags(), f"load={os.getloadavg()[0]:.1f}")
@@ -130,7 +135,7 @@ def main() -> None:
         )
         print("|---|---|---|---|---|---|---|---|---|")
         for i, context in enumerate(a.context):
-            rate, ms = measure(eng, context, a.tokens, seed=i)
+            rate, ms = measure(eng, context, a.tokens, seed=i, streams=a.streams)
             parts = ("layer linears", "layer stack", "attention", "lm_head", "sampler")
             rest = ms["execute"] - sum(ms.get(p, 0.0) for p in parts)
             cells = [

@@ -11,8 +11,9 @@
 // The floats. Q4_0, Q5_0 and Q8_0 (one scale a per 32 columns, activations rounded per 32): eight weight rows at a
 // time, each chunk's lanes added into one integer per row (exact; the zero points Q4_0 8 and Q5_0 16 taken out there
 // with the chunk's sum of activation codes), then acc += float(sum) * (a * x_scale) once for all eight rows, lane j
-// holding row j (`rows_step`); from kLanesFrom activation rows on, the eight rows' codes are transposed first so that
-// the lanes are weight rows (`lanes_chunk`: the same integers, no reduction per activation row). Q4_K and Q6_K (an
+// holding row j (`rows_step`); for Q4_0 and Q5_0 from kLanesFrom activation rows on, the eight rows' codes are
+// transposed first so that the lanes are weight rows (`lanes_chunk`: the same integers, no reduction per activation
+// row). Q4_K and Q6_K (an
 // integer scale per 32 or 16 columns under a float d per 256): the activations are rounded per 256 columns
 // (QuantX.q256, as ggml's q8_K), so vpmaddwd takes the scales instead of ones and a whole super-block adds up in
 // integers, lane by lane, before one float step per lane into eight float accumulators (`Reader::finish`; summed at
@@ -192,47 +193,36 @@ inline void transpose4(__m256i& a0, __m256i& a1, __m256i& a2, __m256i& a3) {
 }
 
 // Lane j: the int32 sum over 16 columns of weight row j's codes times one activation row's (xq, 16 int8 codes),
-// from t[g] lane j = row j's codes 4g .. 4g + 3 (Q8_0: its signed codes as stored, t its |q|). Each activation row's
-// four codes are one broadcast load meeting all eight rows, so nothing is reduced across lanes. The int16 words of
-// four vpmaddubsw add exactly for Q4_0 and Q5_0 (4 x 2 x 31 x 127 < 2^15); Q8_0's (2 x 128 x 127) go to int32 first.
-template <int64_t Type>
-inline __m256i lanes16(const __m256i (&t)[4], const __m256i (&q)[4], const int8_t* xq) {
-  const __m256i ones = _mm256_set1_epi16(1);
+// from t[g] lane j = row j's codes 4g .. 4g + 3. Each activation row's four codes are one broadcast load meeting all
+// eight rows, so nothing is reduced across lanes. The int16 words of four vpmaddubsw add exactly (4 x 2 x 31 x 127 <
+// 2^15).
+inline __m256i lanes16(const __m256i (&t)[4], const int8_t* xq) {
   const auto x4 = [&](int g) {
     int32_t v;
     std::memcpy(&v, xq + 4 * g, 4);
     return _mm256_set1_epi32(v);
   };
-  if constexpr (Type == kQ8_0) {
-    __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(t[0], _mm256_sign_epi8(x4(0), q[0])), ones);
-    for (int g = 1; g < 4; g++)
-      s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(t[g], _mm256_sign_epi8(x4(g), q[g])), ones));
-    return s;
-  } else {
-    const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(t[0], x4(0)), _mm256_maddubs_epi16(t[1], x4(1)));
-    const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(t[2], x4(2)), _mm256_maddubs_epi16(t[3], x4(3)));
-    return _mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones);
-  }
+  const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(t[0], x4(0)), _mm256_maddubs_epi16(t[1], x4(1)));
+  const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(t[2], x4(2)), _mm256_maddubs_epi16(t[3], x4(3)));
+  return _mm256_madd_epi16(_mm256_add_epi16(s01, s23), _mm256_set1_epi16(1));
 }
 
-// pairs_chunk and rows_chunk's result with the lanes as weight rows instead of columns: the eight rows' codes of each
-// 16-column half transposed (half(k, h): [row k | row k + 4] columns 16h .. 16h + 15, unsigned codes, Q8_0's as
-// stored), then lane j of an activation row's sums is row j's, with no per-row reduction. The same integers go into
-// the same rows_step, so the same bits. It pays from a few activation rows on (the transposes are per chunk, the
-// reductions saved per activation row): RESULTS.md, issue 38 session 38.
+// pairs_chunk's result (Q4_0, Q5_0) with the lanes as weight rows instead of columns: the eight rows' codes of each
+// 16-column half transposed (half(k, h): [row k | row k + 4] columns 16h .. 16h + 15), then lane j of an activation
+// row's sums is row j's, with no per-row reduction. The same integers go into the same rows_step, so the same bits.
+// It pays from a few activation rows on (the transposes are per chunk, the reductions saved per activation row).
+// Q8_0 keeps rows_chunk: its sign trick costs an operation per activation row and group here, and the LM head ran
+// slower this way (RESULTS.md, issue 38 session 38).
 template <int64_t Type, int RB, typename Half>
 inline void lanes_chunk(__m256 (&acc)[RB], const Half& half, __m256 a, const XRow (&xr)[RB], int64_t c) {
+  static_assert(nibble_chunks<Type>());
   __m256i sums[RB];
   for (int h = 0; h < 2; h++) {
-    __m256i t[4], q[4];
+    __m256i t[4];
     for (int k = 0; k < 4; k++) t[k] = half(k, h);
     transpose4(t[0], t[1], t[2], t[3]);
-    for (int g = 0; g < 4; g++) {
-      q[g] = t[g];
-      if constexpr (Type == kQ8_0) t[g] = _mm256_sign_epi8(q[g], q[g]);
-    }
     for (int r = 0; r < RB; r++) {
-      const __m256i s = lanes16<Type>(t, q, xr[r].q + c * kChunk32 + 16 * h);
+      const __m256i s = lanes16(t, xr[r].q + c * kChunk32 + 16 * h);
       sums[r] = h == 0 ? s : _mm256_add_epi32(sums[r], s);
     }
   }
@@ -424,12 +414,6 @@ inline void decode_rows8(const uint8_t* row, int64_t row_bytes, int nr, const Qu
       __m256i lo[4], hi[4];
       for (int k = 0; k < 4; k++) codes_pair<Type>(rows[k] + c * kBytes, rows[k + 4] + c * kBytes, lo[k], hi[k]);
       lanes_chunk<Type, RB>(acc, [&](int k, int h) { return h == 0 ? lo[k] : hi[k]; }, d8(rows, c * kBytes), xr, c);
-    } else if constexpr (RB >= kLanesFrom) {  // Q8_0: its signed codes straight from the blocks
-      const auto half = [&](int k, int h) {
-        const auto at = [&](int j) { return reinterpret_cast<const __m128i*>(rows[j] + c * kBytes + 2 + 16 * h); };
-        return _mm256_loadu2_m128i(at(k + 4), at(k));
-      };
-      lanes_chunk<Type, RB>(acc, half, d8(rows, c * kBytes), xr, c);
     } else if constexpr (nibble_chunks<Type>()) {
       const auto pair = [&](int k, __m256i& lo, __m256i& hi) {
         codes_pair<Type>(rows[k] + c * kBytes, rows[k + 4] + c * kBytes, lo, hi);

@@ -175,10 +175,8 @@ inline void tile_rows8(const RowView* w, int nr, const QuantX& x, int64_t m0, fl
     const __m256 a = _mm256_setr_ps(v[0]->a[2 * c], v[1]->a[2 * c], v[2]->a[2 * c], v[3]->a[2 * c], v[4]->a[2 * c],
                                     v[5]->a[2 * c], v[6]->a[2 * c], v[7]->a[2 * c]);
     const auto half = [&](int j, int h) { return reinterpret_cast<const __m128i*>(v[j]->u + c * kChunk32 + 16 * h); };
-    if constexpr (RB >= kLanesFrom) {  // Q8_0's unpacked codes are q + 128: back to q as stored
-      const __m256i flip = _mm256_set1_epi8(static_cast<char>(Type == kQ8_0 ? 0x80 : 0));
-      const auto halves = [&](int k, int h) { return _mm256_xor_si256(_mm256_loadu2_m128i(half(k + 4, h), half(k, h)), flip); };
-      lanes_chunk<Type, RB>(acc, halves, a, xr, c);
+    if constexpr (RB >= kLanesFrom && nibble_chunks<Type>()) {
+      lanes_chunk<Type, RB>(acc, [&](int k, int h) { return _mm256_loadu2_m128i(half(k + 4, h), half(k, h)); }, a, xr, c);
     } else if constexpr (nibble_chunks<Type>()) {  // the codes are under 32, so the decode rows' pairs apply (fewer ops)
       const auto pair = [&](int k, __m256i& lo, __m256i& hi) {
         lo = _mm256_loadu2_m128i(half(k + 4, 0), half(k, 0));
@@ -283,10 +281,10 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
 template <int64_t Type>
 constexpr int64_t decode_block() { return Type == kQ4_K ? 4 : 8; }
 #else
-// Whole-chunk formats: all of a decode step's rows in one pass (lanes_chunk, gguf_decode_avx2.h: the eight weight
-// rows' codes and their transposes are made once for them all); Q4_K and Q6_K keep 4 (their accumulators).
+// Q4_0 and Q5_0: all of a decode step's rows in one pass (lanes_chunk, gguf_decode_avx2.h: the eight weight rows'
+// codes and their transposes are made once for them all); the others keep 4 (their registers).
 template <int64_t Type>
-constexpr int64_t decode_block() { return whole_chunks<Type>() ? kFusedRows : kRowBlock; }
+constexpr int64_t decode_block() { return nibble_chunks<Type>() ? kFusedRows : kRowBlock; }
 #endif
 
 template <int64_t Type>
