@@ -5,9 +5,9 @@ One greedy request (`--streams N`: N at once, a step then holds N rows) with a r
 then `--tokens` decode steps; per step, the mean milliseconds in the layers' linears (qkv, o, gate_up, down), the
 attention backend (plan and forward, KV writes included), the LM head, the sampler, and the whole `execute` (the
 rest of it: embedding, norms, RoPE, residual adds, SiLU, Python). Tokens/s is over the whole request (all streams),
-engine loop included. A GGUF model on CPU runs its layers as one
-C++ call a step (radixserve/model/cpu_stack.py): then "layer stack" holds the layers' linears, attention, norms and
-glue, and "rest" what is left around them; `--no-stack` times the Python layers part by part instead.
+engine loop included. A GGUF model on CPU runs its layers as one C++ call a step (radixserve/model/cpu_stack.py):
+then "layer stack" holds the layers' linears, attention, norms and glue, and "rest" what is left around them;
+`--no-stack` times the Python layers part by part instead.
 
 Against the floor: the bytes a decode step must read (the layers' weights and the LM head's, as the model holds
 them: int8 codes, the GGUF's blocks, bfloat16...) over this machine's read bandwidth (measured first: the best of a

@@ -13,11 +13,10 @@
 // with the chunk's sum of activation codes), then acc += float(sum) * (a * x_scale) once for all eight rows, lane j
 // holding row j (`rows_step`); for Q4_0 and Q5_0 from kLanesFrom activation rows on, the eight rows' codes are
 // transposed first so that the lanes are weight rows (`lanes_chunk`: the same integers, no reduction per activation
-// row). Q4_K and Q6_K (an
-// integer scale per 32 or 16 columns under a float d per 256): the activations are rounded per 256 columns
-// (QuantX.q256, as ggml's q8_K), so vpmaddwd takes the scales instead of ones and a whole super-block adds up in
-// integers, lane by lane, before one float step per lane into eight float accumulators (`Reader::finish`; summed at
-// the row's end by `lanes_total`): RESULTS.md, issue 38 sessions 29 and 31.
+// row). Q4_K and Q6_K (an integer scale per 32 or 16 columns under a float d per 256): the activations are rounded
+// per 256 columns (QuantX.q256, as ggml's q8_K), so vpmaddwd takes the scales instead of ones and a whole
+// super-block adds up in integers, lane by lane, before one float step per lane into eight float accumulators
+// (`Reader::finish`; summed at the row's end by `lanes_total`): RESULTS.md, issue 38 sessions 29 and 31.
 // Chunks run in column order; a row's result depends neither on the path nor on the row count.
 #pragma once
 
@@ -210,9 +209,9 @@ inline __m256i lanes16(const __m256i (&t)[4], const int8_t* xq) {
 // pairs_chunk's result (Q4_0, Q5_0) with the lanes as weight rows instead of columns: the eight rows' codes of each
 // 16-column half transposed (half(k, h): [row k | row k + 4] columns 16h .. 16h + 15), then lane j of an activation
 // row's sums is row j's, with no per-row reduction. The same integers go into the same rows_step, so the same bits.
-// It pays from a few activation rows on (the transposes are per chunk, the reductions saved per activation row).
-// Q8_0 keeps rows_chunk: its sign trick costs an operation per activation row and group here, and the LM head ran
-// slower this way (RESULTS.md, issue 38 session 38).
+// The transposes are per chunk and the reductions saved per activation row: level at two rows, ahead from four.
+// Q8_0 keeps rows_chunk: its sign trick costs an operation per activation row and group here, and its LM head
+// measured no faster this way (RESULTS.md, issue 38 session 38).
 template <int64_t Type, int RB, typename Half>
 inline void lanes_chunk(__m256 (&acc)[RB], const Half& half, __m256 a, const XRow (&xr)[RB], int64_t c) {
   static_assert(nibble_chunks<Type>());
