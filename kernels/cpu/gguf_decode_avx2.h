@@ -1,23 +1,19 @@
-// The GGUF linears' dot products on AVX2 (no VNNI): one 32-column chunk at a time. Q4_0, Q5_0 and Q8_0 serve the
-// tiles of gguf_linear.cpp (prefill: codes unpacked by gguf_blocks.h) and decode steps, whose codes go from the
-// blocks straight into registers (at most kFusedRows activation rows; no tile buffer, no second pass over the
-// codes); Q4_K and Q6_K take the latter at every row count.
+// The GGUF linears' dot products on AVX2 (no VNNI) for the whole-chunk formats Q4_0, Q5_0 and Q8_0: one 32-column
+// chunk at a time. They serve the tiles of gguf_linear.cpp (prefill: codes unpacked by gguf_blocks.h) and decode
+// steps, whose codes go from the blocks straight into registers (at most kFusedRows activation rows; no tile buffer,
+// no second pass over the codes). Q4_K and Q6_K: gguf_kquants_avx2.h.
 //
 // The integers: vpmaddubsw multiplies unsigned codes by the activations' int8 codes and adds pairs into int16, then
 // vpmaddwd adds those pairs, so int32 lane l holds columns 4l .. 4l + 3, as a vpdpbusd lane does. It is exact for
 // codes up to 63 (2 * 63 * 127 < 2^15): Q4_0, Q5_0, Q4_K, Q6_K. Q8_0's codes would saturate vpmaddubsw, so its
 // signed codes go through ggml's sign trick: |q| times x with q's sign, exact (2 * 128 * 127).
 //
-// The floats. Q4_0, Q5_0 and Q8_0 (one scale a per 32 columns, activations rounded per 32): eight weight rows at a
-// time, each chunk's lanes added into one integer per row (exact; the zero points Q4_0 8 and Q5_0 16 taken out there
-// with the chunk's sum of activation codes), then acc += float(sum) * (a * x_scale) once for all eight rows, lane j
-// holding row j (`rows_step`); for Q4_0 and Q5_0 from kLanesFrom activation rows on, the eight rows' codes are
-// transposed first so that the lanes are weight rows (`lanes_chunk`: the same integers, no reduction per activation
-// row). Q4_K and Q6_K (an integer scale per 32 or 16 columns under a float d per 256): the activations are rounded
-// per 256 columns (QuantX.q256, as ggml's q8_K), so vpmaddwd takes the scales instead of ones and a whole
-// super-block adds up in integers, lane by lane, before one float step per lane into eight float accumulators
-// (`Reader::finish`; summed at the row's end by `lanes_total`): RESULTS.md, issue 38 sessions 29 and 31.
-// Chunks run in column order; a row's result depends neither on the path nor on the row count.
+// The floats (one scale a per 32 columns, activations rounded per 32): eight weight rows at a time, each chunk's
+// lanes added into one integer per row (exact; the zero points Q4_0 8 and Q5_0 16 taken out there with the chunk's
+// sum of activation codes), then acc += float(sum) * (a * x_scale) once for all eight rows, lane j holding row j
+// (`rows_step`); for Q4_0 and Q5_0 from kLanesFrom activation rows on, the eight rows' codes are transposed first so
+// that the lanes are weight rows (`lanes_chunk`: the same integers, no reduction per activation row). Chunks run in
+// column order; a row's result depends neither on the path nor on the row count.
 #pragma once
 
 #include "gguf_activations.h"
@@ -265,134 +261,8 @@ inline __m256 d8(const uint8_t* const* rows, int64_t offset) {
   return _mm256_cvtph_ps(v);
 }
 
-// The sum of eight float lanes, in one fixed order.
-inline float lanes_total(__m256 v) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-
-// Readers for Q4_K and Q6_K: `begin(s)` takes super-block s of the row (kWeights columns), `codes(c)` gives its
-// 32-column chunk c as unpack_row would store the codes, `scales(c)` the int16 scale of each of the chunk's pairs
-// of columns (vpmaddubsw's words: 0-7 columns 0-15, 8-15 columns 16-31), and `finish` adds the super-block's integer
-// sums into the row's float lanes. Against activations rounded per super-block (QuantX.q256, scale dx), the whole
-// super-block is eight integer lane sums, exact: sum_j sc_j * sum(u * x) over its sub-blocks j, minus the zero
-// point's or the minima's share from the codes' sums per 16 (QuantX.sum16); then one float step per lane,
-// acc += float(lane) * (d * dx). Horizontal sums per super-block instead (two per Q4_K row) took ~9% of a Q4_K or
-// Q6_K down projection from L3 (RESULTS.md, issue 38 session 31).
-template <int64_t Type>
-struct Reader;
-
-// Q4_K: chunk c is sub-block c (w = d sc_c u - dmin m_c), the low (even c) or high nibbles of qs[32 (c / 2) ..].
-template <>
-struct Reader<kQ4_K> {
-  static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = 144;
-  const uint8_t* row;
-  const uint8_t* blk = nullptr;
-  int16_t sc[8];
-  __m256i m16;  // m per 16 columns: m_0, m_0, m_1, m_1, .., m_7, m_7
-
-  void begin(int64_t s) {
-    blk = row + s * kBytes;
-    uint8_t sm[16];
-    q4_k_scales(blk, sm);
-    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm)));  // sc 0-7, m 0-7
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(sc), _mm256_castsi256_si128(w));
-    const __m128i m = _mm256_extracti128_si256(w, 1);
-    m16 = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
-  }
-  __m256i codes(int c) const {
-    const __m256i v = load32(blk + 16 + 32 * (c / 2));
-    return c % 2 == 0 ? low4(v) : high4(v);
-  }
-  __m256i scales(int c) const { return _mm256_set1_epi16(sc[c]); }
-  // y += d dx sum_c sc_c sum(u x) - dmin dx sum_c m_c sum(x), lane by lane: the minima's sum in `off`.
-  void finish(__m256i isum, __m256i sums16, float dx, __m256& y, __m256& off) const {
-    y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(fp16(blk) * dx), y);
-    off = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(m16, sums16)), _mm256_set1_ps(fp16(blk + 2) * dx), off);
-  }
-};
-
-template <>
-struct Reader<kQ6_K> {  // chunk c: half c / 4, part t = c % 4 of unpack_q6_k's four stores; scales 2c and 2c + 1
-  static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = 210;
-  const uint8_t* row;
-  const uint8_t* blk = nullptr;
-  int16_t sc[16];
-
-  void begin(int64_t s) {
-    blk = row + s * kBytes;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc),
-                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
-  }
-  __m256i codes(int c) const {
-    const int half = c / 4, t = c % 4;
-    const __m256i l = load32(blk + 64 * half + (t % 2) * 32), h = load32(blk + 128 + 32 * half);
-    const __m256i two = _mm256_set1_epi8(0x30);
-    const __m256i nib = t < 2 ? low4(l) : high4(l);
-    const __m256i hs = t == 0 ? _mm256_slli_epi16(h, 4) : t == 1 ? _mm256_slli_epi16(h, 2) : t == 2 ? h : _mm256_srli_epi16(h, 2);
-    return _mm256_or_si256(nib, _mm256_and_si256(hs, two));
-  }
-  __m256i scales(int c) const {  // sc[2c] and sc[2c + 1] in every dword, then words 0-7 the first, 8-15 the second
-    int32_t pair;
-    std::memcpy(&pair, &sc[2 * c], 4);
-    const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-                                            2, 3, 2, 3, 2, 3);
-    return _mm256_shuffle_epi8(_mm256_set1_epi32(pair), spread);
-  }
-  // y += d dx (sum_j sc_j sum(u x) - 32 sum_j sc_j sum(x)): the zero point taken out in the integers.
-  void finish(__m256i isum, __m256i sums16, float dx, __m256& y, __m256&) const {
-    const __m256i zero = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)), sums16);
-    y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum, _mm256_slli_epi32(zero, 5))),
-                        _mm256_set1_ps(fp16(blk + 208) * dx), y);
-  }
-};
-
 // Bytes ahead of the rows being read that are prefetched (as gguf_decode.h: one sweep at the rows' pace).
 constexpr int64_t kPrefetchAhead = 12288;
-
-// y[r * ldy + j] for RB activation rows from m0 against NR consecutive weight rows (row_bytes apart) from `row`, Q4_K
-// or Q6_K, against the activations rounded per super-block. Bounds of the integer sums (exact): a chunk's vpmaddubsw
-// words are at most 2 x 63 x 127 (Q6_K's codes), its vpmaddwd lanes 2 x 16002 x 128 with the scales, eight chunks
-// 33M, the zero point's share 32 x 2 x 128 x 2032: below 2^31 in a lane and in the lanes' sum.
-template <int64_t Type, int NR, int RB>
-inline void decode_rows(const uint8_t* row, int64_t row_bytes, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
-  using R = Reader<Type>;
-  constexpr int64_t span = NR * R::kBytes;  // bytes of the NR rows per super-block
-  const uint8_t* ahead = row + kPrefetchAhead;
-  R w[NR];
-  for (int j = 0; j < NR; j++) w[j].row = row + j * row_bytes;
-  __m256 acc[RB][NR], off[RB][NR];
-  for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++) acc[r][j] = off[r][j] = _mm256_setzero_ps();
-  for (int64_t s = 0; s < x.K64 / R::kWeights; s++) {
-    for (int j = 0; j < NR; j++) w[j].begin(s);
-    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
-    ahead += span;
-    __m256i isum[RB][NR];
-    for (int r = 0; r < RB; r++)
-      for (int j = 0; j < NR; j++) isum[r][j] = _mm256_setzero_si256();
-#pragma GCC unroll 8  // whole: each chunk's nibble half and shifts then known when compiled
-    for (int c = 0; c < R::kChunks; c++) {
-      __m256i xq[RB];
-      for (int r = 0; r < RB; r++)
-        xq[r] = load32(reinterpret_cast<const uint8_t*>(&x.q256[(m0 + r) * x.K64 + s * R::kWeights + c * kChunk32]));
-      for (int j = 0; j < NR; j++) {
-        const __m256i u = w[j].codes(c), sc = w[j].scales(c);
-        for (int r = 0; r < RB; r++)
-          isum[r][j] = _mm256_add_epi32(isum[r][j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq[r]), sc));
-      }
-    }
-    for (int r = 0; r < RB; r++) {
-      const __m256i s16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.sum16[(m0 + r) * x.K64 / kSub + s * 16]));
-      const float dx = x.d256[(m0 + r) * x.K64 / R::kWeights + s];
-      for (int j = 0; j < NR; j++) w[j].finish(isum[r][j], s16, dx, acc[r][j], off[r][j]);
-    }
-  }
-  for (int r = 0; r < RB; r++)
-    for (int j = 0; j < NR; j++)
-      y[r * ldy + j] = Type == kQ4_K ? lanes_total(acc[r][j]) - lanes_total(off[r][j]) : lanes_total(acc[r][j]);
-}
 
 // y[r * ldy + j] (j < nr <= 8) for RB activation rows from m0 against nr weight rows (row_bytes apart) of a
 // whole-chunk format, straight from the blocks; rows past nr repeat the last one (their lanes are not stored).

@@ -8,6 +8,7 @@
 #include "gguf_blocks.h"
 #include "gguf_decode.h"
 #include "gguf_decode_avx2.h"
+#include "gguf_kquants_avx2.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -232,8 +233,8 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 
 // Decode (up to kFusedRows rows): gguf_decode.h (VNNI) or gguf_decode_avx2.h (AVX2), the blocks straight into
 // registers, activation rows decode_block() at a time over the same weights (which the earlier pass left in L1/L2). On
-// VNNI four weight rows run side by side (their pairs make one register of sub-block sums); on AVX2, NR =
-// side_by_side: 4, or 2 where the activation rows' accumulators would fill its 16 registers. Measured
+// VNNI four weight rows run side by side (their pairs make one register of sub-block sums); on AVX2, eight a pass
+// (one activation row of Q4_K or Q6_K: four). Measured
 // (benchmarks.gguf_linear, one thread, all layers; RESULTS.md, issue 38 session 17): on VNNI the decode path beats
 // the packed tiles up to 8 rows (gate_up 32-33 vs 39-40 ms at 8), is level at 12 and behind at 16 (gate_up 64 vs
 // 56-57 ms); on AVX2 the decode path at 9-16 rows was slower than its tiles. Each pair runs the same sequence either
@@ -242,10 +243,8 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 constexpr int64_t kFusedRows = 12;
 #else
 constexpr int64_t kFusedRows = 8;
-template <int64_t, int RB>
-constexpr int side_by_side() { return RB <= 2 ? 4 : 2; }
 #endif
-// Q4_K and Q6_K on AVX2 at any row count: their integer super-block sums (gguf_decode_avx2.h) have no tile form.
+// Q4_K and Q6_K on AVX2 at any row count: their integer super-block sums (gguf_kquants_avx2.h) have no tile form.
 inline bool fused(int64_t type, int64_t M, int64_t K) {
   return (M <= kFusedRows || rounds_per_256(type)) && K % kChunk == 0;
 }
@@ -266,11 +265,17 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
       const int nr = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r));
       decode_rows8<Type, RB>(row + r * row_bytes, row_bytes, nr, x, m0, y + r, ldy);
     }
+  } else if constexpr (RB < kLanesFromK) {
+    constexpr int NR = side_by_side<RB>();
+    for (int64_t r = 0; r < rows; r += NR) {
+      const int nr = static_cast<int>(std::min<int64_t>(NR, rows - r));
+      kquant_rows<Type, RB>(row + r * row_bytes, row_bytes, nr, x, m0, y + r, ldy);
+    }
   } else {
-    constexpr int NR = side_by_side<Type, RB>();
-    int64_t r = 0;
-    for (; r + NR <= rows; r += NR) decode_rows<Type, NR, RB>(row + r * row_bytes, row_bytes, x, m0, y + r, ldy);
-    for (; r < rows; r++) decode_rows<Type, 1, RB>(row + r * row_bytes, row_bytes, x, m0, y + r, ldy);
+    for (int64_t r = 0; r < rows; r += kRowGroup) {
+      const int nr = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r));
+      kquant_lanes8<Type, RB>(row + r * row_bytes, row_bytes, nr, x, m0, y + r, ldy);
+    }
   }
 #endif
 }
@@ -281,10 +286,11 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
 template <int64_t Type>
 constexpr int64_t decode_block() { return Type == kQ4_K ? 4 : 8; }
 #else
-// Q4_0 and Q5_0: all of a decode step's rows in one pass (lanes_chunk, gguf_decode_avx2.h: the eight weight rows'
-// codes and their transposes are made once for them all); the others keep 4 (their registers).
+// Q4_0, Q5_0, Q4_K and Q6_K: eight activation rows in one pass (lanes_chunk, gguf_decode_avx2.h, and kquant_lanes8,
+// gguf_kquants_avx2.h: the eight weight rows' codes and their transposes are made once for them all); Q8_0 keeps 4
+// (its registers).
 template <int64_t Type>
-constexpr int64_t decode_block() { return nibble_chunks<Type>() ? kFusedRows : kRowBlock; }
+constexpr int64_t decode_block() { return Type == kQ8_0 ? kRowBlock : kFusedRows; }
 #endif
 
 template <int64_t Type>
