@@ -241,10 +241,11 @@ inline void store_rows(const __m256 (&acc)[RB], int nr, float* y, int64_t ldy) {
   }
 }
 
-// The eight blocks' fp16 d at rows[j] + offset, as floats (lane j): inserted one by one into a register (loads
-// with the insert), then one conversion. (Packed by shifts in 64-bit integers instead, the compiler vectorized the
-// shifts: twice the vector operations.)
-inline __m256 d8(const uint8_t* const* rows, int64_t offset) {
+// The fp16 at rows[j] + offset for j < N (N <= 8) as words 0 .. N - 1: inserted one by one into a register (loads
+// with the insert), for one conversion after. (Packed by shifts in 64-bit integers instead, the compiler vectorized
+// the shifts: twice the vector operations.)
+template <int N>
+inline __m128i fp16_words(const uint8_t* const* rows, int64_t offset) {
   const auto d = [&](int j) {
     uint16_t v;
     std::memcpy(&v, rows[j] + offset, 2);
@@ -254,12 +255,17 @@ inline __m256 d8(const uint8_t* const* rows, int64_t offset) {
   v = _mm_insert_epi16(v, d(1), 1);
   v = _mm_insert_epi16(v, d(2), 2);
   v = _mm_insert_epi16(v, d(3), 3);
-  v = _mm_insert_epi16(v, d(4), 4);
-  v = _mm_insert_epi16(v, d(5), 5);
-  v = _mm_insert_epi16(v, d(6), 6);
-  v = _mm_insert_epi16(v, d(7), 7);
-  return _mm256_cvtph_ps(v);
+  if constexpr (N == 8) {
+    v = _mm_insert_epi16(v, d(4), 4);
+    v = _mm_insert_epi16(v, d(5), 5);
+    v = _mm_insert_epi16(v, d(6), 6);
+    v = _mm_insert_epi16(v, d(7), 7);
+  }
+  return v;
 }
+
+// The eight blocks' fp16 d at rows[j] + offset, as floats (lane j).
+inline __m256 d8(const uint8_t* const* rows, int64_t offset) { return _mm256_cvtph_ps(fp16_words<8>(rows, offset)); }
 
 // Bytes ahead of the rows being read that are prefetched (as gguf_decode.h: one sweep at the rows' pace).
 constexpr int64_t kPrefetchAhead = 12288;

@@ -106,18 +106,7 @@ inline __m128i row_sums4(const __m256i (&v)[4]) {
 }
 
 // The four blocks' fp16 at rows[j] + offset, as floats (lane j).
-inline __m128 fp16x4(const uint8_t* const* rows, int64_t offset) {
-  const auto d = [&](int j) {
-    uint16_t v;
-    std::memcpy(&v, rows[j] + offset, 2);
-    return static_cast<int>(v);
-  };
-  __m128i v = _mm_cvtsi32_si128(d(0));
-  v = _mm_insert_epi16(v, d(1), 1);
-  v = _mm_insert_epi16(v, d(2), 2);
-  v = _mm_insert_epi16(v, d(3), 3);
-  return _mm_cvtph_ps(v);
-}
+inline __m128 fp16x4(const uint8_t* const* rows, int64_t offset) { return _mm_cvtph_ps(fp16_words<4>(rows, offset)); }
 
 // Activation rows from which a pass takes kquant_lanes8 (the same bits either way): its transposes are per
 // super-block, level with kquant_rows at about five rows (RESULTS.md, issue 38 session 39).
