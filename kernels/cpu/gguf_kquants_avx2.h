@@ -108,6 +108,12 @@ inline __m128i row_sums4(const __m256i (&v)[4]) {
 // The four blocks' fp16 at rows[j] + offset, as floats (lane j).
 inline __m128 fp16x4(const uint8_t* const* rows, int64_t offset) { return _mm_cvtph_ps(fp16_words<4>(rows, offset)); }
 
+// Bytes ahead of the rows being read that both forms prefetch, in one sweep at the rows' pace (a group of rows is
+// 16-32 KB of a 4864-column K-quant row; measured with two threads, M = 1 and 8, from huge pages: 12 KB 3-6% slower
+// than 24 KB, 48 KB 3-10% slower, one prefetch per row's super-block ahead instead 30% slower at M = 1; RESULTS.md,
+// issue 38 session 39).
+constexpr int64_t kKquantAhead = 24576;
+
 // Activation rows from which a pass takes kquant_lanes8 (the same bits either way): its transposes are per
 // super-block, level with kquant_rows at about five rows (RESULTS.md, issue 38 session 39).
 constexpr int kLanesFromK = 6;
@@ -123,7 +129,7 @@ inline void kquant_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
   using R = Reader<Type>;
   constexpr int NR = side_by_side<RB>();
   constexpr int64_t span = NR * R::kBytes;  // bytes of the NR rows per super-block
-  const uint8_t* ahead = row + kPrefetchAhead;
+  const uint8_t* ahead = row + kKquantAhead;
   const uint8_t* rows[4];  // row_sums4's four lanes; those past NR are not stored
   R w[NR];
   for (int j = 0; j < 4; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
@@ -285,15 +291,13 @@ inline void lanes16_words(const __m256i (&t)[4], const int8_t* xq, __m256i& lo, 
   hi = _mm256_add_epi16(_mm256_maddubs_epi16(t[2], x4(2)), _mm256_maddubs_epi16(t[3], x4(3)));
 }
 
-// Super-blocks ahead of those being read that kquant_lanes8 prefetches, row by row.
-constexpr int64_t kAheadBlocks = 2;
-
 // y[r * ldy + j] (j < nr <= 8) for RB activation rows from m0 against nr weight rows (row_bytes apart) from `row`.
 template <int64_t Type, int RB>
 inline void kquant_lanes8(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using L = Lanes8<Type>;
-  constexpr int64_t kWeights = 256;
+  constexpr int64_t kWeights = 256, span = kRowGroup * L::kBytes;
   static const ScaleIndex index;
+  const uint8_t* ahead = row + kKquantAhead;
   const uint8_t* rows[kRowGroup];
   for (int j = 0; j < kRowGroup; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
   const int8_t* xq[RB];
@@ -301,14 +305,10 @@ inline void kquant_lanes8(const uint8_t* row, int64_t row_bytes, int nr, const Q
   for (int r = 0; r < RB; r++) xq[r] = &x.q256[(m0 + r) * x.K64], acc[r] = off[r] = _mm256_setzero_ps();
   L sb;
   for (int64_t s = 0; s < x.K64 / kWeights; s++) {
+    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
+    ahead += span;
     const uint8_t* blk[kRowGroup];
-    for (int j = 0; j < kRowGroup; j++) {
-      blk[j] = rows[j] + s * L::kBytes;
-      // Each row's super-block kAheadBlocks on (past a row's end: the next row's first, the next group's for j = 7):
-      // a sweep at the rows' pace, as kquant_rows takes, runs behind the last of the eight rows.
-      const uint8_t* next = blk[j] + kAheadBlocks * L::kBytes;
-      for (int64_t o = 0; o < L::kBytes + 63; o += 64) _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T0);
-    }
+    for (int j = 0; j < kRowGroup; j++) blk[j] = rows[j] + s * L::kBytes;
     sb.fill(blk, index);
     __m256i isum[RB];
     for (int r = 0; r < RB; r++) isum[r] = _mm256_setzero_si256();
