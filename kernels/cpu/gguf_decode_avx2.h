@@ -211,15 +211,17 @@ inline __m256i lanes16(const __m256i (&t)[4], const int8_t* xq) {
 template <int64_t Type, int RB, typename Half>
 inline void lanes_chunk(__m256 (&acc)[RB], const Half& half, __m256 a, const XRow (&xr)[RB], int64_t c) {
   static_assert(nibble_chunks<Type>());
-  __m256i t[2][4];
+  __m256i sums[RB];
   for (int h = 0; h < 2; h++) {
-    for (int k = 0; k < 4; k++) t[h][k] = half(k, h);
-    transpose4(t[h][0], t[h][1], t[h][2], t[h][3]);
+    __m256i t[4];
+    for (int k = 0; k < 4; k++) t[k] = half(k, h);
+    transpose4(t[0], t[1], t[2], t[3]);
+    for (int r = 0; r < RB; r++) {
+      const __m256i s = lanes16(t, xr[r].q + c * kChunk32 + 16 * h);
+      sums[r] = h == 0 ? s : _mm256_add_epi32(sums[r], s);
+    }
   }
-  for (int r = 0; r < RB; r++) {
-    const int8_t* xq = xr[r].q + c * kChunk32;
-    acc[r] = rows_step<Type>(acc[r], _mm256_add_epi32(lanes16(t[0], xq), lanes16(t[1], xq + 16)), a, xr[r], c);
-  }
+  for (int r = 0; r < RB; r++) acc[r] = rows_step<Type>(acc[r], sums[r], a, xr[r], c);
 }
 
 // Activation rows from which a chunk of eight weight rows takes lanes_chunk (the same bits either way).
