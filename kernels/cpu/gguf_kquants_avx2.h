@@ -7,8 +7,9 @@
 //
 // Two forms with the same integers and the same float steps, so the same bits whatever the step's row count:
 // - Up to kLanesFromK - 1 activation rows (`kquant_rows`): four or two weight rows side by side, each chunk's codes
-//   straight into registers (`Reader`), eight int32 lanes of columns per pair of rows, summed across at the
-//   super-block's end (`row_sums4`: the rows' totals in one register, so one float step for them).
+//   straight into registers (`Reader`), eight int32 lanes of columns per weight and activation row, summed across
+//   at the super-block's end (`row_sums4`: four rows' totals in one register, one float step for them; session 31's
+//   horizontal sum per row and super-block cost ~9%, this measured level with the old float lanes at M = 1).
 // - From kLanesFromK on (`kquant_lanes8`): eight weight rows' super-block transposed once (`Lanes8`) so that lane j
 //   is weight row j, as lanes_chunk does for Q4_0 and Q5_0: an activation row's four codes are one broadcast meeting
 //   all eight rows, the int16 products of a scale's columns add before one vpmaddwd with the eight rows' scales, and
@@ -109,8 +110,8 @@ inline __m128i row_sums4(const __m256i (&v)[4]) {
 inline __m128 fp16x4(const uint8_t* const* rows, int64_t offset) { return _mm_cvtph_ps(fp16_words<4>(rows, offset)); }
 
 // Bytes ahead of the rows being read that both forms prefetch, in one sweep at the rows' pace (a group of rows is
-// 16-32 KB of a 4864-column K-quant row; measured with two threads, M = 1 and 8, from huge pages: 12 KB 3-6% slower
-// than 24 KB, 48 KB 3-10% slower, one prefetch per row's super-block ahead instead 30% slower at M = 1; RESULTS.md,
+// 16-32 KB of 4864-column K-quant rows; measured with two threads, M = 1 and 8, from huge pages: 12 KB up to 6%
+// slower than 24 KB, 48 KB 9-13%, one prefetch per row's super-block ahead instead 30-40% at M = 1; RESULTS.md,
 // issue 38 session 39).
 constexpr int64_t kKquantAhead = 24576;
 
@@ -152,8 +153,8 @@ inline void kquant_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
         const __m256i u = w[j].codes(c), sc = w[j].scales(c);
         for (int r = 0; r < RB; r++) {
           isum[r][j] = _mm256_add_epi32(isum[r][j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xc[r]), sc));
-          // Added here: left to itself GCC computed all eight chunks' products first and spilled them (M = 1 took
-          // 8-11% longer than with the adds in place; RESULTS.md, issue 38 session 39).
+          // Added here: left to itself GCC computed all eight chunks' products first and spilled them (`down` at
+          // M = 1 3.10 against 2.99 ms a decode step; RESULTS.md, issue 38 session 39).
           asm("" : "+x"(isum[r][j]));
         }
       }
