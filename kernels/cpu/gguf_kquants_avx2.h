@@ -40,7 +40,7 @@ struct Reader;
 // Q4_K: chunk c is sub-block c (w = d sc_c u - dmin m_c), the low (even c) or high nibbles of qs[32 (c / 2) ..].
 template <>
 struct Reader<kQ4_K> {
-  static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = 144, kD = 0, kDmin = 2;
+  static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = format_bytes(kQ4_K), kD = 0, kDmin = 2;
   const uint8_t* row;
   const uint8_t* blk = nullptr;
   int16_t sc[8];
@@ -68,7 +68,7 @@ struct Reader<kQ4_K> {
 
 template <>
 struct Reader<kQ6_K> {  // chunk c: half c / 4, part t = c % 4 of unpack_q6_k's four stores; scales 2c and 2c + 1
-  static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = 210, kD = 208, kDmin = -1;
+  static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = format_bytes(kQ6_K), kD = 208, kDmin = -1;
   const uint8_t* row;
   const uint8_t* blk = nullptr;
   int16_t sc[16];
@@ -218,7 +218,7 @@ struct Lanes8;
 
 template <>
 struct Lanes8<kQ4_K> {
-  static constexpr int64_t kBytes = 144;
+  static constexpr int64_t kBytes = format_bytes(kQ4_K);
   __m256i codes[8][2][4], scale[8], zero[8];
   __m256 d, dmin;
 
@@ -250,7 +250,7 @@ struct Lanes8<kQ4_K> {
 
 template <>
 struct Lanes8<kQ6_K> {
-  static constexpr int64_t kBytes = 210;
+  static constexpr int64_t kBytes = format_bytes(kQ6_K);
   __m256i codes[8][2][4], scale[16], zero[8];
   __m256 d, dmin;
 
