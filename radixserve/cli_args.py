@@ -31,7 +31,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=["auto", "none", "int8", "int4", "gguf"],
         help="CPU weight format: 'int8' is weight-only int8 per output channel, 'int4' weight-only int4 "
-        "in groups of 64 input columns, 'gguf' the GGUF file's own blocks (Q4_0/Q5_0/Q8_0/Q4_K/Q6_K); 'auto' (with --dtype auto) picks by the CPU: int8 plus a bf16 copy "
+        "in groups of 64 input columns, 'gguf' the GGUF file's own blocks (Q4_0/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K); 'auto' (with --dtype auto) picks by the CPU: int8 plus a bf16 copy "
         "of its codes on AVX512-BF16/AMX, none elsewhere (see /get_model_info's quantization_reason) "
         "(default: %(default)s)",
     )

@@ -37,20 +37,20 @@ struct QuantX {
   std::vector<int32_t> nsum4;  // [M][K64 / 4]: minus the sum of each group of 4 codes (a vpdpbusd lane)
   std::vector<int32_t> nsum16;  // [M][S]: minus the sum of each 16 codes (a sub-block)
   std::vector<int32_t> nsum32;  // [M][K64 / 32]: minus the sum of each 32 codes (the AVX2 whole-chunk step's)
-  // Rounded per 256 columns instead (kRound256 builds, for linears with Q4_K or Q6_K parts; else empty):
+  // Rounded per 256 columns instead (kRound256 builds, for linears with K-quant parts; else empty):
   std::vector<int8_t> q256;     // [M][K64]
   std::vector<float> d256;      // [M][K64 / 256]: the scale of each 256 columns
   std::vector<int16_t> sum16;   // [M][K64 / 16]: the sum of each 16 of q256's codes
 };
 
-// Whether this build's Q4_K and Q6_K read the activations rounded per super-block (QuantX.q256, as ggml's q8_K):
+// Whether this build's K-quants (Q4_K, Q5_K, Q6_K) read the activations rounded per super-block (QuantX.q256, as ggml's q8_K):
 // the AVX2 decode, which then sums a super-block in integers (gguf_decode_avx2.h). VNNI and plain C++ read q.
 #if defined(__AVX2__) && defined(__FMA__) && !defined(RADIXSERVE_GGUF_VNNI)
 constexpr bool kRound256 = true;
 #else
 constexpr bool kRound256 = false;
 #endif
-inline bool rounds_per_256(int64_t type) { return kRound256 && (type == kQ4_K || type == kQ6_K); }
+inline bool rounds_per_256(int64_t type) { return kRound256 && (type == kQ4_K || type == kQ5_K || type == kQ6_K); }
 
 // Whether this build reads QuantX.lane (the VNNI decode rows, gguf_decode.h); other builds leave it empty.
 #if defined(RADIXSERVE_GGUF_VNNI)
@@ -134,7 +134,7 @@ inline void quantize_block(const In* x, int8_t* q, float& scale) {
 }
 
 // The same rounding over a K-quant super-block (256 columns, one scale), as ggml's q8_K rounds the activations of
-// its K-quant dot products: the AVX2 decode of Q4_K and Q6_K sums a whole super-block in integers before its float
+// its K-quant dot products: the AVX2 decode of the K-quants sums a whole super-block in integers before its float
 // step (gguf_decode_avx2.h).
 template <typename In>
 inline void quantize_block256(const In* x, int8_t* q, float& scale) {

@@ -2,7 +2,7 @@
 // gguf_linear.cpp read: unsigned codes u[k] (uint8) and, per 16 weights, a float scale a and offset b, with
 //     w[k] = a[k / 16] * u[k] - b[k / 16].
 // Every format we read fits it: Q8_0 (u = q + 128, b = 128 d), Q4_0 / Q5_0 (codes 0..15 / 0..31 around 8 / 16),
-// Q4_K (w = d sc q - dmin m per 32), Q6_K (codes 0..63 around 32, an int8 scale per 16). Why one form: the integer
+// Q4_K and Q5_K (w = d sc q - dmin m per 32, codes 0..15 / 0..31), Q6_K (codes 0..63 around 32, an int8 scale per 16). Why one form: the integer
 // dot product of u with the activations' int8 codes (vpdpbusd multiplies unsigned by signed bytes) is then the same
 // code for every format, and the offsets fold into one short float dot product with the activations' block sums.
 // Layouts follow ggml's block structs (ggml-common.h); products a * u are exact in float32 (fp16 d: 11 bits, scales
@@ -38,7 +38,7 @@
 namespace radixserve::gguf {
 
 // ggml's type ids (GGMLQuantizationType in gguf-py).
-enum Type : int64_t { kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+enum Type : int64_t { kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
 constexpr int64_t kSub = 16;  // weights per (a, b) pair: the finest scale granularity of the formats (Q6_K)
 
@@ -48,7 +48,7 @@ struct Format {
 };
 
 constexpr int64_t format_bytes(int64_t type) {
-  return type == kQ4_0 ? 18 : type == kQ5_0 ? 22 : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+  return type == kQ4_0 ? 18 : type == kQ5_0 ? 22 : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : type == kQ5_K ? 176 : 210;
 }
 
 inline Format format_of(int64_t type) {
@@ -57,8 +57,9 @@ inline Format format_of(int64_t type) {
     case kQ5_0: return {32, 22};
     case kQ8_0: return {32, 34};
     case kQ4_K: return {256, 144};
+    case kQ5_K: return {256, 176};
     case kQ6_K: return {256, 210};
-    default: TORCH_CHECK(false, "GGML block type ", type, " is not supported (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K are)");
+    default: TORCH_CHECK(false, "GGML block type ", type, " is not supported (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K are)");
   }
 }
 
@@ -192,6 +193,33 @@ inline void unpack_q4_k(const uint8_t* blk, uint8_t* u, float* a, float* b) {
   }
 }
 
+// Q5_K: Q4_K's d, dmin and scales, then 32 bytes qh and Q4_K's 128 bytes of nibbles; sub-block j's code l takes bit
+// j of qh[l] as its fifth bit (16). w = d sc q - dmin m per sub-block of 32, q in 0..31.
+inline void unpack_q5_k(const uint8_t* blk, uint8_t* u, float* a, float* b) {
+  const float d = fp16(blk), dmin = fp16(blk + 2);
+  const uint8_t* qh = blk + 16;
+  const uint8_t* qs = blk + 48;
+  uint8_t sm[16];
+  q4_k_scales(blk, sm);
+  for (int j = 0; j < 8; j++) sub_pair(d * sm[j], dmin * sm[8 + j], a + 2 * j, b + 2 * j);
+#if defined(__AVX2__)
+  const __m256i h = load32(qh), sixteen = _mm256_set1_epi8(16);
+  for (int c = 0; c < 4; c++) {  // bits 2c and 2c + 1 of each qh byte moved to bit 4 by 16-bit shifts (spill masked)
+    const __m256i v = load32(qs + 32 * c);
+    const __m256i h0 = 2 * c <= 4 ? _mm256_slli_epi16(h, 4 - 2 * c) : _mm256_srli_epi16(h, 2 * c - 4);
+    const __m256i h1 = 2 * c + 1 <= 4 ? _mm256_slli_epi16(h, 3 - 2 * c) : _mm256_srli_epi16(h, 2 * c - 3);
+    store32(u + 64 * c, _mm256_or_si256(low4(v), _mm256_and_si256(h0, sixteen)));
+    store32(u + 64 * c + 32, _mm256_or_si256(high4(v), _mm256_and_si256(h1, sixteen)));
+  }
+#else
+  for (int c = 0; c < 4; c++)
+    for (int l = 0; l < 32; l++) {
+      u[64 * c + l] = (qs[32 * c + l] & 0x0F) | (((qh[l] >> (2 * c)) & 1) << 4);
+      u[64 * c + 32 + l] = (qs[32 * c + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);
+    }
+#endif
+}
+
 // Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d. Per 128-weight half, weight
 // 32 t + l (t = 0..3, l = 0..31) takes the low nibble of ql[l] (t = 0, 2) or ql[l + 32] (t = 1, 3), high nibble for
 // t >= 2, and bits 2t..2t+1 of qh[l]; scale j belongs to weights 16 j..16 j + 15. w = d sc (q - 32).
@@ -237,6 +265,7 @@ inline void unpack_row(int64_t type, const uint8_t* row, int64_t K, uint8_t* u, 
     case kQ5_0: return unpack_blocks<32, 22, unpack_block32<kQ5_0>>(row, K, u, a, b);
     case kQ8_0: return unpack_blocks<32, 34, unpack_block32<kQ8_0>>(row, K, u, a, b);
     case kQ4_K: return unpack_blocks<256, 144, unpack_q4_k>(row, K, u, a, b);
+    case kQ5_K: return unpack_blocks<256, 176, unpack_q5_k>(row, K, u, a, b);
     default: return unpack_blocks<256, 210, unpack_q6_k>(row, K, u, a, b);
   }
 }

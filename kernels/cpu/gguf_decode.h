@@ -6,7 +6,7 @@
 // weight row) pair both compute the exact integer sum of each 16-column sub-block (codes times activation codes,
 // minus the zero point times the activations' sum), then run `sub_step` on the sub-blocks in the same order with the
 // same floats (a per 16 weights exactly as gguf_blocks.h unpacks them, the activations' block scale), into four
-// accumulators by sub-block mod 4, added as `sub_total` does; Q4_K's offsets sum in offsets()'s order.
+// accumulators by sub-block mod 4, added as `sub_total` does; Q4_K's and Q5_K's offsets sum in offsets()'s order.
 #pragma once
 
 #include "gguf_activations.h"
@@ -20,10 +20,12 @@ namespace radixserve::gguf {
 
 // Codes around a fixed zero point (w = a (u - zero), zero = 2^Shift: Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128) take the
 // zero out in the integer dot product: vpdpbusd starts from -zero * (sum of the lane's 4 activation codes), exact in
-// int32, so no float offsets remain. Q4_K's minima are per sub-block floats (Shift < 0): an offsets term serves them.
+// int32, so no float offsets remain. Q4_K's and Q5_K's minima are per sub-block floats (Shift < 0): an offsets term
+// serves them.
 constexpr int zero_shift(int64_t type) {
   return type == kQ4_0 ? 3 : type == kQ5_0 ? 4 : type == kQ6_K ? 5 : type == kQ8_0 ? 7 : -1;
 }
+constexpr bool has_minima(int64_t type) { return zero_shift(type) < 0; }
 
 // The sums of 16-column sub-blocks, the unit every AVX-512 dot product here is built on. vpdpbusd leaves each lane
 // with the sum of 4 columns; for four (activation row, weight row) pairs p0..p3 at once (one 64-column chunk each),
@@ -55,7 +57,7 @@ inline __m512 spread16(__m512 per16, int first) {
   return _mm512_permutexvar_ps(idx, per16);
 }
 
-// One weight row's chunk: 64 codes in column order, the float a of each lane, and for Q4_K the b per 16 of the
+// One weight row's chunk: 64 codes in column order, the float a of each lane, and for Q4_K and Q5_K the b per 16 of the
 // super-block (the offsets). Each format reads `rows` side by side; `begin(s)` prepares super-block s (scales),
 // `chunk(c)` gives chunk c of it. A super-block is 64 weights (two blocks) for the 32-weight formats, one chunk:
 // their `codes()` give it and `lane_a` the four rows' a together.
@@ -113,10 +115,11 @@ struct Reader<kQ5_0> : Block32Reader<kQ5_0> {};
 template <>
 struct Reader<kQ8_0> : Block32Reader<kQ8_0> {};
 
-// Q4_K: chunk c holds sub-blocks 2c (low nibbles of qs[32c ..]) and 2c + 1 (high nibbles).
-template <>
-struct Reader<kQ4_K> {
-  static constexpr int64_t kWeights = 256, kChunks = 4, kBytes = 144;
+// Q4_K and Q5_K: chunk c holds sub-blocks 2c (low nibbles of qs[32c ..]) and 2c + 1 (high nibbles); Q5_K's fifth
+// bits are bits 2c and 2c + 1 of qh[0..31].
+template <int64_t Type>
+struct MinReader {
+  static constexpr int64_t kWeights = 256, kChunks = 4, kBytes = format_bytes(Type), kQs = Type == kQ5_K ? 48 : 16;
   const uint8_t* row;
   const uint8_t* blk = nullptr;
   __m512 a8, b16;  // a per sub-block of 32 (lanes 0-7); b per 16 weights
@@ -136,11 +139,23 @@ struct Reader<kQ4_K> {
   __m512i chunk(int c, __m512& lane_a) const {
     lane_a = _mm512_permutexvar_ps(
         _mm512_add_epi32(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_set1_epi32(2 * c)), a8);
-    const __m256i v = load32(blk + 16 + 32 * c);
-    return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1),
-                            _mm512_set1_epi8(0x0F));
+    const __m256i v = load32(blk + kQs + 32 * c);
+    const __m512i u = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1),
+                                       _mm512_set1_epi8(0x0F));
+    if constexpr (Type == kQ4_K) return u;
+    // Bits 2c (low half) and 2c + 1 (high half) of each qh byte to bit 0 (the 16-bit shifts' spill lands higher),
+    // then to 16.
+    const __m512i h = _mm512_srlv_epi16(_mm512_broadcast_i64x4(load32(blk + 16)),
+                                        _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(2 * c)),
+                                                           _mm256_set1_epi16(static_cast<short>(2 * c + 1)), 1));
+    return _mm512_or_si512(u, _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(1)), 4));
   }
 };
+
+template <>
+struct Reader<kQ4_K> : MinReader<kQ4_K> {};
+template <>
+struct Reader<kQ5_K> : MinReader<kQ5_K> {};
 
 // Q6_K: per 128-weight half, chunk 0 takes the low nibbles of ql[0..63] with qh bits 0-1 (columns 0-31) and 2-3
 // (32-63); chunk 1 the high nibbles with bits 4-5 and 6-7 (see unpack_q6_k).
@@ -232,13 +247,13 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
         acc[r] = sub_step(acc[r], sub_sums(v[0], v[1], v[2], v[3]), ap, _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + cc * 16]));
       }
     }
-    if constexpr (Type == kQ4_K)  // the offsets, in offsets()'s order: 16 per super-block
+    if constexpr (has_minima(Type))  // the offsets, in offsets()'s order: 16 per super-block
       for (int r = 0; r < RB; r++)
         for (int j = 0; j < 4; j++) off[r][j] = _mm512_fmadd_ps(w[j].b16, _mm512_loadu_ps(&x.corr[(m0 + r) * x.S + 16 * s]), off[r][j]);
   }
   for (int r = 0; r < RB; r++) {
     __m128 total = sub_total(acc[r]);
-    if constexpr (Type == kQ4_K)
+    if constexpr (has_minima(Type))
       total = _mm_sub_ps(total, _mm_setr_ps(_mm512_reduce_add_ps(off[r][0]), _mm512_reduce_add_ps(off[r][1]),
                                             _mm512_reduce_add_ps(off[r][2]), _mm512_reduce_add_ps(off[r][3])));
     // One store for four rows: a loop over nr the compiler turned into a call to memcpy, 1.3% of a decode step's CPU

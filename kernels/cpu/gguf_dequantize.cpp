@@ -70,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor> gguf_quantize_activations(const at::Tensor& x
   return {q, s};
 }
 
-// The columns per activation scale that this build's linears read for a block type: 256 for Q4_K and Q6_K on the
+// The columns per activation scale that this build's linears read for a block type: 256 for the K-quants on the
 // AVX2 path (kRound256), else 32.
 int64_t gguf_activation_block(int64_t type) { return rounds_per_256(type) ? 256 : kXBlock; }
 

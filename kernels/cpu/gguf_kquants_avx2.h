@@ -1,9 +1,9 @@
-// Q4_K and Q6_K on AVX2 (no VNNI), at every row count (they have no tile form). The activations are rounded per 256
-// columns (QuantX.q256, as ggml's q8_K), so a weight row's whole super-block adds up in integers, exact: sum_j sc_j *
-// sum(u * x) over its sub-blocks j (the integer scales sc in vpmaddwd), minus the zero point's share (Q6_K: 32 sc_j
-// sum(x)) or apart from the minima's (Q4_K: m_j sum(x)), from the activations' sums per 16 columns (QuantX.sum16).
-// Then one float step per weight row and super-block: acc += float(total) * (d * dx), Q4_K's minima likewise into
-// off with dmin, and y = acc - off at the row's end.
+// The K-quants Q4_K, Q5_K and Q6_K on AVX2 (no VNNI), at every row count (they have no tile form). The activations
+// are rounded per 256 columns (QuantX.q256, as ggml's q8_K), so a weight row's whole super-block adds up in integers,
+// exact: sum_j sc_j * sum(u * x) over its sub-blocks j (the integer scales sc in vpmaddwd), minus the zero point's
+// share (Q6_K: 32 sc_j sum(x)) or apart from the minima's (Q4_K, Q5_K: m_j sum(x)), from the activations' sums per 16
+// columns (QuantX.sum16). Then one float step per weight row and super-block: acc += float(total) * (d * dx), the
+// minima likewise into off with dmin, and y = acc - off at the row's end.
 //
 // Two forms with the same integers and the same float steps, so the same bits whatever the step's row count:
 // - Up to kLanesFromK - 1 activation rows (`kquant_rows`): four or two weight rows side by side, each chunk's codes
@@ -14,9 +14,10 @@
 //   is weight row j, as lanes_chunk does for Q4_0 and Q5_0: an activation row's four codes are one broadcast meeting
 //   all eight rows, the int16 products of a scale's columns add before one vpmaddwd with the eight rows' scales, and
 //   nothing is reduced across lanes (RESULTS.md, issue 38 session 39).
-// Bounds (exact in int16 and int32): vpmaddubsw words at most 2 x 63 x 127 = 16002 (Q6_K; two add, 32004) or 2 x 15
-// x 127 (Q4_K; a sub-block's eight add, 30480); a super-block's total at most 16 x 128 x 16 x 63 x 127 (Q6_K, 2^28)
-// and its zero point's share 32 x 16 x 128 x 16 x 127: below 2^31.
+// Bounds (exact in int16 and int32): vpmaddubsw words at most 2 x 63 x 127 = 16002 (Q6_K; two add, 32004), 2 x 31 x
+// 127 (Q5_K; a half sub-block's four add, 31496) or 2 x 15 x 127 (Q4_K; a sub-block's eight add, 30480); a
+// super-block's total at most 16 x 128 x 16 x 63 x 127 (Q6_K, 2^28) and its zero point's share 32 x 16 x 128 x 16 x
+// 127: below 2^31.
 #pragma once
 
 #include "gguf_activations.h"
@@ -33,14 +34,26 @@ namespace radixserve::gguf {
 // Readers for the one-row form: `begin(s)` takes super-block s of the row (kWeights columns), `codes(c)` gives its
 // 32-column chunk c as unpack_row would store the codes, `scales(c)` the int16 scale of each of the chunk's pairs of
 // columns (vpmaddubsw's words: 0-7 columns 0-15, 8-15 columns 16-31), and `total` the super-block's integer sums
-// with the zero point taken out (Q6_K) or the minima's sums apart (Q4_K: `mins`), eight lanes.
+// with the zero point taken out (Q6_K) or the minima's sums apart (Q4_K, Q5_K: `mins`), eight lanes.
 template <int64_t Type>
 struct Reader;
 
-// Q4_K: chunk c is sub-block c (w = d sc_c u - dmin m_c), the low (even c) or high nibbles of qs[32 (c / 2) ..].
-template <>
-struct Reader<kQ4_K> {
-  static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = format_bytes(kQ4_K), kD = 0, kDmin = 2;
+// Q4_K and Q5_K have minima (w = d sc_j u - dmin m_j); the others a zero point.
+constexpr bool kquant_minima(int64_t type) { return type == kQ4_K || type == kQ5_K; }
+
+// Bit `bit` of each byte of v moved to bit 4 (16), the rest zero: one 16-bit shift (what spills from the byte
+// beside lands in other bits) and one and.
+inline __m256i bit_to_16(__m256i v, int bit) {
+  const __m256i moved = bit <= 4 ? _mm256_slli_epi16(v, 4 - bit) : _mm256_srli_epi16(v, bit - 4);
+  return _mm256_and_si256(moved, _mm256_set1_epi8(16));
+}
+
+// Q4_K and Q5_K: chunk c is sub-block c (w = d sc_c u - dmin m_c), the low (even c) or high nibbles of
+// qs[32 (c / 2) ..]; Q5_K's fifth bits are bit c of qh[0..31].
+template <int64_t Type>
+struct MinReader {
+  static constexpr int64_t kWeights = 256, kChunks = 8, kBytes = format_bytes(Type), kD = 0, kDmin = 2;
+  static constexpr int64_t kQs = Type == kQ5_K ? 48 : 16;
   const uint8_t* row;
   const uint8_t* blk = nullptr;
   int16_t sc[8];
@@ -56,8 +69,10 @@ struct Reader<kQ4_K> {
     m16 = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
   }
   __m256i codes(int c) const {
-    const __m256i v = load32(blk + 16 + 32 * (c / 2));
-    return c % 2 == 0 ? low4(v) : high4(v);
+    const __m256i v = load32(blk + kQs + 32 * (c / 2));
+    const __m256i nib = c % 2 == 0 ? low4(v) : high4(v);
+    if constexpr (Type == kQ4_K) return nib;
+    return _mm256_or_si256(nib, bit_to_16(load32(blk + 16), c));
   }
   __m256i scales(int c) const { return _mm256_set1_epi16(sc[c]); }
   __m256i total(__m256i isum, __m256i sums16, __m256i& mins) const {
@@ -65,6 +80,11 @@ struct Reader<kQ4_K> {
     return isum;
   }
 };
+
+template <>
+struct Reader<kQ4_K> : MinReader<kQ4_K> {};
+template <>
+struct Reader<kQ5_K> : MinReader<kQ5_K> {};
 
 template <>
 struct Reader<kQ6_K> {  // chunk c: half c / 4, part t = c % 4 of unpack_q6_k's four stores; scales 2c and 2c + 1
@@ -165,7 +185,7 @@ inline void kquant_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
       for (int j = 0; j < NR; j++) isum[r][j] = w[j].total(isum[r][j], s16, mins[r][j]);
       const __m128 dx = _mm_set1_ps(x.d256[(m0 + r) * x.K64 / R::kWeights + s]);
       acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums4(isum[r])), _mm_mul_ps(fp16x4(rows, at + R::kD), dx), acc[r]);
-      if constexpr (Type == kQ4_K)
+      if constexpr (kquant_minima(Type))
         off[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums4(mins[r])), _mm_mul_ps(fp16x4(rows, at + R::kDmin), dx), off[r]);
     }
   }
@@ -208,17 +228,18 @@ struct ScaleIndex {
 };
 
 // Eight weight rows' super-block with lane j holding row j (rows past the call's last repeat it): codes[c][h][g] the
-// unsigned codes of chunk c, columns 16h + 4g .. 16h + 4g + 3; scale the int16 scale in both words (Q4_K: of
+// unsigned codes of chunk c, columns 16h + 4g .. 16h + 4g + 3; scale the int16 scale in both words (Q4_K, Q5_K: of
 // sub-block c, scale[c]; Q6_K: of the 16 columns i, scale[i]); zero[p] the pair that meets dword p of the
-// activations' sums per 16 (Q4_K: m_p twice, the minima; Q6_K: sc_2p, sc_2p+1, the zero point's share); d and dmin.
+// activations' sums per 16 (Q4_K, Q5_K: m_p twice, the minima; Q6_K: sc_2p, sc_2p+1, the zero point's share); d and dmin.
 // Bytewise steps (nibbles, masks, 16-bit shifts whose spill is masked off) commute with the dword transposes, so
 // the codes are the Reader's, transposed.
 template <int64_t Type>
 struct Lanes8;
 
-template <>
-struct Lanes8<kQ4_K> {
-  static constexpr int64_t kBytes = format_bytes(kQ4_K);
+// Q4_K and Q5_K (Q5_K's fifth bits: bit c of the qh bytes, transposed as the codes are).
+template <int64_t Type>
+struct MinLanes8 {
+  static constexpr int64_t kBytes = format_bytes(Type), kQs = MinReader<Type>::kQs;
   __m256i codes[8][2][4], scale[8], zero[8];
   __m256 d, dmin;
 
@@ -239,14 +260,27 @@ struct Lanes8<kQ4_K> {
     const __m256i ordered = _mm256_permute4x64_epi64(halves, _MM_SHUFFLE(3, 1, 2, 0));
     d = _mm256_cvtph_ps(_mm256_castsi256_si128(ordered));
     dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(ordered, 1));
+    __m256i qh[2][4];  // Q5_K: the qh bytes of columns 16 hh .. 16 hh + 15, transposed
+    if constexpr (Type == kQ5_K)
+      for (int hh = 0; hh < 2; hh++) transposed16(blk, 16 + 16 * hh, qh[hh]);
     for (int p = 0; p < 4; p++)
       for (int hh = 0; hh < 2; hh++) {
         __m256i raw[4];
-        transposed16(blk, 16 + 32 * p + 16 * hh, raw);
-        for (int g = 0; g < 4; g++) codes[2 * p][hh][g] = low4(raw[g]), codes[2 * p + 1][hh][g] = high4(raw[g]);
+        transposed16(blk, kQs + 32 * p + 16 * hh, raw);
+        for (int g = 0; g < 4; g++) {
+          codes[2 * p][hh][g] = low4(raw[g]), codes[2 * p + 1][hh][g] = high4(raw[g]);
+          if constexpr (Type == kQ5_K)
+            for (int k = 0; k < 2; k++)
+              codes[2 * p + k][hh][g] = _mm256_or_si256(codes[2 * p + k][hh][g], bit_to_16(qh[hh][g], 2 * p + k));
+        }
       }
   }
 };
+
+template <>
+struct Lanes8<kQ4_K> : MinLanes8<kQ4_K> {};
+template <>
+struct Lanes8<kQ5_K> : MinLanes8<kQ5_K> {};
 
 template <>
 struct Lanes8<kQ6_K> {
@@ -322,6 +356,8 @@ inline void kquant_lanes8(const uint8_t* row, int64_t row_bytes, int nr, const Q
           if constexpr (Type == kQ4_K) {
             const __m256i v = _mm256_add_epi16(lo, hi);
             words[r] = hh == 0 ? v : _mm256_add_epi16(words[r], v);
+          } else if constexpr (Type == kQ5_K) {  // a half's four vpmaddubsw (at most 31496), a vpmaddwd each half
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_add_epi16(lo, hi), sb.scale[c]));
           } else {
             const __m256i sc = sb.scale[2 * c + hh];
             isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(lo, sc), _mm256_madd_epi16(hi, sc)));
@@ -341,7 +377,7 @@ inline void kquant_lanes8(const uint8_t* row, int64_t row_bytes, int nr, const Q
       const __m256 dx = _mm256_set1_ps(x.d256[(m0 + r) * x.K64 / kWeights + s]);
       if constexpr (Type == kQ6_K) isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(z, 5));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(sb.d, dx), acc[r]);
-      if constexpr (Type == kQ4_K) off[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(z), _mm256_mul_ps(sb.dmin, dx), off[r]);
+      if constexpr (kquant_minima(Type)) off[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(z), _mm256_mul_ps(sb.dmin, dx), off[r]);
     }
   }
   for (int r = 0; r < RB; r++) acc[r] = _mm256_sub_ps(acc[r], off[r]);

@@ -8,7 +8,7 @@
 // block j). The tile stays in L1/L2 while all rows pass over it, so a prefill reads each weight byte once, like a
 // decode step. With VNNI or AVX2, formats with a fixed zero point take it out inside the integer dot product instead,
 // and decode steps (at most kFusedRows rows) skip the tile: codes go from the blocks to registers (gguf_decode.h on
-// VNNI, gguf_decode_avx2.h on AVX2). On AVX2, Q4_K and Q6_K take that path at every row count, against activations
+// VNNI, gguf_decode_avx2.h on AVX2). On AVX2, the K-quants take that path at every row count, against activations
 // rounded per 256 columns (as ggml's q8_K; QuantX.q256): a super-block then sums in integers before its float step.
 //
 // Batch invariance: the result for row m depends only on x[m] and the weights. Every row takes the same quantization,

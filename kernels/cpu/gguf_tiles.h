@@ -160,7 +160,7 @@ inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX&
 #elif defined(__AVX2__) && defined(__FMA__)
 
 // No VNNI: gguf_decode_avx2.h, 32 columns a step; the tiles run the sequence of its decode rows, eight weight rows a
-// register (`tile_rows8`). Q4_K and Q6_K never come here: their decode rows serve every row count (fused()).
+// register (`tile_rows8`). The K-quants never come here: their decode rows serve every row count (fused()).
 
 // Q4_0, Q5_0, Q8_0: eight weight rows (rows past nr repeat the last) against RB activation rows from m0, the
 // sequence of decode_rows8 (gguf_decode_avx2.h) per pair.
@@ -234,7 +234,7 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 // Decode (up to kFusedRows rows): gguf_decode.h (VNNI) or gguf_decode_avx2.h (AVX2), the blocks straight into
 // registers, activation rows decode_block() at a time over the same weights (which the earlier pass left in L1/L2). On
 // VNNI four weight rows run side by side (their pairs make one register of sub-block sums); on AVX2, eight a pass
-// (one activation row of Q4_K or Q6_K: four). Measured
+// (one activation row of a K-quant: four). Measured
 // (benchmarks.gguf_linear, one thread, all layers; RESULTS.md, issue 38 session 17): on VNNI the decode path beats
 // the packed tiles up to 8 rows (gate_up 32-33 vs 39-40 ms at 8), is level at 12 and behind at 16 (gate_up 64 vs
 // 56-57 ms); on AVX2 the decode path at 9-16 rows was slower than its tiles. Each pair runs the same sequence either
@@ -244,7 +244,7 @@ constexpr int64_t kFusedRows = 12;
 #else
 constexpr int64_t kFusedRows = 8;
 #endif
-// Q4_K and Q6_K on AVX2 at any row count: their integer super-block sums (gguf_kquants_avx2.h) have no tile form.
+// The K-quants on AVX2 at any row count: their integer super-block sums (gguf_kquants_avx2.h) have no tile form.
 inline bool fused(int64_t type, int64_t M, int64_t K) {
   return (M <= kFusedRows || rounds_per_256(type)) && K % kChunk == 0;
 }
@@ -282,11 +282,11 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
 
 #if defined(RADIXSERVE_GGUF_VNNI)
 // Activation rows a decode pass takes over the same weights: 8 share each unpacked chunk of 4 weight rows (its
-// accumulators are one register an activation row); Q4_K's offsets keep 4 (they take 4 registers a row).
+// accumulators are one register an activation row); Q4_K's and Q5_K's offsets keep 4 (they take 4 registers a row).
 template <int64_t Type>
-constexpr int64_t decode_block() { return Type == kQ4_K ? 4 : 8; }
+constexpr int64_t decode_block() { return Type == kQ4_K || Type == kQ5_K ? 4 : 8; }
 #else
-// Q4_0, Q5_0, Q4_K and Q6_K: eight activation rows in one pass (lanes_chunk, gguf_decode_avx2.h, and kquant_lanes8,
+// Q4_0, Q5_0 and the K-quants: eight activation rows in one pass (lanes_chunk, gguf_decode_avx2.h, and kquant_lanes8,
 // gguf_kquants_avx2.h: the eight weight rows' codes and their transposes are made once for them all); Q8_0 keeps 4
 // (its registers).
 template <int64_t Type>
@@ -322,6 +322,7 @@ inline void fused_rows(int64_t type, const uint8_t* row, int64_t row_bytes, int6
     case kQ5_0: return fused_rows<kQ5_0>(row, row_bytes, rows, x, M, y, ldy);
     case kQ8_0: return fused_rows<kQ8_0>(row, row_bytes, rows, x, M, y, ldy);
     case kQ4_K: return fused_rows<kQ4_K>(row, row_bytes, rows, x, M, y, ldy);
+    case kQ5_K: return fused_rows<kQ5_K>(row, row_bytes, rows, x, M, y, ldy);
     default: return fused_rows<kQ6_K>(row, row_bytes, rows, x, M, y, ldy);
   }
 }

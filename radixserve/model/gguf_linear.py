@@ -3,7 +3,7 @@
 A GGUFLinear holds, per stacked part (q, k, v of a fused projection may each have their own block type), the part's
 blocks as a uint8 `[rows, bytes per row]` view of the file's memory map and its ggml type id; kernels/cpu/
 gguf_linear.cpp multiplies with them directly (activations rounded to int8 per block of 32, as llama.cpp does; per
-256 columns for Q4_K and Q6_K on the AVX2 path, as llama.cpp's K-quant dot products do).
+256 columns for the K-quants on the AVX2 path, as llama.cpp's K-quant dot products do).
 The embedding dequantizes only the looked-up rows. Where the CPU kernels cannot be built, both fall back to
 gguf-py's numpy dequantizer (slow, kept for correctness: the float weight is cached on first use).
 
@@ -33,6 +33,7 @@ KERNEL_TYPES = frozenset(
         GGMLQuantizationType.Q5_0,
         GGMLQuantizationType.Q8_0,
         GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
         GGMLQuantizationType.Q6_K,
     }
 )
