@@ -18,6 +18,7 @@ import torch
 from radixserve.errors import ParamError
 from radixserve.model.cpu_select import choose
 from radixserve.model.deterministic import on_by_default, refusal
+from radixserve.model.gguf_model import types_without_kernel
 from radixserve.gguf.convert import converted_source
 from radixserve.host_memory import release_freed_heap
 from radixserve.model.resolve import resolve_model
@@ -88,8 +89,9 @@ class Engine(CacheSurface, EngineStats, RequestPath):
         # Quantized linears do not carry tensor parallelism's row-parallel sum yet: with tp > 1, auto runs dense.
         quantization = "none" if c.tp > 1 and c.quantization == "auto" else c.quantization
         self.model_path = resolve_model(None if c.model is None else str(c.model))
-        gguf_model = converted_source(self.model_path) is not None
-        self.cpu_choice = choose(c.dtype, quantization, torch.device(c.device).type, gguf_model)
+        self.cpu_choice = choose(
+            c.dtype, quantization, torch.device(c.device).type, self._runs_gguf_blocks(c.dtype, quantization)
+        )
         dtype, self.quantization = self.cpu_choice.dtype, self.cpu_choice.quantization
         self.dtype_name = dtype
         self.device = torch.device(c.device)
@@ -128,6 +130,17 @@ class Engine(CacheSurface, EngineStats, RequestPath):
             if self.tp is not None:  # the workers may be anywhere in their start-up: end them, do not talk to them
                 self.tp.close(kill=True)
             raise
+
+    def _runs_gguf_blocks(self, dtype: str, quantization: str) -> bool:
+        """Whether the weights are a GGUF file whose every matrix has a block kernel: then "auto" may run them as
+        stored (cpu_select.auto_weight_format); a file with other types (Q3_K, F16 matrices, ...) is re-quantized."""
+        source = converted_source(self.model_path)
+        if source is None or (dtype, quantization) != ("auto", "auto"):
+            return source is not None
+        missing = types_without_kernel(source)
+        if missing:
+            log.info("%s has block types without a kernel (%s): auto re-quantizes it", source.name, ", ".join(missing))
+        return not missing
 
     def _build(self, c: EngineConfig, dtype: str) -> None:
         """The runner (weights and KV pool), the scheduler and the loop."""

@@ -133,6 +133,26 @@ def test_every_weight_format_serves_a_gguf_and_auto_follows_gguf_auto(tiny_model
         assert make_engine(hf_dir, dtype="auto").quantization == "int8"
 
 
+def test_auto_re_quantizes_a_gguf_with_block_types_we_have_no_kernel_for(tiny_model_factory, tmp_path, make_engine):
+    """A file with a Q4_1 matrix (no kernel of ours) still serves at the defaults: "auto" re-quantizes it where it
+    would run the blocks; asking for its blocks says what to ask for instead."""
+    from test_gguf import write_gguf
+
+    from radixserve.model import cpu_select
+
+    gguf_path = write_gguf(
+        tmp_path / "q4_1.gguf", "qwen2", tiny_model_factory("qwen2"), {**TYPES, "attn_output": T.Q4_1}
+    )
+    folder = resolve_model(gguf_path, cache_dir=tmp_path / "cache", progress=False)
+    with pytest.raises(ValueError, match="Q4_1 have no kernel.*--quantization int8"):
+        load_model(folder, torch.float32, quantization="gguf")
+    eng = make_engine(folder, dtype="auto")
+    if cpu_select.choose("auto", "auto", "cpu", gguf_model=True).quantization == "gguf":
+        assert eng.quantization == cpu_select.CHOICES[cpu_select.cpu_kind()][1]  # the table's own format: int8
+    params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    assert len(eng.generate(input_ids=[5, 17, 42], sampling_params=params)["output_ids"]) == 4
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_long_prefill_runs_the_mlp_in_row_chunks_with_the_same_bits(dtype, tiny_model_factory, tmp_path, monkeypatch):
     """Over the GGUF kernels the MLP runs MLP_ROWS rows at a time (less peak memory at a prefill chunk), and since a

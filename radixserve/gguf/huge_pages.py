@@ -171,6 +171,11 @@ def take_early(gguf: Path) -> tuple[TensorTable, HugePageMover | None] | None:
     return early[1], early[2]
 
 
+def early_table(gguf: Path) -> TensorTable | None:
+    """The table `start_early` read for this file, left for `take_early`; None if it read none."""
+    return _early[1] if _early is not None and _early[0] == gguf.resolve() else None
+
+
 def drop_early() -> None:
     """Forget what `start_early` made and nobody took (its map is freed once its mover is done with it)."""
     global _early

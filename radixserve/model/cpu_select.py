@@ -67,7 +67,8 @@ CHOICES: dict[str, tuple[str, str, str, str]] = {
 # memory; on AVX-512 VNNI they are level with int8 or ahead where a step is compute-bound too (eight streams 1.06-1.33x,
 # prefill 1.00-1.08x, multi-turn TTFT p50 0.89-1.05x int8's; RESULTS.md, issue 38 session 17). On AVX2 int8 led at
 # prefill in session 16 (the blocks 0.78x int8's); the AVX2 tiles have since run 1.2-1.4x faster (session 18), not
-# yet measured against int8 through the server. --quantization int8 still gives int8.
+# yet measured against int8 through the server. --quantization int8 still gives int8. A GGUF with a matrix of a block
+# type we have no kernel for (Q3_K, IQ*, F16 ...) is not a "GGUF model" here: auto re-quantizes it (Engine).
 GGUF_AUTO = "gguf"
 
 

@@ -80,7 +80,10 @@ class GGUFLinear(nn.Module):
         super().__init__()
         unsupported = sorted({p.type.name for p in parts if p.type not in KERNEL_TYPES})
         if unsupported:
-            raise ValueError(f"GGUF block types {', '.join(unsupported)} have no kernel (see gguf_blocks.h)")
+            raise ValueError(
+                f"GGUF block types {', '.join(unsupported)} have no kernel (see gguf_blocks.h): "
+                "serve this file with --quantization int8 (re-quantized) or none"
+            )
         self.parts = parts
         self.in_features, self.out_features = in_features, sum(p.rows for p in parts)
         self._blocks = [p.blocks for p in parts]

@@ -20,7 +20,7 @@ from radixserve.config import ModelConfig
 from radixserve.gguf import huge_pages
 from radixserve.gguf.reader import PERMUTED_ARCHITECTURES, hf_tensor_name, unpermute_rows
 from radixserve.gguf.tensor_table import TensorTable, read_tensor_table
-from radixserve.model.gguf_linear import BlockPart, GGUFEmbedding, GGUFLinear
+from radixserve.model.gguf_linear import KERNEL_TYPES, BlockPart, GGUFEmbedding, GGUFLinear
 from radixserve.model.llama import LlamaForCausalLM
 from radixserve.model.rope import RotaryEmbedding
 
@@ -111,6 +111,14 @@ def _prefetch_in_step_order(model: LlamaForCausalLM, head: GGUFLinear) -> None:
                     ahead.append(part.blocks)
                     size += part.blocks.numel()
         lin.prefetch_in_order(ahead)
+
+
+def types_without_kernel(gguf_path: str | Path) -> list[str]:
+    """The block types of the file's matrices that no kernel of ours reads (sorted names; empty: the whole model runs
+    on its own blocks). The table `radixserve serve` read early is used when there is one (no second header walk)."""
+    path = Path(gguf_path)
+    table = huge_pages.early_table(path) or read_tensor_table(path)
+    return sorted({t.type.name for t in table.tensors.values() if len(t.shape) == 2 and t.type not in KERNEL_TYPES})
 
 
 def load_gguf_model(gguf_path: str | Path, config: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
