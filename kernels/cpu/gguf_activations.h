@@ -43,8 +43,9 @@ struct QuantX {
   std::vector<int16_t> sum16;   // [M][K64 / 16]: the sum of each 16 of q256's codes
 };
 
-// Whether this build's K-quants (Q4_K, Q5_K, Q6_K) read the activations rounded per super-block (QuantX.q256, as ggml's q8_K):
-// the AVX2 decode, which then sums a super-block in integers (gguf_decode_avx2.h). VNNI and plain C++ read q.
+// Whether this build's K-quants (Q4_K, Q5_K, Q6_K) read the activations rounded per super-block (QuantX.q256, as
+// ggml's q8_K): the AVX2 decode, which then sums a super-block in integers (gguf_kquants_avx2.h). VNNI and plain C++
+// read q.
 #if defined(__AVX2__) && defined(__FMA__) && !defined(RADIXSERVE_GGUF_VNNI)
 constexpr bool kRound256 = true;
 #else

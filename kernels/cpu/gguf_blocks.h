@@ -2,9 +2,10 @@
 // gguf_linear.cpp read: unsigned codes u[k] (uint8) and, per 16 weights, a float scale a and offset b, with
 //     w[k] = a[k / 16] * u[k] - b[k / 16].
 // Every format we read fits it: Q8_0 (u = q + 128, b = 128 d), Q4_0 / Q5_0 (codes 0..15 / 0..31 around 8 / 16),
-// Q4_K and Q5_K (w = d sc q - dmin m per 32, codes 0..15 / 0..31), Q6_K (codes 0..63 around 32, an int8 scale per 16). Why one form: the integer
-// dot product of u with the activations' int8 codes (vpdpbusd multiplies unsigned by signed bytes) is then the same
-// code for every format, and the offsets fold into one short float dot product with the activations' block sums.
+// Q4_K and Q5_K (w = d sc q - dmin m per 32, codes 0..15 / 0..31), Q6_K (codes 0..63 around 32, an int8 scale per
+// 16). Why one form: the integer dot product of u with the activations' int8 codes (vpdpbusd multiplies unsigned by
+// signed bytes) is then the same code for every format, and the offsets fold into one short float dot product with
+// the activations' block sums.
 // Layouts follow ggml's block structs (ggml-common.h); products a * u are exact in float32 (fp16 d: 11 bits, scales
 // at most 8 bits, codes at most 8 bits), so a * u - b rounds once, as ggml's own dequantizers do.
 #pragma once
@@ -87,6 +88,13 @@ inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_
 inline void store32(uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
 inline __m256i low4(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
 inline __m256i high4(__m256i v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+
+// Bit `bit` of each byte of v moved to bit 4 (16), the rest zero (Q5_K's fifth bits): one 16-bit shift (what spills
+// from the byte beside lands in other bits) and one and.
+inline __m256i bit_to_16(__m256i v, int bit) {
+  const __m256i moved = bit <= 4 ? _mm256_slli_epi16(v, 4 - bit) : _mm256_srli_epi16(v, bit - 4);
+  return _mm256_and_si256(moved, _mm256_set1_epi8(16));
+}
 #endif
 
 inline void sub_pair(float a, float b, float* as, float* bs) {  // one scale for a block of 32 = two of 16
@@ -203,13 +211,11 @@ inline void unpack_q5_k(const uint8_t* blk, uint8_t* u, float* a, float* b) {
   q4_k_scales(blk, sm);
   for (int j = 0; j < 8; j++) sub_pair(d * sm[j], dmin * sm[8 + j], a + 2 * j, b + 2 * j);
 #if defined(__AVX2__)
-  const __m256i h = load32(qh), sixteen = _mm256_set1_epi8(16);
-  for (int c = 0; c < 4; c++) {  // bits 2c and 2c + 1 of each qh byte moved to bit 4 by 16-bit shifts (spill masked)
+  const __m256i h = load32(qh);
+  for (int c = 0; c < 4; c++) {
     const __m256i v = load32(qs + 32 * c);
-    const __m256i h0 = 2 * c <= 4 ? _mm256_slli_epi16(h, 4 - 2 * c) : _mm256_srli_epi16(h, 2 * c - 4);
-    const __m256i h1 = 2 * c + 1 <= 4 ? _mm256_slli_epi16(h, 3 - 2 * c) : _mm256_srli_epi16(h, 2 * c - 3);
-    store32(u + 64 * c, _mm256_or_si256(low4(v), _mm256_and_si256(h0, sixteen)));
-    store32(u + 64 * c + 32, _mm256_or_si256(high4(v), _mm256_and_si256(h1, sixteen)));
+    store32(u + 64 * c, _mm256_or_si256(low4(v), bit_to_16(h, 2 * c)));
+    store32(u + 64 * c + 32, _mm256_or_si256(high4(v), bit_to_16(h, 2 * c + 1)));
   }
 #else
   for (int c = 0; c < 4; c++)

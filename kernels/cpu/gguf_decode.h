@@ -57,8 +57,8 @@ inline __m512 spread16(__m512 per16, int first) {
   return _mm512_permutexvar_ps(idx, per16);
 }
 
-// One weight row's chunk: 64 codes in column order, the float a of each lane, and for Q4_K and Q5_K the b per 16 of the
-// super-block (the offsets). Each format reads `rows` side by side; `begin(s)` prepares super-block s (scales),
+// One weight row's chunk: 64 codes in column order, the float a of each lane, and for Q4_K and Q5_K the b per 16 of
+// the super-block (the offsets). Each format reads `rows` side by side; `begin(s)` prepares super-block s (scales),
 // `chunk(c)` gives chunk c of it. A super-block is 64 weights (two blocks) for the 32-weight formats, one chunk:
 // their `codes()` give it and `lane_a` the four rows' a together.
 template <int64_t Type>

@@ -41,13 +41,6 @@ struct Reader;
 // Q4_K and Q5_K have minima (w = d sc_j u - dmin m_j); the others a zero point.
 constexpr bool kquant_minima(int64_t type) { return type == kQ4_K || type == kQ5_K; }
 
-// Bit `bit` of each byte of v moved to bit 4 (16), the rest zero: one 16-bit shift (what spills from the byte
-// beside lands in other bits) and one and.
-inline __m256i bit_to_16(__m256i v, int bit) {
-  const __m256i moved = bit <= 4 ? _mm256_slli_epi16(v, 4 - bit) : _mm256_srli_epi16(v, bit - 4);
-  return _mm256_and_si256(moved, _mm256_set1_epi8(16));
-}
-
 // Q4_K and Q5_K: chunk c is sub-block c (w = d sc_c u - dmin m_c), the low (even c) or high nibbles of
 // qs[32 (c / 2) ..]; Q5_K's fifth bits are bit c of qh[0..31].
 template <int64_t Type>
@@ -230,7 +223,8 @@ struct ScaleIndex {
 // Eight weight rows' super-block with lane j holding row j (rows past the call's last repeat it): codes[c][h][g] the
 // unsigned codes of chunk c, columns 16h + 4g .. 16h + 4g + 3; scale the int16 scale in both words (Q4_K, Q5_K: of
 // sub-block c, scale[c]; Q6_K: of the 16 columns i, scale[i]); zero[p] the pair that meets dword p of the
-// activations' sums per 16 (Q4_K, Q5_K: m_p twice, the minima; Q6_K: sc_2p, sc_2p+1, the zero point's share); d and dmin.
+// activations' sums per 16 (Q4_K, Q5_K: m_p twice, the minima; Q6_K: sc_2p, sc_2p+1, the zero point's share); d
+// and dmin.
 // Bytewise steps (nibbles, masks, 16-bit shifts whose spill is masked off) commute with the dword transposes, so
 // the codes are the Reader's, transposed.
 template <int64_t Type>
