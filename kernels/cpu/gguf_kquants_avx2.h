@@ -49,15 +49,13 @@ struct MinReader {
   static constexpr int64_t kQs = Type == kQ5_K ? 48 : 16;
   const uint8_t* row;
   const uint8_t* blk = nullptr;
-  int16_t sc[8];
+  __m256i sc;   // the scales as int16 words 0-7 of both 128-bit halves (`scales` spreads word c)
   __m256i m16;  // m per 16 columns: m_0, m_0, m_1, m_1, .., m_7, m_7
 
   void begin(int64_t s) {
     blk = row + s * kBytes;
-    uint8_t sm[16];
-    q4_k_scales(blk, sm);
-    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm)));  // sc 0-7, m 0-7
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(sc), _mm256_castsi256_si128(w));
+    const __m256i w = _mm256_cvtepu8_epi16(q4_k_scales128(blk));  // sc 0-7, m 0-7
+    sc = _mm256_permute2x128_si256(w, w, 0x00);
     const __m128i m = _mm256_extracti128_si256(w, 1);
     m16 = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
   }
@@ -67,7 +65,7 @@ struct MinReader {
     if constexpr (Type == kQ4_K) return nib;
     return _mm256_or_si256(nib, bit_to_16(load32(blk + 16), c));
   }
-  __m256i scales(int c) const { return _mm256_set1_epi16(sc[c]); }
+  __m256i scales(int c) const { return _mm256_shuffle_epi8(sc, _mm256_set1_epi16(static_cast<short>(0x0202 * c + 0x0100))); }
   __m256i total(__m256i isum, __m256i sums16, __m256i& mins) const {
     mins = _mm256_madd_epi16(m16, sums16);
     return isum;
