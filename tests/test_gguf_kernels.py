@@ -15,6 +15,8 @@ T = GGMLQuantizationType
 FORMATS = [T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 # Byte offsets of each format's fp16 scales inside a block (ggml-common.h): random bytes there would be NaN/inf.
 FP16_FIELDS = {T.Q4_0: (0,), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+# Byte offsets of the K-quants' sub-block scales (and Q4_K's and Q5_K's minima) inside a block.
+SCALE_BYTES = {T.Q4_K: range(4, 16), T.Q5_K: range(4, 16), T.Q6_K: range(192, 208)}
 # (rows M, out N, in K): 1-2 rows (decode), a few past the kernel's 4-row register block, K = 896 and 4864 as in
 # the default model (K = 896 is not a multiple of 256: K-quant shapes use 1024 and 4864).
 SHAPES = [(1, 40, 256), (2, 33, 1024), (7, 17, 4864), (5, 24, 896), (40, 24, 896), (40, 24, 1024)]
@@ -108,9 +110,7 @@ def lowest_weights(blocks: np.ndarray, fmt: GGMLQuantizationType, ops) -> np.nda
     weights, size = GGML_QUANT_SIZES[fmt]
     view = zeroed.reshape(blocks.shape[0], -1, size)
     fp16 = {o for f in FP16_FIELDS[fmt] for o in (f, f + 1)}
-    keep = {T.Q4_K: set(range(4, 16)), T.Q5_K: set(range(4, 16)), T.Q6_K: set(range(192, 208))}.get(
-        fmt, set()
-    )  # the sub-block scales
+    keep = set(SCALE_BYTES.get(fmt, ()))
     for byte in range(size):
         if byte not in fp16 and byte not in keep:
             view[..., byte] = 0x80 if fmt == T.Q8_0 else 0  # Q8_0 stores q: code u = q + 128 is 0 at q = -128
