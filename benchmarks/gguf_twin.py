@@ -19,9 +19,10 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-Q4_K_BYTES, Q5_K_BYTES = 144, 176
+Q4_K_BYTES, Q5_K_BYTES = GGML_QUANT_SIZES[T.Q4_K][1], GGML_QUANT_SIZES[T.Q5_K][1]
 
 
 def q4_k_as_q5_k(blocks: np.ndarray) -> np.ndarray:

@@ -41,6 +41,9 @@ namespace radixserve::gguf {
 // ggml's type ids (GGMLQuantizationType in gguf-py).
 enum Type : int64_t { kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
+// The formats with per sub-block minima (w = d sc u - dmin m): their offsets are floats, the others' a zero point.
+constexpr bool has_minima(int64_t type) { return type == kQ4_K || type == kQ5_K; }
+
 constexpr int64_t kSub = 16;  // weights per (a, b) pair: the finest scale granularity of the formats (Q6_K)
 
 struct Format {

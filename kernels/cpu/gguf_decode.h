@@ -25,7 +25,6 @@ namespace radixserve::gguf {
 constexpr int zero_shift(int64_t type) {
   return type == kQ4_0 ? 3 : type == kQ5_0 ? 4 : type == kQ6_K ? 5 : type == kQ8_0 ? 7 : -1;
 }
-constexpr bool has_minima(int64_t type) { return zero_shift(type) < 0; }
 
 // The sums of 16-column sub-blocks, the unit every AVX-512 dot product here is built on. vpdpbusd leaves each lane
 // with the sum of 4 columns; for four (activation row, weight row) pairs p0..p3 at once (one 64-column chunk each),

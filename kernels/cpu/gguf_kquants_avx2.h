@@ -38,9 +38,6 @@ namespace radixserve::gguf {
 template <int64_t Type>
 struct Reader;
 
-// Q4_K and Q5_K have minima (w = d sc_j u - dmin m_j); the others a zero point.
-constexpr bool kquant_minima(int64_t type) { return type == kQ4_K || type == kQ5_K; }
-
 // Q4_K and Q5_K: chunk c is sub-block c (w = d sc_c u - dmin m_c), the low (even c) or high nibbles of
 // qs[32 (c / 2) ..]; Q5_K's fifth bits are bit c of qh[0..31].
 template <int64_t Type>
@@ -176,7 +173,7 @@ inline void kquant_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
       for (int j = 0; j < NR; j++) isum[r][j] = w[j].total(isum[r][j], s16, mins[r][j]);
       const __m128 dx = _mm_set1_ps(x.d256[(m0 + r) * x.K64 / R::kWeights + s]);
       acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums4(isum[r])), _mm_mul_ps(fp16x4(rows, at + R::kD), dx), acc[r]);
-      if constexpr (kquant_minima(Type))
+      if constexpr (has_minima(Type))
         off[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums4(mins[r])), _mm_mul_ps(fp16x4(rows, at + R::kDmin), dx), off[r]);
     }
   }
@@ -369,7 +366,7 @@ inline void kquant_lanes8(const uint8_t* row, int64_t row_bytes, int nr, const Q
       const __m256 dx = _mm256_set1_ps(x.d256[(m0 + r) * x.K64 / kWeights + s]);
       if constexpr (Type == kQ6_K) isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(z, 5));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(sb.d, dx), acc[r]);
-      if constexpr (kquant_minima(Type)) off[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(z), _mm256_mul_ps(sb.dmin, dx), off[r]);
+      if constexpr (has_minima(Type)) off[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(z), _mm256_mul_ps(sb.dmin, dx), off[r]);
     }
   }
   for (int r = 0; r < RB; r++) acc[r] = _mm256_sub_ps(acc[r], off[r]);

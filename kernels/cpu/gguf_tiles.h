@@ -284,7 +284,7 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
 // Activation rows a decode pass takes over the same weights: 8 share each unpacked chunk of 4 weight rows (its
 // accumulators are one register an activation row); Q4_K's and Q5_K's offsets keep 4 (they take 4 registers a row).
 template <int64_t Type>
-constexpr int64_t decode_block() { return Type == kQ4_K || Type == kQ5_K ? 4 : 8; }
+constexpr int64_t decode_block() { return has_minima(Type) ? 4 : 8; }
 #else
 // Q4_0, Q5_0 and the K-quants: eight activation rows in one pass (lanes_chunk, gguf_decode_avx2.h, and kquant_lanes8,
 // gguf_kquants_avx2.h: the eight weight rows' codes and their transposes are made once for them all); Q8_0 keeps 4
