@@ -202,26 +202,37 @@ inline __m256i lanes16(const __m256i (&t)[4], const int8_t* xq) {
   return _mm256_madd_epi16(_mm256_add_epi16(s01, s23), _mm256_set1_epi16(1));
 }
 
-// pairs_chunk's result (Q4_0, Q5_0) with the lanes as weight rows instead of columns: the eight rows' codes of each
-// 16-column half transposed (half(k, h): [row k | row k + 4] columns 16h .. 16h + 15), then lane j of an activation
-// row's sums is row j's, with no per-row reduction. The same integers go into the same rows_step, so the same bits.
-// The transposes are per chunk and the reductions saved per activation row: level at two rows, ahead from four.
-// Q8_0 keeps rows_chunk: its sign trick costs an operation per activation row and group here, and its LM head
-// measured no faster this way (RESULTS.md, issue 38 session 38).
-template <int64_t Type, int RB, typename Half>
-inline void lanes_chunk(__m256 (&acc)[RB], const Half& half, __m256 a, const XRow (&xr)[RB], int64_t c) {
-  static_assert(nibble_chunks<Type>());
+// acc[r] for RB activation rows xr against chunk c of eight weight rows whose codes come with the lanes as weight
+// rows: lanes(h, t) gives half h's (columns 16h .. 16h + 15) four registers as lanes16 reads them. Lane j of an
+// activation row's sums is row j's, with no per-row reduction; the same integers go into the same rows_step as
+// pairs_chunk's and rows_chunk's, so the same bits.
+template <int64_t Type, int RB, typename Lanes>
+inline void lanes_sums(__m256 (&acc)[RB], const Lanes& lanes, __m256 a, const XRow (&xr)[RB], int64_t c) {
   __m256i sums[RB];
   for (int h = 0; h < 2; h++) {
     __m256i t[4];
-    for (int k = 0; k < 4; k++) t[k] = half(k, h);
-    transpose4(t[0], t[1], t[2], t[3]);
+    lanes(h, t);
     for (int r = 0; r < RB; r++) {
       const __m256i s = lanes16(t, xr[r].q + c * kChunk32 + 16 * h);
       sums[r] = h == 0 ? s : _mm256_add_epi32(sums[r], s);
     }
   }
   for (int r = 0; r < RB; r++) acc[r] = rows_step<Type>(acc[r], sums[r], a, xr[r], c);
+}
+
+// pairs_chunk's result (Q4_0, Q5_0) with the lanes as weight rows instead of columns: the eight rows' codes of each
+// 16-column half transposed (half(k, h): [row k | row k + 4] columns 16h .. 16h + 15), then lanes_sums. The
+// transposes are per chunk and the reductions saved per activation row: level at two rows, ahead from four.
+// Q8_0 keeps rows_chunk: its sign trick costs an operation per activation row and group here, and its LM head
+// measured no faster this way (RESULTS.md, issue 38 session 38).
+template <int64_t Type, int RB, typename Half>
+inline void lanes_chunk(__m256 (&acc)[RB], const Half& half, __m256 a, const XRow (&xr)[RB], int64_t c) {
+  static_assert(nibble_chunks<Type>());
+  const auto lanes = [&](int h, __m256i (&t)[4]) {
+    for (int k = 0; k < 4; k++) t[k] = half(k, h);
+    transpose4(t[0], t[1], t[2], t[3]);
+  };
+  lanes_sums<Type, RB>(acc, lanes, a, xr, c);
 }
 
 // Activation rows from which a chunk of eight weight rows takes lanes_chunk (the same bits either way).

@@ -1,9 +1,10 @@
-// The K-quants Q4_K, Q5_K and Q6_K on AVX2 (no VNNI), at every row count (they have no tile form). The activations
-// are rounded per 256 columns (QuantX.q256, as ggml's q8_K), so a weight row's whole super-block adds up in integers,
-// exact: sum_j sc_j * sum(u * x) over its sub-blocks j (the integer scales sc in vpmaddwd), minus the zero point's
-// share (Q6_K: 32 sc_j sum(x)) or apart from the minima's (Q4_K, Q5_K: m_j sum(x)), from the activations' sums per 16
-// columns (QuantX.sum16). Then one float step per weight row and super-block: acc += float(total) * (d * dx), the
-// minima likewise into off with dmin, and y = acc - off at the row's end.
+// The K-quants Q4_K, Q5_K and Q6_K on AVX2 (no VNNI), at every row count (no tile form; a prefill's many rows read
+// kquant_lanes8's super-blocks filled once, gguf_packed_avx2.h). The activations are rounded per 256 columns
+// (QuantX.q256, as ggml's q8_K), so a weight row's whole super-block adds up in integers, exact: sum_j sc_j * sum(u *
+// x) over its sub-blocks j (the integer scales sc in vpmaddwd), minus the zero point's share (Q6_K: 32 sc_j sum(x)) or
+// apart from the minima's (Q4_K, Q5_K: m_j sum(x)), from the activations' sums per 16 columns (QuantX.sum16). Then one
+// float step per weight row and super-block: acc += float(total) * (d * dx), the minima likewise into off with dmin,
+// and y = acc - off at the row's end.
 //
 // Two forms with the same integers and the same float steps, so the same bits whatever the step's row count:
 // - Up to kLanesFromK - 1 activation rows (`kquant_rows`): four or two weight rows side by side, each chunk's codes
@@ -215,6 +216,11 @@ struct ScaleIndex {
   }
 };
 
+inline const ScaleIndex& scale_index() {
+  static const ScaleIndex index;
+  return index;
+}
+
 // Eight weight rows' super-block with lane j holding row j (rows past the call's last repeat it): codes[c][h][g] the
 // unsigned codes of chunk c, columns 16h + 4g .. 16h + 4g + 3; scale the int16 scale in both words (Q4_K, Q5_K: of
 // sub-block c, scale[c]; Q6_K: of the 16 columns i, scale[i]); zero[p] the pair that meets dword p of the
@@ -315,59 +321,77 @@ inline void lanes16_words(const __m256i (&t)[4], const int8_t* xq, __m256i& lo, 
   hi = _mm256_add_epi16(_mm256_maddubs_epi16(t[2], x4(2)), _mm256_maddubs_epi16(t[3], x4(3)));
 }
 
-// y[r * ldy + j] (j < nr <= 8) for RB activation rows from m0 against nr weight rows (row_bytes apart) from `row`.
+// acc[r] and off[r] (the minima's share, Q4_K and Q5_K) of RB activation rows xq[r] plus super-block s of eight
+// weight rows, filled into sb: per sub-block the int16 products, one vpmaddwd with the eight rows' scales, then the
+// zero point's or the minima's share from the activations' sums per 16 columns (sums[r]), and one float step.
+template <int64_t Type, int RB>
+inline void lanes8_step(const Lanes8<Type>& sb, const int8_t* const (&xq)[RB], const int16_t* const (&sums)[RB],
+                        const QuantX& x, int64_t m0, int64_t s, __m256 (&acc)[RB], __m256 (&off)[RB]) {
+  constexpr int64_t kWeights = 256;
+  __m256i isum[RB];
+  for (int r = 0; r < RB; r++) isum[r] = _mm256_setzero_si256();
+  for (int c = 0; c < 8; c++) {
+    __m256i words[RB];  // Q4_K: the sub-block's int16 sums, both halves (eight vpmaddubsw, at most 30480)
+    for (int hh = 0; hh < 2; hh++)
+      for (int r = 0; r < RB; r++) {
+        __m256i lo, hi;
+        lanes16_words(sb.codes[c][hh], xq[r] + s * kWeights + c * kChunk32 + 16 * hh, lo, hi);
+        if constexpr (Type == kQ4_K) {
+          const __m256i v = _mm256_add_epi16(lo, hi);
+          words[r] = hh == 0 ? v : _mm256_add_epi16(words[r], v);
+        } else if constexpr (Type == kQ5_K) {  // a half's four vpmaddubsw (at most 31496), a vpmaddwd each half
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_add_epi16(lo, hi), sb.scale[c]));
+        } else {
+          const __m256i sc = sb.scale[2 * c + hh];
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(lo, sc), _mm256_madd_epi16(hi, sc)));
+        }
+      }
+    if constexpr (Type == kQ4_K)
+      for (int r = 0; r < RB; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(words[r], sb.scale[c]));
+  }
+  for (int r = 0; r < RB; r++) {
+    __m256i z = _mm256_setzero_si256();
+    for (int p = 0; p < 8; p++) {
+      int32_t pair;  // the sums of columns 32p .. 32p + 15 and 32p + 16 .. 32p + 31
+      std::memcpy(&pair, sums[r] + s * 16 + 2 * p, 4);
+      z = _mm256_add_epi32(z, _mm256_madd_epi16(sb.zero[p], _mm256_set1_epi32(pair)));
+    }
+    const __m256 dx = _mm256_set1_ps(x.d256[(m0 + r) * x.K64 / kWeights + s]);
+    if constexpr (Type == kQ6_K) isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(z, 5));
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(sb.d, dx), acc[r]);
+    if constexpr (has_minima(Type)) off[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(z), _mm256_mul_ps(sb.dmin, dx), off[r]);
+  }
+}
+
+// The activation rows from m0 as lanes8_step reads them: codes and sums per 16 columns.
+template <int RB>
+inline void lanes8_rows(const QuantX& x, int64_t m0, const int8_t* (&xq)[RB], const int16_t* (&sums)[RB]) {
+  for (int r = 0; r < RB; r++) xq[r] = &x.q256[(m0 + r) * x.K64], sums[r] = &x.sum16[(m0 + r) * x.K64 / kSub];
+}
+
+// y[r * ldy + j] (j < nr <= 8) for RB activation rows from m0 against nr weight rows (row_bytes apart) from `row`,
+// each super-block filled as it comes.
 template <int64_t Type, int RB>
 inline void kquant_lanes8(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using L = Lanes8<Type>;
-  constexpr int64_t kWeights = 256, span = kRowGroup * L::kBytes;
-  static const ScaleIndex index;
+  constexpr int64_t span = kRowGroup * L::kBytes;
+  const ScaleIndex& index = scale_index();
   const uint8_t* ahead = row + kKquantAhead;
   const uint8_t* rows[kRowGroup];
   for (int j = 0; j < kRowGroup; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
   const int8_t* xq[RB];
+  const int16_t* sums[RB];
+  lanes8_rows(x, m0, xq, sums);
   __m256 acc[RB], off[RB];
-  for (int r = 0; r < RB; r++) xq[r] = &x.q256[(m0 + r) * x.K64], acc[r] = off[r] = _mm256_setzero_ps();
+  for (int r = 0; r < RB; r++) acc[r] = off[r] = _mm256_setzero_ps();
   L sb;
-  for (int64_t s = 0; s < x.K64 / kWeights; s++) {
+  for (int64_t s = 0; s < x.K64 / 256; s++) {
     for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
     ahead += span;
     const uint8_t* blk[kRowGroup];
     for (int j = 0; j < kRowGroup; j++) blk[j] = rows[j] + s * L::kBytes;
     sb.fill(blk, index);
-    __m256i isum[RB];
-    for (int r = 0; r < RB; r++) isum[r] = _mm256_setzero_si256();
-    for (int c = 0; c < 8; c++) {
-      __m256i words[RB];  // Q4_K: the sub-block's int16 sums, both halves (eight vpmaddubsw, at most 30480)
-      for (int hh = 0; hh < 2; hh++)
-        for (int r = 0; r < RB; r++) {
-          __m256i lo, hi;
-          lanes16_words(sb.codes[c][hh], xq[r] + s * kWeights + c * kChunk32 + 16 * hh, lo, hi);
-          if constexpr (Type == kQ4_K) {
-            const __m256i v = _mm256_add_epi16(lo, hi);
-            words[r] = hh == 0 ? v : _mm256_add_epi16(words[r], v);
-          } else if constexpr (Type == kQ5_K) {  // a half's four vpmaddubsw (at most 31496), a vpmaddwd each half
-            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_add_epi16(lo, hi), sb.scale[c]));
-          } else {
-            const __m256i sc = sb.scale[2 * c + hh];
-            isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(lo, sc), _mm256_madd_epi16(hi, sc)));
-          }
-        }
-      if constexpr (Type == kQ4_K)
-        for (int r = 0; r < RB; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(words[r], sb.scale[c]));
-    }
-    for (int r = 0; r < RB; r++) {
-      const int16_t* sums = &x.sum16[(m0 + r) * x.K64 / kSub + s * 16];
-      __m256i z = _mm256_setzero_si256();
-      for (int p = 0; p < 8; p++) {
-        int32_t pair;  // the sums of columns 32p .. 32p + 15 and 32p + 16 .. 32p + 31
-        std::memcpy(&pair, sums + 2 * p, 4);
-        z = _mm256_add_epi32(z, _mm256_madd_epi16(sb.zero[p], _mm256_set1_epi32(pair)));
-      }
-      const __m256 dx = _mm256_set1_ps(x.d256[(m0 + r) * x.K64 / kWeights + s]);
-      if constexpr (Type == kQ6_K) isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(z, 5));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(sb.d, dx), acc[r]);
-      if constexpr (has_minima(Type)) off[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(z), _mm256_mul_ps(sb.dmin, dx), off[r]);
-    }
+    lanes8_step<Type, RB>(sb, xq, sums, x, m0, s, acc, off);
   }
   for (int r = 0; r < RB; r++) acc[r] = _mm256_sub_ps(acc[r], off[r]);
   store_rows<RB>(acc, nr, y, ldy);

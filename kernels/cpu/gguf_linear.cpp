@@ -9,7 +9,9 @@
 // decode step. With VNNI or AVX2, formats with a fixed zero point take it out inside the integer dot product instead,
 // and decode steps (at most kFusedRows rows) skip the tile: codes go from the blocks to registers (gguf_decode.h on
 // VNNI, gguf_decode_avx2.h on AVX2). On AVX2, the K-quants take that path at every row count, against activations
-// rounded per 256 columns (as ggml's q8_K; QuantX.q256): a super-block then sums in integers before its float step.
+// rounded per 256 columns (as ggml's q8_K; QuantX.q256): a super-block then sums in integers before its float step;
+// past a decode step's rows they, Q4_0 and Q5_0 transpose eight weight rows once for all activation rows instead of
+// unpacking a tile (gguf_packed_avx2.h).
 //
 // Batch invariance: the result for row m depends only on x[m] and the weights. Every row takes the same quantization,
 // the same unpacking and the same sequence of float operations whatever the step's row count or how the rows are

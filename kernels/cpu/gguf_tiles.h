@@ -9,6 +9,7 @@
 #include "gguf_decode.h"
 #include "gguf_decode_avx2.h"
 #include "gguf_kquants_avx2.h"
+#include "gguf_packed_avx2.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -160,7 +161,8 @@ inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX&
 #elif defined(__AVX2__) && defined(__FMA__)
 
 // No VNNI: gguf_decode_avx2.h, 32 columns a step; the tiles run the sequence of its decode rows, eight weight rows a
-// register (`tile_rows8`). The K-quants never come here: their decode rows serve every row count (fused()).
+// register (`tile_rows8`). They serve Q8_0, and Q4_0 and Q5_0 only where K is not a multiple of 64: otherwise those
+// and the K-quants take their decode rows or the packed rows at every row count (fused()).
 
 // Q4_0, Q5_0, Q8_0: eight weight rows (rows past nr repeat the last) against RB activation rows from m0, the
 // sequence of decode_rows8 (gguf_decode_avx2.h) per pair.
@@ -244,9 +246,10 @@ constexpr int64_t kFusedRows = 12;
 #else
 constexpr int64_t kFusedRows = 8;
 #endif
-// The K-quants on AVX2 at any row count: their integer super-block sums (gguf_kquants_avx2.h) have no tile form.
+// On AVX2, Q4_0, Q5_0 and the K-quants at any row count: past kFusedRows packed once (gguf_packed_avx2.h; the
+// K-quants' integer super-block sums have no tile form).
 inline bool fused(int64_t type, int64_t M, int64_t K) {
-  return (M <= kFusedRows || rounds_per_256(type)) && K % kChunk == 0;
+  return (M <= kFusedRows || packs_rows(type)) && K % kChunk == 0;
 }
 
 template <int64_t Type, int RB>
@@ -295,22 +298,15 @@ constexpr int64_t decode_block() { return Type == kQ8_0 ? kRowBlock : kFusedRows
 
 template <int64_t Type>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
+  if constexpr (packs_rows(Type))
+    if (M > kFusedRows) return packed_rows<Type>(row, row_bytes, rows, x, M, y, ldy);
   constexpr int64_t B = decode_block<Type>();
   for (int64_t m0 = 0; m0 < M; m0 += B) {
     float* ym = y + m0 * ldy;
     const auto pass = [&](auto rb) {  // only the row counts this format's passes take are compiled
       if constexpr (rb.value <= B) fused_rows<Type, rb.value>(row, row_bytes, rows, x, m0, ym, ldy);
     };
-    switch (std::min(M - m0, B)) {
-      case 1: pass(std::integral_constant<int, 1>{}); break;
-      case 2: pass(std::integral_constant<int, 2>{}); break;
-      case 3: pass(std::integral_constant<int, 3>{}); break;
-      case 4: pass(std::integral_constant<int, 4>{}); break;
-      case 5: pass(std::integral_constant<int, 5>{}); break;
-      case 6: pass(std::integral_constant<int, 6>{}); break;
-      case 7: pass(std::integral_constant<int, 7>{}); break;
-      default: pass(std::integral_constant<int, 8>{});
-    }
+    with_rows(std::min(M - m0, B), pass);
   }
 }
 
