@@ -153,6 +153,27 @@ def test_auto_re_quantizes_a_gguf_with_block_types_we_have_no_kernel_for(tiny_mo
     assert len(eng.generate(input_ids=[5, 17, 42], sampling_params=params)["output_ids"]) == 4
 
 
+def test_an_engine_at_auto_reads_the_tensor_table_once(tiny_model_factory, tmp_path, make_engine, monkeypatch):
+    """Engine() checks the file's block types before choosing its weights, and the load takes that same table: one
+    header walk (two cost ~37 ms on the default model)."""
+    from test_gguf import write_gguf
+
+    from radixserve.model import cpu_select, gguf_model
+
+    if cpu_select.choose("auto", "auto", "cpu", gguf_model=True).quantization != "gguf":
+        pytest.skip("auto does not run a GGUF's own blocks on this CPU")
+    folder = resolve_model(
+        write_gguf(tmp_path / "m.gguf", "qwen2", tiny_model_factory("qwen2"), TYPES),
+        cache_dir=tmp_path / "cache",
+        progress=False,
+    )
+    reads = []
+    real = gguf_model.read_tensor_table
+    monkeypatch.setattr(gguf_model, "read_tensor_table", lambda path: reads.append(path) or real(path))
+    eng = make_engine(folder, dtype="auto")
+    assert eng.quantization == "gguf" and len(reads) == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_long_prefill_runs_the_mlp_in_row_chunks_with_the_same_bits(dtype, tiny_model_factory, tmp_path, monkeypatch):
     """Over the GGUF kernels the MLP runs MLP_ROWS rows at a time (less peak memory at a prefill chunk), and since a

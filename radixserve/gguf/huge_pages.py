@@ -162,8 +162,16 @@ def start_early(gguf: Path) -> None:
     _early = (gguf.resolve(), table, start_moving(table))
 
 
+def keep_table(gguf: Path, table: TensorTable) -> None:
+    """Leave a table read before the load (the engine's check of the file's block types) for `take_early`, with no
+    move started: the load starts it."""
+    global _early
+    _early = (gguf.resolve(), table, None)
+
+
 def take_early(gguf: Path) -> tuple[TensorTable, HugePageMover | None] | None:
-    """The table and mover `start_early` made for this file, once; None if it made none."""
+    """The table and mover (None: none started) that `start_early` or `keep_table` left for this file, once; None if
+    they left none."""
     global _early
     early, _early = _early, None
     if early is None or early[0] != Path(gguf).resolve():

@@ -115,9 +115,13 @@ def _prefetch_in_step_order(model: LlamaForCausalLM, head: GGUFLinear) -> None:
 
 def types_without_kernel(gguf_path: str | Path) -> list[str]:
     """The block types of the file's matrices that no kernel of ours reads (sorted names; empty: the whole model runs
-    on its own blocks). The table `radixserve serve` read early is used when there is one (no second header walk)."""
+    on its own blocks). The table `radixserve serve` read early is used when there is one; else the one read here is
+    left for the load (either way, one header walk)."""
     path = Path(gguf_path)
-    table = huge_pages.early_table(path) or read_tensor_table(path)
+    table = huge_pages.early_table(path)
+    if table is None:
+        table = read_tensor_table(path)
+        huge_pages.keep_table(path, table)
     return sorted({t.type.name for t in table.tensors.values() if len(t.shape) == 2 and t.type not in KERNEL_TYPES})
 
 
@@ -149,7 +153,7 @@ def load_gguf_model(gguf_path: str | Path, config: ModelConfig, dtype: torch.dty
     _prefetch_in_step_order(model, lm_head)
     # The blocks the step reads onto huge pages (radixserve/gguf/huge_pages.py); the embedding stays on the file's
     # pages, where only the rows of tokens seen take memory.
-    model.huge_pages = early[1] if early else huge_pages.start_moving(table)  # type: ignore[assignment]
+    model.huge_pages = (early[1] if early else None) or huge_pages.start_moving(table)  # type: ignore[assignment]
     c = config
     model.rotary = RotaryEmbedding(c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
     return model
