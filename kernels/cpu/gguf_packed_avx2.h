@@ -30,43 +30,42 @@ namespace radixserve::gguf {
 
 constexpr int kPackedRowBlock = 4;  // Q4_0 and Q5_0: activation rows a pass over the packed rows (6 and 8: slower)
 
-// Q4_0 and Q5_0: per chunk, both halves' transposed codes (lanes_chunk's t) and the eight rows' scales.
-struct LanesTile {
-  std::vector<__m256i> t;  // [chunk][half][4]: lanes16's registers
-  std::vector<__m256> a;   // [chunk]: the eight rows' scales, lane j row j
-
-  template <int64_t Type>
-  void pack(const uint8_t* row, int64_t row_bytes, int nr, int64_t chunks) {
-    constexpr int64_t kBytes = format_bytes(Type), span = kRowGroup * kBytes;
-    const uint8_t* rows[kRowGroup];
-    for (int j = 0; j < kRowGroup; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
-    t.resize(chunks * 8);
-    a.resize(chunks);
-    const uint8_t* ahead = row + kPrefetchAhead;
-    for (int64_t c = 0; c < chunks; c++) {
-      for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
-      ahead += span;
-      __m256i* lo = &t[8 * c];
-      __m256i* hi = lo + 4;
-      for (int k = 0; k < 4; k++) codes_pair<Type>(rows[k] + c * kBytes, rows[k + 4] + c * kBytes, lo[k], hi[k]);
-      transpose4(lo[0], lo[1], lo[2], lo[3]);
-      transpose4(hi[0], hi[1], hi[2], hi[3]);
-      a[c] = d8(rows, c * kBytes);
-    }
-  }
+// Q4_0 and Q5_0: one chunk of eight weight rows, packed.
+struct LanesChunk {
+  __m256i t[2][4];  // per half: lanes16's registers (lanes_chunk's t)
+  __m256 a;         // the eight rows' scales, lane j row j
 };
 
+template <int64_t Type>
+void pack_lanes(const uint8_t* row, int64_t row_bytes, int nr, std::vector<LanesChunk>& chunks) {
+  constexpr int64_t kBytes = format_bytes(Type), span = kRowGroup * kBytes;
+  const uint8_t* rows[kRowGroup];
+  for (int j = 0; j < kRowGroup; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
+  const uint8_t* ahead = row + kPrefetchAhead;
+  for (int64_t c = 0; c < static_cast<int64_t>(chunks.size()); c++) {
+    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
+    ahead += span;
+    __m256i(&lo)[4] = chunks[c].t[0];
+    __m256i(&hi)[4] = chunks[c].t[1];
+    for (int k = 0; k < 4; k++) codes_pair<Type>(rows[k] + c * kBytes, rows[k + 4] + c * kBytes, lo[k], hi[k]);
+    transpose4(lo[0], lo[1], lo[2], lo[3]);
+    transpose4(hi[0], hi[1], hi[2], hi[3]);
+    chunks[c].a = d8(rows, c * kBytes);
+  }
+}
+
 template <int64_t Type, int RB>
-inline void lanes_tile_rows(const LanesTile& p, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
+inline void lanes_tile_rows(const std::vector<LanesChunk>& chunks, int nr, const QuantX& x, int64_t m0, float* y,
+                            int64_t ldy) {
   XRow xr[RB];
   x_rows(x, m0, xr);
   __m256 acc[RB];
   for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
+  for (int64_t c = 0; c < static_cast<int64_t>(chunks.size()); c++) {
     const auto lanes = [&](int h, __m256i (&t)[4]) {
-      for (int k = 0; k < 4; k++) t[k] = p.t[8 * c + 4 * h + k];
+      for (int k = 0; k < 4; k++) t[k] = chunks[c].t[h][k];
     };
-    lanes_sums<Type, RB>(acc, lanes, p.a[c], xr, c);
+    lanes_sums<Type, RB>(acc, lanes, chunks[c].a, xr, c);
   }
   store_rows<RB>(acc, nr, y, ldy);
 }
@@ -75,14 +74,15 @@ inline void lanes_tile_rows(const LanesTile& p, int nr, const QuantX& x, int64_t
 template <int64_t Type>
 void lanes_tile(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t M, float* y,
                 int64_t ldy) {
-  thread_local LanesTile p;
+  thread_local std::vector<LanesChunk> chunks;
+  chunks.resize(x.K64 / kChunk32);
   for (int64_t r = 0; r < rows; r += kRowGroup) {
     const int nr = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r));
-    p.pack<Type>(row + r * row_bytes, row_bytes, nr, x.K64 / kChunk32);
+    pack_lanes<Type>(row + r * row_bytes, row_bytes, nr, chunks);
     int64_t m = 0;
     for (; m + kPackedRowBlock <= M; m += kPackedRowBlock)
-      lanes_tile_rows<Type, kPackedRowBlock>(p, nr, x, m, y + m * ldy + r, ldy);
-    for (; m < M; m++) lanes_tile_rows<Type, 1>(p, nr, x, m, y + m * ldy + r, ldy);
+      lanes_tile_rows<Type, kPackedRowBlock>(chunks, nr, x, m, y + m * ldy + r, ldy);
+    for (; m < M; m++) lanes_tile_rows<Type, 1>(chunks, nr, x, m, y + m * ldy + r, ldy);
   }
 }
 
