@@ -216,6 +216,7 @@ struct ScaleIndex {
   }
 };
 
+// The indices, made once for every caller.
 inline const ScaleIndex& scale_index() {
   static const ScaleIndex index;
   return index;

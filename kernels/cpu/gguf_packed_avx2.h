@@ -3,8 +3,9 @@
 // decode step's rows, each group of eight weight rows is transposed once, straight from the blocks, into what those
 // forms read, and every block of activation rows then reads it from L1/L2. Taken by the decode rows (or, for Q4_0 and
 // Q5_0, an unpacked tile), the transposes and the gathers of the scales were redone for each block of activation
-// rows: a third of the K-quants' time at 128 rows (RESULTS.md, issue 38 session 41). Each pair of activation and
-// weight row runs the same integers and float steps as the decode rows, so the same bits.
+// rows: at 128 rows, a quarter of Q4_0's and Q5_0's time and 11-21% of the K-quants' (RESULTS.md, issue 38 session
+// 41). Each pair of activation and weight row runs the same integers and float steps as the decode rows, so the same
+// bits.
 #pragma once
 
 #include "gguf_activations.h"
