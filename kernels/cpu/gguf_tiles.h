@@ -310,7 +310,7 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
   }
 }
 
-// `rows` weight rows from `row` against all M (<= kFusedRows) activation rows.
+// `rows` weight rows from `row` against all M activation rows (more than kFusedRows: the packed formats only).
 inline void fused_rows(int64_t type, const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t M,
                        float* y, int64_t ldy) {
   switch (type) {
