@@ -187,18 +187,20 @@ inline void transpose4(__m256i& a0, __m256i& a1, __m256i& a2, __m256i& a3) {
   a3 = _mm256_unpackhi_epi64(t1, t3);
 }
 
+// Activation codes 4g .. 4g + 3 at xq in every dword: one broadcast load that meets all eight weight rows.
+inline __m256i codes4(const int8_t* xq, int g) {
+  int32_t v;
+  std::memcpy(&v, xq + 4 * g, 4);
+  return _mm256_set1_epi32(v);
+}
+
 // Lane j: the int32 sum over 16 columns of weight row j's codes times one activation row's (xq, 16 int8 codes),
 // from t[g] lane j = row j's codes 4g .. 4g + 3. Each activation row's four codes are one broadcast load meeting all
 // eight rows, so nothing is reduced across lanes. The int16 words of four vpmaddubsw add exactly (4 x 2 x 31 x 127 <
 // 2^15).
 inline __m256i lanes16(const __m256i (&t)[4], const int8_t* xq) {
-  const auto x4 = [&](int g) {
-    int32_t v;
-    std::memcpy(&v, xq + 4 * g, 4);
-    return _mm256_set1_epi32(v);
-  };
-  const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(t[0], x4(0)), _mm256_maddubs_epi16(t[1], x4(1)));
-  const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(t[2], x4(2)), _mm256_maddubs_epi16(t[3], x4(3)));
+  const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(t[0], codes4(xq, 0)), _mm256_maddubs_epi16(t[1], codes4(xq, 1)));
+  const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(t[2], codes4(xq, 2)), _mm256_maddubs_epi16(t[3], codes4(xq, 3)));
   return _mm256_madd_epi16(_mm256_add_epi16(s01, s23), _mm256_set1_epi16(1));
 }
 
@@ -281,24 +283,43 @@ inline __m256 d8(const uint8_t* const* rows, int64_t offset) { return _mm256_cvt
 // Bytes ahead of the rows being read that are prefetched (as gguf_decode.h: one sweep at the rows' pace).
 constexpr int64_t kPrefetchAhead = 12288;
 
+// One step of that sweep: the span bytes at ahead, into L1; returns where the next step starts.
+inline const uint8_t* prefetch_span(const uint8_t* ahead, int64_t span) {
+  for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
+  return ahead + span;
+}
+
+// rows[j]: weight row j of the N from row (row_bytes apart); rows past nr repeat the last (their lanes are not
+// stored).
+template <int N>
+inline void group_rows(const uint8_t* row, int64_t row_bytes, int nr, const uint8_t* (&rows)[N]) {
+  for (int j = 0; j < N; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
+}
+
+// Chunk c of eight nibble-format weight rows as codes_pair gives it: lo[k] and hi[k] hold rows k and k + 4.
+template <int64_t Type>
+inline void chunk_pairs(const uint8_t* const (&rows)[kRowGroup], int64_t c, __m256i (&lo)[4], __m256i (&hi)[4]) {
+  constexpr int64_t kBytes = format_bytes(Type);
+  for (int k = 0; k < 4; k++) codes_pair<Type>(rows[k] + c * kBytes, rows[k + 4] + c * kBytes, lo[k], hi[k]);
+}
+
 // y[r * ldy + j] (j < nr <= 8) for RB activation rows from m0 against nr weight rows (row_bytes apart) of a
 // whole-chunk format, straight from the blocks; rows past nr repeat the last one (their lanes are not stored).
 template <int64_t Type, int RB>
 inline void decode_rows8(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   constexpr int64_t kBytes = format_bytes(Type), span = kRowGroup * kBytes;
   const uint8_t* rows[kRowGroup];
-  for (int j = 0; j < kRowGroup; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
+  group_rows(row, row_bytes, nr, rows);
   const uint8_t* ahead = row + kPrefetchAhead;
   XRow xr[RB];
   x_rows(x, m0, xr);
   __m256 acc[RB];
   for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
   for (int64_t c = 0; c < x.K64 / kChunk32; c++) {
-    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
-    ahead += span;
+    ahead = prefetch_span(ahead, span);
     if constexpr (RB >= kLanesFrom && nibble_chunks<Type>()) {
       __m256i lo[4], hi[4];
-      for (int k = 0; k < 4; k++) codes_pair<Type>(rows[k] + c * kBytes, rows[k + 4] + c * kBytes, lo[k], hi[k]);
+      chunk_pairs<Type>(rows, c, lo, hi);
       lanes_chunk<Type, RB>(acc, [&](int k, int h) { return h == 0 ? lo[k] : hi[k]; }, d8(rows, c * kBytes), xr, c);
     } else if constexpr (nibble_chunks<Type>()) {
       const auto pair = [&](int k, __m256i& lo, __m256i& hi) {

@@ -9,8 +9,7 @@
 // Two forms with the same integers and the same float steps, so the same bits whatever the step's row count:
 // - Up to kLanesFromK - 1 activation rows (`kquant_rows`): four or two weight rows side by side, each chunk's codes
 //   straight into registers (`Reader`), eight int32 lanes of columns per weight and activation row, summed across
-//   at the super-block's end (`row_sums4`: four rows' totals in one register, one float step for them; session 31's
-//   horizontal sum per row and super-block cost ~9%, this measured level with the old float lanes at M = 1).
+//   at the super-block's end (`row_sums4`: four rows' totals in one register, one float step for them).
 // - From kLanesFromK on (`kquant_lanes8`): eight weight rows' super-block transposed once (`Lanes8`) so that lane j
 //   is weight row j, as lanes_chunk does for Q4_0 and Q5_0: an activation row's four codes are one broadcast meeting
 //   all eight rows, the int16 products of a scale's columns add before one vpmaddwd with the eight rows' scales, and
@@ -25,7 +24,6 @@
 #include "gguf_blocks.h"
 #include "gguf_decode_avx2.h"
 
-#include <algorithm>
 #include <cstring>
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(RADIXSERVE_GGUF_VNNI)
@@ -118,10 +116,8 @@ inline __m128i row_sums4(const __m256i (&v)[4]) {
 // The four blocks' fp16 at rows[j] + offset, as floats (lane j).
 inline __m128 fp16x4(const uint8_t* const* rows, int64_t offset) { return _mm_cvtph_ps(fp16_words<4>(rows, offset)); }
 
-// Bytes ahead of the rows being read that both forms prefetch, in one sweep at the rows' pace (a group of rows is
-// 16-32 KB of 4864-column K-quant rows; measured with two threads, M = 1 and 8, from huge pages: 12 KB up to 6%
-// slower than 24 KB, 48 KB 9-13%, one prefetch per row's super-block ahead instead 30-40% at M = 1; RESULTS.md,
-// issue 38 session 39).
+// Bytes ahead of the rows being read that both forms prefetch (prefetch_span; two threads, M = 1 and 8: 12 KB up to
+// 6% slower, 48 KB 9-13%, a prefetch per row's super-block 30-40% at M = 1; RESULTS.md, issue 38 session 39).
 constexpr int64_t kKquantAhead = 24576;
 
 // Activation rows from which a pass takes kquant_lanes8 (the same bits either way): its transposes are per
@@ -142,14 +138,13 @@ inline void kquant_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
   const uint8_t* ahead = row + kKquantAhead;
   const uint8_t* rows[4];  // row_sums4's four lanes; those past NR are not stored
   R w[NR];
-  for (int j = 0; j < 4; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
+  group_rows(row, row_bytes, nr, rows);
   for (int j = 0; j < NR; j++) w[j].row = rows[j];
   __m128 acc[RB], off[RB];
   for (int r = 0; r < RB; r++) acc[r] = off[r] = _mm_setzero_ps();
   for (int64_t s = 0; s < x.K64 / R::kWeights; s++) {
     for (int j = 0; j < NR; j++) w[j].begin(s);
-    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
-    ahead += span;
+    ahead = prefetch_span(ahead, span);
     __m256i isum[RB][4], mins[RB][4];
     for (int r = 0; r < RB; r++)
       for (int j = 0; j < 4; j++) isum[r][j] = mins[r][j] = _mm256_setzero_si256();
@@ -162,8 +157,7 @@ inline void kquant_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
         const __m256i u = w[j].codes(c), sc = w[j].scales(c);
         for (int r = 0; r < RB; r++) {
           isum[r][j] = _mm256_add_epi32(isum[r][j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xc[r]), sc));
-          // Added here: left to itself GCC computed all eight chunks' products first and spilled them (`down` at
-          // M = 1 3.10 against 2.99 ms a decode step; RESULTS.md, issue 38 session 39).
+          // Added here, else GCC computes all eight chunks' products first and spills them (RESULTS.md, session 39).
           asm("" : "+x"(isum[r][j]));
         }
       }
@@ -310,16 +304,19 @@ struct Lanes8<kQ6_K> {
   }
 };
 
+// sb filled with super-block s of the eight weight rows at rows.
+template <typename L>
+inline void fill_super_block(L& sb, const uint8_t* const (&rows)[kRowGroup], int64_t s, const ScaleIndex& index) {
+  const uint8_t* blk[kRowGroup];
+  for (int j = 0; j < kRowGroup; j++) blk[j] = rows[j] + s * L::kBytes;
+  sb.fill(blk, index);
+}
+
 // Lane j: row j's int16 words for 16 columns (t: codes[c][h]) against one activation row's 16 codes at xq: pairs
 // of vpmaddubsw added, groups (0, 1) into lo and (2, 3) into hi (each at most 2 x 16002).
 inline void lanes16_words(const __m256i (&t)[4], const int8_t* xq, __m256i& lo, __m256i& hi) {
-  const auto x4 = [&](int g) {
-    int32_t v;
-    std::memcpy(&v, xq + 4 * g, 4);
-    return _mm256_set1_epi32(v);
-  };
-  lo = _mm256_add_epi16(_mm256_maddubs_epi16(t[0], x4(0)), _mm256_maddubs_epi16(t[1], x4(1)));
-  hi = _mm256_add_epi16(_mm256_maddubs_epi16(t[2], x4(2)), _mm256_maddubs_epi16(t[3], x4(3)));
+  lo = _mm256_add_epi16(_mm256_maddubs_epi16(t[0], codes4(xq, 0)), _mm256_maddubs_epi16(t[1], codes4(xq, 1)));
+  hi = _mm256_add_epi16(_mm256_maddubs_epi16(t[2], codes4(xq, 2)), _mm256_maddubs_epi16(t[3], codes4(xq, 3)));
 }
 
 // acc[r] and off[r] (the minima's share, Q4_K and Q5_K) of RB activation rows xq[r] plus super-block s of eight
@@ -379,7 +376,7 @@ inline void kquant_lanes8(const uint8_t* row, int64_t row_bytes, int nr, const Q
   const ScaleIndex& index = scale_index();
   const uint8_t* ahead = row + kKquantAhead;
   const uint8_t* rows[kRowGroup];
-  for (int j = 0; j < kRowGroup; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
+  group_rows(row, row_bytes, nr, rows);
   const int8_t* xq[RB];
   const int16_t* sums[RB];
   lanes8_rows(x, m0, xq, sums);
@@ -387,11 +384,8 @@ inline void kquant_lanes8(const uint8_t* row, int64_t row_bytes, int nr, const Q
   for (int r = 0; r < RB; r++) acc[r] = off[r] = _mm256_setzero_ps();
   L sb;
   for (int64_t s = 0; s < x.K64 / 256; s++) {
-    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
-    ahead += span;
-    const uint8_t* blk[kRowGroup];
-    for (int j = 0; j < kRowGroup; j++) blk[j] = rows[j] + s * L::kBytes;
-    sb.fill(blk, index);
+    ahead = prefetch_span(ahead, span);
+    fill_super_block(sb, rows, s, index);
     lanes8_step<Type, RB>(sb, xq, sums, x, m0, s, acc, off);
   }
   for (int r = 0; r < RB; r++) acc[r] = _mm256_sub_ps(acc[r], off[r]);

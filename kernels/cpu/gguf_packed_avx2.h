@@ -41,14 +41,13 @@ template <int64_t Type>
 void pack_lanes(const uint8_t* row, int64_t row_bytes, int nr, std::vector<LanesChunk>& chunks) {
   constexpr int64_t kBytes = format_bytes(Type), span = kRowGroup * kBytes;
   const uint8_t* rows[kRowGroup];
-  for (int j = 0; j < kRowGroup; j++) rows[j] = row + std::min(j, nr - 1) * row_bytes;
+  group_rows(row, row_bytes, nr, rows);
   const uint8_t* ahead = row + kPrefetchAhead;
   for (int64_t c = 0; c < static_cast<int64_t>(chunks.size()); c++) {
-    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
-    ahead += span;
+    ahead = prefetch_span(ahead, span);
     __m256i(&lo)[4] = chunks[c].t[0];
     __m256i(&hi)[4] = chunks[c].t[1];
-    for (int k = 0; k < 4; k++) codes_pair<Type>(rows[k] + c * kBytes, rows[k + 4] + c * kBytes, lo[k], hi[k]);
+    chunk_pairs<Type>(rows, c, lo, hi);
     transpose4(lo[0], lo[1], lo[2], lo[3]);
     transpose4(hi[0], hi[1], hi[2], hi[3]);
     chunks[c].a = d8(rows, c * kBytes);
@@ -113,14 +112,11 @@ void kquant_tile(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quan
   for (int64_t r = 0; r < rows; r += kRowGroup) {
     const int nr = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r));
     const uint8_t* at[kRowGroup];
-    for (int j = 0; j < kRowGroup; j++) at[j] = row + (r + std::min(j, nr - 1)) * row_bytes;
+    group_rows(row + r * row_bytes, row_bytes, nr, at);
     const uint8_t* ahead = row + r * row_bytes + kKquantAhead;
     for (int64_t s = 0; s < static_cast<int64_t>(sbs.size()); s++) {
-      for (int64_t o = 0; o < span; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
-      ahead += span;
-      const uint8_t* blk[kRowGroup];
-      for (int j = 0; j < kRowGroup; j++) blk[j] = at[j] + s * L::kBytes;
-      sbs[s].fill(blk, scale_index());
+      ahead = prefetch_span(ahead, span);
+      fill_super_block(sbs[s], at, s, scale_index());
     }
     for (int64_t m = 0; m < M; m += kRowGroup) {
       float* ym = y + m * ldy + r;
