@@ -130,6 +130,13 @@ def test_resize_overrides_fields() -> None:
         workloads.resize(size, ["no_such_field=3"])
 
 
+def test_llama_slots_default_to_the_largest_micro_batch() -> None:
+    size = workloads.resize(workloads.SIZES["quick"], ["micro_batches=1,8"])
+    assert workloads.llama_slots(size) == 8
+    fewer = workloads.resize(size, ["micro_llama_slots=4"])
+    assert workloads.llama_slots(fewer) == 4
+
+
 def test_goal_verdicts() -> None:
     row = {"ttft_p50_ms": 100.0, "ttft_p95_ms": 400.0, "output_tok_s": 50.0, "hit_rate": 0.8, "best_hit_rate": 0.82}
     doc = {

@@ -54,6 +54,9 @@ class Size:
     micro_prefill_repeats: int = 3
     micro_decode_tokens: int = 64
     micro_batches: tuple[int, ...] = (1, 4, 16)
+    # llama-server's slots (-np) in micro: 0 = the largest batch, every stream in a slot; fewer queue the rest (the
+    # issue 38 text's reference run had -np 4 beside eight streams)
+    micro_llama_slots: int = 0
 
 
 SIZES = {
@@ -94,6 +97,11 @@ SIZES = {
         micro_batches=(1, 4),
     ),
 }
+
+
+def llama_slots(size: Size) -> int:
+    """llama-server's slots (-np) for the micro workload: micro_llama_slots, else the largest batch."""
+    return size.micro_llama_slots or max(size.micro_batches)
 
 
 def resize(size: Size, overrides: list[str]) -> Size:
