@@ -8,7 +8,7 @@ flips every round) with the compare's own measure (`benchmarks.compare.micro`: 3
 median is the figure.
 
     LLAMA_SERVER=.peers/bin/llama-server .venv/bin/python -m benchmarks.decode_ab [--rounds 6] [--tokens 128]
-        [--radix-args "--speculative off"] [--batch 1] [--variant 4k:RADIXSERVE_HUGE_PAGES=0]
+        [--radix-args "--speculative off"] [--batch 1] [--llama-slots 4] [--variant 4k:RADIXSERVE_HUGE_PAGES=0]
         [--variant-src before:/tmp/wt-before]
 
 `--variant LABEL:NAME=VALUE[,NAME=VALUE]` adds a third server, radixserve with those environment variables, measured
@@ -61,6 +61,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument(
+        "--llama-slots",
+        type=int,
+        default=4,
+        help="llama-server's -np (4: issue 38's reference run; below --batch it queues the rest of the streams)",
+    )
     ap.add_argument("--radix-args", default="--speculative off")
     ap.add_argument("--variant", help="LABEL:NAME=VALUE[,NAME=VALUE]: a second radixserve with these variables")
     ap.add_argument("--variant-src", help="LABEL:DIR: a second radixserve run from the checkout at DIR")
@@ -70,9 +76,12 @@ def main() -> None:
     gguf, hf_dir = default_models()
     models = eng.Models(gguf, hf_dir, radix_args=tuple(shlex.split(a.radix_args)))
     tok = Tokenizer.from_dir(hf_dir)
-    print(cpu_flags(), f"load {os.getloadavg()[0]:.1f}; radix args {a.radix_args!r}; batch {a.batch}")
+    print(
+        cpu_flags(),
+        f"load {os.getloadavg()[0]:.1f}; radix args {a.radix_args!r}; batch {a.batch}; llama slots {a.llama_slots}",
+    )
     with tempfile.TemporaryDirectory() as logs:
-        servers = {e: eng.start(e, models, Path(logs)) for e in ("radix", "llama")}
+        servers = {e: eng.start(e, models, Path(logs), parallel=a.llama_slots) for e in ("radix", "llama")}
         if a.variant:
             label, _, assigns = a.variant.partition(":")
             env = dict(kv.split("=", 1) for kv in assigns.split(","))
