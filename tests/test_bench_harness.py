@@ -135,6 +135,10 @@ def test_llama_slots_default_to_the_largest_micro_batch() -> None:
     assert workloads.llama_slots(size) == 8
     fewer = workloads.resize(size, ["micro_llama_slots=4"])
     assert workloads.llama_slots(fewer) == 4
+    engine = {"prefill_tok_s": 1.0, "decode_tok_s": {"8": 2.0}}
+    micro = {"bandwidth_gb_s": 20.0, "threads": 2, "llama_slots": 4, "engines": {"llama": engine}}
+    assert "llama-server's slots (-np): 4" in report.micro_table(micro)
+    assert "slots" not in report.micro_table(micro | {"engines": {"radix": engine}})
 
 
 def test_goal_verdicts() -> None:

@@ -222,7 +222,12 @@ class Run:
     def micro(self) -> None:
         """The micro-benchmark on every engine, beside the memory bandwidth measured now."""
         before = measure_bandwidth(self.models.threads)
-        res = self.doc["micro"] = {"bandwidth_gb_s": before, "threads": self.models.threads, "engines": {}}
+        res = self.doc["micro"] = {
+            "bandwidth_gb_s": before,
+            "threads": self.models.threads,
+            "llama_slots": workloads.llama_slots(self.size),
+            "engines": {},
+        }
         for e in self.engines:
             if e != "radix-nocache":  # distinct prompts: the cache changes nothing here
                 served(

@@ -97,7 +97,12 @@ def micro_table(micro: dict[str, Any]) -> str:
     batches = list(dict.fromkeys(b for r in rows.values() if "decode_tok_s" in r for b in r["decode_tok_s"]))
     lines = [
         f"Memory read bandwidth ({micro['threads']} threads, best sum over 1 GiB): {micro['bandwidth_gb_s']:.1f} GB/s; "
-        "ceiling = bandwidth / weight bytes one decode step reads",
+        "ceiling = bandwidth / weight bytes one decode step reads"
+        + (
+            f"; llama-server's slots (-np): {micro['llama_slots']}, streams past them queue"
+            if any(e.startswith("llama") for e in rows) and micro.get("llama_slots")
+            else ""
+        ),
         "",
         "| engine | prefill tok/s | "
         + " | ".join(f"decode tok/s @ batch {b}" for b in batches)
