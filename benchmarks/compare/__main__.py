@@ -237,7 +237,7 @@ class Run:
                     f"micro on {e}",
                     res["engines"],
                     lambda server, e=e: res["engines"].__setitem__(e, self.micro_one(e, server)),
-                    parallel=workloads.llama_slots(self.size),
+                    parallel=res["llama_slots"],
                 )
         # the ceilings use the better of the two measurements (before and after), the stricter yardstick
         res["bandwidth_samples_gb_s"] = [before, measure_bandwidth(self.models.threads)]
