@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from benchmarks.random_model import make_random_model
-from kernels import cpu as cpu_kernels
+from radixserve_kernels import cpu as cpu_kernels
 from radixserve import Engine
 from radixserve.server.agent_retention import PRIORITY, ToolGaps
 from radixserve.server.protocol import ChatMessage

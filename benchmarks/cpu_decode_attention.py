@@ -1,5 +1,5 @@
 """Per-layer cost of CPU decode attention: TorchAttentionBackend.forward (store the new K/V, then attend) with the
-fused C++ op (kernels/cpu/decode_attention.cpp) vs the SDPA path (gather the pages, then SDPA), interleaved.
+fused C++ op (radixserve_kernels/cpu/decode_attention.cpp) vs the SDPA path (gather the pages, then SDPA), interleaved.
 
 The default model's shape (Qwen2.5-0.5B: 14 query heads, 2 KV heads, head_dim 64, bfloat16, page size 16), one or
 more requests at each context length; `plan` (once per step, shared by all layers) is timed beside it.

@@ -24,7 +24,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.cpu_speed import git_commit, machine  # noqa: E402
-from kernels.cpu import kind_flags  # noqa: E402
+from radixserve_kernels.cpu import kind_flags  # noqa: E402
 from radixserve.model.quant import Int8Linear  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The GGUF block linears (kernels/cpu/gguf_linear.cpp) against our int8 linear on the same weights, per projection
+"""The GGUF block linears (radixserve_kernels/cpu/gguf_linear.cpp) against our int8 linear on the same weights, per projection
 of the default model: one pass over all 24 layers' tensors (so the weights come from DRAM as in a decode step, not
 from a cache that one layer's matrix would fit), the two interleaved in one process, medians. Prints the load.
 The int8 side runs its batch-invariant path at every row count, as deterministic mode (on by default on AVX-512
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 from radixserve.gguf.huge_pages import HugePageMover, page_runs
 from radixserve.gguf.tensor_table import read_tensor_table
 from radixserve.model.gguf_linear import BlockPart, GGUFLinear

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 from benchmarks.gpu.common import TINY, write_random_checkpoint
 from benchmarks.stall import run
 from radixserve import Engine

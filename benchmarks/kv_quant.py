@@ -31,7 +31,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernels.cpu import cpu_model, kind_flags  # noqa: E402
+from radixserve_kernels.cpu import cpu_model, kind_flags  # noqa: E402
 from radixserve import Engine  # noqa: E402
 from radixserve.cache.kv_format import KVFormat  # noqa: E402
 
@@ -150,9 +150,9 @@ def decode(contexts: list[int], new_tokens: int, rounds: int) -> None:
 @torch.no_grad()
 def layer_op(context: int, iters: int = 50, rounds: int = 5) -> None:
     """The C++ decode op alone on one layer's pages (scattered), bfloat16 vs int8 pages, alternating."""
-    import kernels.cpu
+    import radixserve_kernels.cpu
 
-    ops = kernels.cpu.ops()
+    ops = radixserve_kernels.cpu.ops()
     ps = 16
     pages = (context + ps - 1) // ps
     table = (torch.randperm(pages) + 1).to(torch.int32)[None]

@@ -59,8 +59,8 @@ def mark(name):  # wall and this process's CPU seconds (on a shared machine the 
 import torch
 import radixserve.engine
 mark("import torch, radixserve")
-import kernels.cpu
-kernels.cpu.ops()
+import radixserve_kernels.cpu
+radixserve_kernels.cpu.ops()
 mark("load the CPU kernels (compiled if the root has none for these sources)")
 from radixserve.model.resolve import assemble_default_gguf, default_cache_dir, resolve_model
 gguf = assemble_default_gguf(default_cache_dir(), progress=False)

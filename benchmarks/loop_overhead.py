@@ -193,7 +193,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     import torch
 
-    import kernels.cpu as cpu_kernels
+    import radixserve_kernels.cpu as cpu_kernels
 
     print(
         f"\nmachine: CPU {cpu_kernels.cpu_model()} ({' '.join(cpu_kernels.kind_flags())}), torch {torch.__version__} "

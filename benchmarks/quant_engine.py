@@ -18,7 +18,7 @@ import statistics  # noqa: E402
 
 import torch  # noqa: E402
 
-import kernels.cpu  # noqa: E402
+import radixserve_kernels.cpu  # noqa: E402
 from benchmarks.cpu_speed import Ours  # noqa: E402
 from radixserve import Engine  # noqa: E402
 from radixserve.model import cpu_select  # noqa: E402
@@ -27,7 +27,7 @@ from radixserve.model import cpu_select  # noqa: E402
 def cpu_flags() -> str:
     """The SIMD flags that decide the CPU kind, from /proc/cpuinfo, with torch's capability."""
     return (
-        f"flags={' '.join(kernels.cpu.kind_flags()) or 'n/a'} torch_cpu={cpu_select.cpu_capability()} "
+        f"flags={' '.join(radixserve_kernels.cpu.kind_flags()) or 'n/a'} torch_cpu={cpu_select.cpu_capability()} "
         f"bf16_hw={cpu_select.has_bf16_hardware()} threads={torch.get_num_threads()} torch={torch.__version__}"
     )
 

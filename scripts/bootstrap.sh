@@ -29,8 +29,8 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
         echo "chromium could not be installed: tests/test_dashboard_browser.py will skip"
 fi
 # SIMDe's headers (~7 MB), from which the tests build the GGUF kernels' AVX-512 VNNI path on a CPU without AVX-512
-# (tests/test_gguf_kernels.py, kernels/cpu/vnni_emulated.h); as root on Debian we install them, elsewhere that test
-# skips and says why.
+# (tests/test_gguf_kernels.py, radixserve_kernels/cpu/vnni_emulated.h); as root on Debian we install them, elsewhere
+# that test skips and says why.
 if [ ! -f /usr/include/simde/x86/avx512.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "SIMDe headers from Debian, for the emulated AVX-512 kernel test (best effort)"
     { DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq libsimde-dev >/dev/null ||
@@ -41,8 +41,8 @@ fi
 .venv/bin/python -c "import radixserve, torch; print('radixserve', radixserve.__version__, '| torch', torch.__version__)"
 # Our C++ CPU kernels, built once for this CPU (~40 s on 2 cores; without a C++ compiler radixserve runs slower
 # pure-torch paths).
-say "building the CPU kernels for this CPU (kernels/cpu/)"
-.venv/bin/python -c "import kernels.cpu as k; print('CPU kernels:', 'ready' if k.ops() else 'unavailable (pure-torch paths)')"
+say "building the CPU kernels for this CPU (radixserve_kernels/cpu/)"
+.venv/bin/python -c "import radixserve_kernels.cpu as k; print('CPU kernels:', 'ready' if k.ops() else 'unavailable (pure-torch paths)')"
 rm -f .venv/.bootstrap-*
 touch "$stamp"
 say "set-up done in $((SECONDS - start)) s (.venv: $(du -sh .venv | cut -f1))"

@@ -1,4 +1,4 @@
-"""The fused CPU decode attention op (kernels/cpu/decode_attention.cpp) against a float64 softmax reference on random
+"""The fused CPU decode attention op (radixserve_kernels/cpu/decode_attention.cpp) against a float64 softmax reference on random
 paged pools: its AVX-512 paths (head_dim 64, 128) and its plain one (48), both thread splits, the checks on its
 inputs, and the AVX2 and plain builds in a process of their own. TorchAttentionBackend's use of it is covered by tests/test_torch_backend.py (op and SDPA paths alike)."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.cpu
+import radixserve_kernels.cpu
 from other_builds import failure_on_build
 
-OPS = kernels.cpu.ops()
+OPS = radixserve_kernels.cpu.ops()
 pytestmark = pytest.mark.skipif(
     OPS is None, reason="CPU kernels unavailable (no compiler, or RADIXSERVE_CPU_KERNELS=0)"
 )

@@ -1,4 +1,4 @@
-"""The fused CPU ops of kernels/cpu/norm_rope.cpp give the values of the torch sequences they replace."""
+"""The fused CPU ops of radixserve_kernels/cpu/norm_rope.cpp give the values of the torch sequences they replace."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 
 pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="no C++ toolchain: the CPU kernels cannot be built")
 

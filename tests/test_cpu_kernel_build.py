@@ -1,4 +1,4 @@
-"""The CPU kernels' build (kernels/cpu/__init__.py, kernels/cpu/build.py): two starts build a folder once, a library
+"""The CPU kernels' build (radixserve_kernels/cpu/__init__.py, radixserve_kernels/cpu/build.py): two starts build a folder once, a library
 already built loads without a compile, one that does not load (half-written) is built again, and the kernel files
 keep torch's heavy headers out."""
 
@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-import kernels.cpu as cpu_kernels
-from kernels.cpu import build
+import radixserve_kernels.cpu as cpu_kernels
+from radixserve_kernels.cpu import build
 
 
 def test_a_second_start_waits_for_the_first_builder(tmp_path: Path) -> None:
@@ -34,7 +34,7 @@ def test_a_second_start_waits_for_the_first_builder(tmp_path: Path) -> None:
 
 def test_a_built_library_loads_without_a_compile() -> None:
     assert cpu_kernels.ops() is not None  # built (or already there) in this folder
-    code = "import kernels.cpu as k; k.compile_library = None; print(hasattr(k.ops(), 'gguf_linear'))"
+    code = "import radixserve_kernels.cpu as k; k.compile_library = None; print(hasattr(k.ops(), 'gguf_linear'))"
     root = Path(cpu_kernels.__file__).parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
     assert done.stdout.split() == ["True"], done.stderr[-2000:]
@@ -47,7 +47,7 @@ def test_a_library_that_does_not_load_is_built_again(tmp_path: Path) -> None:
 
 
 def test_the_heavy_torch_headers_stay_out_of_the_kernels_files() -> None:
-    """ATen/ATen.h and torch/library.h cost ~16 s of compile per file on 2 cores (kernels/cpu/ops.h): only the file
+    """ATen/ATen.h and torch/library.h cost ~16 s of compile per file on 2 cores (radixserve_kernels/cpu/ops.h): only the file
     that registers the ops and the class includes torch/library.h and torch/custom_class.h (and compiles without the
     precompiled header, while it is made), and none ATen/ATen.h (nor ATen/ops/empty.h and the like:
     ATen/Context.h), so a machine's first start compiles the kernels in about a third of the time."""

@@ -1,4 +1,4 @@
-"""The GGUF decoder layers as one C++ call a step (radixserve/model/cpu_stack.py, kernels/cpu/decoder_stack.cpp):
+"""The GGUF decoder layers as one C++ call a step (radixserve/model/cpu_stack.py, radixserve_kernels/cpu/decoder_stack.cpp):
 the same tokens and logprobs, bit for bit, as the Python layers, for a batch of mixed-length prompts decoded
 together, over float32 and bfloat16 activations, bfloat16/float32 and int8 KV pages, with and without
 deterministic mode (where prompts run through it too); and it serves those steps, not only exists."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 import radixserve.model.cpu_stack as cpu_stack
 import radixserve.model.llama as llama
 from radixserve.model.quant import Int8Linear

@@ -1,4 +1,4 @@
-"""The CUDA path's fused ops (kernels/cuda_ops.py, FlashInfer's norm/activation/rope) as the model calls them.
+"""The CUDA path's fused ops (radixserve_kernels/cuda_ops.py, FlashInfer's norm/activation/rope) as the model calls them.
 
 On CPU a stand-in for flashinfer with the documented semantics (in place, float32 inside, one rounding) checks the
 call shapes: which tensor each op overwrites, gate before up, the cos|sin cache layout, the heads flattened from the
@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels.cpu as cpu_kernels
-import kernels.cuda_ops as cuda_ops
+import radixserve_kernels.cpu as cpu_kernels
+import radixserve_kernels.cuda_ops as cuda_ops
 from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch

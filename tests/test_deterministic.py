@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 from deterministic_checks import DEFAULTS, Answer, others, target_answers, target_prompt
 from radixserve.model.quant import Int8Linear
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 from deterministic_checks import DEFAULTS, GREEDY, Answer, answers, others, target_prompt
 
 pytest.importorskip("triton")

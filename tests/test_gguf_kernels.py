@@ -1,4 +1,4 @@
-"""Our GGUF block kernels (kernels/cpu/gguf_linear.cpp, gguf_blocks.h) against gguf-py's dequantizers and a plain
+"""Our GGUF block kernels (radixserve_kernels/cpu/gguf_linear.cpp, gguf_blocks.h) against gguf-py's dequantizers and a plain
 PyTorch dequantize-then-matmul, on random blocks of every format we read (issue 38)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 from other_builds import failure_on_build, has_simde
 
 T = GGMLQuantizationType

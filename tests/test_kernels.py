@@ -1,4 +1,4 @@
-"""Triton kernels (kernels/) against a float64 PyTorch reference: on a GPU when there is one, else on the CPU
+"""Triton kernels (radixserve_kernels/) against a float64 PyTorch reference: on a GPU when there is one, else on the CPU
 through the Triton interpreter.
 
 Inputs are fresh random values each run (the seed is in every failure message); outputs and the split-KV
@@ -21,9 +21,9 @@ pytest.importorskip("triton")
 # The interpreter itself trips this numpy deprecation when it turns a scalar tensor into a loop bound.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
-from kernels.decode_attention import decode_attention, decode_num_splits, decode_workspace  # noqa: E402
-from kernels.extend_attention import extend_attention  # noqa: E402
-from kernels.kv_store import store_kv  # noqa: E402
+from radixserve_kernels.decode_attention import decode_attention, decode_num_splits, decode_workspace  # noqa: E402
+from radixserve_kernels.extend_attention import extend_attention  # noqa: E402
+from radixserve_kernels.kv_store import store_kv  # noqa: E402
 
 NUM_KV_HEADS = 2
 
@@ -269,10 +269,10 @@ def compile_for_gpu(arch: int) -> list[str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels.common import attention_num_warps, decode_block_n, extend_blocks, is_interpreted
-    from kernels.decode_attention import _decode_merge_kernel, _decode_split_kernel
-    from kernels.extend_attention import _extend_kernel
-    from kernels.kv_store import _store_kv_kernel
+    from radixserve_kernels.common import attention_num_warps, decode_block_n, extend_blocks, is_interpreted
+    from radixserve_kernels.decode_attention import _decode_merge_kernel, _decode_split_kernel
+    from radixserve_kernels.extend_attention import _extend_kernel
+    from radixserve_kernels.kv_store import _store_kv_kernel
     from radixserve.cache.kv_format import scale_group
 
     assert not is_interpreted(_extend_kernel), "run with TRITON_INTERPRET unset"

@@ -90,12 +90,12 @@ def test_store_casts_to_pool_dtype() -> None:
     [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32), (torch.bfloat16, torch.float32)],
 )
 def test_a_float_pool_on_cpu_stores_with_one_op(dtype: torch.dtype, rows: torch.dtype) -> None:
-    """bfloat16 and float32 pools on CPU copy a step's K and V rows with kernels/cpu/kv_store.cpp's store_kv (one op
+    """bfloat16 and float32 pools on CPU copy a step's K and V rows with radixserve_kernels/cpu/kv_store.cpp's store_kv (one op
     a layer where two index_copy_ ran), float32 rows into bfloat16 pages too: the same bytes in the same slots (float32
     rounded as torch rounds them); a slot outside the pool raises."""
-    import kernels.cpu
+    import radixserve_kernels.cpu
 
-    if kernels.cpu.ops() is None:
+    if radixserve_kernels.cpu.ops() is None:
         pytest.skip("no C++ toolchain: the CPU kernels cannot be built")
     pool, ref = KVPool(2, 6, 4, 2, 64, dtype), KVPool(2, 6, 4, 2, 64, dtype)
     assert pool._store_rows is not None and pool.store_op(rows) == "rows"

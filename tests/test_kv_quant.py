@@ -12,13 +12,13 @@ import random
 import pytest
 import torch
 
-import kernels.cpu
+import radixserve_kernels.cpu
 from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.cache.kv_format import VALUE_SIGNS, KVFormat, resolve_kv_dtype, row_scales, scale_group
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
 
-OPS = kernels.cpu.ops()
+OPS = radixserve_kernels.cpu.ops()
 needs_ops = pytest.mark.skipif(OPS is None, reason="CPU kernels unavailable")
 KV_HEADS = 2
 # int8 rows of head_dim 64: the values, then a 2-byte scale per group (keys per 16: 72 bytes; values one: 66)
@@ -247,7 +247,7 @@ def test_cpu_op_reads_int8_pages_as_their_dequantized_values(head_dim: int, q_dt
 @needs_ops
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_fused_cpu_store_writes_the_encoders_bytes(dtype: torch.dtype) -> None:
-    """kernels/cpu/kv_store.cpp (what an int8 pool on CPU stores with) against KVFormat.encode, byte for byte, rows
+    """radixserve_kernels/cpu/kv_store.cpp (what an int8 pool on CPU stores with) against KVFormat.encode, byte for byte, rows
     through `rotate` first (the op's fast transform runs the same float32 adds in the same order): rows with exact
     halves (round half to even), zeros, outliers, bfloat16 and float32 inputs."""
     fmt = KVFormat("int8")

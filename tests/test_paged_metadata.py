@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-import kernels.cpu
+import radixserve_kernels.cpu
 from radixserve.attention.paged_metadata import PagedKVMetadata, build_paged_metadata, kv_indices, kv_last_page_len
 from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.cache.kv_pool import KVPool
@@ -70,7 +70,7 @@ def torch_backend_visible_slots(batch: ForwardBatch, cpu_op: bool) -> dict[int, 
     assert len(members) == len(backend.groups)
     ps, visible = batch.page_size, {}
     for reqs, g in zip(members, backend.groups):
-        # The decode group on the CPU op (kernels/cpu/decode_attention.cpp) reads keys 0..seq_len-1 of its table.
+        # The decode group on the CPU op (radixserve_kernels/cpu/decode_attention.cpp) reads keys 0..seq_len-1 of its table.
         pages = g.pages.view(g.num_reqs, -1) if g.table is None else g.table
         for gi, r in enumerate(reqs.tolist()):
             rows = []
@@ -91,7 +91,9 @@ def torch_backend_visible_slots(batch: ForwardBatch, cpu_op: bool) -> dict[int, 
     "cpu_op",
     [
         False,
-        pytest.param(True, marks=pytest.mark.skipif(kernels.cpu.ops() is None, reason="CPU kernels unavailable")),
+        pytest.param(
+            True, marks=pytest.mark.skipif(radixserve_kernels.cpu.ops() is None, reason="CPU kernels unavailable")
+        ),
     ],
     ids=["sdpa", "cpu_op"],
 )

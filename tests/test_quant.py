@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 from radixserve.model import quant
 from radixserve.model import cpu_select
 from radixserve.model.llama import Linear
@@ -236,7 +236,7 @@ def test_int8_kernel_paths_for_other_cpus(tmp_path, march):
     code = (
         "import torch\n"
         "from radixserve.model.quant import Int8Linear, dequantize_int8\n"
-        "import kernels.cpu as k\n"
+        "import radixserve_kernels.cpu as k\n"
         "assert k.ops() is not None\n"
         "torch.manual_seed(0)\n"
         "for rows in (1, 2, 5):\n"
@@ -257,7 +257,7 @@ def test_int8_kernel_paths_for_other_cpus(tmp_path, march):
 
 
 def test_int8_kernel_on_large_matrices_from_several_threads():
-    """Matrices past 2 MB of codes split their rows between the kernel's spin pool (kernels/cpu/spin_pool.h) and the
+    """Matrices past 2 MB of codes split their rows between the kernel's spin pool (radixserve_kernels/cpu/spin_pool.h) and the
     caller; two callers at once take turns. Every result must equal the single-threaded one."""
     from concurrent.futures import ThreadPoolExecutor
 

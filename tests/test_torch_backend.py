@@ -1,5 +1,5 @@
 """TorchAttentionBackend alone against a naive per-request, per-token attention in float64: its SDPA paths, and on CPU
-its decode group through the fused C++ op (kernels/cpu/decode_attention.cpp) where that builds."""
+its decode group through the fused C++ op (radixserve_kernels/cpu/decode_attention.cpp) where that builds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-import kernels.cpu
+import radixserve_kernels.cpu
 from radixserve.attention.torch_backend import TorchAttentionBackend
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
@@ -89,7 +89,9 @@ def run_case(
     "cpu_op",
     [
         False,
-        pytest.param(True, marks=pytest.mark.skipif(kernels.cpu.ops() is None, reason="CPU kernels unavailable")),
+        pytest.param(
+            True, marks=pytest.mark.skipif(radixserve_kernels.cpu.ops() is None, reason="CPU kernels unavailable")
+        ),
     ],
     ids=["sdpa", "cpu_op"],
 )

@@ -23,7 +23,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-import kernels.cpu
+import radixserve_kernels.cpu
 from benchmarks.compare import engines as eng
 from benchmarks.compare import fork, guidellm_run, plots, report, workloads
 from benchmarks.compare.client import Replay, Session
@@ -61,7 +61,7 @@ def machine() -> str:
 
 def cpu_flags() -> str:
     """The SIMD flags that decide radixserve's CPU kind (AVX2 / AVX-512 / AVX-512-BF16 / AMX), from /proc/cpuinfo."""
-    return " ".join(kernels.cpu.kind_flags()) or "none of " + " ".join(kernels.cpu.KIND_FLAGS)
+    return " ".join(radixserve_kernels.cpu.kind_flags()) or "none of " + " ".join(radixserve_kernels.cpu.KIND_FLAGS)
 
 
 def commit() -> str:

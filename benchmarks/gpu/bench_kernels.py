@@ -102,8 +102,8 @@ def attention_kernels(
             }
         )
         del pool
-    from kernels.decode_attention import _decode_merge_kernel, _decode_split_kernel
-    from kernels.extend_attention import _extend_kernel
+    from radixserve_kernels.decode_attention import _decode_merge_kernel, _decode_split_kernel
+    from radixserve_kernels.extend_attention import _extend_kernel
 
     for fn in (_decode_split_kernel, _decode_merge_kernel, _extend_kernel):
         rows += [{"shape": "resources", **r} for r in kernel_resources(fn)]

@@ -17,7 +17,7 @@ from unittest import mock
 
 import torch
 
-import kernels.cuda_ops as cuda_ops
+import radixserve_kernels.cuda_ops as cuda_ops
 
 from benchmarks.gpu.common import build_random_model, median, sync, time_ms
 from benchmarks.gpu.roofline import decode_step_bytes, prefill_flops
@@ -111,7 +111,7 @@ def model_benchmarks(
     fused_modes: tuple[bool, ...] = (True, False),
 ) -> list[dict[str, Any]]:
     """Decode at each batch size (eager per backend, plus CUDA graphs for flashinfer) and one prefill per backend,
-    with FlashInfer's fused norm/activation/RoPE ops (kernels/cuda_ops.py) on and off."""
+    with FlashInfer's fused norm/activation/RoPE ops (radixserve_kernels/cuda_ops.py) on and off."""
     dtype = torch.bfloat16
     config, model = build_random_model(cfg, dtype, device)
     per = math.ceil((context + 1) / page_size)
@@ -127,7 +127,7 @@ def model_benchmarks(
     with torch.inference_mode():
         for name in backends:
             for fused in fused_modes:
-                # Off: every caller of kernels/cuda_ops.py sees no fused ops and runs the torch ops instead.
+                # Off: every caller of radixserve_kernels/cuda_ops.py sees no fused ops and runs the torch ops instead.
                 with contextlib.nullcontext() if fused else mock.patch.object(cuda_ops, "for_tensor", _no_ops):
                     label = f"{name}{'' if fused else ' unfused'}"
                     rows += _backend_rows(

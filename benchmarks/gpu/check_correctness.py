@@ -252,7 +252,7 @@ def greedy_parity(
     return rows
 
 
-# Quantized KV pages per backend: FlashInfer reads fp8_e4m3, our Triton kernels int8 (kernels/kv_load.py).
+# Quantized KV pages per backend: FlashInfer reads fp8_e4m3, our Triton kernels int8 (radixserve_kernels/kv_load.py).
 KV_PAGE_BACKENDS = {"fp8_e4m3": "flashinfer", "int8": "triton"}
 PENALTIES = GREEDY | {"repetition_penalty": 1.3, "frequency_penalty": 0.4, "presence_penalty": 0.2}
 

@@ -4,7 +4,7 @@ Requests are split into a decode group (one new token each: the hot path) and an
 padded to the longest), so a long prefill chunk does not pad every decode token to its length. Index and mask
 tensors are built once in `plan` and reused by every layer.
 
-On CPU the decode group runs our fused C++ op instead (kernels/cpu/decode_attention.cpp: it reads K/V in place
+On CPU the decode group runs our fused C++ op instead (radixserve_kernels/cpu/decode_attention.cpp: it reads K/V in place
 from the pool's pages, no gather copy) when the CPU kernels are built and the pool is float32, bfloat16 or int8;
 RADIXSERVE_CPU_KERNELS=0 keeps everything on the SDPA path. Quantized pages (int8, fp8_e4m3) are decoded to the
 query's dtype right after the gather, so SDPA sees exactly the dequantized float pages. In deterministic mode
@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-import kernels.cpu
+import radixserve_kernels.cpu
 from radixserve.attention.base import AttentionBackend, DecodeOpStep
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
 
 
-# What the C++ decode op reads: float32, bfloat16 and int8 pages (kernels/cpu/decode_attention.cpp).
+# What the C++ decode op reads: float32, bfloat16 and int8 pages (radixserve_kernels/cpu/decode_attention.cpp).
 CPU_OP_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 
 
@@ -57,7 +57,7 @@ class TorchAttentionBackend(AttentionBackend):
     def __init__(self, pool: KVPool, num_heads: int, head_dim: int, scale: float | None = None) -> None:
         super().__init__(pool, num_heads, head_dim, scale)
         # Here, not at the first step: a first build of the CPU kernels takes a while (then cached on disk).
-        self._ops = kernels.cpu.ops() if pool.device.type == "cpu" and pool.dtype in CPU_OP_DTYPES else None
+        self._ops = radixserve_kernels.cpu.ops() if pool.device.type == "cpu" and pool.dtype in CPU_OP_DTYPES else None
 
     def plan(self, batch: ForwardBatch) -> None:
         """Build the gather indices and masks of this step's decode and extend groups."""

@@ -1,4 +1,4 @@
-"""Attention backend on our Triton kernels (kernels/): paged decode with split-KV, paged extend, KV store.
+"""Attention backend on our Triton kernels (radixserve_kernels/): paged decode with split-KV, paged extend, KV store.
 
 On a CPU the kernels run only under the Triton interpreter (TRITON_INTERPRET=1 set before `kernels` is
 imported), which is for tests: it is correct but slow.
@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common import is_interpreted
-from kernels.decode_attention import _decode_split_kernel, decode_attention, decode_num_splits, decode_workspace
-from kernels.extend_attention import extend_attention
-from kernels.kv_store import store_kv
+from radixserve_kernels.common import is_interpreted
+from radixserve_kernels.decode_attention import (
+    _decode_split_kernel,
+    decode_attention,
+    decode_num_splits,
+    decode_workspace,
+)
+from radixserve_kernels.extend_attention import extend_attention
+from radixserve_kernels.kv_store import store_kv
 from radixserve.attention.base import AttentionBackend
 from radixserve.cache.kv_pool import KVPool
 from radixserve.forward_batch import ForwardBatch
@@ -36,7 +41,7 @@ class TritonAttentionBackend(AttentionBackend):
                 "before anything imports `kernels` (interpreter mode is for tests)"
             )
         if pool.format.quantized and not pool.format.scaled:
-            # The kernels read float rows and int8 rows with their scale (kernels/kv_load.py); fp8 pages are held
+            # The kernels read float rows and int8 rows with their scale (radixserve_kernels/kv_load.py); fp8 pages are held
             # as uint8 bits, which they would read as integers: refuse rather than attend over wrong values.
             raise ValueError(
                 f"the triton attention backend reads float and int8 KV pages; kv_cache_dtype {pool.format.name!r} "

@@ -54,7 +54,7 @@ KINDS = ("k", "v")  # which rows: keys (a scale per KEY_GROUP) or values (one sc
 # encodings of one error (H, and H S for four random S) measured -0.05% to +0.41% at 4k tokens and +0.38% to +0.68%
 # at 8k (benchmarks/RESULTS.md, issue 40, session 12). This S (the second) measured +0.13% and +0.38%, H alone +0.35%
 # and +0.68%: it was chosen on figures of the text it was measured on. Keys keep H alone: random signs there cost
-# +1.5% at 4k. kernels/cpu/kv_rotate.h holds the same constant (the store and decode tests compare the two).
+# +1.5% at 4k. radixserve_kernels/cpu/kv_rotate.h holds the same constant (the store and decode tests compare the two).
 VALUE_SIGNS = 0x9D5C26DD7FEBC391
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0  # float8_e4m3fn's largest finite value: torch's cast does not saturate, so clamp first
@@ -187,7 +187,7 @@ def _value_flips(n: int) -> torch.Tensor:
 def fwht(x: torch.Tensor) -> torch.Tensor:
     """x `[..., n]` (float32, n a power of two) times the n x n Walsh-Hadamard matrix / sqrt(n) (orthonormal and
     symmetric), as the fast transform: log2(n) stages of a + b, a - b on pairs h apart. The C++ store and decode ops
-    (kernels/cpu/kv_rotate.h) run the same stages in the same order, so both give the same bits."""
+    (radixserve_kernels/cpu/kv_rotate.h) run the same stages in the same order, so both give the same bits."""
     n = x.shape[-1]
     h = 1
     while h < n:

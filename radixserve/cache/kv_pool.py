@@ -27,10 +27,10 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 
 def _store_op(name: str) -> Any | None:
-    """kernels/cpu/kv_store.cpp's op `name`, or None where the CPU kernels are off or do not build."""
-    import kernels.cpu  # deferred: building the CPU kernels is a cost only pools on CPU pay
+    """radixserve_kernels/cpu/kv_store.cpp's op `name`, or None where the CPU kernels are off or do not build."""
+    import radixserve_kernels.cpu  # deferred: building the CPU kernels is a cost only pools on CPU pay
 
-    ops = kernels.cpu.ops()
+    ops = radixserve_kernels.cpu.ops()
     return None if ops is None else getattr(ops, name)
 
 

@@ -1,7 +1,7 @@
 """A GGUF's tensors in float32 under Hugging Face names, dequantized in memory when a load asks for float weights
 (a dense model, or int8/int4 quantized from them): nothing is written to disk, so the file alone is the model.
 
-The block types kernels/cpu reads are dequantized by its `gguf_dequantize` op, which gives gguf-py's numbers bit for
+The block types radixserve_kernels/cpu reads are dequantized by its `gguf_dequantize` op, which gives gguf-py's numbers bit for
 bit (tests/test_gguf_kernels.py) about ten times faster; other types (F16, BF16, ...), and every type where the
 kernels cannot be built, by gguf-py's numpy dequantizer. llama.cpp's Q/K row order is undone (Llama files).
 """
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, quants
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 from radixserve.gguf.reader import PERMUTED_ARCHITECTURES, hf_tensor_name, unpermute_rows
 from radixserve.gguf.tensor_table import TableTensor, read_tensor_table
 from radixserve.model.gguf_linear import KERNEL_TYPES

@@ -1,4 +1,4 @@
-"""A GGUF model's decoder layers as one C++ call a step on CPU (kernels/cpu/decoder_stack.cpp; issue 38).
+"""A GGUF model's decoder layers as one C++ call a step on CPU (radixserve_kernels/cpu/decoder_stack.cpp; issue 38).
 
 In Python a layer is ~15 op dispatches plus the module calls around them: ~2 ms of a ~13 ms decode step of the
 default model, serial, while the kernels' second thread waits. The stack runs the same ops (the functions
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 from radixserve.attention.base import AttentionBackend
 from radixserve.model.gguf_linear import GGUFLinear
 from radixserve.model.rope import RopeStep

@@ -1,13 +1,13 @@
 """Linears and the token embedding over a GGUF file's own quantized blocks (issue 38): no float copy, no requantizing.
 
 A GGUFLinear holds, per stacked part (q, k, v of a fused projection may each have their own block type), the part's
-blocks as a uint8 `[rows, bytes per row]` view of the file's memory map and its ggml type id; kernels/cpu/
+blocks as a uint8 `[rows, bytes per row]` view of the file's memory map and its ggml type id; radixserve_kernels/cpu/
 gguf_linear.cpp multiplies with them directly (activations rounded to int8 per block of 32, as llama.cpp does; per
 256 columns for the K-quants on the AVX2 path, as llama.cpp's K-quant dot products do).
 The embedding dequantizes only the looked-up rows. Where the CPU kernels cannot be built, both fall back to
 gguf-py's numpy dequantizer (slow, kept for correctness: the float weight is cached on first use).
 
-On a CPU with AMX, calls of `DENSE_ROWS` rows or more (prefill) take kernels/cpu/gguf_dense.cpp instead: the blocks
+On a CPU with AMX, calls of `DENSE_ROWS` rows or more (prefill) take radixserve_kernels/cpu/gguf_dense.cpp instead: the blocks
 dequantized a chunk at a time into the activations' dtype for oneDNN's tile matmuls, 1.2-3.8x the integer kernels'
 speed from 128 to 512 rows there (RESULTS.md, issue 38 session 36). Its sums are not batch-invariant, so
 deterministic mode turns it off (radixserve/model/deterministic.py).
@@ -23,10 +23,10 @@ import torch
 from gguf import GGMLQuantizationType, quants
 from torch import nn
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 from radixserve.model import cpu_select
 
-# The block types kernels/cpu/gguf_blocks.h reads.
+# The block types radixserve_kernels/cpu/gguf_blocks.h reads.
 KERNEL_TYPES = frozenset(
     {
         GGMLQuantizationType.Q4_0,
@@ -100,12 +100,12 @@ class GGUFLinear(nn.Module):
     def prefetch_in_order(self, ahead: list[torch.Tensor]) -> None:
         """After each call, have the kernels' thread pool prefetch `ahead` (the blocks the next linears of a step
         read, in order; the kernel takes their first few MB) while the caller does the serial work between the two
-        (kernels/cpu/spin_pool.h, prefetch_ahead)."""
+        (radixserve_kernels/cpu/spin_pool.h, prefetch_ahead)."""
         self._ahead = ahead or None
 
     @property
     def row_invariant(self) -> bool:
-        """A row's result does not depend on the call's other rows: true of our kernels (kernels/cpu/gguf_tiles.h),
+        """A row's result does not depend on the call's other rows: true of our kernels (radixserve_kernels/cpu/gguf_tiles.h),
         not of a dense matmul (the fallback's, or gguf_dense.cpp's from `dense_rows` rows)."""
         return cpu_kernels.ops() is not None and self.dense_rows is None
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels.cpu as cpu_kernels
-import kernels.cuda_ops as cuda_ops
+import radixserve_kernels.cpu as cpu_kernels
+import radixserve_kernels.cuda_ops as cuda_ops
 
 from radixserve.attention.base import AttentionBackend
 from radixserve.config import ModelConfig
@@ -38,8 +38,8 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, h: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(h + residual, the norm of that); may overwrite both inputs. On CPU one fused op
-        (kernels/cpu/norm_rope.cpp) with the same roundings replaces the add, the norm and the weight multiply;
-        on CUDA FlashInfer's fused add + RMSNorm (kernels/cuda_ops.py) does."""
+        (radixserve_kernels/cpu/norm_rope.cpp) with the same roundings replaces the add, the norm and the weight multiply;
+        on CUDA FlashInfer's fused add + RMSNorm (radixserve_kernels/cuda_ops.py) does."""
         ops = cpu_kernels.ops() if h.device.type == "cpu" and h.dtype in (torch.float32, torch.bfloat16) else None
         if ops is not None and h.dim() == 2 and self.weight.dtype == h.dtype:
             return ops.add_rms_norm(h, residual, self.weight, self.eps)
@@ -308,7 +308,7 @@ class LlamaForCausalLM(nn.Module):
 
 
 def _cpu_silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
-    """SiLU(gate) * up as one op on CPU (kernels/cpu/silu_mul.cpp: torch's values, without the split, the two
+    """SiLU(gate) * up as one op on CPU (radixserve_kernels/cpu/silu_mul.cpp: torch's values, without the split, the two
     dispatches and the intermediate), or None where it does not apply."""
     if gate_up.device.type != "cpu" or gate_up.dim() != 2 or gate_up.dtype not in (torch.float32, torch.bfloat16):
         return None

@@ -32,7 +32,7 @@ from radixserve.model.quant import Int4Linear, Int8Linear
 from radixserve.model.rope import RotaryEmbedding
 
 # Bumped whenever what a prepared file holds changes (tensor names, layouts, how they are built).
-PREPARED_VERSION = 2  # 2: int8 codes in the packed layout of kernels/cpu/int8_linear.cpp
+PREPARED_VERSION = 2  # 2: int8 codes in the packed layout of radixserve_kernels/cpu/int8_linear.cpp
 PREPARED_DIR = "prepared"
 _FINGERPRINT_KEY = "radixserve_fingerprint"
 

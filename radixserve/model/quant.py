@@ -3,7 +3,7 @@
 Why weight-only: a decode step reads every weight once, so fewer bytes per weight (int8: half of bf16, int4 about a
 quarter) is what makes batch-1 decode faster.
 
-- int8: symmetric, one scale per output channel, codes packed for our kernel (kernels/cpu/int8_linear.cpp; see
+- int8: symmetric, one scale per output channel, codes packed for our kernel (radixserve_kernels/cpu/int8_linear.cpp; see
   `pack_int8` and Int8Linear). Its 1-2-row path keeps activations in float32; from 3 rows on the AVX-512 VNNI path
   rounds them to int8 per block of 32 columns (as llama.cpp does), INT8_ACT_TOL below. In deterministic mode
   (radixserve/model/deterministic.py) every row count, 1 row and prefill included, takes the VNNI path.
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels.cpu as cpu_kernels
+import radixserve_kernels.cpu as cpu_kernels
 
 # Per-format tolerance the tests hold a quantized matmul to: relative Frobenius error ||y - x W^T|| / ||x W^T|| on
 # random normal weights and inputs. Rounding to a step `d` adds an error of rms d/sqrt(12) per weight, so:
@@ -38,7 +38,7 @@ INT4_REL_TOL = {32: 0.13, 64: 0.14, 128: 0.15}
 # and runs the dense matmul. Measured on the default model's shapes (AVX-512 VNNI, bf16, RESULTS.md issue 14 fourth
 # pass): the kernel 2-3x faster at 8-16 rows, a tie at 32-64, the dense matmul 1.2-1.5x faster at 96-192.
 INT8_KERNEL_ROWS = 48
-_PACK_ROWS, _PACK_COLS = 8, 64  # kernels/cpu/int8_linear.cpp's block: 8 output rows x 64 input columns
+_PACK_ROWS, _PACK_COLS = 8, 64  # radixserve_kernels/cpu/int8_linear.cpp's block: 8 output rows x 64 input columns
 INT4_GROUP_SIZES = (32, 64, 128)
 _QUANT_ROWS = 8192
 INT4_DEFAULT_GROUP = 64
@@ -94,7 +94,7 @@ def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) ->
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:
-    """int8 codes `[N, K]` -> the layout kernels/cpu/int8_linear.cpp streams: uint8 (q + 128) `[N/8, K/64, 8, 64]`,
+    """int8 codes `[N, K]` -> the layout radixserve_kernels/cpu/int8_linear.cpp streams: uint8 (q + 128) `[N/8, K/64, 8, 64]`,
     N and K padded to multiples of 8 and 64 with code 128 (weight 0)."""
     n, k = q.shape
     padded = torch.full((n + -n % _PACK_ROWS, k + -k % _PACK_COLS), 128, dtype=torch.uint8)
@@ -117,7 +117,7 @@ class Int8Linear(nn.Module):
     """y = x (q * s)^T + b with int8 `q` `[N, K]` and per-row `s`; returns the activations' dtype.
 
     Holds only the packed codes (`pack_int8`) and float32 scales: steps of fewer than INT8_KERNEL_ROWS rows run our
-    kernel (kernels/cpu/int8_linear.cpp), which reads the int8 bytes once per step; larger steps (prefill) widen the
+    kernel (radixserve_kernels/cpu/int8_linear.cpp), which reads the int8 bytes once per step; larger steps (prefill) widen the
     codes to the activations' dtype for that call and run the dense matmul, the scale applied after. Same weights
     either way (DESIGN.md: one model, one set of weights).
     """

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-import kernels.cpu as cpu_kernels
-import kernels.cuda_ops as cuda_ops
+import radixserve_kernels.cpu as cpu_kernels
+import radixserve_kernels.cuda_ops as cuda_ops
 
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)  # what the fused CPU op takes
 
@@ -128,7 +128,7 @@ class RopeStep:
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q `[T, H, D]` and k `[T, KH, D]` rotated. The fused CUDA kernel rotates them in place; on CPU one op
-        (kernels/cpu/norm_rope.cpp rope_qk) rotates both; the torch path rotates them as one tensor when k's heads
+        (radixserve_kernels/cpu/norm_rope.cpp rope_qk) rotates both; the torch path rotates them as one tensor when k's heads
         follow q's in memory (the qkv projection's output), which halves its ops per layer."""
         if self.fused is not None and self.fused.rope_qk(q, k, self.positions, self.cos_sin_cache):
             return q, k
@@ -173,7 +173,7 @@ def _adjacent(q: torch.Tensor, k: torch.Tensor) -> bool:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate `x` `[T, heads, head_dim]`: the first half pairs with the second half (rotate-half convention).
 
-    On CPU one fused op (kernels/cpu/norm_rope.cpp) with the same roundings replaces the seven below."""
+    On CPU one fused op (radixserve_kernels/cpu/norm_rope.cpp) with the same roundings replaces the seven below."""
     ops = cpu_kernels.ops() if x.device.type == "cpu" and x.dtype in _FUSED_DTYPES else None
     if ops is not None and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]:
         return ops.rope(x, cos, sin)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from kernels.cpu.build import HEADERS, SOURCES, compile_library, flags
+from radixserve_kernels.cpu.build import HEADERS, SOURCES, compile_library, flags
 
 log = logging.getLogger("radixserve.kernels")
 
@@ -142,6 +142,6 @@ def cflags() -> list[str]:
 
 
 def _build_and_load(where: Path) -> None:
-    """Build the library into `where` (kernels/cpu/build.py) and load it into torch.ops.radixserve."""
+    """Build the library into `where` (radixserve_kernels/cpu/build.py) and load it into torch.ops.radixserve."""
     library = compile_library(where, _library_name(where), cflags(), ldflags=["-fopenmp"])
     torch.ops.load_library(str(library))

@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import attention_num_warps, decode_block_n, dot_precision, needs_upcast, next_pow2
-from kernels.kv_load import load_kv_rows, scale_group
-from kernels.online_softmax import attend_block
+from radixserve_kernels.common import attention_num_warps, decode_block_n, dot_precision, needs_upcast, next_pow2
+from radixserve_kernels.kv_load import load_kv_rows, scale_group
+from radixserve_kernels.online_softmax import attend_block
 
 
 @triton.jit
@@ -189,7 +189,7 @@ def decode_attention(
     """Write into `out` `[B, H, D]` the attention of q `[B, H, D]` over the first seq_lens[b] tokens of request b.
 
     k_buf/v_buf are one layer's pool pages `[num_pages, page_size, kv_heads, row]` (row = head_dim, or int8 rows of
-    the values, then a float16 scale per group: kernels/kv_load.py; int8 keys are stored rotated, so
+    the values, then a float16 scale per group: radixserve_kernels/kv_load.py; int8 keys are stored rotated, so
     q must come rotated too: radixserve/cache/kv_format.py); page_table `[B, max_pages]`
     and seq_lens `[B]` are int32 on q's device. Every seq_len must be >= 1. `workspace` (from `decode_workspace`)
     is needed only for num_splits > 1 and allocated here if not given. Returns `out`.

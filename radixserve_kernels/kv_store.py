@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import next_pow2
+from radixserve_kernels.common import next_pow2
 
 
 @triton.jit
