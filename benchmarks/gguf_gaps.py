@@ -1,8 +1,8 @@
 """The GGUF linears of one decode step (24 layers' qkv, o, gate_up, down, then the LM head, one row each) with a
 busy gap of `--gap` microseconds after each, as the step's serial work (norms, attention, Python) leaves between
 them: the linears' wall time per step with and without `ahead` (the pool's worker prefetching the next linears'
-blocks during the gaps, radixserve_kernels/cpu/spin_pool.h), the two interleaved step by step, medians. Prints the load: the
-worker needs a core of its own, so a busy machine shows little either way.
+blocks during the gaps, radixserve_kernels/cpu/spin_pool.h), the two interleaved step by step, medians. Prints the load:
+the worker needs a core of its own, so a busy machine shows little either way.
 
     .venv/bin/python -m benchmarks.gguf_gaps [--gap 0 30 60] [--steps 8] [--threads 2]
 """

@@ -1,6 +1,6 @@
-"""The GGUF block linears (radixserve_kernels/cpu/gguf_linear.cpp) against our int8 linear on the same weights, per projection
-of the default model: one pass over all 24 layers' tensors (so the weights come from DRAM as in a decode step, not
-from a cache that one layer's matrix would fit), the two interleaved in one process, medians. Prints the load.
+"""The GGUF block linears (radixserve_kernels/cpu/gguf_linear.cpp) against our int8 linear on the same weights, per
+projection of the default model: one pass over all 24 layers' tensors (so the weights come from DRAM as in a decode
+step, not from a cache that one layer's matrix would fit), the two interleaved in one process, medians. Prints the load.
 The int8 side runs its batch-invariant path at every row count, as deterministic mode (on by default on AVX-512
 BF16) does; `--dense-int8` gives it the dense matmul from 48 rows on instead, as without that mode.
 

@@ -1,4 +1,5 @@
-"""FlashInfer's fused elementwise ops for the CUDA path: the counterpart of radixserve_kernels/cpu's add_rms_norm and rope.
+"""FlashInfer's fused elementwise ops for the CUDA path: the counterpart of radixserve_kernels/cpu's add_rms_norm and
+rope.
 
 Why: a small-batch decode step reads the weights once and is otherwise a train of tiny kernels. On the H100
 (RESULTS.md, issue 25) a Llama-3-8B step launched 815 kernels, ~700 of them norms, RoPE, SiLU*mul and residual adds

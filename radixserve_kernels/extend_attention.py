@@ -168,8 +168,8 @@ def extend_attention(
 
     Request b owns rows qo_indptr[b]:qo_indptr[b+1] (k/v `[T, kv_heads, D]` are their keys and values) and sees
     first its prefix_lens[b] cached tokens through page_table `[B, max_pages]` into k_buf/v_buf
-    `[num_pages, page_size, kv_heads, D]` (or int8 rows of D values and their scales: radixserve_kernels/kv_load.py). Index
-    tensors are int32 on q's device; `max_extend_len` bounds the grid; `block_m` is the (token, head) rows per
+    `[num_pages, page_size, kv_heads, D]` (or int8 rows of D values and their scales: radixserve_kernels/kv_load.py).
+    Index tensors are int32 on q's device; `max_extend_len` bounds the grid; `block_m` is the (token, head) rows per
     program. `batch_invariant`: read the new tokens' keys from the pages too (k/v must be stored there already and
     are not read), in blocks at fixed positions. Returns `out`.
     """

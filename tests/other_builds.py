@@ -36,8 +36,8 @@ def failure_on_build(march: str, targets: list[str], select: str, emulate_vnni: 
     built = subprocess.run(build, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if built.returncode != 0:
         return f"the {march} build failed: {built.stdout[-2000:]}{built.stderr[-3000:]}"
-    # So does a file that could not read the precompiled header (radixserve_kernels/cpu/build.py: `-Winvalid-pch`), which costs
-    # ~5 s a file without failing the build.
+    # So does a file that could not read the precompiled header (radixserve_kernels/cpu/build.py: `-Winvalid-pch`),
+    # which costs ~5 s a file without failing the build.
     if "precompiled.h.gch: not used" in built.stderr:
         return f"the {march} build did not use its precompiled header: {built.stderr[-3000:]}"
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *targets, "-k", select]

@@ -1,6 +1,7 @@
-"""The fused CPU decode attention op (radixserve_kernels/cpu/decode_attention.cpp) against a float64 softmax reference on random
-paged pools: its AVX-512 paths (head_dim 64, 128) and its plain one (48), both thread splits, the checks on its
-inputs, and the AVX2 and plain builds in a process of their own. TorchAttentionBackend's use of it is covered by tests/test_torch_backend.py (op and SDPA paths alike)."""
+"""The fused CPU decode attention op (radixserve_kernels/cpu/decode_attention.cpp) against a float64 softmax reference
+on random paged pools: its AVX-512 paths (head_dim 64, 128) and its plain one (48), both thread splits, the checks on
+its inputs, and the AVX2 and plain builds in a process of their own. TorchAttentionBackend's use of it is covered by
+tests/test_torch_backend.py (op and SDPA paths alike)."""
 
 from __future__ import annotations
 

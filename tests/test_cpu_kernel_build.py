@@ -1,6 +1,6 @@
-"""The CPU kernels' build (radixserve_kernels/cpu/__init__.py, radixserve_kernels/cpu/build.py): two starts build a folder once, a library
-already built loads without a compile, one that does not load (half-written) is built again, and the kernel files
-keep torch's heavy headers out."""
+"""The CPU kernels' build (radixserve_kernels/cpu/__init__.py, radixserve_kernels/cpu/build.py): two starts build a
+folder once, a library already built loads without a compile, one that does not load (half-written) is built again, and
+the kernel files keep torch's heavy headers out."""
 
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def test_a_library_that_does_not_load_is_built_again(tmp_path: Path) -> None:
 
 
 def test_the_heavy_torch_headers_stay_out_of_the_kernels_files() -> None:
-    """ATen/ATen.h and torch/library.h cost ~16 s of compile per file on 2 cores (radixserve_kernels/cpu/ops.h): only the file
-    that registers the ops and the class includes torch/library.h and torch/custom_class.h (and compiles without the
-    precompiled header, while it is made), and none ATen/ATen.h (nor ATen/ops/empty.h and the like:
+    """ATen/ATen.h and torch/library.h cost ~16 s of compile per file on 2 cores (radixserve_kernels/cpu/ops.h): only
+    the file that registers the ops and the class includes torch/library.h and torch/custom_class.h (and compiles
+    without the precompiled header, while it is made), and none ATen/ATen.h (nor ATen/ops/empty.h and the like:
     ATen/Context.h), so a machine's first start compiles the kernels in about a third of the time."""
     assert build.WITHOUT_PRECOMPILED == {"library.cpp"}
     for src in [*cpu_kernels.SOURCES, *cpu_kernels.HEADERS]:

@@ -1,7 +1,7 @@
-"""The GGUF decoder layers as one C++ call a step (radixserve/model/cpu_stack.py, radixserve_kernels/cpu/decoder_stack.cpp):
-the same tokens and logprobs, bit for bit, as the Python layers, for a batch of mixed-length prompts decoded
-together, over float32 and bfloat16 activations, bfloat16/float32 and int8 KV pages, with and without
-deterministic mode (where prompts run through it too); and it serves those steps, not only exists."""
+"""The GGUF decoder layers as one C++ call a step (radixserve/model/cpu_stack.py,
+radixserve_kernels/cpu/decoder_stack.cpp): the same tokens and logprobs, bit for bit, as the Python layers, for a batch
+of mixed-length prompts decoded together, over float32 and bfloat16 activations, bfloat16/float32 and int8 KV pages,
+with and without deterministic mode (where prompts run through it too); and it serves those steps, not only exists."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The CUDA path's fused ops (radixserve_kernels/cuda_ops.py, FlashInfer's norm/activation/rope) as the model calls them.
+"""The CUDA path's fused ops (radixserve_kernels/cuda_ops.py, FlashInfer's norm/activation/rope) as the model calls
+them.
 
 On CPU a stand-in for flashinfer with the documented semantics (in place, float32 inside, one rounding) checks the
 call shapes: which tensor each op overwrites, gate before up, the cos|sin cache layout, the heads flattened from the

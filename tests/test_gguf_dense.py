@@ -1,5 +1,5 @@
-"""The dense path of the GGUF linears (radixserve_kernels/cpu/gguf_dense.cpp: blocks dequantized a chunk at a time for torch's
-matmul; what a CPU with AMX runs from DENSE_ROWS rows on) against a plain dequantize-then-matmul, and when
+"""The dense path of the GGUF linears (radixserve_kernels/cpu/gguf_dense.cpp: blocks dequantized a chunk at a time for
+torch's matmul; what a CPU with AMX runs from DENSE_ROWS rows on) against a plain dequantize-then-matmul, and when
 GGUFLinear takes it (issue 38)."""
 
 from __future__ import annotations

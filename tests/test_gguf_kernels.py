@@ -1,5 +1,5 @@
-"""Our GGUF block kernels (radixserve_kernels/cpu/gguf_linear.cpp, gguf_blocks.h) against gguf-py's dequantizers and a plain
-PyTorch dequantize-then-matmul, on random blocks of every format we read (issue 38)."""
+"""Our GGUF block kernels (radixserve_kernels/cpu/gguf_linear.cpp, gguf_blocks.h) against gguf-py's dequantizers and a
+plain PyTorch dequantize-then-matmul, on random blocks of every format we read (issue 38)."""
 
 from __future__ import annotations
 

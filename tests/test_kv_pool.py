@@ -90,9 +90,9 @@ def test_store_casts_to_pool_dtype() -> None:
     [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32), (torch.bfloat16, torch.float32)],
 )
 def test_a_float_pool_on_cpu_stores_with_one_op(dtype: torch.dtype, rows: torch.dtype) -> None:
-    """bfloat16 and float32 pools on CPU copy a step's K and V rows with radixserve_kernels/cpu/kv_store.cpp's store_kv (one op
-    a layer where two index_copy_ ran), float32 rows into bfloat16 pages too: the same bytes in the same slots (float32
-    rounded as torch rounds them); a slot outside the pool raises."""
+    """bfloat16 and float32 pools on CPU copy a step's K and V rows with radixserve_kernels/cpu/kv_store.cpp's store_kv
+    (one op a layer where two index_copy_ ran), float32 rows into bfloat16 pages too: the same bytes in the same slots
+    (float32 rounded as torch rounds them); a slot outside the pool raises."""
     import radixserve_kernels.cpu
 
     if radixserve_kernels.cpu.ops() is None:

@@ -247,9 +247,9 @@ def test_cpu_op_reads_int8_pages_as_their_dequantized_values(head_dim: int, q_dt
 @needs_ops
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_fused_cpu_store_writes_the_encoders_bytes(dtype: torch.dtype) -> None:
-    """radixserve_kernels/cpu/kv_store.cpp (what an int8 pool on CPU stores with) against KVFormat.encode, byte for byte, rows
-    through `rotate` first (the op's fast transform runs the same float32 adds in the same order): rows with exact
-    halves (round half to even), zeros, outliers, bfloat16 and float32 inputs."""
+    """radixserve_kernels/cpu/kv_store.cpp (what an int8 pool on CPU stores with) against KVFormat.encode, byte for
+    byte, rows through `rotate` first (the op's fast transform runs the same float32 adds in the same order): rows with
+    exact halves (round half to even), zeros, outliers, bfloat16 and float32 inputs."""
     fmt = KVFormat("int8")
     x = _rows(n=64).to(dtype)
     ties = torch.arange(64, dtype=torch.float32) - 31.5  # x.5 values: ties to round half to even

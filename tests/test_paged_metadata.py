@@ -70,7 +70,8 @@ def torch_backend_visible_slots(batch: ForwardBatch, cpu_op: bool) -> dict[int, 
     assert len(members) == len(backend.groups)
     ps, visible = batch.page_size, {}
     for reqs, g in zip(members, backend.groups):
-        # The decode group on the CPU op (radixserve_kernels/cpu/decode_attention.cpp) reads keys 0..seq_len-1 of its table.
+        # The decode group on the CPU op (radixserve_kernels/cpu/decode_attention.cpp) reads keys 0..seq_len-1 of its
+        # table.
         pages = g.pages.view(g.num_reqs, -1) if g.table is None else g.table
         for gi, r in enumerate(reqs.tolist()):
             rows = []

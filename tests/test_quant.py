@@ -257,8 +257,8 @@ def test_int8_kernel_paths_for_other_cpus(tmp_path, march):
 
 
 def test_int8_kernel_on_large_matrices_from_several_threads():
-    """Matrices past 2 MB of codes split their rows between the kernel's spin pool (radixserve_kernels/cpu/spin_pool.h) and the
-    caller; two callers at once take turns. Every result must equal the single-threaded one."""
+    """Matrices past 2 MB of codes split their rows between the kernel's spin pool (radixserve_kernels/cpu/spin_pool.h)
+    and the caller; two callers at once take turns. Every result must equal the single-threaded one."""
     from concurrent.futures import ThreadPoolExecutor
 
     torch.manual_seed(3)

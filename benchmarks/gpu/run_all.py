@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-if not torch.cuda.is_available():  # the triton backend runs interpreted without a GPU; set before kernels import
+# The triton backend runs interpreted without a GPU; set before radixserve_kernels is imported.
+if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from benchmarks.gpu import bench_engine, bench_kernels, bench_model, check_correctness  # noqa: E402

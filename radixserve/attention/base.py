@@ -13,8 +13,8 @@ from radixserve.forward_batch import ForwardBatch
 
 @dataclass(frozen=True)
 class DecodeOpStep:
-    """A step whose every token is a row of the CPU decode op, stored by a C++ op: what radixserve_kernels/cpu/decoder_stack.cpp
-    needs to store and attend in every layer as `forward` would."""
+    """A step whose every token is a row of the CPU decode op, stored by a C++ op: what
+    radixserve_kernels/cpu/decoder_stack.cpp needs to store and attend in every layer as `forward` would."""
 
     k_buffers: list[torch.Tensor]
     v_buffers: list[torch.Tensor]

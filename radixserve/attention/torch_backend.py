@@ -4,8 +4,8 @@ Requests are split into a decode group (one new token each: the hot path) and an
 padded to the longest), so a long prefill chunk does not pad every decode token to its length. Index and mask
 tensors are built once in `plan` and reused by every layer.
 
-On CPU the decode group runs our fused C++ op instead (radixserve_kernels/cpu/decode_attention.cpp: it reads K/V in place
-from the pool's pages, no gather copy) when the CPU kernels are built and the pool is float32, bfloat16 or int8;
+On CPU the decode group runs our fused C++ op instead (radixserve_kernels/cpu/decode_attention.cpp: it reads K/V in
+place from the pool's pages, no gather copy) when the CPU kernels are built and the pool is float32, bfloat16 or int8;
 RADIXSERVE_CPU_KERNELS=0 keeps everything on the SDPA path. Quantized pages (int8, fp8_e4m3) are decoded to the
 query's dtype right after the gather, so SDPA sees exactly the dequantized float pages. In deterministic mode
 (radixserve/model/deterministic.py) every token, prompt or decode, is a row of that op over keys 0 .. its position,

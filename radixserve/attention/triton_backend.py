@@ -1,7 +1,7 @@
 """Attention backend on our Triton kernels (radixserve_kernels/): paged decode with split-KV, paged extend, KV store.
 
-On a CPU the kernels run only under the Triton interpreter (TRITON_INTERPRET=1 set before `kernels` is
-imported), which is for tests: it is correct but slow.
+On a CPU the kernels run only under the Triton interpreter (TRITON_INTERPRET=1 set before `radixserve_kernels`
+is imported), which is for tests: it is correct but slow.
 
 In deterministic mode (radixserve/model/deterministic.py) every step, decode included, runs the extend kernel's
 batch-invariant variant: one kernel with fixed blocks for every token, keys read from the pages at fixed absolute
@@ -38,11 +38,11 @@ class TritonAttentionBackend(AttentionBackend):
         if pool.device.type != "cuda" and not is_interpreted(_decode_split_kernel):
             raise RuntimeError(
                 f"the triton attention backend needs a CUDA device; on {pool.device.type} set TRITON_INTERPRET=1 "
-                "before anything imports `kernels` (interpreter mode is for tests)"
+                "before anything imports `radixserve_kernels` (interpreter mode is for tests)"
             )
         if pool.format.quantized and not pool.format.scaled:
-            # The kernels read float rows and int8 rows with their scale (radixserve_kernels/kv_load.py); fp8 pages are held
-            # as uint8 bits, which they would read as integers: refuse rather than attend over wrong values.
+            # The kernels read float rows and int8 rows with their scale (radixserve_kernels/kv_load.py); fp8 pages are
+            # held as uint8 bits, which they would read as integers: refuse rather than attend over wrong values.
             raise ValueError(
                 f"the triton attention backend reads float and int8 KV pages; kv_cache_dtype {pool.format.name!r} "
                 "runs on the torch backend or flashinfer on CUDA"

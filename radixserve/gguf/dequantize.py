@@ -1,8 +1,8 @@
 """A GGUF's tensors in float32 under Hugging Face names, dequantized in memory when a load asks for float weights
 (a dense model, or int8/int4 quantized from them): nothing is written to disk, so the file alone is the model.
 
-The block types radixserve_kernels/cpu reads are dequantized by its `gguf_dequantize` op, which gives gguf-py's numbers bit for
-bit (tests/test_gguf_kernels.py) about ten times faster; other types (F16, BF16, ...), and every type where the
+The block types radixserve_kernels/cpu reads are dequantized by its `gguf_dequantize` op, which gives gguf-py's numbers
+bit for bit (tests/test_gguf_kernels.py) about ten times faster; other types (F16, BF16, ...), and every type where the
 kernels cannot be built, by gguf-py's numpy dequantizer. llama.cpp's Q/K row order is undone (Llama files).
 """
 

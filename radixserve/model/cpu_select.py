@@ -8,8 +8,8 @@ Weight format (only when dtype is "auto" too; an explicit dtype means no quantiz
 chosen by one rule: of the formats whose perplexity stays within 2% of float32 on the default model
 (benchmarks/quality.py: bf16 +0.0%, int8 +0.3%, int4 +10.5%), the one that decodes fastest without making batched
 decode or prefill much slower. int8 on every x86 kind: steps of fewer than 48 rows (decode, batched decode,
-speculative verify) run our kernel (radixserve_kernels/cpu/int8_linear.cpp: AVX-512 VNNI, else AVX2 FMA), which reads the
-int8 codes once per step at close to the memory bandwidth, half of bf16's bytes and a quarter of float32's;
+speculative verify) run our kernel (radixserve_kernels/cpu/int8_linear.cpp: AVX-512 VNNI, else AVX2 FMA), which reads
+the int8 codes once per step at close to the memory bandwidth, half of bf16's bytes and a quarter of float32's;
 larger steps widen the codes a cache-sized slice at a time for the dense matmul in the activations' dtype
 (RESULTS.md, issue 14 fourth pass), except in deterministic mode (radixserve/model/deterministic.py; on by default
 on AVX512_BF16), where every step runs the kernel's one batch-invariant path. int4 decodes from fewer bytes but

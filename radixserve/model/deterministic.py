@@ -8,10 +8,10 @@ on; attention over a prompt runs SDPA per chunk (its reductions split by the chu
 runs our paged kernel. In this mode every step runs one path per operation, chosen so that each row's arithmetic
 is a function of that row alone:
 
-- linears: radixserve_kernels/cpu/int8_linear.cpp's batch-invariant path for any number of rows (each row quantized alone,
-  each output's dot product added in K order; tiles and threads only decide which row and block run when);
-- attention: every query row, prompt or decode, goes through radixserve_kernels/cpu/decode_attention.cpp as a row of its own
-  over keys 0 .. its position, read in place from the pool's pages (whether cached or just written), in key order;
+- linears: radixserve_kernels/cpu/int8_linear.cpp's batch-invariant path for any number of rows (each row quantized
+  alone, each output's dot product added in K order; tiles and threads only decide which row and block run when);
+- attention: every query row, prompt or decode, goes through radixserve_kernels/cpu/decode_attention.cpp as a row of its
+  own over keys 0 .. its position, read in place from the pool's pages (whether cached or just written), in key order;
   with `--attention-backend triton` (on CPU under the Triton interpreter) through the extend kernel's
   batch-invariant variant, the same for prompt and decode rows: keys from the pages in blocks at fixed positions
   (radixserve_kernels/extend_attention.py);
@@ -23,7 +23,8 @@ On by default (`on_by_default`) only on the CPU kind where its cost was measured
 dense prefill of about its speed). On AVX2 the invariant path is the kernel's float FMA one, and prefill lost
 56-63% (measured with AVX2 emulated on the AVX-512 machine): a flag there. With AMX tiles the dense prefill it
 replaces is much faster: a flag there too (issue 38 session 36: a 512-row call of a GGUF linear 2.4-3.8x faster
-through oneDNN's tile matmul, radixserve_kernels/cpu/gguf_dense.cpp, than through the integer kernels, which this mode keeps).
+through oneDNN's tile matmul, radixserve_kernels/cpu/gguf_dense.cpp, than through the integer kernels, which this mode
+keeps).
 
 Hence the conditions `refusal` checks: the CPU kernels built, int8 weights or a GGUF's own blocks (whose kernels
 run one path for any number of rows; the dense float matmul is oneDNN's, whose blocking we do not control), the

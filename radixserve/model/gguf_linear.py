@@ -7,9 +7,9 @@ gguf_linear.cpp multiplies with them directly (activations rounded to int8 per b
 The embedding dequantizes only the looked-up rows. Where the CPU kernels cannot be built, both fall back to
 gguf-py's numpy dequantizer (slow, kept for correctness: the float weight is cached on first use).
 
-On a CPU with AMX, calls of `DENSE_ROWS` rows or more (prefill) take radixserve_kernels/cpu/gguf_dense.cpp instead: the blocks
-dequantized a chunk at a time into the activations' dtype for oneDNN's tile matmuls, 1.2-3.8x the integer kernels'
-speed from 128 to 512 rows there (RESULTS.md, issue 38 session 36). Its sums are not batch-invariant, so
+On a CPU with AMX, calls of `DENSE_ROWS` rows or more (prefill) take radixserve_kernels/cpu/gguf_dense.cpp instead: the
+blocks dequantized a chunk at a time into the activations' dtype for oneDNN's tile matmuls, 1.2-3.8x the integer
+kernels' speed from 128 to 512 rows there (RESULTS.md, issue 38 session 36). Its sums are not batch-invariant, so
 deterministic mode turns it off (radixserve/model/deterministic.py).
 """
 
@@ -105,8 +105,9 @@ class GGUFLinear(nn.Module):
 
     @property
     def row_invariant(self) -> bool:
-        """A row's result does not depend on the call's other rows: true of our kernels (radixserve_kernels/cpu/gguf_tiles.h),
-        not of a dense matmul (the fallback's, or gguf_dense.cpp's from `dense_rows` rows)."""
+        """A row's result does not depend on the call's other rows: true of our kernels
+        (radixserve_kernels/cpu/gguf_tiles.h), not of a dense matmul (the fallback's, or gguf_dense.cpp's from
+        `dense_rows` rows)."""
         return cpu_kernels.ops() is not None and self.dense_rows is None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -38,8 +38,8 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, h: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(h + residual, the norm of that); may overwrite both inputs. On CPU one fused op
-        (radixserve_kernels/cpu/norm_rope.cpp) with the same roundings replaces the add, the norm and the weight multiply;
-        on CUDA FlashInfer's fused add + RMSNorm (radixserve_kernels/cuda_ops.py) does."""
+        (radixserve_kernels/cpu/norm_rope.cpp) with the same roundings replaces the add, the norm and the weight
+        multiply; on CUDA FlashInfer's fused add + RMSNorm (radixserve_kernels/cuda_ops.py) does."""
         ops = cpu_kernels.ops() if h.device.type == "cpu" and h.dtype in (torch.float32, torch.bfloat16) else None
         if ops is not None and h.dim() == 2 and self.weight.dtype == h.dtype:
             return ops.add_rms_norm(h, residual, self.weight, self.eps)

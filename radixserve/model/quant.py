@@ -3,8 +3,8 @@
 Why weight-only: a decode step reads every weight once, so fewer bytes per weight (int8: half of bf16, int4 about a
 quarter) is what makes batch-1 decode faster.
 
-- int8: symmetric, one scale per output channel, codes packed for our kernel (radixserve_kernels/cpu/int8_linear.cpp; see
-  `pack_int8` and Int8Linear). Its 1-2-row path keeps activations in float32; from 3 rows on the AVX-512 VNNI path
+- int8: symmetric, one scale per output channel, codes packed for our kernel (radixserve_kernels/cpu/int8_linear.cpp;
+  see `pack_int8` and Int8Linear). Its 1-2-row path keeps activations in float32; from 3 rows on the AVX-512 VNNI path
   rounds them to int8 per block of 32 columns (as llama.cpp does), INT8_ACT_TOL below. In deterministic mode
   (radixserve/model/deterministic.py) every row count, 1 row and prefill included, takes the VNNI path.
 - int4: asymmetric, one (scale, zero) per group of 32/64/128 input columns; `torch._weight_int4pack_mm_for_cpu(x,
@@ -94,8 +94,8 @@ def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) ->
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:
-    """int8 codes `[N, K]` -> the layout radixserve_kernels/cpu/int8_linear.cpp streams: uint8 (q + 128) `[N/8, K/64, 8, 64]`,
-    N and K padded to multiples of 8 and 64 with code 128 (weight 0)."""
+    """int8 codes `[N, K]` -> the layout radixserve_kernels/cpu/int8_linear.cpp streams: uint8 (q + 128)
+    `[N/8, K/64, 8, 64]`, N and K padded to multiples of 8 and 64 with code 128 (weight 0)."""
     n, k = q.shape
     padded = torch.full((n + -n % _PACK_ROWS, k + -k % _PACK_COLS), 128, dtype=torch.uint8)
     padded[:n, :k] = (q.to(torch.int16) + 128).to(torch.uint8)
@@ -117,9 +117,9 @@ class Int8Linear(nn.Module):
     """y = x (q * s)^T + b with int8 `q` `[N, K]` and per-row `s`; returns the activations' dtype.
 
     Holds only the packed codes (`pack_int8`) and float32 scales: steps of fewer than INT8_KERNEL_ROWS rows run our
-    kernel (radixserve_kernels/cpu/int8_linear.cpp), which reads the int8 bytes once per step; larger steps (prefill) widen the
-    codes to the activations' dtype for that call and run the dense matmul, the scale applied after. Same weights
-    either way (DESIGN.md: one model, one set of weights).
+    kernel (radixserve_kernels/cpu/int8_linear.cpp), which reads the int8 bytes once per step; larger steps (prefill)
+    widen the codes to the activations' dtype for that call and run the dense matmul, the scale applied after. Same
+    weights either way (DESIGN.md: one model, one set of weights).
     """
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:

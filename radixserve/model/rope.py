@@ -128,8 +128,8 @@ class RopeStep:
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q `[T, H, D]` and k `[T, KH, D]` rotated. The fused CUDA kernel rotates them in place; on CPU one op
-        (radixserve_kernels/cpu/norm_rope.cpp rope_qk) rotates both; the torch path rotates them as one tensor when k's heads
-        follow q's in memory (the qkv projection's output), which halves its ops per layer."""
+        (radixserve_kernels/cpu/norm_rope.cpp rope_qk) rotates both; the torch path rotates them as one tensor when k's
+        heads follow q's in memory (the qkv projection's output), which halves its ops per layer."""
         if self.fused is not None and self.fused.rope_qk(q, k, self.positions, self.cos_sin_cache):
             return q, k
         if self.cos is None or self.sin is None:  # a shape the kernel refused: look up as the torch path does

@@ -1,6 +1,6 @@
-// Tests only (RADIXSERVE_CPU_EMULATE_VNNI=1, radixserve_kernels/cpu/__init__.py): the GGUF kernels' AVX-512 VNNI path built for
-// a CPU without AVX-512, every AVX-512 intrinsic taken from SIMDe (a software emulation: slower, the same results),
-// so that a machine without AVX-512 checks that path's results too (tests/test_gguf_kernels.py).
+// Tests only (RADIXSERVE_CPU_EMULATE_VNNI=1, radixserve_kernels/cpu/__init__.py): the GGUF kernels' AVX-512 VNNI path
+// built for a CPU without AVX-512, every AVX-512 intrinsic taken from SIMDe (a software emulation: slower, the same
+// results), so that a machine without AVX-512 checks that path's results too (tests/test_gguf_kernels.py).
 #pragma once
 
 #define SIMDE_ENABLE_NATIVE_ALIASES
