@@ -74,8 +74,8 @@ struct Block32Reader {
   // The four rows' d as the chunk's sub-blocks take them: lane 4 s + p holds row p's d of block s / 2. All eight fp16
   // d in one conversion and one permute (one conversion and permute per row, then three blends, took 11 of a super-
   // block's ~52 vector operations; the scalar loads run beside them).
-  template <typename Row>  // Reader<Type>, derived from this
-  static __m512 lane_a(const Row (&w)[4]) {
+  template <typename Row>  // Reader<Type>, derived from this; w: the four rows
+  static __m512 lane_a(const Row* w) {
     uint64_t h[2] = {0, 0};
     for (int p = 0; p < 4; p++)
       for (int b = 0; b < 2; b++) {
@@ -202,69 +202,82 @@ constexpr int64_t kPrefetchAhead = 12288;
 // at 4-8 activation rows neither.
 constexpr int64_t kLongRow = 2048;
 
-// y[r * ldy + j] (j < nr <= 4) for RB activation rows from m0 against the weight rows from `row` (row_bytes apart).
-// Always four weight rows side by side, the last repeated past nr: their four pairs per activation row make one
-// register of sub-block sums (sub_sums).
-template <int64_t Type, int RB, bool LongRows>
+// y[r * ldy + j] (j < nr <= 4 G) for RB activation rows from m0 against the weight rows from `row` (row_bytes apart).
+// Always 4 G weight rows side by side, the last repeated past nr: each group of four makes, per activation row, one
+// register of sub-block sums (sub_sums). G = 2 serves one activation row: two groups share each load of the
+// activations (codes, zero-point sums, scales) and the loop, and each group's arithmetic is G = 1's, so the bits are
+// the same (measured: RESULTS.md, issue 38 session 45).
+template <int64_t Type, int RB, bool LongRows, int G = 1>
 inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using R = Reader<Type>;
-  constexpr int64_t span = 4 * (R::kWeights == 64 ? 2 : 1) * R::kBytes;  // bytes of the 4 rows per super-block
+  constexpr int NW = 4 * G;  // weight rows side by side
+  constexpr int64_t span = NW * (R::kWeights == 64 ? 2 : 1) * R::kBytes;  // bytes of the NW rows per super-block
   const uint8_t* ahead = row + (LongRows ? 2 * kPrefetchAhead : kPrefetchAhead);
   constexpr int shift = zero_shift(Type);
-  R w[4];
-  for (int j = 0; j < 4; j++) w[j].row = row + std::min(j, nr - 1) * row_bytes;
-  __m512 acc[RB], off[RB][4];
+  R w[NW];
+  for (int j = 0; j < NW; j++) w[j].row = row + std::min(j, nr - 1) * row_bytes;
+  __m512 acc[RB][G], off[RB][NW];
   for (int r = 0; r < RB; r++) {
-    acc[r] = _mm512_setzero_ps();
-    for (int j = 0; j < 4; j++) off[r][j] = _mm512_setzero_ps();
+    for (int g = 0; g < G; g++) acc[r][g] = _mm512_setzero_ps();
+    for (int j = 0; j < NW; j++) off[r][j] = _mm512_setzero_ps();
   }
   for (int64_t s = 0; s < x.K64 / R::kWeights; s++) {
-    for (int j = 0; j < 4; j++) w[j].begin(s);
+    for (int j = 0; j < NW; j++) w[j].begin(s);
     for (int64_t o = 0; o < span; o += 64)
       _mm_prefetch(reinterpret_cast<const char*>(ahead + o), LongRows ? _MM_HINT_T1 : _MM_HINT_T0);
     ahead += span;
     for (int c = 0; c < R::kChunks; c++) {
       const int64_t cc = s * R::kChunks + c;  // the chunk's index in the row
-      __m512i u[4];
-      __m512 ap;  // lane 4 s + p: weight row p's a of sub-block s
+      __m512i u[NW];
+      __m512 ap[G];  // lane 4 s + p: weight row 4 g + p's a of sub-block s
       if constexpr (R::kWeights == 64) {
-        for (int j = 0; j < 4; j++) u[j] = w[j].codes();
-        ap = R::lane_a(w);
+        for (int j = 0; j < NW; j++) u[j] = w[j].codes();
+        for (int g = 0; g < G; g++) ap[g] = R::lane_a(w + 4 * g);
       } else {
-        __m512 a[4];  // a[p] holds row p's a of sub-block s in lanes 4 s .. 4 s + 3
-        for (int j = 0; j < 4; j++) u[j] = w[j].chunk(c, a[j]);
-        ap = _mm512_mask_mov_ps(_mm512_mask_mov_ps(_mm512_mask_mov_ps(a[0], 0x2222, a[1]), 0x4444, a[2]), 0x8888, a[3]);
+        for (int g = 0; g < G; g++) {
+          __m512 a[4];  // a[p] holds row 4 g + p's a of sub-block s in lanes 4 s .. 4 s + 3
+          for (int p = 0; p < 4; p++) u[4 * g + p] = w[4 * g + p].chunk(c, a[p]);
+          ap[g] = _mm512_mask_mov_ps(_mm512_mask_mov_ps(_mm512_mask_mov_ps(a[0], 0x2222, a[1]), 0x4444, a[2]), 0x8888, a[3]);
+        }
       }
       for (int r = 0; r < RB; r++) {
         const int64_t m = m0 + r;
         const __m512i q = _mm512_loadu_si512(&x.q[m * x.K64 + cc * kChunk]);
         __m512i init = _mm512_setzero_si512();
         if constexpr (shift >= 0) init = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum4[m * x.K64 / 4 + cc * 16]), shift);
-        __m512i v[4];
-        for (int j = 0; j < 4; j++) v[j] = _mm512_dpbusd_epi32(init, u[j], q);
         // x.lane: lanes 0-7 hold the scale of the chunk's first 32 columns (sub-blocks 0, 1), 8-15 the second's.
-        acc[r] = sub_step(acc[r], sub_sums(v[0], v[1], v[2], v[3]), ap, _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + cc * 16]));
+        const __m512 lane = _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + cc * 16]);
+        for (int g = 0; g < G; g++) {
+          __m512i v[4];
+          for (int p = 0; p < 4; p++) v[p] = _mm512_dpbusd_epi32(init, u[4 * g + p], q);
+          acc[r][g] = sub_step(acc[r][g], sub_sums(v[0], v[1], v[2], v[3]), ap[g], lane);
+        }
       }
     }
     if constexpr (has_minima(Type))  // the offsets, in offsets()'s order: 16 per super-block
       for (int r = 0; r < RB; r++)
-        for (int j = 0; j < 4; j++) off[r][j] = _mm512_fmadd_ps(w[j].b16, _mm512_loadu_ps(&x.corr[(m0 + r) * x.S + 16 * s]), off[r][j]);
+        for (int j = 0; j < NW; j++) off[r][j] = _mm512_fmadd_ps(w[j].b16, _mm512_loadu_ps(&x.corr[(m0 + r) * x.S + 16 * s]), off[r][j]);
   }
-  for (int r = 0; r < RB; r++) {
-    __m128 total = sub_total(acc[r]);
-    if constexpr (has_minima(Type))
-      total = _mm_sub_ps(total, _mm_setr_ps(_mm512_reduce_add_ps(off[r][0]), _mm512_reduce_add_ps(off[r][1]),
-                                            _mm512_reduce_add_ps(off[r][2]), _mm512_reduce_add_ps(off[r][3])));
-    // One store for four rows: a loop over nr the compiler turned into a call to memcpy, 1.3% of a decode step's CPU
-    // time (perf, cpu-clock samples).
-    if (nr == 4) {
-      _mm_storeu_ps(&y[r * ldy], total);
-    } else {
-      alignas(16) float t[4];
-      _mm_store_ps(t, total);
-      for (int j = 0; j < nr; j++) y[r * ldy + j] = t[j];
+  for (int r = 0; r < RB; r++)
+    for (int g = 0; g < G && 4 * g < nr; g++) {
+      __m128 total = sub_total(acc[r][g]);
+      if constexpr (has_minima(Type)) {
+        const __m512* o = off[r] + 4 * g;
+        total = _mm_sub_ps(total, _mm_setr_ps(_mm512_reduce_add_ps(o[0]), _mm512_reduce_add_ps(o[1]),
+                                              _mm512_reduce_add_ps(o[2]), _mm512_reduce_add_ps(o[3])));
+      }
+      // One store for four rows: a loop over nr the compiler turned into a call to memcpy, 1.3% of a decode step's
+      // CPU time (perf, cpu-clock samples).
+      float* yg = y + r * ldy + 4 * g;
+      const int ng = std::min(4, nr - 4 * g);
+      if (ng == 4) {
+        _mm_storeu_ps(yg, total);
+      } else {
+        alignas(16) float t[4];
+        _mm_store_ps(t, total);
+        for (int j = 0; j < ng; j++) yg[j] = t[j];
+      }
     }
-  }
 }
 
 }  // namespace radixserve::gguf
