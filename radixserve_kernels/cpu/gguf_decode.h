@@ -50,17 +50,30 @@ inline __m128 sub_total(__m512 acc) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// Lane l of a 64-column chunk covers columns 4l .. 4l + 3, so its scale is the one of 16-weight group l / 4.
-inline __m512 spread16(__m512 per16, int first) {
-  const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-                                       _mm512_set1_epi32(first));
-  return _mm512_permutexvar_ps(idx, per16);
+// Four rows' a per 16 weights of a 256-weight super-block (a16[p] lane 4 c + k: row p's a of sub-block k of chunk c)
+// as the chunks' sums take them: out[c] lane 4 k + p. A 4 x 4 transpose of 4 x 4 blocks, 12 shuffles a super-block,
+// where a permute per row and chunk and three blends per chunk took 28; the same floats in the same lanes.
+inline void chunk_a(const __m512 a16[4], __m512 out[4]) {
+  // On the bits (integer shuffles: those SIMDe's emulated build, tests/test_gguf_kernels.py, also has).
+  __m512i r[4];
+  for (int p = 0; p < 4; p++) r[p] = _mm512_castps_si512(a16[p]);
+  const __m512i t0 = _mm512_unpacklo_epi32(r[0], r[1]), t1 = _mm512_unpackhi_epi32(r[0], r[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(r[2], r[3]), t3 = _mm512_unpackhi_epi32(r[2], r[3]);
+  // u[k], 128-bit block c: rows 0-3's a of sub-block k of chunk c
+  const __m512i u0 = _mm512_unpacklo_epi64(t0, t2), u1 = _mm512_unpackhi_epi64(t0, t2);
+  const __m512i u2 = _mm512_unpacklo_epi64(t1, t3), u3 = _mm512_unpackhi_epi64(t1, t3);
+  const __m512i v0 = _mm512_shuffle_i32x4(u0, u1, 0x44), v1 = _mm512_shuffle_i32x4(u0, u1, 0xEE);
+  const __m512i v2 = _mm512_shuffle_i32x4(u2, u3, 0x44), v3 = _mm512_shuffle_i32x4(u2, u3, 0xEE);
+  out[0] = _mm512_castsi512_ps(_mm512_shuffle_i32x4(v0, v2, 0x88));
+  out[1] = _mm512_castsi512_ps(_mm512_shuffle_i32x4(v0, v2, 0xDD));
+  out[2] = _mm512_castsi512_ps(_mm512_shuffle_i32x4(v1, v3, 0x88));
+  out[3] = _mm512_castsi512_ps(_mm512_shuffle_i32x4(v1, v3, 0xDD));
 }
 
-// One weight row's chunk: 64 codes in column order, the float a of each lane, and for Q4_K and Q5_K the b per 16 of
-// the super-block (the offsets). Each format reads `rows` side by side; `begin(s)` prepares super-block s (scales),
-// `chunk(c)` gives chunk c of it. A super-block is 64 weights (two blocks) for the 32-weight formats, one chunk:
-// their `codes()` give it and `lane_a` the four rows' a together.
+// One weight row's chunk: 64 codes in column order; the a per 16 weights of the super-block (chunk_a lays four rows'
+// out for the chunks), and for Q4_K and Q5_K the b per 16 (the offsets). Each format reads `rows` side by side;
+// `begin(s)` prepares super-block s (scales), `chunk(c)` gives chunk c of it. A super-block is 64 weights (two blocks)
+// for the 32-weight formats, one chunk: `chunk(0)` gives it and `lane_a` the four rows' a together.
 template <int64_t Type>
 struct Reader;
 
@@ -88,7 +101,7 @@ struct Block32Reader {
     return _mm512_permutexvar_ps(_mm512_set_epi32(7, 5, 3, 1, 7, 5, 3, 1, 6, 4, 2, 0, 6, 4, 2, 0), _mm512_castps256_ps512(d));
   }
 
-  __m512i codes() const {
+  __m512i chunk(int) const {
     if constexpr (Type == kQ8_0) {
       const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(load32(blk + 2)), load32(blk + kBytes + 2), 1);
       return _mm512_xor_si512(q, _mm512_set1_epi8(static_cast<char>(0x80)));  // int8 q -> uint8 q + 128
@@ -122,23 +135,25 @@ struct MinReader {
   static constexpr int64_t kWeights = 256, kChunks = 4, kBytes = format_bytes(Type), kQs = Type == kQ5_K ? 48 : 16;
   const uint8_t* row;
   const uint8_t* blk = nullptr;
-  __m512 a8, b16;  // a per sub-block of 32 (lanes 0-7); b per 16 weights
+  __m512 a16, b16;  // a and b per 16 weights (a sub-block of 32 spans two)
 
   void begin(int64_t s) {
     blk = row + s * kBytes;
-    uint8_t sm[16];
-    q4_k_scales(blk, sm);
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sm));  // sc 0-3, sc 4-7, m 0-3, m 4-7
+    // In registers: q4_k_scales's scalar form, stored as four dwords and loaded as one vector, stalled on the store
+    // forwarding once a row and super-block.
+    const __m128i bytes = q4_k_scales128(blk);  // sc 0-3, sc 4-7, m 0-3, m 4-7
     const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-    const __m512 d = _mm512_mask_mov_ps(_mm512_set1_ps(fp16(blk)), 0xFF00, _mm512_set1_ps(fp16(blk + 2)));
+    int32_t dw;
+    std::memcpy(&dw, blk, 4);
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dw));  // d, dmin
+    const __m512 d = _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                           _mm512_castps128_ps512(dm));
     const __m512 ab = _mm512_mul_ps(v, d);  // d sc (lanes 0-7), dmin m (lanes 8-15): as unpack_q4_k's products
-    a8 = ab;
+    a16 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0), ab);
     b16 = _mm512_permutexvar_ps(_mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8), ab);
   }
 
-  __m512i chunk(int c, __m512& lane_a) const {
-    lane_a = _mm512_permutexvar_ps(
-        _mm512_add_epi32(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_set1_epi32(2 * c)), a8);
+  __m512i chunk(int c) const {
     const __m256i v = load32(blk + kQs + 32 * c);
     const __m512i u = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1),
                                        _mm512_set1_epi8(0x0F));
@@ -176,8 +191,7 @@ struct Reader<kQ6_K> {
     return _mm512_inserti64x4(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi), 1);
   }
 
-  __m512i chunk(int c, __m512& lane_a) const {
-    lane_a = spread16(a16, 4 * c);
+  __m512i chunk(int c) const {
     const uint8_t* ql = blk + 64 * (c / 2);
     const __m512i l = _mm512_loadu_si512(ql);
     const __m512i h = _mm512_broadcast_i64x4(load32(blk + 128 + 32 * (c / 2)));
@@ -224,22 +238,25 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
   }
   for (int64_t s = 0; s < x.K64 / R::kWeights; s++) {
     for (int j = 0; j < NW; j++) w[j].begin(s);
+    [[maybe_unused]] __m512 a_chunks[G][4];
+    if constexpr (R::kWeights == 256)
+      for (int g = 0; g < G; g++) {
+        const __m512 a16[4] = {w[4 * g].a16, w[4 * g + 1].a16, w[4 * g + 2].a16, w[4 * g + 3].a16};
+        chunk_a(a16, a_chunks[g]);
+      }
     for (int64_t o = 0; o < span; o += 64)
       _mm_prefetch(reinterpret_cast<const char*>(ahead + o), LongRows ? _MM_HINT_T1 : _MM_HINT_T0);
     ahead += span;
     for (int c = 0; c < R::kChunks; c++) {
       const int64_t cc = s * R::kChunks + c;  // the chunk's index in the row
       __m512i u[NW];
-      __m512 ap[G];  // lane 4 s + p: weight row 4 g + p's a of sub-block s
-      if constexpr (R::kWeights == 64) {
-        for (int j = 0; j < NW; j++) u[j] = w[j].codes();
-        for (int g = 0; g < G; g++) ap[g] = R::lane_a(w + 4 * g);
-      } else {
-        for (int g = 0; g < G; g++) {
-          __m512 a[4];  // a[p] holds row 4 g + p's a of sub-block s in lanes 4 s .. 4 s + 3
-          for (int p = 0; p < 4; p++) u[4 * g + p] = w[4 * g + p].chunk(c, a[p]);
-          ap[g] = _mm512_mask_mov_ps(_mm512_mask_mov_ps(_mm512_mask_mov_ps(a[0], 0x2222, a[1]), 0x4444, a[2]), 0x8888, a[3]);
-        }
+      __m512 ap[G];  // lane 4 k + p: weight row 4 g + p's a of sub-block k
+      for (int j = 0; j < NW; j++) u[j] = w[j].chunk(c);
+      for (int g = 0; g < G; g++) {
+        if constexpr (R::kWeights == 64)
+          ap[g] = R::lane_a(w + 4 * g);
+        else
+          ap[g] = a_chunks[g][c];
       }
       for (int r = 0; r < RB; r++) {
         const int64_t m = m0 + r;
