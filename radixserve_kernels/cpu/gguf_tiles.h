@@ -235,8 +235,7 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 
 // Decode (up to kFusedRows rows): gguf_decode.h (VNNI) or gguf_decode_avx2.h (AVX2), the blocks straight into
 // registers, activation rows decode_block() at a time over the same weights (which the earlier pass left in L1/L2). On
-// VNNI four weight rows run side by side (their pairs make one register of sub-block sums; one activation row takes
-// two such groups a pass); on AVX2, eight a pass
+// VNNI four weight rows run side by side (their pairs make one register of sub-block sums); on AVX2, eight a pass
 // (one activation row of a K-quant: four). Measured
 // (benchmarks.gguf_linear, one thread, all layers; RESULTS.md, issue 38 session 17): on VNNI the decode path beats
 // the packed tiles up to 8 rows (gate_up 32-33 vs 39-40 ms at 8), is level at 12 and behind at 16 (gate_up 64 vs
@@ -256,20 +255,12 @@ inline bool fused(int64_t type, int64_t M, int64_t K) {
 template <int64_t Type, int RB>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
 #if defined(RADIXSERVE_GGUF_VNNI)
-  // One activation row: eight weight rows a pass (two groups of four, gguf_decode.h's G = 2) while more than four are
-  // left. The prefetch's choice is in the template: as a branch in the loop it cost 6% in-cache.
-  constexpr int G = RB == 1 ? 2 : 1;
-  const bool long_rows = x.K64 > kLongRow;
-  for (int64_t r = 0; r < rows;) {
-    const int nr = static_cast<int>(std::min<int64_t>(rows - r > 4 ? 4 * G : 4, rows - r));
-    const auto pass = [&](auto groups) {
-      if (long_rows)
-        decode_rows<Type, RB, true, groups.value>(row + r * row_bytes, row_bytes, nr, x, m0, y + r, ldy);
-      else
-        decode_rows<Type, RB, false, groups.value>(row + r * row_bytes, row_bytes, nr, x, m0, y + r, ldy);
-    };
-    nr > 4 ? pass(std::integral_constant<int, G>{}) : pass(std::integral_constant<int, 1>{});
-    r += nr;
+  for (int64_t r = 0; r < rows; r += 4) {
+    const int nr = static_cast<int>(std::min<int64_t>(4, rows - r));
+    if (x.K64 > kLongRow)  // a choice of prefetch, in the template: as a branch in the loop it cost 6% in-cache
+      decode_rows<Type, RB, true>(row + r * row_bytes, row_bytes, nr, x, m0, y + r, ldy);
+    else
+      decode_rows<Type, RB, false>(row + r * row_bytes, row_bytes, nr, x, m0, y + r, ldy);
   }
 #else
   if constexpr (whole_chunks<Type>()) {
