@@ -202,18 +202,21 @@ struct Reader<kQ6_K> {
   }
 };
 
-// Bytes ahead of the weight rows being read that are prefetched, one sweep over the NR rows' span at their combined
-// pace: measured (one thread, all 24 layers) against 2-16 KiB, and the old prefetch of a whole tile at its start:
-// gate_up 1.45x, down 1.4x faster than the latter; 8 KiB is best for K = 896 rows, 16 KiB for K = 4864.
-constexpr int64_t kPrefetchAhead = 12288;
-// Rows longer than this prefetch twice as far, into L2 only. The likely reason it pays (no counters on this VM to
-// confirm it): an activation row of K = 4864 is ~15 KB of codes, lane scales and sums that every weight row reads from
-// L1, and 12-24 KiB of weights prefetched into the 32 KiB L1 as well push them out. Measured (benchmarks.gguf_linear,
-// two threads, all layers, alternated runs; RESULTS.md, issue 38 session 19): down 3.5-4.5 -> 2.9-3.4 ms a step; L2 at
-// 12 KiB 3.0-3.4, L1 at 24 KiB 3.8-4.2, L2 at 6 KiB 4.5. The K = 896 linears (q/k/v, o, gate_up, LM head) kept L1 at 12
-// KiB: L2 at 24 KiB made gate_up slower (5.5-6.4 ms against 5.0-5.2). Only K = 896 and 4864 were measured; the bound
-// lies between. On AVX2 (gguf_decode_avx2.h) the same change measured no different (its down is bound by compute), and
-// at 4-8 activation rows neither.
+// Bytes ahead of the weight rows being read that are prefetched into L2, one sweep over the four rows' span at their
+// combined pace; rows longer than kLongRow prefetch further. History, all on this path:
+// - Session 17 (one thread, all 24 layers): a sweep 8-16 KiB ahead against the old prefetch of a whole tile at its
+//   start: gate_up 1.45x, down 1.4x faster.
+// - Session 19 (benchmarks.gguf_linear, two threads, all layers, alternated): the long rows (down, K = 4864) into L2
+//   at 24 KiB instead of L1 at 12 KiB: down 3.5-4.5 -> 2.9-3.4 ms a step (L2 at 12 KiB 3.0-3.4, L1 at 24 KiB 3.8-4.2,
+//   L2 at 6 KiB 4.5). The likely reason (no counters on this VM): an activation row of K = 4864 is ~15 KB of codes,
+//   lane scales and sums read from L1 by every weight row, which weights prefetched into the 32 KiB L1 push out.
+// - Session 46 (benchmarks.decode_ab, whole decode steps against llama-server, alternated rounds on a Zen 4): the
+//   K = 896 rows (q/k/v, o, gate_up, LM head) into L2 as well, at 12 KiB: 1.08x the tokens/s of L1 at 12 KiB (median
+//   of 10 rounds); then at 6 KiB: 1.045x that; at 3 KiB 0.91x and at 24 KiB 0.94x. The long rows at 12 KiB instead of
+//   24: 1.057x and 0.974x in two runs, level, so they stayed.
+// On AVX2 (gguf_decode_avx2.h) the session-19 change measured no different (its down is bound by compute), and at 4-8
+// activation rows neither.
+constexpr int64_t kPrefetchAhead = 6144, kLongAhead = 24576;
 constexpr int64_t kLongRow = 2048;
 
 // y[r * ldy + j] (j < nr <= 4) for RB activation rows from m0 against the weight rows from `row` (row_bytes apart).
@@ -226,7 +229,7 @@ template <int64_t Type, int RB, bool LongRows>
 inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using R = Reader<Type>;
   constexpr int64_t span = 4 * (R::kWeights == 64 ? 2 : 1) * R::kBytes;  // bytes of the 4 rows per super-block
-  const uint8_t* ahead = row + (LongRows ? 2 * kPrefetchAhead : kPrefetchAhead);
+  const uint8_t* ahead = row + (LongRows ? kLongAhead : kPrefetchAhead);
   constexpr int shift = zero_shift(Type);
   R w[4];
   for (int j = 0; j < 4; j++) w[j].row = row + std::min(j, nr - 1) * row_bytes;
@@ -243,7 +246,7 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
       chunk_a(a16, a_chunks);
     }
     for (int64_t o = 0; o < span; o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + o), LongRows ? _MM_HINT_T1 : _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T1);
     ahead += span;
     for (int c = 0; c < R::kChunks; c++) {
       const int64_t cc = s * R::kChunks + c;  // the chunk's index in the row
