@@ -1,6 +1,7 @@
 // Decode steps of the GGUF linears on AVX-512 VNNI (1-8 activation rows per pass; gguf_tiles.h makes more passes
 // for up to kFusedRows): every format's codes go from the blocks straight into registers, 64 at a time in their
-// natural order, four weight rows side by side so that each load of the activations serves them all.
+// natural order, four weight rows side by side (eight for one activation row of K <= kLongRow) so that each load of
+// the activations serves them all.
 //
 // What keeps it bit-equal to the tiles of gguf_tiles.h (prefill), and so batch-invariant: per (activation row,
 // weight row) pair both compute the exact integer sum of each 16-column sub-block (codes times activation codes,
@@ -219,74 +220,88 @@ struct Reader<kQ6_K> {
 constexpr int64_t kPrefetchAhead = 6144, kLongAhead = 24576;
 constexpr int64_t kLongRow = 2048;
 
-// y[r * ldy + j] (j < nr <= 4) for RB activation rows from m0 against the weight rows from `row` (row_bytes apart).
-// Always four weight rows side by side, the last repeated past nr: their four pairs per activation row make one
-// register of sub-block sums (sub_sums). Eight side by side for one activation row (two such groups sharing the
-// activations' loads) took a fifth off gate_up at one thread from the caches, but from memory at two threads, as a
-// decode step reads them, eight were slower: LM head 5.4 ms against four's 4.1, gate_up 5.4 against 4.9 (medians of
-// five alternated runs, RESULTS.md, issue 38 session 46).
-template <int64_t Type, int RB, bool LongRows>
+// y[r * ldy + j] (j < nr <= 4 G) for RB activation rows from m0 against the weight rows from `row` (row_bytes apart).
+// Always 4 G weight rows side by side, the last repeated past nr: each group of four makes, per activation row, one
+// register of sub-block sums (sub_sums). G = 2 serves one activation row: two groups share each load of the
+// activations (codes, zero-point sums, scales) and the loop, and each group's arithmetic is G = 1's, so the bits are
+// the same. Measured on a Zen 4 (RESULTS.md, issue 38 sessions 45 and 46): at one thread from the caches it took a
+// fifth off gate_up; from memory at two threads, as a decode step reads, it was slower while the rows prefetched into
+// L1 (LM head 5.4 ms against G = 1's 4.1) and faster once they prefetched into L2 (whole decode steps 1.066x and
+// 1.036x). Rows longer than kLongRow keep G = 1: eight of them side by side read slower (down 2.87 against 2.56 ms).
+template <int64_t Type, int RB, bool LongRows, int G = 1>
 inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using R = Reader<Type>;
-  constexpr int64_t span = 4 * (R::kWeights == 64 ? 2 : 1) * R::kBytes;  // bytes of the 4 rows per super-block
+  constexpr int NW = 4 * G;  // weight rows side by side
+  constexpr int64_t span = NW * (R::kWeights == 64 ? 2 : 1) * R::kBytes;  // bytes of the NW rows per super-block
   const uint8_t* ahead = row + (LongRows ? kLongAhead : kPrefetchAhead);
   constexpr int shift = zero_shift(Type);
-  R w[4];
-  for (int j = 0; j < 4; j++) w[j].row = row + std::min(j, nr - 1) * row_bytes;
-  __m512 acc[RB], off[RB][4];
+  R w[NW];
+  for (int j = 0; j < NW; j++) w[j].row = row + std::min(j, nr - 1) * row_bytes;
+  __m512 acc[RB][G], off[RB][NW];
   for (int r = 0; r < RB; r++) {
-    acc[r] = _mm512_setzero_ps();
-    for (int j = 0; j < 4; j++) off[r][j] = _mm512_setzero_ps();
+    for (int g = 0; g < G; g++) acc[r][g] = _mm512_setzero_ps();
+    for (int j = 0; j < NW; j++) off[r][j] = _mm512_setzero_ps();
   }
   for (int64_t s = 0; s < x.K64 / R::kWeights; s++) {
-    for (int j = 0; j < 4; j++) w[j].begin(s);
-    [[maybe_unused]] __m512 a_chunks[4];
-    if constexpr (R::kWeights == 256) {
-      const __m512 a16[4] = {w[0].a16, w[1].a16, w[2].a16, w[3].a16};
-      chunk_a(a16, a_chunks);
-    }
+    for (int j = 0; j < NW; j++) w[j].begin(s);
+    [[maybe_unused]] __m512 a_chunks[G][4];
+    if constexpr (R::kWeights == 256)
+      for (int g = 0; g < G; g++) {
+        const __m512 a16[4] = {w[4 * g].a16, w[4 * g + 1].a16, w[4 * g + 2].a16, w[4 * g + 3].a16};
+        chunk_a(a16, a_chunks[g]);
+      }
     for (int64_t o = 0; o < span; o += 64)
       _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T1);
     ahead += span;
     for (int c = 0; c < R::kChunks; c++) {
       const int64_t cc = s * R::kChunks + c;  // the chunk's index in the row
-      __m512i u[4];
-      for (int j = 0; j < 4; j++) u[j] = w[j].chunk(c);
-      __m512 ap;  // lane 4 k + p: weight row p's a of sub-block k
-      if constexpr (R::kWeights == 64)
-        ap = R::lane_a(w);
-      else
-        ap = a_chunks[c];
+      __m512i u[NW];
+      __m512 ap[G];  // lane 4 k + p: weight row 4 g + p's a of sub-block k
+      for (int j = 0; j < NW; j++) u[j] = w[j].chunk(c);
+      for (int g = 0; g < G; g++) {
+        if constexpr (R::kWeights == 64)
+          ap[g] = R::lane_a(w + 4 * g);
+        else
+          ap[g] = a_chunks[g][c];
+      }
       for (int r = 0; r < RB; r++) {
         const int64_t m = m0 + r;
         const __m512i q = _mm512_loadu_si512(&x.q[m * x.K64 + cc * kChunk]);
         __m512i init = _mm512_setzero_si512();
         if constexpr (shift >= 0) init = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum4[m * x.K64 / 4 + cc * 16]), shift);
-        __m512i v[4];
-        for (int j = 0; j < 4; j++) v[j] = _mm512_dpbusd_epi32(init, u[j], q);
         // x.lane: lanes 0-7 hold the scale of the chunk's first 32 columns (sub-blocks 0, 1), 8-15 the second's.
-        acc[r] = sub_step(acc[r], sub_sums(v[0], v[1], v[2], v[3]), ap, _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + cc * 16]));
+        const __m512 lane = _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + cc * 16]);
+        for (int g = 0; g < G; g++) {
+          __m512i v[4];
+          for (int p = 0; p < 4; p++) v[p] = _mm512_dpbusd_epi32(init, u[4 * g + p], q);
+          acc[r][g] = sub_step(acc[r][g], sub_sums(v[0], v[1], v[2], v[3]), ap[g], lane);
+        }
       }
     }
     if constexpr (has_minima(Type))  // the offsets, in offsets()'s order: 16 per super-block
       for (int r = 0; r < RB; r++)
-        for (int j = 0; j < 4; j++) off[r][j] = _mm512_fmadd_ps(w[j].b16, _mm512_loadu_ps(&x.corr[(m0 + r) * x.S + 16 * s]), off[r][j]);
+        for (int j = 0; j < NW; j++) off[r][j] = _mm512_fmadd_ps(w[j].b16, _mm512_loadu_ps(&x.corr[(m0 + r) * x.S + 16 * s]), off[r][j]);
   }
-  for (int r = 0; r < RB; r++) {
-    __m128 total = sub_total(acc[r]);
-    if constexpr (has_minima(Type))
-      total = _mm_sub_ps(total, _mm_setr_ps(_mm512_reduce_add_ps(off[r][0]), _mm512_reduce_add_ps(off[r][1]),
-                                            _mm512_reduce_add_ps(off[r][2]), _mm512_reduce_add_ps(off[r][3])));
-    // One store for four rows: a loop over nr the compiler turned into a call to memcpy, 1.3% of a decode step's CPU
-    // time (perf, cpu-clock samples).
-    if (nr == 4) {
-      _mm_storeu_ps(&y[r * ldy], total);
-    } else {
-      alignas(16) float t[4];
-      _mm_store_ps(t, total);
-      for (int j = 0; j < nr; j++) y[r * ldy + j] = t[j];
+  for (int r = 0; r < RB; r++)
+    for (int g = 0; g < G && 4 * g < nr; g++) {
+      __m128 total = sub_total(acc[r][g]);
+      if constexpr (has_minima(Type)) {
+        const __m512* o = off[r] + 4 * g;
+        total = _mm_sub_ps(total, _mm_setr_ps(_mm512_reduce_add_ps(o[0]), _mm512_reduce_add_ps(o[1]),
+                                              _mm512_reduce_add_ps(o[2]), _mm512_reduce_add_ps(o[3])));
+      }
+      // One store for four rows: a loop over nr the compiler turned into a call to memcpy, 1.3% of a decode step's
+      // CPU time (perf, cpu-clock samples).
+      float* yg = y + r * ldy + 4 * g;
+      const int ng = std::min(4, nr - 4 * g);
+      if (ng == 4) {
+        _mm_storeu_ps(yg, total);
+      } else {
+        alignas(16) float t[4];
+        _mm_store_ps(t, total);
+        for (int j = 0; j < ng; j++) yg[j] = t[j];
+      }
     }
-  }
 }
 
 }  // namespace radixserve::gguf

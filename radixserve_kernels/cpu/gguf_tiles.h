@@ -235,7 +235,8 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 
 // Decode (up to kFusedRows rows): gguf_decode.h (VNNI) or gguf_decode_avx2.h (AVX2), the blocks straight into
 // registers, activation rows decode_block() at a time over the same weights (which the earlier pass left in L1/L2). On
-// VNNI four weight rows run side by side (their pairs make one register of sub-block sums); on AVX2, eight a pass
+// VNNI four weight rows run side by side (their pairs make one register of sub-block sums; one activation row of K <=
+// kLongRow takes two such groups a pass); on AVX2, eight a pass
 // (one activation row of a K-quant: four). Measured
 // (benchmarks.gguf_linear, one thread, all layers; RESULTS.md, issue 38 session 17): on VNNI the decode path beats
 // the packed tiles up to 8 rows (gate_up 32-33 vs 39-40 ms at 8), is level at 12 and behind at 16 (gate_up 64 vs
@@ -255,12 +256,21 @@ inline bool fused(int64_t type, int64_t M, int64_t K) {
 template <int64_t Type, int RB>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
 #if defined(RADIXSERVE_GGUF_VNNI)
-  for (int64_t r = 0; r < rows; r += 4) {
-    const int nr = static_cast<int>(std::min<int64_t>(4, rows - r));
-    if (x.K64 > kLongRow)  // a choice of prefetch, in the template: as a branch in the loop it cost 6% in-cache
-      decode_rows<Type, RB, true>(row + r * row_bytes, row_bytes, nr, x, m0, y + r, ldy);
+  // One activation row over rows of K <= kLongRow: eight weight rows a pass (two groups of four, gguf_decode.h's
+  // G = 2) while more than four are left; longer rows keep four (see decode_rows). The prefetch's choice is in the
+  // template: as a branch in the loop it cost 6% in-cache.
+  constexpr int G = RB == 1 ? 2 : 1;
+  const bool long_rows = x.K64 > kLongRow;
+  for (int64_t r = 0; r < rows;) {
+    const int nr = static_cast<int>(std::min<int64_t>(rows - r > 4 && !long_rows ? 4 * G : 4, rows - r));
+    const uint8_t* w = row + r * row_bytes;
+    if (long_rows)
+      decode_rows<Type, RB, true>(w, row_bytes, nr, x, m0, y + r, ldy);
+    else if (nr > 4)
+      decode_rows<Type, RB, false, G>(w, row_bytes, nr, x, m0, y + r, ldy);
     else
-      decode_rows<Type, RB, false>(row + r * row_bytes, row_bytes, nr, x, m0, y + r, ldy);
+      decode_rows<Type, RB, false>(w, row_bytes, nr, x, m0, y + r, ldy);
+    r += nr;
   }
 #else
   if constexpr (whole_chunks<Type>()) {
