@@ -139,7 +139,7 @@ struct MinReader {
 
   void begin(int64_t s) {
     blk = row + s * kBytes;
-    // In registers: q4_k_scales's scalar form, stored as four dwords and loaded as one vector, stalled on the store
+    // In registers: q4_k_scales (scalar: four dword stores, then one vector load of them) stalled on the store
     // forwarding once a row and super-block.
     const __m128i bytes = q4_k_scales128(blk);  // sc 0-3, sc 4-7, m 0-3, m 4-7
     const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
@@ -203,7 +203,7 @@ struct Reader<kQ6_K> {
   }
 };
 
-// Bytes ahead of the weight rows being read that are prefetched into L2, one sweep over the four rows' span at their
+// Bytes ahead of the weight rows being read that are prefetched into L2, one sweep over the rows' span at their
 // combined pace; rows longer than kLongRow prefetch further. History, all on this path:
 // - Session 17 (one thread, all 24 layers): a sweep 8-16 KiB ahead against the old prefetch of a whole tile at its
 //   start: gate_up 1.45x, down 1.4x faster.
