@@ -50,7 +50,9 @@ struct QuantX {
   std::vector<float> lane;     // [M][K64 / 4]: the scale of the block each group of 4 codes belongs to (VNNI only)
   std::vector<float> scale16;  // [M][S]: the scale per 16 columns
   std::vector<float> corr;     // [M][S]: scale * (sum of the 16 codes), what the offsets b multiply
-  std::vector<int32_t> nsum4;  // [M][K64 / 4]: minus the sum of each group of 4 codes (a vpdpbusd lane)
+  // [M][K64 / 4], one per group of 4 codes (a vpdpbusd lane): minus the sum of the 16 codes (the sub-block) the group
+  // belongs to, where the VNNI decode rows start each lane (gguf_decode.h)
+  std::vector<int32_t> nsum_lane;
   std::vector<int32_t> nsum16;  // [M][S]: minus the sum of each 16 codes (a sub-block)
   std::vector<int32_t> nsum32;  // [M][K64 / 32]: minus the sum of each 32 codes (the AVX2 whole-chunk step's)
   // Rounded per 256 columns instead (kRound256 builds, for linears with K-quant parts; else empty):
@@ -212,7 +214,7 @@ inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, QuantX
     xq.d256.assign(M * xq.K64 / 256, 0.f);
     xq.sum16.assign(M * xq.K64 / kSub, 0);
   }
-  xq.nsum4.assign(M * xq.K64 / 4, 0);
+  xq.nsum_lane.assign(M * xq.K64 / 4, 0);
   xq.q.assign(M * xq.K64, 0);
   xq.lane.assign(kVnniLanes ? M * xq.K64 / 4 : 0, 0.f);
   xq.scale16.assign(M * xq.S, 0.f);
@@ -222,7 +224,7 @@ inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, QuantX
   auto rows = [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
       int8_t* q = xq.q.data() + m * xq.K64;
-      int32_t* nsum = xq.nsum4.data() + m * xq.K64 / 4;
+      int32_t* nsum = xq.nsum_lane.data() + m * xq.K64 / 4;
       float* scale16 = xq.scale16.data() + m * xq.S;
       for (int64_t blk = 0; blk < K / kXBlock; blk++) {
         quantize_block(x + m * K + blk * kXBlock, q + blk * kXBlock, scale16[2 * blk]);
@@ -235,6 +237,7 @@ inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, QuantX
         xq.corr[m * xq.S + j] = scale16[j] * static_cast<float>(sum);
         xq.nsum16[m * xq.S + j] = -sum;
         xq.nsum32[m * xq.K64 / 32 + j / 2] -= sum;
+        std::fill_n(nsum + 4 * j, 4, -sum);  // from the groups' own sums, read above
       }
       if (per256) quantize_row256(x + m * K, K, xq, m);
     }

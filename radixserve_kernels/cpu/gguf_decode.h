@@ -36,6 +36,20 @@ inline __m512i sub_sums(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
   return _mm512_add_epi32(_mm512_unpacklo_epi64(a01, a23), _mm512_unpackhi_epi64(a01, a23));
 }
 
+// Four weight rows' chunks (u[p]: row p's 64 codes in column order) laid out so that a vpdpbusd of u[t] against
+// the activations' 4-code group t of each 16 columns (`_mm512_shuffle_epi32(q, 0x55 t)`) adds, into lane 4 s + p,
+// row p's product over columns 16 s + 4 t .. 16 s + 4 t + 3: a 4 x 4 transpose of 4-byte groups within each 128-bit
+// block. Four such vpdpbusd leave sub_sums' layout with no reduction after them; the reduction (nine operations an
+// activation row) was the eight-row decode's largest cost, where this transpose (eight) is paid once for all rows.
+inline void by_group(__m512i u[4]) {
+  const __m512i t0 = _mm512_unpacklo_epi32(u[0], u[1]), t1 = _mm512_unpackhi_epi32(u[0], u[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(u[2], u[3]), t3 = _mm512_unpackhi_epi32(u[2], u[3]);
+  u[0] = _mm512_unpacklo_epi64(t0, t2);
+  u[1] = _mm512_unpackhi_epi64(t0, t2);
+  u[2] = _mm512_unpacklo_epi64(t1, t3);
+  u[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
 // The one float step of every AVX-512 dot product here, per pair and sub-block s: acc[s % 4] += float(sum of s) *
 // (a_s * x_scale_s) as one fma. The tiles (gguf_tiles.h) hold a pair's four accumulators in four registers; the
 // decode rows below hold them in lanes 4 (s % 4) + p of one.
@@ -258,6 +272,7 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
       __m512i u[NW];
       __m512 ap[G];  // lane 4 k + p: weight row 4 g + p's a of sub-block k
       for (int j = 0; j < NW; j++) u[j] = w[j].chunk(c);
+      for (int g = 0; g < G; g++) by_group(u + 4 * g);
       for (int g = 0; g < G; g++) {
         if constexpr (R::kWeights == 64)
           ap[g] = R::lane_a(w + 4 * g);
@@ -267,14 +282,16 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
       for (int r = 0; r < RB; r++) {
         const int64_t m = m0 + r;
         const __m512i q = _mm512_loadu_si512(&x.q[m * x.K64 + cc * kChunk]);
+        __m512i qt[4];  // 128-bit block s: the 4-code group t of columns 16 s .. 16 s + 15, four times
+        for (int t = 0; t < 4; t++) qt[t] = _mm512_shuffle_epi32(q, static_cast<_MM_PERM_ENUM>(0x55 * t));
         __m512i init = _mm512_setzero_si512();
-        if constexpr (shift >= 0) init = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum4[m * x.K64 / 4 + cc * 16]), shift);
+        if constexpr (shift >= 0) init = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum_lane[m * x.K64 / 4 + cc * 16]), shift);
         // x.lane: lanes 0-7 hold the scale of the chunk's first 32 columns (sub-blocks 0, 1), 8-15 the second's.
         const __m512 lane = _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + cc * 16]);
         for (int g = 0; g < G; g++) {
-          __m512i v[4];
-          for (int p = 0; p < 4; p++) v[p] = _mm512_dpbusd_epi32(init, u[4 * g + p], q);
-          acc[r][g] = sub_step(acc[r][g], sub_sums(v[0], v[1], v[2], v[3]), ap[g], lane);
+          __m512i sums = init;
+          for (int t = 0; t < 4; t++) sums = _mm512_dpbusd_epi32(sums, u[4 * g + t], qt[t]);
+          acc[r][g] = sub_step(acc[r][g], sums, ap[g], lane);
         }
       }
     }

@@ -51,6 +51,13 @@ inline simde__m512i mask_srli_epi16(simde__m512i src, uint32_t k, simde__m512i a
     if (k >> i & 1) s[i] = imm > 15 ? 0 : static_cast<uint16_t>(x[i] >> imm);
   return simde_mm512_loadu_si512(s);
 }
+// _mm512_shuffle_epi32: lane i takes lane 4 (i / 4) + (bits 2 (i % 4) .. of imm) of a (within its 128-bit block).
+inline simde__m512i shuffle_epi32(simde__m512i a, int imm) {
+  uint32_t x[16], r[16];
+  simde_mm512_storeu_si512(x, a);
+  for (int i = 0; i < 16; i++) r[i] = x[(i & ~3) + (imm >> (2 * (i & 3)) & 3)];
+  return simde_mm512_loadu_si512(r);
+}
 template <typename Op>
 inline float reduce_ps(simde__m512 v, Op op) {
   float a[16], t3[8], t6[4];
@@ -74,6 +81,7 @@ inline float reduce_ps(simde__m512 v, Op op) {
 #undef _mm512_reduce_add_ps
 #undef _mm512_reduce_max_ps
 #undef _cvtu64_mask64
+#undef _mm512_shuffle_epi32
 #undef _mm512_madd_epi16  // SIMDe 0.7's alias takes the masked form's four arguments
 #define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
 #define _mm512_cvtepi32_ps(v) radixserve::emulated::to_ps(v)
@@ -86,6 +94,7 @@ inline float reduce_ps(simde__m512 v, Op op) {
   radixserve::emulated::convert<uint16_t, int32_t, 16>(v, radixserve::emulated::put256, radixserve::emulated::get512)
 #define _mm512_cvtepi32_epi8(v) \
   radixserve::emulated::convert<int32_t, int8_t, 16>(v, radixserve::emulated::put512, radixserve::emulated::get128)
+#define _mm512_shuffle_epi32(a, imm) radixserve::emulated::shuffle_epi32(a, static_cast<int>(imm))
 #define _mm512_mask_srli_epi16(src, k, a, imm) radixserve::emulated::mask_srli_epi16(src, k, a, imm)
 #define _mm512_reduce_add_ps(v) radixserve::emulated::reduce_ps(v, [](float x, float y) { return x + y; })
 #define _mm512_reduce_max_ps(v) radixserve::emulated::reduce_ps(v, [](float x, float y) { return x > y ? x : y; })
