@@ -17,9 +17,9 @@ FORMATS = [T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 FP16_FIELDS = {T.Q4_0: (0,), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 # Byte offsets of the K-quants' sub-block scales (and Q4_K's and Q5_K's minima) inside a block.
 SCALE_BYTES = {T.Q4_K: range(4, 16), T.Q5_K: range(4, 16), T.Q6_K: range(192, 208)}
-# (rows M, out N, in K): 1-2 rows (decode), a few past the kernel's 4-row register block, K = 896 and 4864 as in
-# the default model (K = 896 is not a multiple of 256: K-quant shapes use 1024 and 4864).
-SHAPES = [(1, 40, 256), (2, 33, 1024), (7, 17, 4864), (5, 24, 896), (40, 24, 896), (40, 24, 1024)]
+# (rows M, out N, in K): 1-2 rows (decode), a few past the kernel's 4-row register block, 8 (eight weight rows a
+# pass), K = 896 and 4864 as in the default model (K = 896 is not a multiple of 256: K-quant shapes use 1024 and 4864).
+SHAPES = [(1, 40, 256), (2, 33, 1024), (7, 17, 4864), (5, 24, 896), (8, 37, 1024), (40, 24, 896), (40, 24, 1024)]
 
 # The kernel against the float64 product of the same rounded activations and the same weights: it sums float32
 # terms a * x_scale * (integer dot of 16 or 32 columns) and subtracts the offsets b * x_scale * sum(codes) separately, so its
@@ -129,7 +129,8 @@ def test_fused_parts_of_several_types_and_batch_invariance(ops):
     y = ops.gguf_linear(x, blocks, types, None)
     singles = torch.cat([ops.gguf_linear(x, [b], [t], None) for b, t in zip(blocks, types)], dim=1)
     assert torch.equal(y, singles)
-    for rows in (range(1), range(1, 3), range(7, 10), range(2, 6), range(3, 11), range(4, 9)):
+    # 1 and 6-8 rows take eight weight rows a pass (Q4_0, Q5_0), 2-5 four (gguf_tiles.h, fused_rows)
+    for rows in (range(1), range(1, 3), range(7, 10), range(2, 6), range(3, 11), range(4, 9), range(6), range(2, 9)):
         assert torch.equal(ops.gguf_linear(x[list(rows)], blocks, types, None), y[list(rows)])
     # 44 rows: the activations are rounded on the pool's threads (from 32 rows), the same values per row.
     assert torch.equal(ops.gguf_linear(x.repeat(4, 1), blocks, types, None), y.repeat(4, 1))

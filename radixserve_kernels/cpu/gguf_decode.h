@@ -27,20 +27,15 @@ constexpr int zero_shift(int64_t type) {
   return type == kQ4_0 ? 3 : type == kQ5_0 ? 4 : type == kQ6_K ? 5 : type == kQ8_0 ? 7 : -1;
 }
 
-// The sums of 16-column sub-blocks, the unit every AVX-512 dot product here is built on. vpdpbusd leaves each lane
-// with the sum of 4 columns; for four (activation row, weight row) pairs p0..p3 at once (one 64-column chunk each),
-// lane 4 s + p of the result is pair p's sum over sub-block s (columns 16 s .. 16 s + 15): exact int32.
-inline __m512i sub_sums(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
-  const __m512i a01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
-  const __m512i a23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
-  return _mm512_add_epi32(_mm512_unpacklo_epi64(a01, a23), _mm512_unpackhi_epi64(a01, a23));
-}
-
-// Four weight rows' chunks (u[p]: row p's 64 codes in column order) laid out so that a vpdpbusd of u[t] against
-// the activations' 4-code group t of each 16 columns (`_mm512_shuffle_epi32(q, 0x55 t)`) adds, into lane 4 s + p,
-// row p's product over columns 16 s + 4 t .. 16 s + 4 t + 3: a 4 x 4 transpose of 4-byte groups within each 128-bit
-// block. Four such vpdpbusd leave sub_sums' layout with no reduction after them; the reduction (nine operations an
-// activation row) was the eight-row decode's largest cost, where this transpose (eight) is paid once for all rows.
+// The sums of 16-column sub-blocks, the unit every AVX-512 dot product here is built on: for four (activation row,
+// weight row) pairs p = 0..3 at once (one 64-column chunk each), lane 4 s + p of one register holds pair p's exact
+// int32 sum over sub-block s (columns 16 s .. 16 s + 15). vpdpbusd adds 4 columns into each lane, so the four weight
+// rows' chunks (u[p]: row p's 64 codes in column order) are first transposed by 4-byte groups within each 128-bit
+// block: then a vpdpbusd of u[t] against the activations' group t of each 16 columns (`_mm512_shuffle_epi32(q,
+// 0x55 t)`) adds row p's columns 16 s + 4 t .. 16 s + 4 t + 3 into lane 4 s + p, and four of them (t = 0..3) make
+// the sums. The transpose (eight shuffles) serves every activation row of a pass; reducing the lanes of a vpdpbusd
+// per row and column instead took nine operations an activation row, the largest cost at eight rows (RESULTS.md,
+// issue 38 session 47).
 inline void by_group(__m512i u[4]) {
   const __m512i t0 = _mm512_unpacklo_epi32(u[0], u[1]), t1 = _mm512_unpackhi_epi32(u[0], u[1]);
   const __m512i t2 = _mm512_unpacklo_epi32(u[2], u[3]), t3 = _mm512_unpackhi_epi32(u[2], u[3]);
@@ -236,12 +231,10 @@ constexpr int64_t kLongRow = 2048;
 
 // y[r * ldy + j] (j < nr <= 4 G) for RB activation rows from m0 against the weight rows from `row` (row_bytes apart).
 // Always 4 G weight rows side by side, the last repeated past nr: each group of four makes, per activation row, one
-// register of sub-block sums (sub_sums). G = 2 serves one activation row: two groups share each load of the
-// activations (codes, zero-point sums, scales) and the loop, and each group's arithmetic is G = 1's, so the bits are
-// the same. Measured on a Zen 4 (RESULTS.md, issue 38 sessions 45 and 46): at one thread from the caches it took a
-// fifth off gate_up; from memory at two threads, as a decode step reads, it was slower while the rows prefetched into
-// L1 (LM head 5.4 ms against G = 1's 4.1) and faster once they prefetched into L2 (whole decode steps 1.066x and
-// 1.036x). Rows longer than kLongRow keep G = 1: eight of them side by side read slower (down 2.87 against 2.56 ms).
+// register of sub-block sums. G = 2: two groups share each load and broadcast of the activations (codes, zero-point
+// sums, scales) and the loop, and each group's arithmetic is G = 1's, so the bits are the same. Where it serves is
+// fused_rows' choice (gguf_tiles.h), from measurements on a Zen 4 (RESULTS.md, issue 38 sessions 45-47). Rows longer
+// than kLongRow keep G = 1: eight of them side by side read slower (down 2.87 against 2.56 ms).
 template <int64_t Type, int RB, bool LongRows, int G = 1>
 inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using R = Reader<Type>;

@@ -47,7 +47,7 @@ inline float offsets(const float* b, const float* corr, int64_t S) {
 // A tile repacked for its kernel: per 4-column group g of the rows (K64 / 4 of them), the 16 weight rows' 4 codes
 // side by side, one register whose lanes are weight rows; per sub-block of 16 columns, the 16 rows' a. Rows past the
 // tile's own are zero (their results are not stored). One vpdpbusd then serves 16 pairs, and a sub-block's float
-// step (sub_step) 16 pairs, where the decode rows' layout (lanes = columns) needs a sub_sums reduction first.
+// step (sub_step) 16 pairs; the decode rows' layout holds 4 weight rows x 4 sub-blocks (gguf_decode.h, by_group).
 struct PackedTile {
   std::vector<uint32_t> u;  // [K64 / 4][16]
   std::vector<float> a;     // [S][16]
@@ -256,10 +256,14 @@ inline bool fused(int64_t type, int64_t M, int64_t K) {
 template <int64_t Type, int RB>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
 #if defined(RADIXSERVE_GGUF_VNNI)
-  // One activation row over rows of K <= kLongRow: eight weight rows a pass (two groups of four, gguf_decode.h's
-  // G = 2) while more than four are left; longer rows keep four (see decode_rows). The prefetch's choice is in the
-  // template: as a branch in the loop it cost 6% in-cache.
-  constexpr int G = RB == 1 ? 2 : 1;
+  // Rows of K <= kLongRow: eight weight rows a pass (two groups of four, gguf_decode.h's G = 2) while more than four
+  // are left, for one activation row and for six or more; longer rows keep four (see decode_rows). Measured from
+  // memory at two threads (benchmarks.gguf_linear --threads 2 --wall --huge-pages; RESULTS.md, issue 38 sessions 46
+  // and 47): at one row whole steps 1.04-1.07x once the rows prefetched into L2; at eight, gate_up 10.0-10.2 against
+  // 12.2-12.6 ms; at 2-4 rows the LM head was slower (4.4 against 4.0 ms at 2). Q8_0 (the LM head) keeps four at every
+  // row count: eight a pass read it slower at one row (4.5-5.0 against 3.9-4.1 ms) and no faster at eight. The
+  // prefetch's choice is in the template: as a branch in the loop it cost 6% in-cache.
+  constexpr int G = Type != kQ8_0 && (RB == 1 || RB >= 6) ? 2 : 1;
   const bool long_rows = x.K64 > kLongRow;
   for (int64_t r = 0; r < rows;) {
     const int nr = static_cast<int>(std::min<int64_t>(rows - r > 4 && !long_rows ? 4 * G : 4, rows - r));
