@@ -256,19 +256,23 @@ inline bool fused(int64_t type, int64_t M, int64_t K) {
 template <int64_t Type, int RB>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
 #if defined(RADIXSERVE_GGUF_VNNI)
-  // Rows of K <= kLongRow: eight weight rows a pass (two groups of four, gguf_decode.h's G = 2) while more than four
-  // are left, for one activation row and for six or more; longer rows keep four (see decode_rows). Measured from
-  // memory at two threads (benchmarks.gguf_linear --threads 2 --wall --huge-pages; RESULTS.md, issue 38 sessions 46
-  // and 47): at one row whole steps 1.04-1.07x once the rows prefetched into L2; at eight, gate_up 10.0-10.2 against
-  // 12.2-12.6 ms; at 2-4 rows the LM head was slower (4.4 against 4.0 ms at 2). Q8_0 (the LM head) keeps four at every
-  // row count: eight a pass read it slower at one row (4.5-5.0 against 3.9-4.1 ms) and no faster at eight. The
-  // prefetch's choice is in the template: as a branch in the loop it cost 6% in-cache.
+  // Eight weight rows a pass (two groups of four, gguf_decode.h's G = 2) while more than four are left: for one
+  // activation row over rows of K <= kLongRow, and for six or more activation rows over any. Measured from memory at
+  // two threads (benchmarks.gguf_linear --threads 2 --wall --huge-pages; RESULTS.md, issue 38 sessions 46 and 47): at
+  // one row whole steps 1.04-1.07x once the rows prefetched into L2, and longer rows slower (see decode_rows); at
+  // eight, gate_up 10.0-10.2 against 12.2-12.6 ms and down 7.0-7.5 against 7.3-8.0; at 2-4 rows the LM head was slower
+  // (4.4 against 4.0 ms at 2). Q8_0 (the LM head) keeps four at every row count: eight a pass read it slower at one
+  // row (4.5-5.0 against 3.9-4.1 ms) and no faster at eight. The prefetch's choice is in the template: as a branch in
+  // the loop it cost 6% in-cache.
   constexpr int G = Type != kQ8_0 && (RB == 1 || RB >= 6) ? 2 : 1;
   const bool long_rows = x.K64 > kLongRow;
+  const bool eight = !long_rows || RB >= 6;
   for (int64_t r = 0; r < rows;) {
-    const int nr = static_cast<int>(std::min<int64_t>(rows - r > 4 && !long_rows ? 4 * G : 4, rows - r));
+    const int nr = static_cast<int>(std::min<int64_t>(rows - r > 4 && eight ? 4 * G : 4, rows - r));
     const uint8_t* w = row + r * row_bytes;
-    if (long_rows)
+    if (long_rows && nr > 4)
+      decode_rows<Type, RB, true, G>(w, row_bytes, nr, x, m0, y + r, ldy);
+    else if (long_rows)
       decode_rows<Type, RB, true>(w, row_bytes, nr, x, m0, y + r, ldy);
     else if (nr > 4)
       decode_rows<Type, RB, false, G>(w, row_bytes, nr, x, m0, y + r, ldy);
@@ -298,10 +302,13 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
 }
 
 #if defined(RADIXSERVE_GGUF_VNNI)
-// Activation rows a decode pass takes over the same weights: 8 share each unpacked chunk of 4 weight rows (its
-// accumulators are one register an activation row); Q4_K's and Q5_K's offsets keep 4 (they take 4 registers a row).
+// Activation rows a decode pass takes over the same weights: 8 share each unpacked chunk of 4 (or 8) weight rows.
+// Q4_K's and Q5_K's offsets take a register per (activation row, weight row), so 8 rows spill some of them; they
+// kept 4 until 8 measured faster anyway (one thread from the caches, layer 2's Q4_K down: 0.473 against 0.52-0.57 ms
+// in two passes of 4; from memory at two threads, all layers' down: 6.6-6.8 against 7.2-7.7 ms; RESULTS.md, issue 38
+// session 47).
 template <int64_t Type>
-constexpr int64_t decode_block() { return has_minima(Type) ? 4 : 8; }
+constexpr int64_t decode_block() { return 8; }
 #else
 // Q4_0, Q5_0 and the K-quants: eight activation rows in one pass (lanes_chunk, gguf_decode_avx2.h, and kquant_lanes8,
 // gguf_kquants_avx2.h: the eight weight rows' codes and their transposes are made once for them all); Q8_0 keeps 4
