@@ -70,7 +70,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--projections", nargs="+", default=list(PROJECTIONS))
     ap.add_argument("--layers", type=int, default=24, help="fewer: the weights stay in the caches (compute-bound)")
-    ap.add_argument("--first-layer", type=int, default=0, help="the first layer timed (layer 2: down's Q4_K; layers 0 and 1 hold Q6_K)")
+    ap.add_argument(
+        "--first-layer",
+        type=int,
+        default=0,
+        help="the first layer timed (layer 2: down's Q4_K; layers 0 and 1 hold Q6_K)",
+    )
     ap.add_argument("--no-int8", action="store_true", help="time the GGUF kernels alone")
     ap.add_argument(
         "--dense-int8", action="store_true", help="int8 from 48 rows on by the dense matmul (not in deterministic mode)"
