@@ -100,7 +100,18 @@ void rope_rows(const T* x, int64_t rows, int64_t heads, int64_t dim, int64_t x_r
       for (int64_t hd = 0; hd < heads; hd++) {
         const T* xi = x + r * x_row_stride + hd * dim;
         T* o = out + (r * heads + hd) * dim;
-        for (int64_t j = 0; j < half; j++) {
+        int64_t j = 0;
+#if defined(__AVX512F__) || defined(__AVX2__)
+        // The same roundings a vector at a time (scalar, the haswell build took ~27 us a call at 8 rows).
+        using namespace radixserve::cpu::lanes;
+        for (; j + kLanes <= half; j += kLanes) {
+          const Vec c = load(cos + r * half + j), s = load(sin + r * half + j);
+          const Vec x1 = load(xi + j), x2 = load(xi + half + j);
+          store(o + j, round_to(o, x1 * c) - round_to(o, x2 * s));
+          store(o + half + j, round_to(o, x2 * c) + round_to(o, x1 * s));
+        }
+#endif
+        for (; j < half; j++) {
           const float c = static_cast<float>(cos[r * half + j]), s = static_cast<float>(sin[r * half + j]);
           const float x1 = static_cast<float>(xi[j]), x2 = static_cast<float>(xi[half + j]);
           o[j] = static_cast<T>(rnd<T>(x1 * c) - rnd<T>(x2 * s));
