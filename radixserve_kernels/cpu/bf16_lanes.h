@@ -1,6 +1,7 @@
 // Vectors of float32 or bfloat16 values as float lanes, for the fused elementwise ops (silu_mul.cpp,
 // norm_rope.cpp): loads widen exactly, stores round as torch's vectorized ops do (to nearest even, NaN as 0xffff),
-// and round_to(T*, v) gives the float a T result holds. kLanes: 16 on AVX-512, 8 on AVX2; neither defines nothing.
+// and round_to(T*, v) gives the float a T result holds. kLanes: 16 on AVX-512, 8 on AVX2; a build with neither gets
+// none of these (its callers keep their scalar loops).
 #pragma once
 
 #include <c10/util/BFloat16.h>
