@@ -233,8 +233,7 @@ constexpr int64_t kLongRow = 2048;
 // Always 4 G weight rows side by side, the last repeated past nr: each group of four makes, per activation row, one
 // register of sub-block sums. G = 2: two groups share each load and broadcast of the activations (codes, zero-point
 // sums, scales) and the loop, and each group's arithmetic is G = 1's, so the bits are the same. Where it serves is
-// fused_rows' choice (gguf_tiles.h), from measurements on a Zen 4 (RESULTS.md, issue 38 sessions 45-47). Rows longer
-// than kLongRow keep G = 1: eight of them side by side read slower (down 2.87 against 2.56 ms).
+// fused_rows' choice (gguf_tiles.h), from measurements on a Zen 4 (RESULTS.md, issue 38 sessions 45-47).
 template <int64_t Type, int RB, bool LongRows, int G = 1>
 inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using R = Reader<Type>;

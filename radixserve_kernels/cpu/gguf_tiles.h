@@ -256,19 +256,17 @@ inline bool fused(int64_t type, int64_t M, int64_t K) {
 template <int64_t Type, int RB>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
 #if defined(RADIXSERVE_GGUF_VNNI)
-  // Eight weight rows a pass (two groups of four, gguf_decode.h's G = 2) while more than four are left: for one
-  // activation row over rows of K <= kLongRow, and for six or more activation rows over any. Measured from memory at
-  // two threads (benchmarks.gguf_linear --threads 2 --wall --huge-pages; RESULTS.md, issue 38 sessions 46 and 47): at
-  // one row whole steps 1.04-1.07x once the rows prefetched into L2, and longer rows slower (see decode_rows); at
-  // eight, gate_up 10.0-10.2 against 12.2-12.6 ms and down 7.0-7.5 against 7.3-8.0; at 2-4 rows the LM head was slower
-  // (4.4 against 4.0 ms at 2). Q8_0 (the LM head) keeps four at every row count: eight a pass read it slower at one
-  // row (4.5-5.0 against 3.9-4.1 ms) and no faster at eight. The prefetch's choice is in the template: as a branch in
-  // the loop it cost 6% in-cache.
-  constexpr int G = Type != kQ8_0 && (RB == 1 || RB >= 6) ? 2 : 1;
-  const bool long_rows = x.K64 > kLongRow;
-  const bool eight = !long_rows || RB >= 6;
+  // Eight weight rows a pass (two groups of four, gguf_decode.h's G = 2) while more than four are left, at six or
+  // more activation rows, where the activations' loads and broadcasts that the groups share outweigh the extra rows
+  // streaming side by side. Measured from memory at two threads (benchmarks.gguf_linear --threads 2 --wall
+  // --huge-pages, benchmarks.decode_ab; RESULTS.md, issue 38 sessions 45-47): at eight rows gate_up 10.0-10.2 against
+  // 12.2-12.6 ms, down 7.0-7.5 against 7.3-8.0; at 2-4 rows the LM head was slower (4.4 against 4.0 ms at 2); at one
+  // row it paid before the weight rows were transposed by group (whole steps 1.04-1.07x), not after (four a pass:
+  // 1.017x and 1.026x). Q8_0 (the LM head) keeps four at every row count: eight read it no faster at eight rows.
+  constexpr int G = Type != kQ8_0 && RB >= 6 ? 2 : 1;
+  const bool long_rows = x.K64 > kLongRow;  // the prefetch distance is in the template: a branch cost 6% in-cache
   for (int64_t r = 0; r < rows;) {
-    const int nr = static_cast<int>(std::min<int64_t>(rows - r > 4 && eight ? 4 * G : 4, rows - r));
+    const int nr = static_cast<int>(std::min<int64_t>(4 * G, rows - r));
     const uint8_t* w = row + r * row_bytes;
     if (long_rows && nr > 4)
       decode_rows<Type, RB, true, G>(w, row_bytes, nr, x, m0, y + r, ldy);
