@@ -1,7 +1,7 @@
 // Decode steps of the GGUF linears on AVX-512 VNNI (1-8 activation rows per pass; gguf_tiles.h makes more passes
 // for up to kFusedRows): every format's codes go from the blocks straight into registers, 64 at a time in their
-// natural order, four weight rows side by side (eight for one activation row of K <= kLongRow) so that each load of
-// the activations serves them all.
+// natural order, four weight rows side by side (eight at 6-8 activation rows but for Q8_0: gguf_tiles.h, fused_rows)
+// so that each load of the activations serves them all.
 //
 // What keeps it bit-equal to the tiles of gguf_tiles.h (prefill), and so batch-invariant: per (activation row,
 // weight row) pair both compute the exact integer sum of each 16-column sub-block (codes times activation codes,

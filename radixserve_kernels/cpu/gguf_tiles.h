@@ -235,8 +235,8 @@ inline void dot_rows(const RowView& w, const QuantX& x, int64_t m0, float* y, in
 
 // Decode (up to kFusedRows rows): gguf_decode.h (VNNI) or gguf_decode_avx2.h (AVX2), the blocks straight into
 // registers, activation rows decode_block() at a time over the same weights (which the earlier pass left in L1/L2). On
-// VNNI four weight rows run side by side (their pairs make one register of sub-block sums; one activation row of K <=
-// kLongRow takes two such groups a pass); on AVX2, eight a pass
+// VNNI four weight rows run side by side (their pairs make one register of sub-block sums; 6-8 activation rows take
+// two such groups a pass, see fused_rows); on AVX2, eight a pass
 // (one activation row of a K-quant: four). Measured
 // (benchmarks.gguf_linear, one thread, all layers; RESULTS.md, issue 38 session 17): on VNNI the decode path beats
 // the packed tiles up to 8 rows (gate_up 32-33 vs 39-40 ms at 8), is level at 12 and behind at 16 (gate_up 64 vs
@@ -260,9 +260,10 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
   // more activation rows, where the activations' loads and broadcasts that the groups share outweigh the extra rows
   // streaming side by side. Measured from memory at two threads (benchmarks.gguf_linear --threads 2 --wall
   // --huge-pages, benchmarks.decode_ab; RESULTS.md, issue 38 sessions 45-47): at eight rows gate_up 10.0-10.2 against
-  // 12.2-12.6 ms, down 7.0-7.5 against 7.3-8.0; at 2-4 rows the LM head was slower (4.4 against 4.0 ms at 2); at one
-  // row it paid before the weight rows were transposed by group (whole steps 1.04-1.07x), not after (four a pass:
-  // 1.017x and 1.026x). Q8_0 (the LM head) keeps four at every row count: eight read it no faster at eight rows.
+  // 12.2-12.6 ms, down 7.0-7.5 against 7.3-8.0; at 2-4 rows mixed (gate_up 5.45 against 5.71-6.04 ms at 2, 7.85-7.92
+  // against 7.51-7.54 at 4); at one row it paid before the weight rows were transposed by group (whole steps
+  // 1.04-1.07x), not after (four a pass: 1.017x and 1.026x). Q8_0 (the LM head) keeps four at every row count: eight
+  // read it slower at 2-4 rows (5.1-5.8 against 4.0-4.4 ms) and no faster at eight.
   constexpr int G = Type != kQ8_0 && RB >= 6 ? 2 : 1;
   const bool long_rows = x.K64 > kLongRow;  // the prefetch distance is in the template: a branch cost 6% in-cache
   for (int64_t r = 0; r < rows;) {
