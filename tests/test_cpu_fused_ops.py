@@ -80,3 +80,8 @@ def test_silu_mul_is_torchs_silu_times_up(dtype):
         gate_up = (torch.randn(3, 2 * width) * 8).to(dtype)
         gate, up = gate_up.split(width, 1)
         assert torch.equal(cpu_kernels.ops().silu_mul(gate_up), F.silu(gate) * up)
+    # Eight rows run in pieces on the spin pool: the values of each row alone (on the calling thread), the tail
+    # included. (Against torch itself a build for another ISA than torch's differs at the tail: other vector steps.)
+    gate_up = (torch.randn(8, 2 * (4864 + 17)) * 8).to(dtype)
+    alone = torch.cat([cpu_kernels.ops().silu_mul(row[None]) for row in gate_up])
+    assert torch.equal(cpu_kernels.ops().silu_mul(gate_up), alone)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from radixserve.sampling_params import SamplingParams
@@ -45,10 +46,13 @@ class SeenIds:
 
     def __init__(self, prompt_ids: Sequence[int]):
         self._set = set(prompt_ids)
-        self._new = list(self._set)  # distinct ids not yet in the tensor
+        # The distinct ids in a numpy buffer grown in place: per step a row adds an id or none, and a torch.tensor
+        # plus a torch.cat for it, with the vocabulary filter, cost ~15 us a row (RESULTS.md, issue 38 session 48).
+        self._buf = np.fromiter(self._set, dtype=np.int64, count=len(self._set))
+        self._n = len(self._set)
         self._folded = 0  # how many output ids are in the set
-        self._ids = torch.empty(0, dtype=torch.long)
-        self._max = -1
+        self._max = max(self._set, default=-1)
+        self._on_device = torch.empty(0, dtype=torch.long)  # off the CPU: the first ids, copied there once
 
     def ids(self, output_ids: Sequence[int], vocab: int, device: torch.device, drafts: int = 0) -> torch.Tensor:
         """The distinct ids of prompt + output_ids that are in 0..vocab-1, on device; the last `drafts` of
@@ -57,13 +61,29 @@ class SeenIds:
         for t in output_ids[self._folded : kept]:
             if t not in self._set:
                 self._set.add(t)
-                self._new.append(t)
+                self._append(t)
         self._folded = kept
-        if self._new:
-            self._max = max(self._max, max(self._new))
-            self._ids = torch.cat([self._ids, to_device(torch.tensor(self._new, dtype=torch.long), self._ids.device)])
-            self._new = []
-        self._ids = to_device(self._ids, device)
-        ids = self._ids if self._max < vocab else self._ids[(self._ids >= 0) & (self._ids < vocab)]
-        unseen = {t for t in output_ids[kept:] if t not in self._set and 0 <= t < vocab}
-        return torch.cat([ids, to_device(torch.tensor(sorted(unseen), dtype=torch.long), device)]) if unseen else ids
+        unseen = sorted({t for t in output_ids[kept:] if t not in self._set and 0 <= t < vocab})
+        ids = self._on(device)
+        if self._max >= vocab:
+            ids = ids[(ids >= 0) & (ids < vocab)]
+        if not unseen:
+            return ids
+        return torch.cat([ids, to_device(torch.tensor(unseen, dtype=torch.long), device)])
+
+    def _append(self, t: int) -> None:
+        if self._n == len(self._buf):
+            self._buf = np.resize(self._buf, max(16, 2 * self._n))
+        self._buf[self._n] = t
+        self._n += 1
+        self._max = max(self._max, t)
+
+    def _on(self, device: torch.device) -> torch.Tensor:
+        """The ids so far on device: a view of the buffer on the CPU, else the device copy grown by the new ones."""
+        if device.type == "cpu":
+            return torch.from_numpy(self._buf[: self._n])
+        have = len(self._on_device) if self._on_device.device == device else 0
+        if have < self._n:
+            new = to_device(torch.from_numpy(self._buf[have : self._n].copy()), device)
+            self._on_device = torch.cat([self._on_device.to(device)[:have], new])
+        return self._on_device

@@ -6,6 +6,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from radixserve.sampling.info import SamplingInfo
@@ -80,18 +81,21 @@ def _penalise(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> list[Calla
     rep_rows, fp_rows = _penalised_rows(infos)
     vocab, device = logits.shape[1], logits.device
     undo: list[Callable[[], None]] = []
+    seen_rows = []  # (row, its distinct seen ids, its penalty)
     for i in rep_rows:
-        # A gather and a scatter at the row's distinct seen ids, so each token is penalised once however often
-        # it occurs. The ids come from the request's SeenIds, grown by a step's new tokens only.
-        info, row, p = infos[i], logits.select(0, i), infos[i].params.repetition_penalty
+        # Each token is penalised once however often it occurs: the row's distinct seen ids, from the request's
+        # SeenIds, grown by a step's new tokens only.
+        info = infos[i]
         seen = (
             info.seen.ids(info.output_ids, vocab, device, info.drafts)
             if info.seen is not None
             else _seen(info, vocab, device)
         )
-        x = row.index_select(0, seen)
-        row.index_copy_(0, seen, torch.where(x > 0, x / p, x * p))
-        undo.append(functools.partial(row.index_copy_, 0, seen, x))
+        seen_rows.append((i, seen, info.params.repetition_penalty))
+    for values, index, p in _gather_jobs(logits, seen_rows):
+        x = values.index_select(0, index)
+        values.index_copy_(0, index, torch.where(x > 0, x / p, x * p))
+        undo.append(functools.partial(values.index_copy_, 0, index, x))
     if fp_rows:
         ids, valid, any_valid = _padded_ids([infos[i].output_ids for i in fp_rows], vocab, device)
         freq = device_tensor([infos[i].params.frequency_penalty for i in fp_rows], device)[:, None]
@@ -108,6 +112,27 @@ def _penalise(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> list[Calla
         if rows is not None:
             logits[rows] = sub
     return undo
+
+
+def _gather_jobs(
+    logits: torch.Tensor, seen_rows: list[tuple[int, torch.Tensor, float]]
+) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    """(a 1-D view of logits, indices into it, penalty) covering every (row, seen ids, penalty): on contiguous logits
+    one job per penalty value, its rows' ids offset into the flat view (a gather and a scatter per row took ~60 us a
+    row, 0.5 ms a step at eight streams: RESULTS.md, issue 38 session 48); else one per row. The penalty stays a
+    Python scalar, so each value's arithmetic is the same either way."""
+    if not logits.is_contiguous():
+        return [(logits.select(0, i), seen, p) for i, seen, p in seen_rows]
+    by_penalty: dict[float, list[tuple[int, torch.Tensor]]] = {}
+    for i, seen, p in seen_rows:
+        by_penalty.setdefault(p, []).append((i, seen))
+    flat, vocab = logits.view(-1), logits.shape[1]
+    if logits.device.type == "cpu":  # numpy's ops on a few hundred ids cost ~1 us, torch's ~5
+        return [
+            (flat, torch.from_numpy(np.concatenate([seen.numpy() + i * vocab for i, seen in rows])), p)
+            for p, rows in by_penalty.items()
+        ]
+    return [(flat, torch.cat([seen + i * vocab for i, seen in rows]), p) for p, rows in by_penalty.items()]
 
 
 def _seen(info: SamplingInfo, vocab: int, device: torch.device) -> torch.Tensor:

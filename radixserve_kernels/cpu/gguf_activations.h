@@ -8,6 +8,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -50,9 +51,11 @@ struct QuantX {
   std::vector<float> lane;     // [M][K64 / 4]: the scale of the block each group of 4 codes belongs to (VNNI only)
   std::vector<float> scale16;  // [M][S]: the scale per 16 columns
   std::vector<float> corr;     // [M][S]: scale * (sum of the 16 codes), what the offsets b multiply
-  // [M][K64 / 4], one per group of 4 codes (a vpdpbusd lane): minus the sum of the 16 codes (the sub-block) the group
-  // belongs to, where the VNNI decode rows start each lane (gguf_decode.h)
-  std::vector<int32_t> nsum_lane;
+  // zero_lane[s]: [M][K64 / 4], one per group of 4 codes (a vpdpbusd lane): minus the sum of the 16 codes (the
+  // sub-block) the group belongs to, times 2^s: where the VNNI decode rows start each lane of a format whose zero
+  // point is 2^s (gguf_decode.h). Filled only for the call's formats' s (VNNI builds; else empty): stored shifted,
+  // a decode row's load is all it takes (a shift per activation row and chunk was ~5% of a Q5_0 pass's operations).
+  std::array<std::vector<int32_t>, 8> zero_lane;
   std::vector<int32_t> nsum16;  // [M][S]: minus the sum of each 16 codes (a sub-block)
   std::vector<int32_t> nsum32;  // [M][K64 / 32]: minus the sum of each 32 codes (the AVX2 whole-chunk step's)
   // Rounded per 256 columns instead (kRound256 builds, for linears with K-quant parts; else empty):
@@ -204,8 +207,9 @@ inline void quantize_row256(const In* x, int64_t K, QuantX& xq, int64_t m) {
 // The rows of x rounded into xq, whose buffers are reused from call to call (each linear allocated and freed ten:
 // malloc and free were 1.6% of the calling thread's samples in a decode, RESULTS.md issue 38 session 30); every
 // entry is rewritten. `per256`: also the codes per 256 columns (a linear with parts that rounds_per_256).
+// `zero_shifts`: bit s set fills zero_lane[s].
 template <typename In>
-inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, QuantX& xq) {
+inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, unsigned zero_shifts, QuantX& xq) {
   xq.K64 = round_up(K, kChunk);
   xq.S = round_up(xq.K64 / kSub, 16);
   if (per256) {
@@ -214,7 +218,11 @@ inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, QuantX
     xq.d256.assign(M * xq.K64 / 256, 0.f);
     xq.sum16.assign(M * xq.K64 / kSub, 0);
   }
-  xq.nsum_lane.assign(M * xq.K64 / 4, 0);
+  for (int sh = 0; sh < 8; sh++)
+    if (zero_shifts >> sh & 1)
+      xq.zero_lane[sh].assign(M * xq.K64 / 4, 0);
+    else
+      xq.zero_lane[sh].clear();
   xq.q.assign(M * xq.K64, 0);
   xq.lane.assign(kVnniLanes ? M * xq.K64 / 4 : 0, 0.f);
   xq.scale16.assign(M * xq.S, 0.f);
@@ -222,22 +230,24 @@ inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, QuantX
   xq.nsum16.assign(M * xq.S, 0);
   xq.nsum32.assign(M * xq.K64 / 32, 0);
   auto rows = [&](int64_t m0, int64_t m1) {
+    thread_local std::vector<int32_t> nsum;  // a row's lane sums (kept: a decode step rounds ~100 times)
+    nsum.resize(xq.K64 / 4);
     for (int64_t m = m0; m < m1; m++) {
       int8_t* q = xq.q.data() + m * xq.K64;
-      int32_t* nsum = xq.nsum_lane.data() + m * xq.K64 / 4;
       float* scale16 = xq.scale16.data() + m * xq.S;
       for (int64_t blk = 0; blk < K / kXBlock; blk++) {
         quantize_block(x + m * K + blk * kXBlock, q + blk * kXBlock, scale16[2 * blk]);
         scale16[2 * blk + 1] = scale16[2 * blk];
         if (kVnniLanes) std::fill_n(xq.lane.data() + m * xq.K64 / 4 + blk * 8, 8, scale16[2 * blk]);
       }
-      minus_lane_sums(q, K, nsum);
+      minus_lane_sums(q, K, nsum.data());
       for (int64_t j = 0; j < K / kSub; j++) {  // the 16 codes' sum from their four lanes' (exact integers)
         const int sum = -(nsum[4 * j] + nsum[4 * j + 1] + nsum[4 * j + 2] + nsum[4 * j + 3]);
         xq.corr[m * xq.S + j] = scale16[j] * static_cast<float>(sum);
         xq.nsum16[m * xq.S + j] = -sum;
         xq.nsum32[m * xq.K64 / 32 + j / 2] -= sum;
-        std::fill_n(nsum + 4 * j, 4, -sum);  // from the groups' own sums, read above
+        for (int sh = 0; sh < 8; sh++)
+          if (zero_shifts >> sh & 1) std::fill_n(xq.zero_lane[sh].data() + m * xq.K64 / 4 + 4 * j, 4, -sum * (1 << sh));
       }
       if (per256) quantize_row256(x + m * K, K, xq, m);
     }

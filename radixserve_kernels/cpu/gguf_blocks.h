@@ -44,6 +44,14 @@ enum Type : int64_t { kQ4_0 = 2, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, k
 // The formats with per sub-block minima (w = d sc u - dmin m): their offsets are floats, the others' a zero point.
 constexpr bool has_minima(int64_t type) { return type == kQ4_K || type == kQ5_K; }
 
+// Codes around a fixed zero point (w = a (u - zero), zero = 2^Shift: Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128) take the
+// zero out in the integer dot products (VNNI: vpdpbusd starts from -zero * (sum of the activation codes), exact in
+// int32), so no float offsets remain. Q4_K's and Q5_K's minima are per sub-block floats (Shift < 0): an offsets term
+// serves them.
+constexpr int zero_shift(int64_t type) {
+  return type == kQ4_0 ? 3 : type == kQ5_0 ? 4 : type == kQ6_K ? 5 : type == kQ8_0 ? 7 : -1;
+}
+
 constexpr int64_t kSub = 16;  // weights per (a, b) pair: the finest scale granularity of the formats (Q6_K)
 
 struct Format {

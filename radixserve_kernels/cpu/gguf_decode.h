@@ -19,14 +19,6 @@
 
 namespace radixserve::gguf {
 
-// Codes around a fixed zero point (w = a (u - zero), zero = 2^Shift: Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128) take the
-// zero out in the integer dot product: vpdpbusd starts from -zero * (sum of the lane's 4 activation codes), exact in
-// int32, so no float offsets remain. Q4_K's and Q5_K's minima are per sub-block floats (Shift < 0): an offsets term
-// serves them.
-constexpr int zero_shift(int64_t type) {
-  return type == kQ4_0 ? 3 : type == kQ5_0 ? 4 : type == kQ6_K ? 5 : type == kQ8_0 ? 7 : -1;
-}
-
 // The sums of 16-column sub-blocks, the unit every AVX-512 dot product here is built on: for four (activation row,
 // weight row) pairs p = 0..3 at once (one 64-column chunk each), lane 4 s + p of one register holds pair p's exact
 // int32 sum over sub-block s (columns 16 s .. 16 s + 15). vpdpbusd adds 4 columns into each lane, so the four weight
@@ -277,7 +269,7 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
         __m512i qt[4];  // 128-bit block s: the 4-code group t of columns 16 s .. 16 s + 15, four times
         for (int t = 0; t < 4; t++) qt[t] = _mm512_shuffle_epi32(q, static_cast<_MM_PERM_ENUM>(0x55 * t));
         __m512i init = _mm512_setzero_si512();
-        if constexpr (shift >= 0) init = _mm512_slli_epi32(_mm512_loadu_si512(&x.nsum_lane[m * x.K64 / 4 + cc * 16]), shift);
+        if constexpr (shift >= 0) init = _mm512_loadu_si512(&x.zero_lane[shift][m * x.K64 / 4 + cc * 16]);
         // x.lane: lanes 0-7 hold the scale of the chunk's first 32 columns (sub-blocks 0, 1), 8-15 the second's.
         const __m512 lane = _mm512_loadu_ps(&x.lane[m * x.K64 / 4 + cc * 16]);
         for (int g = 0; g < G; g++) {

@@ -137,14 +137,17 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
   if (M == 0) return out;
   const at::Tensor xc = x.contiguous();  // rounded from its own dtype: a float32 copy was a pass and an allocation
   const bool per256 = std::any_of(types.begin(), types.end(), rounds_per_256);
+  unsigned zero_shifts = 0;  // the zero points the VNNI decode rows take out (QuantX.zero_lane)
+  for (const int64_t t : types)
+    if (kVnniLanes && zero_shift(t) >= 0 && fused(t, M, K)) zero_shifts |= 1u << zero_shift(t);
   // Its buffers outlive the call: the next linear on this thread reuses them. Bound to a plain reference so that
   // the pool's threads read this thread's (a lambda naming a thread_local reads the running thread's own).
   thread_local QuantX reused;
   QuantX& xq = reused;
   if (x.scalar_type() == at::kFloat)
-    quantize_rows(xc.data_ptr<float>(), M, K, per256, xq);
+    quantize_rows(xc.data_ptr<float>(), M, K, per256, zero_shifts, xq);
   else
-    quantize_rows(xc.data_ptr<at::BFloat16>(), M, K, per256, xq);
+    quantize_rows(xc.data_ptr<at::BFloat16>(), M, K, per256, zero_shifts, xq);
   // float32 without a bias: the kernels write the output itself. Otherwise a float32 buffer (every entry is
   // written, so it is not cleared: a zeroed 150k-entry LM head buffer cost a pass over 0.6 MB a step), then the bias
   // and the cast in one loop (separate torch ops cost ~10 us of dispatch each, ~100 linears a step).

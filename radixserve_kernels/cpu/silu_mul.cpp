@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/silu_ops.h>
 
+#include <algorithm>
 #include <cmath>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -19,6 +20,7 @@
 #endif
 
 #include "bf16_lanes.h"
+#include "spin_pool.h"
 
 namespace {
 
@@ -69,10 +71,28 @@ void silu_mul_row(const T* gate, const T* up, T* out, int64_t n) {
 #endif
 
 #if defined(__AVX512F__) || defined(__AVX2__)
+// A decode step's few rows (at least kPoolValues values, at most kPoolRows rows) run on the decode kernels' spin pool
+// in pieces of kPiece columns, whose workers still spin from the gate_up linear just before: at eight rows of 4,864
+// one thread took ~30 us a layer (benchmarks.fused_ops). A piece starts at a multiple of torch's vector step, so only
+// a row's last piece has the scalar tail: the values are those of the whole row at once. More rows take
+// at::parallel_for by rows; fewer values stay on the calling thread.
+constexpr int64_t kPoolRows = 16, kPoolValues = 16384, kPiece = 1024;
+static_assert(kPiece % (4 * kLanes) == 0, "a piece is whole vector steps of bfloat16 and float32");
+
 template <typename T>
 void silu_mul_rows(const at::Tensor& x, at::Tensor& out, int64_t rows, int64_t n) {
   const T* in = x.data_ptr<T>();
   T* o = out.data_ptr<T>();
+  if (rows <= kPoolRows && rows * n >= kPoolValues) {
+    const int64_t pieces = (n + kPiece - 1) / kPiece;
+    radixserve::SpinPool::get().run(rows * pieces, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; i++) {
+        const int64_t r = i / pieces, c = i % pieces * kPiece, len = std::min(kPiece, n - c);
+        silu_mul_row(in + r * 2 * n + c, in + r * 2 * n + n + c, o + r * n + c, len);
+      }
+    });
+    return;
+  }
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) silu_mul_row(in + r * 2 * n, in + r * 2 * n + n, o + r * n, n);
   });
