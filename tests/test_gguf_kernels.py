@@ -19,7 +19,16 @@ FP16_FIELDS = {T.Q4_0: (0,), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q5_K:
 SCALE_BYTES = {T.Q4_K: range(4, 16), T.Q5_K: range(4, 16), T.Q6_K: range(192, 208)}
 # (rows M, out N, in K): 1-2 rows (decode), a few past the kernel's 4-row register block, 8 (eight weight rows a
 # pass), K = 896 and 4864 as in the default model (K = 896 is not a multiple of 256: K-quant shapes use 1024 and 4864).
-SHAPES = [(1, 40, 256), (2, 33, 1024), (7, 17, 4864), (5, 24, 896), (8, 37, 1024), (40, 24, 896), (40, 24, 1024)]
+SHAPES = [
+    (1, 40, 256),
+    (2, 33, 1024),
+    (7, 17, 4864),
+    (5, 24, 896),
+    (8, 37, 1024),
+    (6, 21, 320),
+    (40, 24, 896),
+    (40, 24, 1024),
+]
 
 # The kernel against the float64 product of the same rounded activations and the same weights: it sums float32
 # terms a * x_scale * (integer dot of 16 or 32 columns) and subtracts the offsets b * x_scale * sum(codes) separately, so its
@@ -137,6 +146,20 @@ def test_fused_parts_of_several_types_and_batch_invariance(ops):
     bf = ops.gguf_linear(x.bfloat16(), blocks, types, None)
     assert bf.dtype == torch.bfloat16
     assert torch.equal(bf, ops.gguf_linear(x.bfloat16().float(), blocks, types, None).bfloat16())
+
+
+def test_32_weight_formats_end_on_half_a_step(ops):
+    """K = 320: the VNNI decode rows of Q4_0, Q5_0 and Q8_0 take 128 columns a step, the last step here two blocks;
+    every row count gives the tiles' values (44 rows)."""
+    k = 320
+    parts = [(T.Q5_0, 13), (T.Q4_0, 9), (T.Q8_0, 6)]
+    blocks = [torch.from_numpy(random_blocks(f, n, k, seed=i)) for i, (f, n) in enumerate(parts)]
+    types = [int(f) for f, _ in parts]
+    torch.manual_seed(3)
+    x = torch.randn(11, k)
+    tiles = ops.gguf_linear(x.repeat(4, 1), blocks, types, None)[:11]
+    for rows in (range(1), range(3), range(8), range(11)):
+        assert torch.equal(ops.gguf_linear(x[list(rows)], blocks, types, None), tiles[list(rows)])
 
 
 def test_large_matrix_split_between_threads_equals_one_thread(ops):

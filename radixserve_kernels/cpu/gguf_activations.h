@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 #if defined(__AVX2__)
@@ -52,10 +53,15 @@ struct QuantX {
   std::vector<float> scale16;  // [M][S]: the scale per 16 columns
   std::vector<float> corr;     // [M][S]: scale * (sum of the 16 codes), what the offsets b multiply
   // zero_lane[s]: [M][K64 / 4], one per group of 4 codes (a vpdpbusd lane): minus the sum of the 16 codes (the
-  // sub-block) the group belongs to, times 2^s: where the VNNI decode rows start each lane of a format whose zero
-  // point is 2^s (gguf_decode.h). Filled only for the call's formats' s (VNNI builds; else empty): stored shifted,
-  // a decode row's load is all it takes (a shift per activation row and chunk was ~5% of a Q5_0 pass's operations).
+  // sub-block) the group belongs to, times 2^s: where the VNNI decode rows of Q6_K (zero point 2^s) start each lane
+  // (gguf_decode.h). Stored shifted, a decode row's load is all it takes (a shift per activation row and chunk was
+  // ~5% of a pass's operations). Filled only where the call needs it (VNNI builds; else empty), as the three below.
   std::array<std::vector<int32_t>, 8> zero_lane;
+  // The 32-weight formats' VNNI decode rows (gguf_decode32.h), per 128 columns (K128: K padded with zero codes):
+  int64_t K128 = 0;
+  std::vector<int8_t> q128;  // [M][K128]: each 128 codes as the 16-code first halves of its four blocks, then the second
+  std::vector<float> lane32;  // [M][K128 / 8]: per 128 columns, lane 4 j + p (p < 4): the scale of block j
+  std::array<std::vector<int32_t>, 8> zero32;  // [s][M][K128 / 8]: lane 4 j + p: minus block j's code sum, times 2^s
   std::vector<int32_t> nsum16;  // [M][S]: minus the sum of each 16 codes (a sub-block)
   std::vector<int32_t> nsum32;  // [M][K64 / 32]: minus the sum of each 32 codes (the AVX2 whole-chunk step's)
   // Rounded per 256 columns instead (kRound256 builds, for linears with K-quant parts; else empty):
@@ -207,9 +213,28 @@ inline void quantize_row256(const In* x, int64_t K, QuantX& xq, int64_t m) {
 // The rows of x rounded into xq, whose buffers are reused from call to call (each linear allocated and freed ten:
 // malloc and free were 1.6% of the calling thread's samples in a decode, RESULTS.md issue 38 session 30); every
 // entry is rewritten. `per256`: also the codes per 256 columns (a linear with parts that rounds_per_256).
-// `zero_shifts`: bit s set fills zero_lane[s].
+// What the call's VNNI decode rows read besides the codes (gguf_linear.cpp fills it from the formats it decodes).
+struct DecodeNeeds {
+  unsigned zero16 = 0;  // bit s: zero_lane[s] (Q6_K)
+  unsigned zero32 = 0;  // bit s: zero32[s] (the 32-weight formats), with q128 and lane32 when any is set
+};
+
+// Block b's (< K / 32) entries of q128, lane32 and zero32 for row m, from its codes q (K64) and sums nsum32.
+inline void fill_block32(const int8_t* q, const int32_t* nsum32, const float* scale16, int64_t K, unsigned zero32,
+                         int64_t m, QuantX& xq) {
+  int8_t* q2 = xq.q128.data() + m * xq.K128;
+  for (int64_t b = 0; b < K / kXBlock; b++) {
+    const int64_t c = b / 4, j = b % 4, at = m * xq.K128 / 8 + 16 * c + 4 * j;
+    std::memcpy(q2 + 128 * c + 16 * j, q + kXBlock * b, 16);
+    std::memcpy(q2 + 128 * c + 64 + 16 * j, q + kXBlock * b + 16, 16);
+    std::fill_n(xq.lane32.data() + at, 4, scale16[2 * b]);
+    for (int sh = 0; sh < 8; sh++)
+      if (zero32 >> sh & 1) std::fill_n(xq.zero32[sh].data() + at, 4, nsum32[b] * (1 << sh));
+  }
+}
+
 template <typename In>
-inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, unsigned zero_shifts, QuantX& xq) {
+inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, DecodeNeeds needs, QuantX& xq) {
   xq.K64 = round_up(K, kChunk);
   xq.S = round_up(xq.K64 / kSub, 16);
   if (per256) {
@@ -218,11 +243,19 @@ inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, unsign
     xq.d256.assign(M * xq.K64 / 256, 0.f);
     xq.sum16.assign(M * xq.K64 / kSub, 0);
   }
-  for (int sh = 0; sh < 8; sh++)
-    if (zero_shifts >> sh & 1)
+  xq.K128 = round_up(K, 128);
+  for (int sh = 0; sh < 8; sh++) {
+    if (needs.zero16 >> sh & 1)
       xq.zero_lane[sh].assign(M * xq.K64 / 4, 0);
     else
       xq.zero_lane[sh].clear();
+    if (needs.zero32 >> sh & 1)
+      xq.zero32[sh].assign(M * xq.K128 / 8, 0);
+    else
+      xq.zero32[sh].clear();
+  }
+  xq.q128.assign(needs.zero32 ? M * xq.K128 : 0, 0);
+  xq.lane32.assign(needs.zero32 ? M * xq.K128 / 8 : 0, 0.f);
   xq.q.assign(M * xq.K64, 0);
   xq.lane.assign(kVnniLanes ? M * xq.K64 / 4 : 0, 0.f);
   xq.scale16.assign(M * xq.S, 0.f);
@@ -247,8 +280,9 @@ inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, unsign
         xq.nsum16[m * xq.S + j] = -sum;
         xq.nsum32[m * xq.K64 / 32 + j / 2] -= sum;
         for (int sh = 0; sh < 8; sh++)
-          if (zero_shifts >> sh & 1) std::fill_n(xq.zero_lane[sh].data() + m * xq.K64 / 4 + 4 * j, 4, -sum * (1 << sh));
+          if (needs.zero16 >> sh & 1) std::fill_n(xq.zero_lane[sh].data() + m * xq.K64 / 4 + 4 * j, 4, -sum * (1 << sh));
       }
+      if (needs.zero32) fill_block32(q, xq.nsum32.data() + m * xq.K64 / 32, scale16, K, needs.zero32, m, xq);
       if (per256) quantize_row256(x + m * K, K, xq, m);
     }
   };

@@ -52,6 +52,10 @@ constexpr int zero_shift(int64_t type) {
   return type == kQ4_0 ? 3 : type == kQ5_0 ? 4 : type == kQ6_K ? 5 : type == kQ8_0 ? 7 : -1;
 }
 
+// The formats of 32 weights per block with one scale (Q4_0, Q5_0, Q8_0): the activations' blocks of 32 line up
+// with theirs, so the VNNI kernels take one float step per block (gguf_decode32.h) where the K-quants take one per 16.
+constexpr bool is_block32(int64_t type) { return type == kQ4_0 || type == kQ5_0 || type == kQ8_0; }
+
 constexpr int64_t kSub = 16;  // weights per (a, b) pair: the finest scale granularity of the formats (Q6_K)
 
 struct Format {

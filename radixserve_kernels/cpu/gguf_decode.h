@@ -1,7 +1,8 @@
-// Decode steps of the GGUF linears on AVX-512 VNNI (1-8 activation rows per pass; gguf_tiles.h makes more passes
-// for up to kFusedRows): every format's codes go from the blocks straight into registers, 64 at a time in their
-// natural order, four weight rows side by side (eight at 6-8 activation rows but for Q8_0: gguf_tiles.h, fused_rows)
-// so that each load of the activations serves them all.
+// Decode steps of the GGUF K-quant linears (Q4_K, Q5_K, Q6_K) on AVX-512 VNNI (1-8 activation rows per pass;
+// gguf_tiles.h makes more passes for up to kFusedRows; the 32-weight formats: gguf_decode32.h, which shares the
+// helpers here): the codes go from the blocks straight into registers, 64 at a time in their natural order, four
+// weight rows side by side (eight at 6-8 activation rows: gguf_tiles.h, fused_rows) so that each load of the
+// activations serves them all.
 //
 // What keeps it bit-equal to the tiles of gguf_tiles.h (prefill), and so batch-invariant: per (activation row,
 // weight row) pair both compute the exact integer sum of each 16-column sub-block (codes times activation codes,
@@ -51,6 +52,18 @@ inline __m128 sub_total(__m512 acc) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+// The first n (<= 4) of four weight rows' results to y. One store for four: a loop over n the compiler turned into a
+// call to memcpy, 1.3% of a decode step's CPU time (perf, cpu-clock samples).
+inline void store_rows(float* y, __m128 total, int n) {
+  if (n == 4) {
+    _mm_storeu_ps(y, total);
+  } else {
+    alignas(16) float t[4];
+    _mm_store_ps(t, total);
+    for (int j = 0; j < n; j++) y[j] = t[j];
+  }
+}
+
 // Four rows' a per 16 weights of a 256-weight super-block (a16[p] lane 4 c + k: row p's a of sub-block k of chunk c)
 // as the chunks' sums take them: out[c] lane 4 k + p. A 4 x 4 transpose of 4 x 4 blocks, 12 shuffles a super-block,
 // where a permute per row and chunk and three blends per chunk took 28; the same floats in the same lanes.
@@ -73,61 +86,9 @@ inline void chunk_a(const __m512 a16[4], __m512 out[4]) {
 
 // One weight row's chunk: 64 codes in column order; the a per 16 weights of the super-block (chunk_a lays four rows'
 // out for the chunks), and for Q4_K and Q5_K the b per 16 (the offsets). Each format reads `rows` side by side;
-// `begin(s)` prepares super-block s (scales), `chunk(c)` gives chunk c of it. A super-block is 64 weights (two blocks)
-// for the 32-weight formats, one chunk: `chunk(0)` gives it and `lane_a` the four rows' a together.
+// `begin(s)` prepares super-block s (scales), `chunk(c)` gives chunk c of it. (The 32-weight formats: gguf_decode32.h.)
 template <int64_t Type>
 struct Reader;
-
-template <int64_t Type>
-struct Block32Reader {
-  static constexpr int64_t kWeights = 64, kChunks = 1, kBytes = format_bytes(Type);
-  const uint8_t* row;
-  const uint8_t* blk = nullptr;
-
-  void begin(int64_t s) { blk = row + 2 * s * kBytes; }
-
-  // The four rows' d as the chunk's sub-blocks take them: lane 4 s + p holds row p's d of block s / 2. All eight fp16
-  // d in one conversion and one permute (one conversion and permute per row, then three blends, took 11 of a super-
-  // block's ~52 vector operations; the scalar loads run beside them).
-  template <typename Row>  // Reader<Type>, derived from this; w: the four rows
-  static __m512 lane_a(const Row* w) {
-    uint64_t h[2] = {0, 0};
-    for (int p = 0; p < 4; p++)
-      for (int b = 0; b < 2; b++) {
-        uint16_t v;
-        std::memcpy(&v, w[p].blk + b * kBytes, 2);
-        h[p / 2] |= static_cast<uint64_t>(v) << (16 * (2 * (p % 2) + b));
-      }
-    const __m256 d = _mm256_cvtph_ps(_mm_set_epi64x(static_cast<int64_t>(h[1]), static_cast<int64_t>(h[0])));  // lane 2 p + b
-    return _mm512_permutexvar_ps(_mm512_set_epi32(7, 5, 3, 1, 7, 5, 3, 1, 6, 4, 2, 0, 6, 4, 2, 0), _mm512_castps256_ps512(d));
-  }
-
-  __m512i chunk(int) const {
-    if constexpr (Type == kQ8_0) {
-      const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(load32(blk + 2)), load32(blk + kBytes + 2), 1);
-      return _mm512_xor_si512(q, _mm512_set1_epi8(static_cast<char>(0x80)));  // int8 q -> uint8 q + 128
-    } else {
-      // 16 bytes of each block to 128-bit lanes (0, 1) and (2, 3); the odd lanes shifted down to their high nibbles.
-      constexpr int64_t qs = Type == kQ5_0 ? 6 : 2;
-      const __m512i v = _mm512_mask_broadcast_i32x4(
-          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs))), 0xFF00,
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kBytes + qs)));
-      const __m512i u = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xFF00FF00, v, 4), _mm512_set1_epi8(0x0F));
-      if constexpr (Type == kQ4_0) return u;
-      uint32_t qh0, qh1;  // Q5_0: bit j of each block's qh is the fifth bit of its code j
-      std::memcpy(&qh0, blk + 2, 4);
-      std::memcpy(&qh1, blk + kBytes + 2, 4);
-      return _mm512_mask_add_epi8(u, _cvtu64_mask64(qh0 | static_cast<uint64_t>(qh1) << 32), u, _mm512_set1_epi8(16));
-    }
-  }
-};
-
-template <>
-struct Reader<kQ4_0> : Block32Reader<kQ4_0> {};
-template <>
-struct Reader<kQ5_0> : Block32Reader<kQ5_0> {};
-template <>
-struct Reader<kQ8_0> : Block32Reader<kQ8_0> {};
 
 // Q4_K and Q5_K: chunk c holds sub-blocks 2c (low nibbles of qs[32c ..]) and 2c + 1 (high nibbles); Q5_K's fifth
 // bits are bits 2c and 2c + 1 of qh[0..31].
@@ -230,7 +191,7 @@ template <int64_t Type, int RB, bool LongRows, int G = 1>
 inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
   using R = Reader<Type>;
   constexpr int NW = 4 * G;  // weight rows side by side
-  constexpr int64_t span = NW * (R::kWeights == 64 ? 2 : 1) * R::kBytes;  // bytes of the NW rows per super-block
+  constexpr int64_t span = NW * R::kBytes;  // bytes of the NW rows per super-block
   const uint8_t* ahead = row + (LongRows ? kLongAhead : kPrefetchAhead);
   constexpr int shift = zero_shift(Type);
   R w[NW];
@@ -242,12 +203,11 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
   }
   for (int64_t s = 0; s < x.K64 / R::kWeights; s++) {
     for (int j = 0; j < NW; j++) w[j].begin(s);
-    [[maybe_unused]] __m512 a_chunks[G][4];
-    if constexpr (R::kWeights == 256)
-      for (int g = 0; g < G; g++) {
-        const __m512 a16[4] = {w[4 * g].a16, w[4 * g + 1].a16, w[4 * g + 2].a16, w[4 * g + 3].a16};
-        chunk_a(a16, a_chunks[g]);
-      }
+    __m512 a_chunks[G][4];
+    for (int g = 0; g < G; g++) {
+      const __m512 a16[4] = {w[4 * g].a16, w[4 * g + 1].a16, w[4 * g + 2].a16, w[4 * g + 3].a16};
+      chunk_a(a16, a_chunks[g]);
+    }
     for (int64_t o = 0; o < span; o += 64)
       _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T1);
     ahead += span;
@@ -256,12 +216,9 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
       __m512i u[NW];
       __m512 ap[G];  // lane 4 k + p: weight row 4 g + p's a of sub-block k
       for (int j = 0; j < NW; j++) u[j] = w[j].chunk(c);
-      for (int g = 0; g < G; g++) by_group(u + 4 * g);
       for (int g = 0; g < G; g++) {
-        if constexpr (R::kWeights == 64)
-          ap[g] = R::lane_a(w + 4 * g);
-        else
-          ap[g] = a_chunks[g][c];
+        by_group(u + 4 * g);
+        ap[g] = a_chunks[g][c];
       }
       for (int r = 0; r < RB; r++) {
         const int64_t m = m0 + r;
@@ -291,17 +248,7 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
         total = _mm_sub_ps(total, _mm_setr_ps(_mm512_reduce_add_ps(o[0]), _mm512_reduce_add_ps(o[1]),
                                               _mm512_reduce_add_ps(o[2]), _mm512_reduce_add_ps(o[3])));
       }
-      // One store for four rows: a loop over nr the compiler turned into a call to memcpy, 1.3% of a decode step's
-      // CPU time (perf, cpu-clock samples).
-      float* yg = y + r * ldy + 4 * g;
-      const int ng = std::min(4, nr - 4 * g);
-      if (ng == 4) {
-        _mm_storeu_ps(yg, total);
-      } else {
-        alignas(16) float t[4];
-        _mm_store_ps(t, total);
-        for (int j = 0; j < ng; j++) yg[j] = t[j];
-      }
+      store_rows(y + r * ldy + 4 * g, total, std::min(4, nr - 4 * g));
     }
 }
 

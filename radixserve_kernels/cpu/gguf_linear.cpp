@@ -4,11 +4,11 @@
 // tile of kTile weight rows the blocks are unpacked into a small buffer of uint8 codes with a float (a, b) per 16
 // weights, and every activation row is multiplied with the tile (gguf_tiles.h): an integer dot product of codes and
 // int8 activations (AVX-512 VNNI vpdpbusd; AVX2's vpmaddubsw + vpmaddwd; plain C++ otherwise), scaled by a * x_scale
-// in float per 16 columns on VNNI (per 32 on AVX2), minus sum_j b_j * x_scale_j * (sum of the activation codes of
-// block j). The tile stays in L1/L2 while all rows pass over it, so a prefill reads each weight byte once, like a
-// decode step. With VNNI or AVX2, formats with a fixed zero point take it out inside the integer dot product instead,
-// and decode steps (at most kFusedRows rows) skip the tile: codes go from the blocks to registers (gguf_decode.h on
-// VNNI, gguf_decode_avx2.h on AVX2). On AVX2, the K-quants take that path at every row count, against activations
+// in float per 16 columns on VNNI for the K-quants (per block of 32 for Q4_0, Q5_0 and Q8_0, and on AVX2), minus
+// sum_j b_j * x_scale_j * (sum of the activation codes of block j). The tile stays in L1/L2 while all rows pass over
+// it, so a prefill reads each weight byte once, like a decode step. With VNNI or AVX2, formats with a fixed zero point
+// take it out inside the integer dot product instead, and decode steps (at most kFusedRows rows) skip the tile: codes
+// go from the blocks to registers (gguf_decode.h and gguf_decode32.h on VNNI, gguf_decode_avx2.h on AVX2). On AVX2, the K-quants take that path at every row count, against activations
 // rounded per 256 columns (as ggml's q8_K; QuantX.q256): a super-block then sums in integers before its float step;
 // past a decode step's rows they, Q4_0 and Q5_0 transpose eight weight rows once for all activation rows instead of
 // unpacking a tile (gguf_packed_avx2.h).
@@ -137,17 +137,17 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
   if (M == 0) return out;
   const at::Tensor xc = x.contiguous();  // rounded from its own dtype: a float32 copy was a pass and an allocation
   const bool per256 = std::any_of(types.begin(), types.end(), rounds_per_256);
-  unsigned zero_shifts = 0;  // the zero points the VNNI decode rows take out (QuantX.zero_lane)
+  DecodeNeeds needs;  // the zero points the VNNI decode rows take out, and how they read the codes
   for (const int64_t t : types)
-    if (kVnniLanes && zero_shift(t) >= 0 && fused(t, M, K)) zero_shifts |= 1u << zero_shift(t);
+    if (kVnniLanes && zero_shift(t) >= 0 && fused(t, M, K)) (is_block32(t) ? needs.zero32 : needs.zero16) |= 1u << zero_shift(t);
   // Its buffers outlive the call: the next linear on this thread reuses them. Bound to a plain reference so that
   // the pool's threads read this thread's (a lambda naming a thread_local reads the running thread's own).
   thread_local QuantX reused;
   QuantX& xq = reused;
   if (x.scalar_type() == at::kFloat)
-    quantize_rows(xc.data_ptr<float>(), M, K, per256, zero_shifts, xq);
+    quantize_rows(xc.data_ptr<float>(), M, K, per256, needs, xq);
   else
-    quantize_rows(xc.data_ptr<at::BFloat16>(), M, K, per256, zero_shifts, xq);
+    quantize_rows(xc.data_ptr<at::BFloat16>(), M, K, per256, needs, xq);
   // float32 without a bias: the kernels write the output itself. Otherwise a float32 buffer (every entry is
   // written, so it is not cleared: a zeroed 150k-entry LM head buffer cost a pass over 0.6 MB a step), then the bias
   // and the cast in one loop (separate torch ops cost ~10 us of dispatch each, ~100 linears a step).

@@ -7,6 +7,7 @@
 #include "gguf_activations.h"
 #include "gguf_blocks.h"
 #include "gguf_decode.h"
+#include "gguf_decode32.h"
 #include "gguf_decode_avx2.h"
 #include "gguf_kquants_avx2.h"
 #include "gguf_packed_avx2.h"
@@ -96,26 +97,32 @@ struct PackedTile {
 };
 
 // The tile's 16 weight rows against RB activation rows from m0: total[r] lane j is pair (m0 + r, j)'s sum before
-// offsets. Per pair, the same integers and `sub_step`s as decode_rows (gguf_decode.h), the same sub_total order.
-template <int RB, int Shift>
+// offsets. Per pair, the same integers and `sub_step`s as the decode rows, the same order of the final sum: per 16
+// columns as decode_rows (gguf_decode.h), or with PerBlock (the 32-weight formats) per block of 32 as decode_rows32
+// (gguf_decode32.h), the block's a (its d: both its 16-column entries) times its activations' scale.
+template <int RB, int Shift, bool PerBlock>
 inline void tile_rows(const PackedTile& t, const QuantX& x, int64_t m0, __m512* total) {
+  constexpr int64_t kCols = PerBlock ? kXBlock : kSub, kGroups = kCols / 4;  // columns per float step, their groups
   __m512 acc[RB][4];
   for (auto& row : acc)
     for (auto& v : row) v = _mm512_setzero_ps();
-  for (int64_t s0 = 0; s0 < x.K64 / kSub; s0 += 4) {
-    for (int k = 0; k < 4; k++) {
-      const int64_t s = s0 + k;
-      __m512i w[4];
-      for (int g = 0; g < 4; g++) w[g] = _mm512_loadu_si512(&t.u[(4 * s + g) * 16]);
-      const __m512 a = _mm512_loadu_ps(&t.a[s * 16]);
+  for (int64_t s0 = 0; s0 < x.K64 / kCols; s0 += 4) {
+    for (int k = 0; k < 4 && s0 + k < x.K64 / kCols; k++) {
+      const int64_t s = s0 + k, sub = s * kCols / kSub;  // the step's first 16-column entry
+      __m512i w[kGroups];
+      for (int g = 0; g < kGroups; g++) w[g] = _mm512_loadu_si512(&t.u[(kGroups * s + g) * 16]);
+      const __m512 a = _mm512_loadu_ps(&t.a[sub * 16]);
       for (int r = 0; r < RB; r++) {
         const int64_t m = m0 + r;
         __m512i sums = _mm512_setzero_si512();
-        if constexpr (Shift >= 0) sums = _mm512_slli_epi32(_mm512_set1_epi32(x.nsum16[m * x.S + s]), Shift);
-        int32_t q4[4];
-        std::memcpy(q4, &x.q[m * x.K64 + s * kSub], 16);
-        for (int g = 0; g < 4; g++) sums = _mm512_dpbusd_epi32(sums, w[g], _mm512_set1_epi32(q4[g]));
-        acc[r][k] = sub_step(acc[r][k], sums, a, _mm512_set1_ps(x.scale16[m * x.S + s]));
+        if constexpr (Shift >= 0) {
+          const int32_t nsum = PerBlock ? x.nsum32[m * x.K64 / kXBlock + s] : x.nsum16[m * x.S + s];
+          sums = _mm512_slli_epi32(_mm512_set1_epi32(nsum), Shift);
+        }
+        int32_t q4[kGroups];
+        std::memcpy(q4, &x.q[m * x.K64 + s * kCols], kCols);
+        for (int g = 0; g < kGroups; g++) sums = _mm512_dpbusd_epi32(sums, w[g], _mm512_set1_epi32(q4[g]));
+        acc[r][k] = sub_step(acc[r][k], sums, a, _mm512_set1_ps(x.scale16[m * x.S + sub]));
       }
     }
   }
@@ -123,11 +130,11 @@ inline void tile_rows(const PackedTile& t, const QuantX& x, int64_t m0, __m512* 
     total[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][2]), _mm512_add_ps(acc[r][1], acc[r][3]));
 }
 
-template <int RB, int Shift>
+template <int RB, int Shift, bool PerBlock>
 inline void tile_store(const PackedTile& t, const RowView* w, int64_t rows, const QuantX& x, int64_t m0, float* y,
                        int64_t ldy) {
   __m512 total[RB];
-  tile_rows<RB, Shift>(t, x, m0, total);
+  tile_rows<RB, Shift, PerBlock>(t, x, m0, total);
   for (int r = 0; r < RB; r++) {
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, total[r]);
@@ -139,22 +146,22 @@ inline void tile_store(const PackedTile& t, const RowView* w, int64_t rows, cons
 }
 
 // Every activation row against `rows` (<= 16) unpacked weight rows (a tile), kRowBlock activation rows at a time.
-template <int Shift>
+template <int Shift, bool PerBlock>
 void dot_tile(const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
   thread_local PackedTile t;
   t.pack(w, rows, x);
   int64_t m = 0;
-  for (; m + kRowBlock <= M; m += kRowBlock) tile_store<kRowBlock, Shift>(t, w, rows, x, m, y + m * ldy, ldy);
-  for (; m < M; m++) tile_store<1, Shift>(t, w, rows, x, m, y + m * ldy, ldy);
+  for (; m + kRowBlock <= M; m += kRowBlock) tile_store<kRowBlock, Shift, PerBlock>(t, w, rows, x, m, y + m * ldy, ldy);
+  for (; m < M; m++) tile_store<1, Shift, PerBlock>(t, w, rows, x, m, y + m * ldy, ldy);
 }
 
 inline void dot_tile(int64_t type, const RowView* w, int64_t rows, const QuantX& x, int64_t M, float* y, int64_t ldy) {
-  switch (zero_shift(type)) {
-    case 3: return dot_tile<3>(w, rows, x, M, y, ldy);
-    case 4: return dot_tile<4>(w, rows, x, M, y, ldy);
-    case 5: return dot_tile<5>(w, rows, x, M, y, ldy);
-    case 7: return dot_tile<7>(w, rows, x, M, y, ldy);
-    default: return dot_tile<-1>(w, rows, x, M, y, ldy);
+  switch (type) {
+    case kQ4_0: return dot_tile<zero_shift(kQ4_0), true>(w, rows, x, M, y, ldy);
+    case kQ5_0: return dot_tile<zero_shift(kQ5_0), true>(w, rows, x, M, y, ldy);
+    case kQ8_0: return dot_tile<zero_shift(kQ8_0), true>(w, rows, x, M, y, ldy);
+    case kQ6_K: return dot_tile<zero_shift(kQ6_K), false>(w, rows, x, M, y, ldy);
+    default: return dot_tile<-1, false>(w, rows, x, M, y, ldy);
   }
 }
 
@@ -266,17 +273,27 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
   // read it slower at 2-4 rows (5.1-5.8 against 4.0-4.4 ms) and no faster at eight.
   constexpr int G = Type != kQ8_0 && RB >= 6 ? 2 : 1;
   const bool long_rows = x.K64 > kLongRow;  // the prefetch distance is in the template: a branch cost 6% in-cache
+  const auto pass = [&](auto long_rows_c, auto g_c, const uint8_t* w, int nr, float* yr) {
+    if constexpr (is_block32(Type))
+      decode_rows32<Type, RB, long_rows_c.value, g_c.value>(w, row_bytes, nr, x, m0, yr, ldy);
+    else
+      decode_rows<Type, RB, long_rows_c.value, g_c.value>(w, row_bytes, nr, x, m0, yr, ldy);
+  };
+  using Long = std::true_type;
+  using Short = std::false_type;
+  using Wide = std::integral_constant<int, G>;
+  using Four = std::integral_constant<int, 1>;
   for (int64_t r = 0; r < rows;) {
     const int nr = static_cast<int>(std::min<int64_t>(4 * G, rows - r));
     const uint8_t* w = row + r * row_bytes;
     if (long_rows && nr > 4)
-      decode_rows<Type, RB, true, G>(w, row_bytes, nr, x, m0, y + r, ldy);
+      pass(Long{}, Wide{}, w, nr, y + r);
     else if (long_rows)
-      decode_rows<Type, RB, true>(w, row_bytes, nr, x, m0, y + r, ldy);
+      pass(Long{}, Four{}, w, nr, y + r);
     else if (nr > 4)
-      decode_rows<Type, RB, false, G>(w, row_bytes, nr, x, m0, y + r, ldy);
+      pass(Short{}, Wide{}, w, nr, y + r);
     else
-      decode_rows<Type, RB, false>(w, row_bytes, nr, x, m0, y + r, ldy);
+      pass(Short{}, Four{}, w, nr, y + r);
     r += nr;
   }
 #else

@@ -5,6 +5,7 @@
 
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
 
 #include <cstdint>
 
@@ -58,6 +59,12 @@ inline simde__m512i shuffle_epi32(simde__m512i a, int imm) {
   for (int i = 0; i < 16; i++) r[i] = x[(i & ~3) + (imm >> (2 * (i & 3)) & 3)];
   return simde_mm512_loadu_si512(r);
 }
+// _mm512_cvtph_ps: each half by F16C's conversion (exact: every fp16 value is a float).
+inline simde__m512 cvtph_ps(simde__m256i v) {
+  const simde__m256 lo = simde_mm256_cvtph_ps(simde_mm256_castsi256_si128(v));
+  const simde__m256 hi = simde_mm256_cvtph_ps(simde_mm256_extracti128_si256(v, 1));
+  return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(lo), hi, 1);
+}
 template <typename Op>
 inline float reduce_ps(simde__m512 v, Op op) {
   float a[16], t3[8], t6[4];
@@ -82,6 +89,7 @@ inline float reduce_ps(simde__m512 v, Op op) {
 #undef _mm512_reduce_max_ps
 #undef _cvtu64_mask64
 #undef _mm512_shuffle_epi32
+#undef _mm512_cvtph_ps
 #undef _mm512_madd_epi16  // SIMDe 0.7's alias takes the masked form's four arguments
 #define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
 #define _mm512_cvtepi32_ps(v) radixserve::emulated::to_ps(v)
@@ -95,6 +103,7 @@ inline float reduce_ps(simde__m512 v, Op op) {
 #define _mm512_cvtepi32_epi8(v) \
   radixserve::emulated::convert<int32_t, int8_t, 16>(v, radixserve::emulated::put512, radixserve::emulated::get128)
 #define _mm512_shuffle_epi32(a, imm) radixserve::emulated::shuffle_epi32(a, static_cast<int>(imm))
+#define _mm512_cvtph_ps(v) radixserve::emulated::cvtph_ps(v)
 #define _mm512_mask_srli_epi16(src, k, a, imm) radixserve::emulated::mask_srli_epi16(src, k, a, imm)
 #define _mm512_reduce_add_ps(v) radixserve::emulated::reduce_ps(v, [](float x, float y) { return x + y; })
 #define _mm512_reduce_max_ps(v) radixserve::emulated::reduce_ps(v, [](float x, float y) { return x > y ? x : y; })
