@@ -5,8 +5,10 @@
 // scale are both constant over its 32 columns, so the two 16-column sums can be added in integers first. With lane
 // 4 j + p of a register holding pair p's block j of the step (the 16 lanes: four weight rows by four blocks), the
 // float step (cvt, mul, fma) serves 128 columns instead of 64, and the step's eight vpdpbusd per activation row take
-// their operands in eight in-block broadcasts of the activations, as four did for 64 columns before: at eight rows a
-// pass took ~20% fewer vector operations (RESULTS.md, issue 38 session 48).
+// their operands in eight in-block broadcasts of the activations, as four did for 64 columns before. At eight rows
+// the LM head took 5.6-5.8 ms against 7.6-7.9, gate_up 8.6-9.1 against 10.1-10.3 (two threads, from memory); one row
+// level (RESULTS.md, issue 38 session 48). Q4_K and Q5_K (a scale per 32 too) were slower this way: their chunks
+// already come two sub-blocks at a time, and the extra shuffles and registers cost more than the float steps saved.
 //
 // What keeps it bit-equal to the tiles (gguf_tiles.h, tile_rows with PerBlock) and so batch-invariant: per pair both
 // compute each block's exact int32 sum (codes times activation codes, minus the zero point times the activations'

@@ -270,7 +270,8 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
   // 12.2-12.6 ms, down 7.0-7.5 against 7.3-8.0; at 2-4 rows mixed (gate_up 5.45 against 5.71-6.04 ms at 2, 7.85-7.92
   // against 7.51-7.54 at 4); at one row it paid before the weight rows were transposed by group (whole steps
   // 1.04-1.07x), not after (four a pass: 1.017x and 1.026x). Q8_0 (the LM head) keeps four at every row count: eight
-  // read it slower at 2-4 rows (5.1-5.8 against 4.0-4.4 ms) and no faster at eight.
+  // read it slower at 2-4 rows (5.1-5.8 against 4.0-4.4 ms) and no faster at eight; with one float step per block
+  // (gguf_decode32.h, session 48) slower at six and eight too (8 rows: 6.4-6.6 against 5.8-5.9 ms).
   constexpr int G = Type != kQ8_0 && RB >= 6 ? 2 : 1;
   const bool long_rows = x.K64 > kLongRow;  // the prefetch distance is in the template: a branch cost 6% in-cache
   const auto pass = [&](auto long_rows_c, auto g_c, const uint8_t* w, int nr, float* yr) {
