@@ -85,5 +85,5 @@ class SeenIds:
         have = len(self._on_device) if self._on_device.device == device else 0
         if have < self._n:
             new = to_device(torch.from_numpy(self._buf[have : self._n].copy()), device)
-            self._on_device = torch.cat([self._on_device.to(device)[:have], new])
+            self._on_device = torch.cat([self._on_device, new]) if have else new
         return self._on_device

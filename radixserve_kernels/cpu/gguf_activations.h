@@ -63,7 +63,7 @@ struct QuantX {
   std::vector<float> lane32;  // [M][K128 / 8]: per 128 columns, lane 4 j + p (p < 4): the scale of block j
   std::array<std::vector<int32_t>, 8> zero32;  // [s][M][K128 / 8]: lane 4 j + p: minus block j's code sum, times 2^s
   std::vector<int32_t> nsum16;  // [M][S]: minus the sum of each 16 codes (a sub-block)
-  std::vector<int32_t> nsum32;  // [M][K64 / 32]: minus the sum of each 32 codes (the AVX2 whole-chunk step's)
+  std::vector<int32_t> nsum32;  // [M][K64 / 32]: minus the sum of each 32 codes (AVX2's whole-chunk step; VNNI's Q4_0, Q5_0, Q8_0)
   // Rounded per 256 columns instead (kRound256 builds, for linears with K-quant parts; else empty):
   std::vector<int8_t> q256;     // [M][K64]
   std::vector<float> d256;      // [M][K64 / 256]: the scale of each 256 columns
@@ -210,9 +210,6 @@ inline void quantize_row256(const In* x, int64_t K, QuantX& xq, int64_t m) {
   }
 }
 
-// The rows of x rounded into xq, whose buffers are reused from call to call (each linear allocated and freed ten:
-// malloc and free were 1.6% of the calling thread's samples in a decode, RESULTS.md issue 38 session 30); every
-// entry is rewritten. `per256`: also the codes per 256 columns (a linear with parts that rounds_per_256).
 // What the call's VNNI decode rows read besides the codes (gguf_linear.cpp fills it from the formats it decodes).
 struct DecodeNeeds {
   unsigned zero16 = 0;  // bit s: zero_lane[s] (Q6_K)
@@ -233,6 +230,10 @@ inline void fill_block32(const int8_t* q, const int32_t* nsum32, const float* sc
   }
 }
 
+// The rows of x rounded into xq, whose buffers are reused from call to call (each linear allocated and freed ten:
+// malloc and free were 1.6% of the calling thread's samples in a decode, RESULTS.md issue 38 session 30); every
+// entry is rewritten. `per256`: also the codes per 256 columns (a linear with parts that rounds_per_256).
+// `needs`: what else to fill for the VNNI decode rows.
 template <typename In>
 inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, DecodeNeeds needs, QuantX& xq) {
   xq.K64 = round_up(K, kChunk);

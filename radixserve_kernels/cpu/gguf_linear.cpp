@@ -8,8 +8,9 @@
 // sum_j b_j * x_scale_j * (sum of the activation codes of block j). The tile stays in L1/L2 while all rows pass over
 // it, so a prefill reads each weight byte once, like a decode step. With VNNI or AVX2, formats with a fixed zero point
 // take it out inside the integer dot product instead, and decode steps (at most kFusedRows rows) skip the tile: codes
-// go from the blocks to registers (gguf_decode.h and gguf_decode32.h on VNNI, gguf_decode_avx2.h on AVX2). On AVX2, the K-quants take that path at every row count, against activations
-// rounded per 256 columns (as ggml's q8_K; QuantX.q256): a super-block then sums in integers before its float step;
+// go from the blocks to registers (gguf_decode.h and gguf_decode32.h on VNNI, gguf_decode_avx2.h on AVX2). On AVX2,
+// the K-quants take that path at every row count, against activations rounded per 256 columns (as ggml's q8_K;
+// QuantX.q256): a super-block then sums in integers before its float step;
 // past a decode step's rows they, Q4_0 and Q5_0 transpose eight weight rows once for all activation rows instead of
 // unpacking a tile (gguf_packed_avx2.h).
 //
@@ -139,7 +140,8 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
   const bool per256 = std::any_of(types.begin(), types.end(), rounds_per_256);
   DecodeNeeds needs;  // the zero points the VNNI decode rows take out, and how they read the codes
   for (const int64_t t : types)
-    if (kVnniLanes && zero_shift(t) >= 0 && fused(t, M, K)) (is_block32(t) ? needs.zero32 : needs.zero16) |= 1u << zero_shift(t);
+    if (kVnniLanes && zero_shift(t) >= 0 && fused(t, M, K))
+      (is_block32(t) ? needs.zero32 : needs.zero16) |= 1u << zero_shift(t);
   // Its buffers outlive the call: the next linear on this thread reuses them. Bound to a plain reference so that
   // the pool's threads read this thread's (a lambda naming a thread_local reads the running thread's own).
   thread_local QuantX reused;

@@ -263,9 +263,9 @@ inline bool fused(int64_t type, int64_t M, int64_t K) {
 template <int64_t Type, int RB>
 void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const QuantX& x, int64_t m0, float* y, int64_t ldy) {
 #if defined(RADIXSERVE_GGUF_VNNI)
-  // Eight weight rows a pass (two groups of four, gguf_decode.h's G = 2) while more than four are left, at six or
-  // more activation rows, where the activations' loads and broadcasts that the groups share outweigh the extra rows
-  // streaming side by side. Measured from memory at two threads (benchmarks.gguf_linear --threads 2 --wall
+  // Eight weight rows a pass (two groups of four: G = 2 in gguf_decode.h and gguf_decode32.h) while more than four
+  // are left, at six or more activation rows, where the activations' loads and broadcasts that the groups share
+  // outweigh the extra rows streaming side by side. Measured from memory at two threads (benchmarks.gguf_linear --threads 2 --wall
   // --huge-pages, benchmarks.decode_ab; RESULTS.md, issue 38 sessions 45-47): at eight rows gate_up 10.0-10.2 against
   // 12.2-12.6 ms, down 7.0-7.5 against 7.3-8.0; at 2-4 rows mixed (gate_up 5.45 against 5.71-6.04 ms at 2, 7.85-7.92
   // against 7.51-7.54 at 4); at one row it paid before the weight rows were transposed by group (whole steps
