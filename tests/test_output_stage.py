@@ -64,10 +64,11 @@ def test_a_stop_string_spanning_tokens_ends_the_answer_and_frees_its_pages(answe
     assert out["text"] == text[: text.index(stop)]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert out["meta_info"]["completion_tokens"] == j + 1
-    # The loop heard of the stop and finished the request (not at its max_new_tokens): a step or two past it (of up
-    # to 1 + 8 drafted tokens each with speculation).
+    # The loop heard of the stop and finished the request (not at its max_new_tokens, 379): some steps past it (of up
+    # to 1 + 8 drafted tokens each with speculation). How many depends on when the output thread runs: the tiny
+    # model's steps take about a millisecond, and a CI run on a loaded 2-core machine made 4 where 3 were allowed.
     made = eng.metrics()["generation_tokens_total"] - before
-    assert j + 1 <= made <= j + 1 + (27 if eng.speculative.enabled else 3), made
+    assert j + 1 <= made <= j + 1 + 16 * (9 if eng.speculative.enabled else 1), made
     wait_idle(eng)
     eng.check_invariants()  # every page is free, cached or held: none leaked by the early finish
     m = eng.metrics()

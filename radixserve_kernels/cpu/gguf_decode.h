@@ -183,25 +183,29 @@ struct Reader<kQ6_K> {
 constexpr int64_t kPrefetchAhead = 6144, kLongAhead = 24576;
 constexpr int64_t kLongRow = 2048;
 
-// Q4_K's and Q5_K's offsets after decode_rows' loop at eight weight rows a pass: off[r][j] (16 lanes, one per
-// sub-block of a super-block) = the sum over super-blocks s, in order, of weight row j's b per 16 (kept[s NW + j])
-// times activation row m0 + r's corr. Inside the loop they took a register per (activation row, weight row), 64 at
-// eight by eight, spilled to memory and back every super-block; layer 2's Q4_K down at eight rows took 1.27x the
-// time of layer 0's Q6_K (RESULTS.md, issue 38 session 49). Here one weight row's RB sums at a time, the same fmas
-// in the same order: the same bits.
-inline __m512* b16_buffer(int64_t n) {
-  thread_local std::vector<__m512> kept;  // kept from call to call, as QuantX's buffers (gguf_linear.cpp)
-  kept.resize(n);
+// The b's decode_rows keeps for late_offsets (below), n registers' worth, kept from call to call as QuantX's buffers
+// (gguf_linear.cpp).
+inline float* b16_buffer(int64_t n) {
+  thread_local std::vector<float> kept;
+  kept.resize(16 * n);
   return kept.data();
 }
 
+// Q4_K's and Q5_K's offsets after decode_rows' loop at eight weight rows a pass: off[r][j] (16 lanes, one per
+// sub-block of a super-block) = the sum over super-blocks s, in order, of weight row j's b per 16 (at kept + 16 (s NW +
+// j)) times activation row m0 + r's corr. Inside the loop they took a register per (activation row, weight row), 64 at
+// eight by eight, spilled to memory and back every super-block; layer 2's Q4_K down at eight rows took 1.27x the
+// time of layer 0's Q6_K (RESULTS.md, issue 38 session 49). Here one weight row's RB sums at a time, the same fmas
+// in the same order: the same bits.
 template <int RB, int NW>
-inline void late_offsets(const __m512* kept, int64_t supers, const QuantX& x, int64_t m0, __m512 (&off)[RB][NW]) {
+inline void late_offsets(const float* kept, int64_t supers, const QuantX& x, int64_t m0, __m512 (&off)[RB][NW]) {
   for (int j = 0; j < NW; j++) {
     __m512 o[RB];
     for (auto& v : o) v = _mm512_setzero_ps();
-    for (int64_t s = 0; s < supers; s++)
-      for (int r = 0; r < RB; r++) o[r] = _mm512_fmadd_ps(kept[s * NW + j], _mm512_loadu_ps(&x.corr[(m0 + r) * x.S + 16 * s]), o[r]);
+    for (int64_t s = 0; s < supers; s++) {
+      const __m512 b = _mm512_loadu_ps(kept + 16 * (s * NW + j));
+      for (int r = 0; r < RB; r++) o[r] = _mm512_fmadd_ps(b, _mm512_loadu_ps(&x.corr[(m0 + r) * x.S + 16 * s]), o[r]);
+    }
     for (int r = 0; r < RB; r++) off[r][j] = o[r];
   }
 }
@@ -223,7 +227,7 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
   // Q4_K's and Q5_K's b per 16 of each super-block, kept for late_offsets at eight weight rows a pass
   constexpr bool late = has_minima(Type) && G > 1;
   const int64_t supers = x.K64 / R::kWeights;
-  __m512* kept = nullptr;
+  float* kept = nullptr;
   if constexpr (late) kept = b16_buffer(supers * NW);
   __m512 acc[RB][G], off[RB][NW];
   for (int r = 0; r < RB; r++) {
@@ -233,7 +237,7 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
   for (int64_t s = 0; s < supers; s++) {
     for (int j = 0; j < NW; j++) w[j].begin(s);
     if constexpr (late)  // stored now, so that the b's hold no register through the chunks
-      for (int j = 0; j < NW; j++) kept[s * NW + j] = w[j].b16;
+      for (int j = 0; j < NW; j++) _mm512_storeu_ps(kept + 16 * (s * NW + j), w[j].b16);
     __m512 a_chunks[G][4];
     for (int g = 0; g < G; g++) {
       const __m512 a16[4] = {w[4 * g].a16, w[4 * g + 1].a16, w[4 * g + 2].a16, w[4 * g + 3].a16};

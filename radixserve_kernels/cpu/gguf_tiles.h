@@ -108,7 +108,8 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int8_t* p) {
   std::memcpy(&v, p, 4);
   return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(v));
 #else
-  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
+  typedef int32_t __attribute__((may_alias)) Codes4;  // int8 codes read as one word
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const Codes4*>(p)));
   return acc;
 #endif
 }
