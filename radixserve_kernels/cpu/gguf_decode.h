@@ -229,10 +229,11 @@ inline void decode_rows(const uint8_t* row, int64_t row_bytes, int nr, const Qua
   const int64_t supers = x.K64 / R::kWeights;
   float* kept = nullptr;
   if constexpr (late) kept = b16_buffer(supers * NW);
-  __m512 acc[RB][G], off[RB][NW];
+  __m512 acc[RB][G], off[RB][NW];  // off: Q4_K's and Q5_K's offsets (late_offsets writes all of them)
   for (int r = 0; r < RB; r++) {
     for (int g = 0; g < G; g++) acc[r][g] = _mm512_setzero_ps();
-    for (int j = 0; j < NW; j++) off[r][j] = _mm512_setzero_ps();
+    if constexpr (!late)
+      for (int j = 0; j < NW; j++) off[r][j] = _mm512_setzero_ps();
   }
   for (int64_t s = 0; s < supers; s++) {
     for (int j = 0; j < NW; j++) w[j].begin(s);
