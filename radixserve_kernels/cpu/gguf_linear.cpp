@@ -29,9 +29,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -100,6 +100,17 @@ struct Tiles {
   }
 };
 
+// c10::BFloat16's rounding of v (round to nearest even, NaN to 0x7FC0) written so that the compiler vectorizes the
+// loops that call it. Through static_cast<at::BFloat16>, value by value, the cast was most of gguf_linear's own time
+// (perf at eight rows: 0.76 ms of each decode step's ~2.4M outputs; vectorized 0.57-0.66 ms, RESULTS.md issue 38
+// session 50).
+inline uint16_t bf16_bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const uint16_t rounded = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  return v != v ? uint16_t{0x7FC0} : rounded;
+}
+
 Tiles plan(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types, int64_t K, int64_t& N,
            int64_t& bytes) {
   TORCH_CHECK(blocks.size() == types.size() && !blocks.empty(), "one block type per tensor of blocks");
@@ -154,8 +165,12 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
   // written, so it is not cleared: a zeroed 150k-entry LM head buffer cost a pass over 0.6 MB a step), then the bias
   // and the cast in one loop (separate torch ops cost ~10 us of dispatch each, ~100 linears a step).
   const bool direct = x.scalar_type() == at::kFloat && !bias;
-  std::unique_ptr<float[]> buffer(direct ? nullptr : new float[M * N]);
-  float* y = direct ? out.data_ptr<float>() : buffer.get();
+  // A decode step's buffer is kept for the next call on this thread, as the activations' are (a new one per call,
+  // up to 300 KB, went through malloc's consolidation); a prefill's is freed.
+  thread_local std::vector<float> kept;
+  std::unique_ptr<float[]> buffer;
+  if (!direct && M > kKeptRows) buffer.reset(new float[M * N]);
+  float* y = direct ? out.data_ptr<float>() : buffer ? buffer.get() : at_least(kept, M * N);
   const int64_t T = tiles.count;
   auto work = [&](int64_t t0, int64_t t1) { tiles.run(xq, M, K, t0, t1, y, N); };
   if (bytes < kSerialBytes)
@@ -177,15 +192,18 @@ at::Tensor gguf_linear(const at::Tensor& x, const std::vector<at::Tensor>& block
   if (direct) return out;
   const at::Tensor bc = bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const float* b = bias ? bc.data_ptr<float>() : nullptr;
-  auto store = [&](auto* o) {
-    using Out = std::remove_pointer_t<decltype(o)>;
+  if (x.scalar_type() == at::kFloat) {
+    float* o = out.data_ptr<float>();  // not direct: it has a bias
     for (int64_t m = 0; m < M; m++)
-      for (int64_t n = 0; n < N; n++) o[m * N + n] = static_cast<Out>(b ? y[m * N + n] + b[n] : y[m * N + n]);
-  };
-  if (x.scalar_type() == at::kFloat)
-    store(out.data_ptr<float>());
-  else
-    store(out.data_ptr<at::BFloat16>());
+      for (int64_t n = 0; n < N; n++) o[m * N + n] = y[m * N + n] + b[n];
+  } else {
+    uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+    for (int64_t m = 0; m < M; m++)
+      if (b)
+        for (int64_t n = 0; n < N; n++) o[m * N + n] = bf16_bits(y[m * N + n] + b[n]);
+      else
+        for (int64_t n = 0; n < N; n++) o[m * N + n] = bf16_bits(y[m * N + n]);
+  }
   return out;
 }
 
