@@ -115,7 +115,10 @@ def main() -> None:
     cpu_stack.ENABLED = not a.no_stack
     print(cpu_flags(), f"load={os.getloadavg()[0]:.1f}")
     bandwidth = a.bandwidth * 1e9 if a.bandwidth else read_bandwidth()
-    with Engine(dtype=a.dtype, quantization=a.quantization, speculative="off", max_total_tokens=4096) as eng:
+    # Room for every stream's prompt and tokens at once: with less, the streams' cached prompts evicted each other
+    # and the measured run prefilled them again (8 streams x 1,000 tokens in a 4,096-token pool)
+    room = max(4096, a.streams * (max(a.context) + a.tokens + 64))
+    with Engine(dtype=a.dtype, quantization=a.quantization, speculative="off", max_total_tokens=room) as eng:
         mover = getattr(eng.runner.model, "huge_pages", None)
         if mover is not None:
             mover.join()  # the steady state: a GGUF's blocks on huge pages (radixserve/gguf/huge_pages.py)
