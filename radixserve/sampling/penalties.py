@@ -93,9 +93,7 @@ def _penalise(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> list[Calla
         )
         seen_rows.append((i, seen, info.params.repetition_penalty))
     for values, index, p in _gather_jobs(logits, seen_rows):
-        x = values.index_select(0, index)
-        values.index_copy_(0, index, torch.where(x > 0, x / p, x * p))
-        undo.append(functools.partial(values.index_copy_, 0, index, x))
+        undo.append(_repetition(values, index, p))
     if fp_rows:
         ids, valid, any_valid = _padded_ids([infos[i].output_ids for i in fp_rows], vocab, device)
         freq = device_tensor([infos[i].params.frequency_penalty for i in fp_rows], device)[:, None]
@@ -114,24 +112,45 @@ def _penalise(logits: torch.Tensor, infos: Sequence[SamplingInfo]) -> list[Calla
     return undo
 
 
+Flat = torch.Tensor | np.ndarray
+
+
+def _repetition(values: Flat, index: Flat, p: float) -> Callable[[], None]:
+    """HF's repetition penalty on values[index] (positive logits divided by p, the rest multiplied), in place; returns
+    what puts the old values back. numpy's arrays take the same float32 operations as torch's tensors, so the same
+    values (p rounded to float32 either way), for a fraction of torch's per-op cost on a few hundred ids."""
+    if isinstance(values, np.ndarray):
+        assert isinstance(index, np.ndarray)
+        x = values[index]
+        values[index] = np.where(x > 0, x / np.float32(p), x * np.float32(p))
+        return functools.partial(values.__setitem__, index, x)
+    assert isinstance(index, torch.Tensor)
+    x = values.index_select(0, index)
+    values.index_copy_(0, index, torch.where(x > 0, x / p, x * p))
+    return functools.partial(values.index_copy_, 0, index, x)
+
+
 def _gather_jobs(
     logits: torch.Tensor, seen_rows: list[tuple[int, torch.Tensor, float]]
-) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+) -> list[tuple[Flat, Flat, float]]:
     """(a 1-D view of logits, indices into it, penalty) covering every (row, seen ids, penalty): on contiguous logits
     one job per penalty value, its rows' ids offset into the flat view (a gather and a scatter per row took ~60 us a
-    row, 0.5 ms a step at eight streams: RESULTS.md, issue 38 session 48); else one per row. The penalty stays a
-    Python scalar, so each value's arithmetic is the same either way."""
+    row, 0.5 ms a step at eight streams: RESULTS.md, issue 38 session 48); else one per row. On the CPU, float32
+    logits are viewed as a numpy array: the whole penalty took 0.29 ms of a one-stream decode step with torch's
+    gather, where and scatter, 0.21 ms so (0.38 and 0.28 ms at eight streams; the caches are cold after the LM head:
+    RESULTS.md, issue 38 session 50)."""
     if not logits.is_contiguous():
         return [(logits.select(0, i), seen, p) for i, seen, p in seen_rows]
     by_penalty: dict[float, list[tuple[int, torch.Tensor]]] = {}
     for i, seen, p in seen_rows:
         by_penalty.setdefault(p, []).append((i, seen))
-    flat, vocab = logits.view(-1), logits.shape[1]
-    if logits.device.type == "cpu":  # numpy's ops on a few hundred ids cost ~1 us, torch's ~5
+    vocab = logits.shape[1]
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        flat = logits.detach().numpy().reshape(-1)  # a view: writes land in logits
         return [
-            (flat, torch.from_numpy(np.concatenate([seen.numpy() + i * vocab for i, seen in rows])), p)
-            for p, rows in by_penalty.items()
+            (flat, np.concatenate([seen.numpy() + i * vocab for i, seen in rows]), p) for p, rows in by_penalty.items()
         ]
+    flat = logits.view(-1)
     return [(flat, torch.cat([seen + i * vocab for i, seen in rows]), p) for p, rows in by_penalty.items()]
 
 
