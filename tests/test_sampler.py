@@ -207,6 +207,23 @@ def test_repetition_penalty_hf_semantics() -> None:
     assert torch.allclose(out, torch.tensor([[1.0, -4.0, 1.0, -2.0, 0.5]]))
 
 
+def test_repetition_penalty_on_numpy_equals_torch() -> None:
+    # Contiguous float32 CPU logits take the numpy view (penalties.py, _repetition); a non-contiguous copy of the same
+    # values takes torch's index ops row by row. Both must give the same bits, at penalties either side of 1.
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 4000, generator=g) * 20
+    rows = [
+        info(repetition_penalty=1.1, prompt=list(range(0, 4000, 3)), output=[1, 2, 7]),
+        info(repetition_penalty=0.7, prompt=list(range(1, 4000, 7))),
+        info(repetition_penalty=1.1, prompt=[5, 9, 3999]),
+    ]
+    strided = logits.t().contiguous().t()  # the same values, not contiguous
+    assert logits.is_contiguous() and not strided.is_contiguous()
+    out = apply_penalties(logits, rows)
+    assert not torch.equal(out, logits)
+    assert torch.equal(out, apply_penalties(strided, rows))
+
+
 def test_repetition_penalty_kept_ids_match_a_rebuild_every_step() -> None:
     # A request's SeenIds grows with its live output list; each step must penalise exactly what a fresh set would,
     # ids at or above the head's vocabulary (a larger tokenizer) included only once they fit.

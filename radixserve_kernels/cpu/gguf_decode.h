@@ -184,11 +184,10 @@ constexpr int64_t kPrefetchAhead = 6144, kLongAhead = 24576;
 constexpr int64_t kLongRow = 2048;
 
 // The b's decode_rows keeps for late_offsets (below), n registers' worth, kept from call to call as QuantX's buffers
-// (gguf_linear.cpp).
+// (gguf_activations.h, at_least).
 inline float* b16_buffer(int64_t n) {
   thread_local std::vector<float> kept;
-  kept.resize(16 * n);
-  return kept.data();
+  return at_least(kept, 16 * n);
 }
 
 // Q4_K's and Q5_K's offsets after decode_rows' loop at eight weight rows a pass: off[r][j] (16 lanes, one per
