@@ -219,48 +219,14 @@ struct DecodeNeeds {
 // Block b's (< K / 32) entries of q128, lane32 and zero32 for row m, from its codes q (K64) and sums nsum32.
 inline void fill_block32(const int8_t* q, const int32_t* nsum32, const float* scale16, int64_t K, unsigned zero32,
                          int64_t m, QuantX& xq) {
-  int8_t* const q2 = xq.q128.data() + m * xq.K128;
-  float* const lane32 = xq.lane32.data() + m * xq.K128 / 8;
-  std::array<int32_t*, 8> zeros{};  // in locals, as quantize_rows' pointers
-  for (int sh = 0; sh < 8; sh++)
-    if (zero32 >> sh & 1) zeros[sh] = xq.zero32[sh].data() + m * xq.K128 / 8;
+  int8_t* q2 = xq.q128.data() + m * xq.K128;
   for (int64_t b = 0; b < K / kXBlock; b++) {
-    const int64_t c = b / 4, j = b % 4, at = 16 * c + 4 * j;
+    const int64_t c = b / 4, j = b % 4, at = m * xq.K128 / 8 + 16 * c + 4 * j;
     std::memcpy(q2 + 128 * c + 16 * j, q + kXBlock * b, 16);
     std::memcpy(q2 + 128 * c + 64 + 16 * j, q + kXBlock * b + 16, 16);
-    std::fill_n(lane32 + at, 4, scale16[2 * b]);
+    std::fill_n(xq.lane32.data() + at, 4, scale16[2 * b]);
     for (int sh = 0; sh < 8; sh++)
-      if (zeros[sh] != nullptr) std::fill_n(zeros[sh] + at, 4, nsum32[b] * (1 << sh));
-  }
-}
-
-// Where one activation row's rounding goes (quantize_rows): plain pointers, passed by value so that they stay in
-// registers. Read through QuantX or a lambda's captures, they were loaded again after every int8 store (which may
-// alias anything); those reloads were the loop's most sampled instructions (perf annotate, RESULTS.md issue 38
-// session 50).
-struct RowOut {
-  int8_t* q;
-  float *scale16, *lane, *corr;
-  int32_t *nsum16, *nsum32;  // nsum32: zero on entry (summed into)
-  std::array<int32_t*, 8> zero;  // zero_lane[s] where the call needs it, else null
-};
-
-// Row x (K columns) rounded into o; nsum: room for K / 4 lane sums.
-template <typename In>
-inline void round_row(const In* x, int64_t K, RowOut o, int32_t* nsum) {
-  for (int64_t blk = 0; blk < K / kXBlock; blk++) {
-    quantize_block(x + blk * kXBlock, o.q + blk * kXBlock, o.scale16[2 * blk]);
-    o.scale16[2 * blk + 1] = o.scale16[2 * blk];
-    if (kVnniLanes) std::fill_n(o.lane + blk * 8, 8, o.scale16[2 * blk]);
-  }
-  minus_lane_sums(o.q, K, nsum);
-  for (int64_t j = 0; j < K / kSub; j++) {  // the 16 codes' sum from their four lanes' (exact integers)
-    const int sum = -(nsum[4 * j] + nsum[4 * j + 1] + nsum[4 * j + 2] + nsum[4 * j + 3]);
-    o.corr[j] = o.scale16[j] * static_cast<float>(sum);
-    o.nsum16[j] = -sum;
-    o.nsum32[j / 2] -= sum;
-    for (int sh = 0; sh < 8; sh++)
-      if (o.zero[sh] != nullptr) std::fill_n(o.zero[sh] + 4 * j, 4, -sum * (1 << sh));
+      if (zero32 >> sh & 1) std::fill_n(xq.zero32[sh].data() + at, 4, nsum32[b] * (1 << sh));
   }
 }
 
@@ -273,9 +239,9 @@ inline T* at_least(std::vector<T>& v, int64_t n) {
 }
 
 // v as `rows` rows of row_len entries whose entries from `written` on (the padding past K) are zero; the rest is
-// left as it was, for quantize_rows to overwrite. Zeroing every buffer whole was ~0.85 ms of each eight-row decode
-// step on the calling thread (memset, perf; RESULTS.md issue 38 session 50), part of it the first touch of lines
-// that the writes now make.
+// left as it was, for quantize_rows to overwrite. Zeroing every buffer whole was a memset of 0.3-1.4 ms of each
+// eight-row decode step on the calling thread (perf); the writes now make the first touch of those lines instead,
+// so the calling thread's time came out level (RESULTS.md, issue 38 session 50).
 template <typename T>
 inline void rows_zero_tail(std::vector<T>& v, int64_t rows, int64_t row_len, int64_t written) {
   T* p = at_least(v, rows * row_len);
@@ -314,17 +280,26 @@ inline void quantize_rows(const In* x, int64_t M, int64_t K, bool per256, Decode
   rows_zero_tail(xq.nsum16, M, xq.S, K / kSub);
   std::fill_n(at_least(xq.nsum32, M * xq.K64 / 32), M * xq.K64 / 32, 0);  // summed into below
   auto rows = [&](int64_t m0, int64_t m1) {
-    thread_local std::vector<int32_t> lanes;  // a row's lane sums (kept: a decode step rounds ~100 times)
-    int32_t* const nsum = at_least(lanes, xq.K64 / 4);
+    thread_local std::vector<int32_t> nsum;  // a row's lane sums (kept: a decode step rounds ~100 times)
+    nsum.resize(xq.K64 / 4);
     for (int64_t m = m0; m < m1; m++) {
-      const int64_t K64 = xq.K64, S = xq.S;
-      float* const lane = kVnniLanes ? xq.lane.data() + m * K64 / 4 : nullptr;
-      RowOut o{xq.q.data() + m * K64, xq.scale16.data() + m * S, lane, xq.corr.data() + m * S,
-               xq.nsum16.data() + m * S, xq.nsum32.data() + m * K64 / 32, {}};
-      for (int sh = 0; sh < 8; sh++)
-        if (needs.zero16 >> sh & 1) o.zero[sh] = xq.zero_lane[sh].data() + m * K64 / 4;
-      round_row(x + m * K, K, o, nsum);
-      if (needs.zero32) fill_block32(o.q, o.nsum32, o.scale16, K, needs.zero32, m, xq);
+      int8_t* q = xq.q.data() + m * xq.K64;
+      float* scale16 = xq.scale16.data() + m * xq.S;
+      for (int64_t blk = 0; blk < K / kXBlock; blk++) {
+        quantize_block(x + m * K + blk * kXBlock, q + blk * kXBlock, scale16[2 * blk]);
+        scale16[2 * blk + 1] = scale16[2 * blk];
+        if (kVnniLanes) std::fill_n(xq.lane.data() + m * xq.K64 / 4 + blk * 8, 8, scale16[2 * blk]);
+      }
+      minus_lane_sums(q, K, nsum.data());
+      for (int64_t j = 0; j < K / kSub; j++) {  // the 16 codes' sum from their four lanes' (exact integers)
+        const int sum = -(nsum[4 * j] + nsum[4 * j + 1] + nsum[4 * j + 2] + nsum[4 * j + 3]);
+        xq.corr[m * xq.S + j] = scale16[j] * static_cast<float>(sum);
+        xq.nsum16[m * xq.S + j] = -sum;
+        xq.nsum32[m * xq.K64 / 32 + j / 2] -= sum;
+        for (int sh = 0; sh < 8; sh++)
+          if (needs.zero16 >> sh & 1) std::fill_n(xq.zero_lane[sh].data() + m * xq.K64 / 4 + 4 * j, 4, -sum * (1 << sh));
+      }
+      if (needs.zero32) fill_block32(q, xq.nsum32.data() + m * xq.K64 / 32, scale16, K, needs.zero32, m, xq);
       if (per256) quantize_row256(x + m * K, K, xq, m);
     }
   };

@@ -101,9 +101,8 @@ struct Tiles {
 };
 
 // c10::BFloat16's rounding of v (round to nearest even, NaN to 0x7FC0) written so that the compiler vectorizes the
-// loops that call it. Through static_cast<at::BFloat16>, value by value, the cast was most of gguf_linear's own time
-// (perf at eight rows: 0.76 ms of each decode step's ~2.4M outputs; vectorized 0.57-0.66 ms, RESULTS.md issue 38
-// session 50).
+// loops that call it, where static_cast<at::BFloat16> ran value by value (~2.4M outputs a decode step at eight rows;
+// gguf_linear's own time in perf came out level either way, RESULTS.md issue 38 session 50).
 inline uint16_t bf16_bits(float v) {
   uint32_t u;
   std::memcpy(&u, &v, 4);
