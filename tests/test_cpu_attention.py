@@ -1,7 +1,7 @@
 """The fused CPU decode attention op (radixserve_kernels/cpu/decode_attention.cpp) against a float64 softmax reference
-on random paged pools: its AVX-512 paths (head_dim 64, 128) and its plain one (48), both thread splits, the checks on
-its inputs, and the AVX2 and plain builds in a process of their own. TorchAttentionBackend's use of it is covered by
-tests/test_torch_backend.py (op and SDPA paths alike)."""
+on random paged pools: this CPU's paths (AVX-512, and with AVX512_BF16 the bfloat16 one: head_dim 64, 128) and the
+plain one (48), both thread splits, the checks on its inputs, and the other builds in a process of their own.
+TorchAttentionBackend's use of it is covered by tests/test_torch_backend.py (op and SDPA paths alike)."""
 
 from __future__ import annotations
 
@@ -114,11 +114,15 @@ def test_bad_inputs_raise() -> None:
         OPS.decode_attention(q[:, :13], k, v, table, lens, 0.125)
 
 
-@pytest.mark.parametrize("march", ["haswell", "x86-64"])
+@pytest.mark.parametrize("march", ["haswell", "x86-64", "skylake-avx512"])
 def test_other_instruction_sets(march: str) -> None:
-    """The AVX2 (haswell: decode_attention_avx2.h) and plain C++ (x86-64) builds through the same checks and the
+    """The AVX2 (haswell: decode_attention_avx2.h), plain C++ (x86-64) and AVX-512 without BF16 (skylake-avx512:
+    the path bfloat16 pages take where decode_attention_bf16.h is not built) builds through the same checks and the
     int8 pages' one, compiled here and run in a fresh process (one library per process registers the ops); this
     CPU's own path runs above."""
+    have = set(radixserve_kernels.cpu.cpu_flags().split())
+    if march == "skylake-avx512" and not {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= have:
+        pytest.skip("this CPU cannot run an AVX-512 build")
     int8_pages = "tests/test_kv_quant.py::test_cpu_op_reads_int8_pages_as_their_dequantized_values"
     failure = failure_on_build(march, [__file__, int8_pages], "not other_instruction")
     assert failure is None, failure
