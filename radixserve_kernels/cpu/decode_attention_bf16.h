@@ -17,25 +17,47 @@
 // prefill's rows and a decode step's row get the same bits (the deterministic mode rests on it).
 #pragma once
 
-// The keys of k in tiles of 16: f(t0, rows), rows[i] the key t0 + i, or a row of zeros past k.len (their scores are
-// stored, never read). Walks the pages as Rows::each does, no division per key.
-template <typename F>
-inline void each_tile(const Rows<at::BFloat16>& k, F&& f) {
-  alignas(64) static const uint16_t zeros[128] = {};  // head_dim <= 128
-  const void* rows[16];
-  int64_t page = 0, slot = 0;
-  const at::BFloat16* base = k.buf + static_cast<int64_t>(k.pages[0]) * k.page_size * k.stride;
-  for (int64_t t0 = 0; t0 < k.len; t0 += 16) {
-    for (int64_t i = 0; i < 16; i++) {
-      if (t0 + i >= k.len) {
-        rows[i] = zeros;
+// The offsets from a Rows' buf of its keys in tiles of 16 (-1 past len), walking the pages as Rows::each does, no
+// division per key.
+struct TileWalk {
+  const Rows<at::BFloat16>& k;
+  int64_t page = 0, slot = 0, t = 0;
+
+  void next(int64_t* off) {
+    for (int i = 0; i < 16; i++, t++) {
+      if (t >= k.len) {
+        off[i] = -1;
         continue;
       }
-      rows[i] = base + slot * k.stride;
-      if (++slot == k.page_size && t0 + i + 1 < k.len) {
-        slot = 0;
-        base = k.buf + static_cast<int64_t>(k.pages[++page]) * k.page_size * k.stride;
-      }
+      off[i] = (static_cast<int64_t>(k.pages[page]) * k.page_size + slot) * k.stride;
+      if (++slot == k.page_size) slot = 0, page++;
+    }
+  }
+};
+
+// The keys of k in tiles of 16: f(t0, rows), rows[i] the key t0 + i, or a row of zeros past k.len (their scores are
+// stored, never read). Prefetched (head_dim 16 C): the next tile's keys into L1, this tile's values (at the keys'
+// offsets from v_buf) into L2 for the pass over them. Without it a decode step over pages in memory rather than
+// cache ran slower than the AVX-512 path: its rows came 16 at a time, between long stretches of arithmetic.
+template <int C, typename F>
+inline void each_tile(const Rows<at::BFloat16>& k, const at::BFloat16* v_buf, F&& f) {
+  alignas(64) static const uint16_t zeros[128] = {};  // head_dim <= 128
+  constexpr int kLines = C / 2;  // 64-byte lines of a row
+  TileWalk walk{k};
+  int64_t off[2][16];
+  walk.next(off[0]);
+  const void* rows[16];
+  for (int64_t t0 = 0, cur = 0; t0 < k.len; t0 += 16, cur ^= 1) {
+    if (t0 + 16 < k.len) {
+      walk.next(off[cur ^ 1]);
+      for (int i = 0; i < 16 && off[cur ^ 1][i] >= 0; i++)
+        for (int l = 0; l < kLines; l++)
+          _mm_prefetch(reinterpret_cast<const char*>(k.buf + off[cur ^ 1][i]) + 64 * l, _MM_HINT_T0);
+    }
+    for (int i = 0; i < 16; i++) {
+      rows[i] = off[cur][i] >= 0 ? static_cast<const void*>(k.buf + off[cur][i]) : zeros;
+      for (int l = 0; l < kLines && off[cur][i] >= 0; l++)
+        _mm_prefetch(reinterpret_cast<const char*>(v_buf + off[cur][i]) + 64 * l, _MM_HINT_T1);
     }
     f(t0, rows);
   }
@@ -50,10 +72,11 @@ inline __m512 dpbf16_broadcast(__m512 acc, __m512bh w, const uint32_t* p) {
 
 // s[h * ls + t] = scale * (q[h] . key t) for NG heads, q[h] the head's D / 2 bfloat16 pairs (D = 16 C).
 template <int C, int NG>
-void scores_bf16(const uint32_t* const* q, float scale, const Rows<at::BFloat16>& k, float* s, int64_t ls) {
+void scores_bf16(const uint32_t* const* q, float scale, const Rows<at::BFloat16>& k, const at::BFloat16* v_buf,
+                 float* s, int64_t ls) {
   constexpr int kPairs = 8 * C;
   alignas(64) uint32_t kt[kPairs * 16];  // pair j of the tile's 16 keys at kt[16 j ..]
-  each_tile(k, [&](int64_t t0, const void* const* rows) {
+  each_tile<C>(k, v_buf, [&](int64_t t0, const void* const* rows) {
     for (int b = 0; b < kPairs / 16; b++) radixserve::simd::transpose16(rows, 64 * b, kt + 256 * b);
     __m512 acc[NG];
     for (auto& a : acc) a = _mm512_setzero_ps();
@@ -99,7 +122,7 @@ void attend_block_bf16(const at::BFloat16* q, int64_t q_head, float scale, const
   typedef uint32_t __attribute__((may_alias, aligned(2))) Pair;  // two bfloat16 values read as one word
   const uint32_t* qh[NG];
   for (int h = 0; h < NG; h++) qh[h] = reinterpret_cast<const Pair*>(q + h * q_head);
-  scores_bf16<C, NG>(qh, scale, k, s, ls);
+  scores_bf16<C, NG>(qh, scale, k, v.buf, s, ls);
   float inv[NG];
   for (int h = 0; h < NG; h++) inv[h] = exp_row(s + h * ls, k.len);
   values_bf16<C, NG>(s, ls, inv, v, out);
