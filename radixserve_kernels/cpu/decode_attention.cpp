@@ -20,9 +20,9 @@
 // sum per head, then the weighted sum of values. The scores buffer is 4 floats per key (16 KiB per 1,000 keys).
 //
 // Paths, chosen at compile time (-march=native): AVX-512 for head_dim 64 or 128 (one row = 4 or 8 registers), and
-// with AVX512_BF16 its own path for bfloat16 queries over bfloat16 pages (decode_attention_bf16.h: 1.26x faster over
-// a prefill's 256 rows at 1,200 keys, 1.2x at eight decode rows of 1,000); AVX2 with FMA for the same head_dims
-// (decode_attention_avx2.h); plain C++ otherwise (any head_dim, or an older CPU).
+// with AVX512_BF16 its own path for bfloat16 queries over bfloat16 pages (decode_attention_bf16.h: 1.24x faster over
+// a prefill's 256 rows at 1,200 keys, 1.19x at eight decode rows of 1,000; benchmarks.attention_op); AVX2 with FMA
+// for the same head_dims (decode_attention_avx2.h); plain C++ otherwise (any head_dim, or an older CPU).
 #include "ops.h"
 #include <ATen/core/Tensor.h>
 
@@ -158,7 +158,8 @@ constexpr bool bf16_pairs(int64_t D) {
 #if defined(RADIXSERVE_ATTENTION_BF16)
   return std::is_same_v<Q, at::BFloat16> && std::is_same_v<T, at::BFloat16> && (D == 64 || D == 128);
 #else
-  return D < 0;  // never
+  static_cast<void>(D);
+  return false;
 #endif
 }
 
@@ -205,8 +206,9 @@ void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const 
     std::vector<float> qf(G * D), of(G * D), s(std::max<int64_t>(G, 4) * ls);
     for (int64_t i = i0; i < i1; i++) {
       const int64_t r = i / KV, kvh = i % KV, h0 = kvh * G, L = lp[r];
-      for (int64_t h = 0; h < G && !pairs; h++)
-        for (int64_t d = 0; d < D; d++) qf[h * D + d] = widen(qp[r * qs0 + (h0 + h) * qs1 + d]) * sc;
+      if (!pairs)  // (the bfloat16 path reads q where it lies)
+        for (int64_t h = 0; h < G; h++)
+          for (int64_t d = 0; d < D; d++) qf[h * D + d] = widen(qp[r * qs0 + (h0 + h) * qs1 + d]) * sc;
       if constexpr (std::is_same_v<T, int8_t>)
         for (int64_t h = 0; h < G; h++) radixserve_kv::fwht(qf.data() + h * D, D);
       if (L > 0) {

@@ -23,7 +23,8 @@ inline void transpose16(const void* const* rows, int64_t offset, void* out) {
   }
   __m512i* o = static_cast<__m512i*>(out);
   for (int j = 0; j < 4; j++) {  // lane L of r[j], r[4 + j], r[8 + j], r[12 + j] -> word 4 L + j
-    const __m512i ab_lo = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44), ab_hi = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
+    const __m512i ab_lo = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);
+    const __m512i ab_hi = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
     const __m512i cd_lo = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
     const __m512i cd_hi = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
     _mm512_storeu_si512(o + j, _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88));
