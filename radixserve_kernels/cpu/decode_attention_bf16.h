@@ -35,30 +35,44 @@ struct TileWalk {
   }
 };
 
+// A tile's keys and values (rows at the offsets, -1: none) into L2. The hint is written out: passed in as a template
+// argument, GCC 12 left the prefetcht1s out of the object altogether.
+template <int kLines>
+inline void to_l2(const int64_t* off, const at::BFloat16* keys, const at::BFloat16* values) {
+  for (int i = 0; i < 16 && off[i] >= 0; i++)
+    for (int l = 0; l < kLines; l++) {
+      _mm_prefetch(reinterpret_cast<const char*>(keys + off[i]) + 64 * l, _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(values + off[i]) + 64 * l, _MM_HINT_T1);
+    }
+}
+
 // The keys of k in tiles of 16: f(t0, rows), rows[i] the key t0 + i, or a row of zeros past k.len (their scores are
-// stored, never read). Prefetched (head_dim 16 C): the next tile's keys into L1, this tile's values (at the keys'
-// offsets from v_buf) into L2 for the pass over them. Without it a decode step over pages in memory rather than
-// cache ran slower than the AVX-512 path: its rows came 16 at a time, between long stretches of arithmetic.
+// stored, never read). Prefetched (head_dim 16 C): the keys and values kAhead tiles ahead into L2 (the values are
+// read by the pass after this one), the next tile's keys from there into L1. Measured over pages in memory (eight
+// requests of 1,000 keys on shuffled pages, 24 layers: benchmarks.attention_op's `step`; RESULTS.md, issue 38
+// session 51): without prefetch slower than the AVX-512 path, whose rows come one at a time; the next tile's keys
+// into L1 and this tile's values into L2 about level with it; the L2 sweep 4 tiles ahead ~1.45x faster than that
+// (3 ahead about the same, 2, 5 and 8 slower).
 template <int C, typename F>
 inline void each_tile(const Rows<at::BFloat16>& k, const at::BFloat16* v_buf, F&& f) {
   alignas(64) static const uint16_t zeros[128] = {};  // head_dim <= 128
-  constexpr int kLines = C / 2;  // 64-byte lines of a row
+  constexpr int kLines = C / 2, kAhead = 4;  // 64-byte lines of a row; tiles the L2 sweep runs ahead
   TileWalk walk{k};
-  int64_t off[2][16];
-  walk.next(off[0]);
+  int64_t off[kAhead + 1][16];  // a ring: the tile at t0 = 16 j is off[j % (kAhead + 1)]
+  for (int a = 0; a < kAhead; a++) {
+    walk.next(off[a]);
+    if (a > 0) to_l2<kLines>(off[a], k.buf, v_buf);
+  }
   const void* rows[16];
-  for (int64_t t0 = 0, cur = 0; t0 < k.len; t0 += 16, cur ^= 1) {
-    if (t0 + 16 < k.len) {
-      walk.next(off[cur ^ 1]);
-      for (int i = 0; i < 16 && off[cur ^ 1][i] >= 0; i++)
-        for (int l = 0; l < kLines; l++)
-          _mm_prefetch(reinterpret_cast<const char*>(k.buf + off[cur ^ 1][i]) + 64 * l, _MM_HINT_T0);
-    }
-    for (int i = 0; i < 16; i++) {
-      rows[i] = off[cur][i] >= 0 ? static_cast<const void*>(k.buf + off[cur][i]) : zeros;
-      for (int l = 0; l < kLines && off[cur][i] >= 0; l++)
-        _mm_prefetch(reinterpret_cast<const char*>(v_buf + off[cur][i]) + 64 * l, _MM_HINT_T1);
-    }
+  for (int64_t t0 = 0, j = 0; t0 < k.len; t0 += 16, j++) {
+    walk.next(off[(j + kAhead) % (kAhead + 1)]);
+    to_l2<kLines>(off[(j + kAhead) % (kAhead + 1)], k.buf, v_buf);
+    const int64_t* next = off[(j + 1) % (kAhead + 1)];
+    for (int i = 0; i < 16 && next[i] >= 0; i++)
+      for (int l = 0; l < kLines; l++)
+        _mm_prefetch(reinterpret_cast<const char*>(k.buf + next[i]) + 64 * l, _MM_HINT_T0);
+    const int64_t* cur = off[j % (kAhead + 1)];
+    for (int i = 0; i < 16; i++) rows[i] = cur[i] >= 0 ? static_cast<const void*>(k.buf + cur[i]) : zeros;
     f(t0, rows);
   }
 }
