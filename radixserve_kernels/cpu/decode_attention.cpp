@@ -35,6 +35,7 @@
 
 #include "kv_rotate.h"
 #include "spin_pool.h"
+#include "with_count.h"
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -127,6 +128,17 @@ void attend_plain(const float* q, int64_t g, int64_t D, const Rows<T>& k, const 
 // its degree-6 Taylor polynomial, coefficients from the highest power down (Horner).
 constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
 constexpr float kExpTaylor[7] = {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};
+
+// f(n, h0) over g query heads in blocks of at most kMax (<= 8), as even as possible: the block of n heads from h0,
+// n a std::integral_constant (the vector paths' block kernels take their head count as a template argument).
+template <int kMax, typename F>
+inline void head_blocks(int64_t g, const F& f) {
+  const int64_t blocks = (g + kMax - 1) / kMax, per = (g + blocks - 1) / blocks;
+  for (int64_t h0 = 0; h0 < g; h0 += per)
+    radixserve::with_count(std::min(per, g - h0), [&](auto n) {
+      if constexpr (decltype(n)::value <= kMax) f(n, h0);
+    });
+}
 
 #if defined(__AVX512F__)
 #include "decode_attention_avx512.h"

@@ -104,18 +104,10 @@ void attend_block(const float* q, const Rows<T>& k, const Rows<T>& v, float* s, 
   }
 }
 
-// Heads in blocks of at most 4, as even as possible.
+// Heads in blocks of at most 4.
 template <int C, typename T>
 void attend_heads(const float* q, int64_t g, const Rows<T>& k, const Rows<T>& v, float* s, float* out) {
-  const int64_t blocks = (g + 3) / 4, per = (g + blocks - 1) / blocks;
-  for (int64_t h0 = 0; h0 < g; h0 += per) {
-    const float* qb = q + h0 * 8 * C;
-    float* ob = out + h0 * 8 * C;
-    switch (std::min(per, g - h0)) {
-      case 1: attend_block<C, 1>(qb, k, v, s, ob); break;
-      case 2: attend_block<C, 2>(qb, k, v, s, ob); break;
-      case 3: attend_block<C, 3>(qb, k, v, s, ob); break;
-      default: attend_block<C, 4>(qb, k, v, s, ob); break;
-    }
-  }
+  head_blocks<4>(g, [&](auto n, int64_t h0) {
+    attend_block<C, decltype(n)::value>(q + h0 * 8 * C, k, v, s, out + h0 * 8 * C);
+  });
 }

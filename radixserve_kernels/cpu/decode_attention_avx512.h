@@ -146,19 +146,10 @@ void attend_block(const float* q, const Rows<T>& k, const Rows<T>& v, float* s, 
       _mm512_storeu_ps(out + h * D + 16 * c, _mm512_mul_ps(acc[h][c], _mm512_set1_ps(inv[h])));
 }
 
-// Heads in blocks of at most 16 / C registers' worth (4 for head_dim 64, 2 for 128), as even as possible.
+// Heads in blocks of at most 16 / C registers' worth (4 for head_dim 64, 2 for 128).
 template <int C, typename T>
 void attend_heads(const float* q, int64_t g, const Rows<T>& k, const Rows<T>& v, float* s, float* out) {
-  constexpr int64_t kMax = C <= 4 ? 4 : 2;
-  const int64_t blocks = (g + kMax - 1) / kMax, per = (g + blocks - 1) / blocks;
-  for (int64_t h0 = 0; h0 < g; h0 += per) {
-    const float* qb = q + h0 * 16 * C;
-    float* ob = out + h0 * 16 * C;
-    switch (std::min(per, g - h0)) {
-      case 1: attend_block<C, 1>(qb, k, v, s, ob); break;
-      case 2: attend_block<C, 2>(qb, k, v, s, ob); break;
-      case 3: if constexpr (kMax >= 3) attend_block<C, 3>(qb, k, v, s, ob); break;
-      default: if constexpr (kMax >= 4) attend_block<C, 4>(qb, k, v, s, ob); break;
-    }
-  }
+  head_blocks<C <= 4 ? 4 : 2>(g, [&](auto n, int64_t h0) {
+    attend_block<C, decltype(n)::value>(q + h0 * 16 * C, k, v, s, out + h0 * 16 * C);
+  });
 }

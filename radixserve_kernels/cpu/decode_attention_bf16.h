@@ -143,7 +143,9 @@ void attend_block_bf16(const at::BFloat16* q, int64_t q_head, float scale, const
 }
 
 // attend's arguments for bfloat16 queries (q: g heads, q_head apart; not pre-scaled) and pages, head_dim 16 C: the
-// heads in blocks of at most 8, as even as possible; s holds g rows of ls >= k.len rounded up to 16 floats.
+// heads in blocks of at most 8, as even as possible; s holds g rows of ls >= k.len rounded up to 16 floats. The split
+// is head_blocks' (decode_attention.cpp), written out: through head_blocks' lambdas GCC 12 stopped inlining the
+// values' pass, and the op took 2.5-6% longer over a prefill's rows (benchmarks.attention_op, alternated).
 template <int C>
 void attend_heads_bf16(const at::BFloat16* q, int64_t q_head, int64_t g, float scale, const Rows<at::BFloat16>& k,
                        const Rows<at::BFloat16>& v, float* s, int64_t ls, float* out) {

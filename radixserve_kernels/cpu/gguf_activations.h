@@ -20,6 +20,7 @@
 
 #include "gguf_blocks.h"
 #include "spin_pool.h"
+#include "with_count.h"
 
 namespace radixserve::gguf {
 
@@ -27,22 +28,6 @@ constexpr int64_t kXBlock = 32;  // activations per int8 scale (ggml's q8_0 bloc
 constexpr int64_t kChunk = 64;   // columns per vpdpbusd: 16 int32 lanes of 4 bytes
 
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
-// pass(std::integral_constant<int, n>{}) for a block of n = rows (1 to 8) activation rows: its count as a template
-// argument, so that each count's accumulators stay in registers.
-template <typename Pass>
-inline void with_rows(int64_t rows, const Pass& pass) {
-  switch (rows) {
-    case 1: return pass(std::integral_constant<int, 1>{});
-    case 2: return pass(std::integral_constant<int, 2>{});
-    case 3: return pass(std::integral_constant<int, 3>{});
-    case 4: return pass(std::integral_constant<int, 4>{});
-    case 5: return pass(std::integral_constant<int, 5>{});
-    case 6: return pass(std::integral_constant<int, 6>{});
-    case 7: return pass(std::integral_constant<int, 7>{});
-    default: return pass(std::integral_constant<int, 8>{});
-  }
-}
 
 // The activations as the dot products read them. K64: K padded to 64 with zero codes; S: per-16 entries padded to
 // a multiple of 16 (zero), so the offset term's loop has no tail.

@@ -121,7 +121,7 @@ void kquant_tile(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quan
     for (int64_t m = 0; m < M; m += kRowGroup) {
       float* ym = y + m * ldy + r;
       const auto pass = [&](auto rb) { kquant_tile_rows<Type, rb.value>(sbs, nr, x, m, ym, ldy); };
-      with_rows(std::min<int64_t>(M - m, kRowGroup), pass);
+      with_count(std::min<int64_t>(M - m, kRowGroup), pass);
     }
   }
 }

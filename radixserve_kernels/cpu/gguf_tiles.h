@@ -348,7 +348,7 @@ void fused_rows(const uint8_t* row, int64_t row_bytes, int64_t rows, const Quant
     const auto pass = [&](auto rb) {  // only the row counts this format's passes take are compiled
       if constexpr (rb.value <= B) fused_rows<Type, rb.value>(row, row_bytes, rows, x, m0, ym, ldy);
     };
-    with_rows(std::min(M - m0, B), pass);
+    with_count(std::min(M - m0, B), pass);
   }
 }
 
