@@ -1,36 +1,44 @@
 // decode_attention.cpp's path for bfloat16 queries over bfloat16 pages on CPUs with AVX512_BF16 (Zen 4, Intel from
-// Cooper Lake): the scores by vdpbf16ps over keys transposed 16 at a time, the values' pass over all the group's
-// heads at once. Included by decode_attention.cpp inside its anonymous namespace, after its AVX-512 path (Rows,
-// load16, exp16), which float32 and int8 pages and float32 queries still take.
+// Cooper Lake): the scores by vdpbf16ps over keys transposed 16 at a time, the values' pass by vdpbf16ps over all
+// the group's heads at once. Included by decode_attention.cpp inside its anonymous namespace, after its AVX-512 path
+// (Rows, max_lanes, exp16), which float32 and int8 pages and float32 queries still take.
 //
 // Why: the AVX-512 path holds a key row's head_dim values in lanes, so each dot product ends in a horizontal sum
 // (a shuffle tree over four heads), and it widens every key and value row once per block of four heads (twice for
 // the default model's seven). Per key of seven 64-wide heads that was ~120 vector operations for 56 multiply-adds.
 // Here the 16 keys of a tile go to the lanes (a 16 x 16 transpose of their bfloat16 pairs, simd::transpose16), so
-// a score is a vdpbf16ps chain over head_dim / 2 pairs, one lane per key, with no horizontal sum; the values are
-// widened once, and each pass over them takes two of the row's 16-lane registers for all the heads.
+// a score is a vdpbf16ps chain over head_dim / 2 pairs, one lane per key, with no horizontal sum. The values' pass
+// is vdpbf16ps too, over two keys' rows interleaved and their two weights as the broadcast pair: half the
+// float32 path's multiply-add instructions (1.2x faster again over a prefill's rows and over eight decode rows in
+// cache, 1.07-1.14x over a decode step's pages in memory; benchmarks.attention_op, RESULTS.md issue 38 session 52).
 //
 // What it computes: the query as the model produced it (bfloat16, so each product of two bfloat16 values is exact in
 // float32), each score as one float32 chain over the pairs in order (vdpbf16ps: the pair's two products added in
-// turn, denormals read and written as zero), then times the scale; the softmax and the weighted sum of values in
-// float32 as the other paths do. A query row's result depends on its own keys only, as in every path here: a
-// prefill's rows and a decode step's row get the same bits (the deterministic mode rests on it).
+// turn, denormals read and written as zero), then times the scale; the softmax's numerators exp(s - max) in float32,
+// rounded to bfloat16 (each weight within 2^-9 of itself, and the normalizer is the sum of the rounded ones, so the
+// weights still sum to one), and the weighted sum of values as float32 chains of exact products. That rounding is
+// below what the output meets next: its own rounding to bfloat16 (2^-9), then, with a GGUF's blocks or int8
+// weights, the o projection's activations quantized to int8. A query row's result depends on its own keys only, as
+// in every path here: a prefill's rows and a decode step's row get the same bits (the deterministic mode rests on it).
 #pragma once
 
-// The offsets from a Rows' buf of its keys in tiles of 16 (-1 past len), walking the pages as Rows::each does, no
-// division per key.
+// Two bfloat16 values read as one word (the query's pairs, the softmax's weights of two keys).
+typedef uint32_t __attribute__((may_alias, aligned(2))) Pair;
+
+// The offsets from a Rows' buf of its rows (keys or values) in tiles of 16 (-1 past len), walking the pages as
+// Rows::each does, no division per row.
 struct TileWalk {
-  const Rows<at::BFloat16>& k;
+  const Rows<at::BFloat16>& rows;
   int64_t page = 0, slot = 0, t = 0;
 
   void next(int64_t* off) {
     for (int i = 0; i < 16; i++, t++) {
-      if (t >= k.len) {
+      if (t >= rows.len) {
         off[i] = -1;
         continue;
       }
-      off[i] = (static_cast<int64_t>(k.pages[page]) * k.page_size + slot) * k.stride;
-      if (++slot == k.page_size) slot = 0, page++;
+      off[i] = (static_cast<int64_t>(rows.pages[page]) * rows.page_size + slot) * rows.stride;
+      if (++slot == rows.page_size) slot = 0, page++;
     }
   }
 };
@@ -103,42 +111,74 @@ void scores_bf16(const uint32_t* const* q, float scale, const Rows<at::BFloat16>
   });
 }
 
-// In place exp(s[t] - max) over t < L; returns 1 / their sum.
-inline float exp_row(float* s, int64_t L) {
+// The softmax's numerators as bfloat16, in place: p[t] = exp(s[t] - max) over t < L, rounded to bfloat16 and
+// stored as the bfloat16 words from s's start (word t at byte 2 t, behind the float read at byte 4 t), zeros after
+// it up to a multiple of 32; returns 1 / the sum of the rounded p, so the weights the values get sum to one.
+inline float probs_bf16(float* s, int64_t L) {
   const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(max_lanes(s, L)));
-  return 1.f / _mm512_reduce_add_ps(exp_lanes(s, L, m));
+  auto* p = reinterpret_cast<__m512i*>(s);
+  __m512 z = _mm512_setzero_ps();
+  for (int64_t i = 0; i < L; i += 32, p++) {
+    __m512 e[2];
+    for (int j = 0; j < 2; j++) {
+      const int64_t n = std::clamp<int64_t>(L - i - 16 * j, 0, 16);
+      const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);
+      e[j] = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + i + 16 * j), m)));
+    }
+    const __m512i b = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e[1], e[0]));  // e[0] in the low 16 words
+    _mm512_storeu_si512(p, b);
+    z = _mm512_add_ps(z, _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)));                        // even t
+    z = _mm512_add_ps(z, _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32(-65536))));  // odd t
+  }
+  return 1.f / _mm512_reduce_add_ps(z);
 }
 
-// out[h] = inv[h] * sum_t s[h * ls + t] * value t, for NG heads: a pass over the values per two registers of the
-// row (2 NG accumulators), each value register widened once for all the heads.
+// out[h] = inv[h] * sum_t p[h][t] * value t, for NG heads, p[h] the bfloat16 words of probs_bf16 at s + h * ls: a
+// pass over the values per 32 of the row's values, two keys at a time. Their two rows' words are interleaved
+// (vpunpck{l,h}wd: lane 4 l + i of lo holds the pair of value 8 l + i, of hi value 8 l + 4 + i, l the 128-bit lane)
+// and each head's lane adds p[t] v[t] + p[t + 1] v[t + 1] by one vdpbf16ps, with the two weights as its broadcast
+// pair; the lanes go back to the values' order once, at the end.
 template <int C, int NG>
 void values_bf16(const float* s, int64_t ls, const float* inv, const Rows<at::BFloat16>& v, float* out) {
+  const __m512i lo_order = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i hi_order = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   for (int c0 = 0; c0 < C; c0 += 2) {
     __m512 acc[NG][2];
     for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
-    v.each([&](int64_t t, const at::BFloat16* vr) {
-      const __m512 v0 = load16(vr + 16 * c0), v1 = load16(vr + 16 * c0 + 16);
-      for (int h = 0; h < NG; h++) {
-        const __m512 p = _mm512_set1_ps(s[h * ls + t]);
-        acc[h][0] = _mm512_fmadd_ps(p, v0, acc[h][0]);
-        acc[h][1] = _mm512_fmadd_ps(p, v1, acc[h][1]);
+    TileWalk walk{v};
+    int64_t off[16];
+    for (int64_t t0 = 0; t0 < v.len; t0 += 16) {
+      walk.next(off);
+      for (int i = 0; i < 16 && off[i] >= 0; i += 2) {
+        const __m512i a = _mm512_loadu_si512(v.buf + off[i] + 16 * c0);
+        const __m512i b =
+            off[i + 1] >= 0 ? _mm512_loadu_si512(v.buf + off[i + 1] + 16 * c0) : _mm512_setzero_si512();
+        const __m512bh lo = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(a, b));
+        const __m512bh hi = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(a, b));
+        for (int h = 0; h < NG; h++) {
+          const Pair* pair = reinterpret_cast<const Pair*>(s + h * ls) + (t0 + i) / 2;
+          acc[h][0] = dpbf16_broadcast(acc[h][0], lo, pair);
+          acc[h][1] = dpbf16_broadcast(acc[h][1], hi, pair);
+        }
       }
-    });
-    for (int h = 0; h < NG; h++)
-      for (int i = 0; i < 2; i++)
-        _mm512_storeu_ps(out + h * 16 * C + 16 * (c0 + i), _mm512_mul_ps(acc[h][i], _mm512_set1_ps(inv[h])));
+    }
+    for (int h = 0; h < NG; h++) {
+      const __m512 scale = _mm512_set1_ps(inv[h]);
+      float* o = out + h * 16 * C + 16 * c0;
+      _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_permutex2var_ps(acc[h][0], lo_order, acc[h][1]), scale));
+      _mm512_storeu_ps(o + 16, _mm512_mul_ps(_mm512_permutex2var_ps(acc[h][0], hi_order, acc[h][1]), scale));
+    }
   }
 }
 
 template <int C, int NG>
 void attend_block_bf16(const at::BFloat16* q, int64_t q_head, float scale, const Rows<at::BFloat16>& k,
                        const Rows<at::BFloat16>& v, float* s, int64_t ls, float* out) {
-  typedef uint32_t __attribute__((may_alias, aligned(2))) Pair;  // two bfloat16 values read as one word
   const uint32_t* qh[NG];
   for (int h = 0; h < NG; h++) qh[h] = reinterpret_cast<const Pair*>(q + h * q_head);
   scores_bf16<C, NG>(qh, scale, k, v.buf, s, ls);
   float inv[NG];
-  for (int h = 0; h < NG; h++) inv[h] = exp_row(s + h * ls, k.len);
+  for (int h = 0; h < NG; h++) inv[h] = probs_bf16(s + h * ls, k.len);
   values_bf16<C, NG>(s, ls, inv, v, out);
 }
 
