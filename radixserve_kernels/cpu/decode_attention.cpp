@@ -21,8 +21,8 @@
 //
 // Paths, chosen at compile time (-march=native): AVX-512 for head_dim 64 or 128 (one row = 4 or 8 registers), and
 // with AVX512_BF16 its own path for bfloat16 queries over bfloat16 pages (decode_attention_bf16.h, vdpbf16ps for
-// the scores and the values, the softmax's weights rounded to bfloat16: 1.5x faster over a prefill's 256 rows at
-// 1,200 keys, 1.4x at eight decode rows of 1,000; benchmarks.attention_op); AVX2 with FMA
+// the scores and the values, the softmax's weights rounded to bfloat16: 1.5x faster than the AVX-512 path over a
+// prefill's 256 rows at 1,200 keys, 1.4x over eight decode rows of 1,000; benchmarks.attention_op); AVX2 with FMA
 // for the same head_dims (decode_attention_avx2.h); plain C++ otherwise (any head_dim, or an older CPU).
 #include "ops.h"
 #include <ATen/core/Tensor.h>
