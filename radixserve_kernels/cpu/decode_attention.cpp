@@ -13,11 +13,12 @@
 //
 // Why: the pure-torch path gathers every request's pages into a contiguous copy (index_select) and then calls SDPA,
 // once per layer; on a CPU decode step that copy plus the per-op overheads cost more than the arithmetic. Here
-// each (request, kv head) is one work item for the spin pool (below): the query heads sharing the kv head (GQA) are
-// processed in blocks of up to 4, so every key/value row is loaded and widened to float32 once per block. Two
-// passes, all in float32: the block's scores (q is pre-scaled), stored 4 heads side by side so one shuffle tree
-// reduces 4 dot products (a horizontal sum per dot product took ~40% longer at 1,000 keys), then max, exp and
-// sum per head, then the weighted sum of values. The scores buffer is 4 floats per key (16 KiB per 1,000 keys).
+// each (request, kv head) is one work item for the spin pool (below). In the float32 paths the query heads sharing
+// the kv head (GQA) are processed in blocks of up to 4, so every key/value row is loaded and widened to float32 once
+// per block. Two passes, all in float32: the block's scores (q is pre-scaled), stored 4 heads side by side so one
+// shuffle tree reduces 4 dot products (a horizontal sum per dot product took ~40% longer at 1,000 keys), then max,
+// exp and sum per head, then the weighted sum of values. The scores buffer is max(4, heads per kv head) floats per
+// key, the keys rounded up to whole tiles of 16 (the bfloat16 path keeps each head's scores in a row of its own).
 //
 // Paths, chosen at compile time (-march=native): AVX-512 for head_dim 64 or 128 (one row = 4 or 8 registers), and
 // with AVX512_BF16 its own path for bfloat16 queries over bfloat16 pages (decode_attention_bf16.h, vdpbf16ps for
@@ -216,7 +217,7 @@ void run(const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, const 
   const bool pairs = bf16_pairs<Q, T>(D);
   const int64_t ls = (std::max<int64_t>(max_len, 1) + 15) / 16 * 16;  // a head's scores, padded to whole tiles
   const std::function<void(int64_t, int64_t)> items = [&](int64_t i0, int64_t i1) {
-    std::vector<float> qf(G * D), of(G * D), s(std::max<int64_t>(G, 4) * ls);
+    std::vector<float> qf(pairs ? 0 : G * D), of(G * D), s(std::max<int64_t>(G, 4) * ls);
     for (int64_t i = i0; i < i1; i++) {
       const int64_t r = i / KV, kvh = i % KV, h0 = kvh * G, L = lp[r];
       if (!pairs)  // (the bfloat16 path reads q where it lies)
