@@ -91,7 +91,7 @@ def profile_step(eng: Engine, prefix: list[int], n: int, rng: random.Random) -> 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prefix", type=int, default=1200, help="cached prefix length in tokens")
-    ap.add_argument("--tokens", default="1,16,32,64,96,128,256,512", help="new-token counts to time")
+    ap.add_argument("--tokens", default="1,16,32,64,96,128,256,512", help="new-token counts to time (two or more)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile-tokens", type=int, default=96)
     ap.add_argument("--quantization", default="auto", help="the weights: auto (a GGUF's own blocks), int8, ...")
@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     # the GGUF's own blocks, and left deterministic mode off (issue 38 session 49)
     ap.add_argument("--dtype", default="auto", help="activations: auto (what the CPU's kind runs), bfloat16, ...")
     args = ap.parse_args(argv)
-    tokens = [int(t) for t in args.tokens.split(",")]
+    tokens = sorted({int(t) for t in args.tokens.split(",")})
+    if len(tokens) < 2:
+        ap.error("--tokens needs two or more distinct counts: the fit is a line through them")
     rng = random.Random(0)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
